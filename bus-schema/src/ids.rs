@@ -1,0 +1,62 @@
+//! Message ids.
+//!
+//! A command's id is a UUIDv7 chosen by its publisher (a retry reuses it, so JetStream's
+//! dedup window drops the copy). A message derived from another one gets a deterministic
+//! id, a UUIDv5 of (cause, step, node): whoever derives it again, after a crash or a
+//! redelivery, derives the same id, and the copy is dropped.
+
+use uuid::Uuid;
+
+/// A fresh id for a new root message.
+pub fn new_id() -> Uuid {
+    Uuid::now_v7()
+}
+
+/// The deterministic id of the message that `cause` produces at `step` (for `node`, if any).
+pub fn derived_id(cause: &str, step: &str, node: Option<&str>) -> Uuid {
+    let namespace = Uuid::parse_str(cause).unwrap_or_else(|_| Uuid::new_v5(&Uuid::NAMESPACE_OID, cause.as_bytes()));
+    let name = match node {
+        Some(node) => format!("{step}/{node}"),
+        None => step.to_string(),
+    };
+    Uuid::new_v5(&namespace, name.as_bytes())
+}
+
+/// A W3C `traceparent` that continues the trace of `parent` (when it parses) or starts one
+/// whose trace id is the correlation id, so every message of one command shares a trace.
+pub fn traceparent(parent: Option<&str>, correlation: &str, span_from: &Uuid) -> String {
+    let trace_id = parent
+        .and_then(|p| p.split('-').nth(1))
+        .filter(|t| t.len() == 32 && t.chars().all(|c| c.is_ascii_hexdigit()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| match Uuid::parse_str(correlation) {
+            Ok(u) => u.simple().to_string(),
+            Err(_) => Uuid::new_v5(&Uuid::NAMESPACE_OID, correlation.as_bytes()).simple().to_string(),
+        });
+    let span = &span_from.simple().to_string()[16..32];
+    format!("00-{trace_id}-{span}-01")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        let c = new_id().to_string();
+        assert_eq!(derived_id(&c, "provision_os", Some("n1")), derived_id(&c, "provision_os", Some("n1")));
+        assert_ne!(derived_id(&c, "provision_os", Some("n1")), derived_id(&c, "provision_os", Some("n2")));
+        assert_ne!(derived_id(&c, "stage", None), derived_id(&new_id().to_string(), "stage", None));
+    }
+
+    #[test]
+    fn traceparent_keeps_the_trace() {
+        let root = new_id();
+        let t1 = traceparent(None, &root.to_string(), &root);
+        let child = new_id();
+        let t2 = traceparent(Some(&t1), &root.to_string(), &child);
+        assert_eq!(t1.split('-').nth(1), t2.split('-').nth(1));
+        assert_ne!(t1, t2);
+        assert_eq!(t2.len(), 55);
+    }
+}

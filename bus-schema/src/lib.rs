@@ -1,0 +1,18 @@
+//! The landfall bus contract.
+//!
+//! - [`pb`]: the protobuf types of package `landfall.v1` (commands, jobs, events, state).
+//! - [`names`]: every subject, stream, consumer, KV bucket and header name. No other crate
+//!   writes one as a literal.
+//! - [`domain`]: validated domain types and the `TryFrom` conversions at the protobuf edge.
+//! - [`ids`]: message ids, correlation and deterministic ids for derived messages.
+//! - [`runtime`] (feature `runtime`): the one bus runtime every service uses.
+
+pub mod domain;
+pub mod ids;
+pub mod names;
+pub mod pb;
+
+#[cfg(feature = "runtime")]
+pub mod runtime;
+
+pub use pb::{BusCommand, BusEvent, BusJob, BusMessage};

@@ -1,0 +1,162 @@
+//! Subjects, streams, consumers, KV buckets and headers.
+//!
+//! Subject layout:
+//! - commands: `landfall.cmd.<kind>.<scope>` (scope = site id, or [`FLEET`])
+//! - jobs: `landfall.job.<site>.<kind>`
+//! - events: `landfall.evt.<scope>.<aggregate>.<kind>`
+//! - request/reply to a gateway (never stored): `landfall.rpc.<site>.<kind>`
+
+use std::time::Duration;
+
+/// The scope of commands and events that belong to no single site.
+pub const FLEET: &str = "fleet";
+
+pub const COMMANDS_STREAM: &str = "LANDFALL_COMMANDS";
+pub const JOBS_STREAM: &str = "LANDFALL_JOBS";
+pub const EVENTS_STREAM: &str = "LANDFALL_EVENTS";
+
+pub const COMMANDS_ALL: &str = "landfall.cmd.>";
+pub const JOBS_ALL: &str = "landfall.job.>";
+pub const EVENTS_ALL: &str = "landfall.evt.>";
+
+/// How long a command or event is kept.
+pub const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The window in which a repeated `Nats-Msg-Id` is recognised and dropped.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(15 * 60);
+/// The largest payload any landfall message may carry.
+pub const MAX_PAYLOAD: usize = 1024 * 1024;
+
+pub const SITES_BUCKET: &str = "landfall-sites";
+pub const PACKAGES_BUCKET: &str = "landfall-packages";
+pub const OBSERVED_BUCKET: &str = "landfall-observed";
+pub const SAGAS_BUCKET: &str = "landfall-sagas";
+pub const KUBECONFIGS_BUCKET: &str = "landfall-kubeconfigs";
+pub const ALL_BUCKETS: [&str; 5] = [SITES_BUCKET, PACKAGES_BUCKET, OBSERVED_BUCKET, SAGAS_BUCKET, KUBECONFIGS_BUCKET];
+
+/// Durable consumer names.
+pub const ORCHESTRATOR_COMMANDS: &str = "orchestrator-commands";
+pub const ORCHESTRATOR_EVENTS: &str = "orchestrator-events";
+pub const KUBECONFIG_EVENTS: &str = "kubeconfig-events";
+
+pub fn gateway_consumer(site: &str) -> String {
+    format!("gateway-{site}")
+}
+
+pub mod headers {
+    /// The message's id; JetStream drops a second message with the same id.
+    pub const MSG_ID: &str = "Nats-Msg-Id";
+    /// The protobuf full name of the payload, e.g. `landfall.v1.InstallSite`.
+    pub const TYPE: &str = "Landfall-Type";
+    /// The id of the command at the root of this chain of messages.
+    pub const CORRELATION_ID: &str = "Landfall-Correlation-Id";
+    /// The id of the message that caused this one.
+    pub const CAUSATION_ID: &str = "Landfall-Causation-Id";
+    /// W3C trace context.
+    pub const TRACEPARENT: &str = "traceparent";
+}
+
+pub fn command_subject(kind: &str, scope: &str) -> String {
+    format!("landfall.cmd.{kind}.{scope}")
+}
+
+pub fn job_subject(site: &str, kind: &str) -> String {
+    format!("landfall.job.{site}.{kind}")
+}
+
+pub fn event_subject(scope: &str, aggregate: &str, kind: &str) -> String {
+    format!("landfall.evt.{scope}.{aggregate}.{kind}")
+}
+
+/// Every job of one site: what that site's gateway consumes.
+pub fn site_jobs(site: &str) -> String {
+    format!("landfall.job.{site}.>")
+}
+
+/// Every event of one scope (a site, or the fleet).
+pub fn scope_events(scope: &str) -> String {
+    format!("landfall.evt.{scope}.>")
+}
+
+/// Events of one aggregate and kind at every site, e.g. every `cluster.ready`.
+pub fn events_of_kind(aggregate: &str, kind: &str) -> String {
+    format!("landfall.evt.*.{aggregate}.{kind}")
+}
+
+pub fn kubeconfig_rpc(site: &str) -> String {
+    format!("landfall.rpc.{site}.kubeconfig")
+}
+
+/// The parts of a landfall subject, parsed back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParsedSubject<'a> {
+    Command { kind: &'a str, scope: &'a str },
+    Job { site: &'a str, kind: &'a str },
+    Event { scope: &'a str, aggregate: &'a str, kind: &'a str },
+}
+
+pub fn parse_subject(subject: &str) -> Option<ParsedSubject<'_>> {
+    let parts: Vec<&str> = subject.split('.').collect();
+    match parts.as_slice() {
+        ["landfall", "cmd", kind, scope] => Some(ParsedSubject::Command { kind, scope }),
+        ["landfall", "job", site, kind] => Some(ParsedSubject::Job { site, kind }),
+        ["landfall", "evt", scope, aggregate, kind] => Some(ParsedSubject::Event { scope, aggregate, kind }),
+        _ => None,
+    }
+}
+
+/// KV keys.
+pub mod keys {
+    pub fn site(site: &str) -> String {
+        format!("site.{site}")
+    }
+    pub fn package(name: &str, version: &str) -> String {
+        // KV keys allow [-/_=.a-zA-Z0-9]; versions such as 1.29.1+k3s1 need escaping.
+        format!("pkg.{}.{}", escape(name), escape(version))
+    }
+    pub fn saga(saga_id: &str) -> String {
+        format!("saga.{saga_id}")
+    }
+    pub fn site_lease(site: &str) -> String {
+        format!("lease.{site}")
+    }
+    pub fn latest_install(site: &str) -> String {
+        format!("latest.{site}")
+    }
+    pub fn kubeconfig(site: &str) -> String {
+        format!("kubeconfig.{site}")
+    }
+
+    fn escape(s: &str) -> String {
+        s.chars()
+            .map(|c| match c {
+                'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' => c.to_string(),
+                other => format!("={:02x}", other as u32),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_round_trip() {
+        let s = command_subject("install_site", "edge-1");
+        assert_eq!(parse_subject(&s), Some(ParsedSubject::Command { kind: "install_site", scope: "edge-1" }));
+        let s = event_subject("edge-1", "node", "os_provisioned");
+        assert_eq!(
+            parse_subject(&s),
+            Some(ParsedSubject::Event { scope: "edge-1", aggregate: "node", kind: "os_provisioned" })
+        );
+        assert_eq!(parse_subject("landfall.job.a.b"), Some(ParsedSubject::Job { site: "a", kind: "b" }));
+        assert_eq!(parse_subject("landfall.cmd.x"), None);
+    }
+
+    #[test]
+    fn package_keys_are_valid_kv_keys() {
+        let k = keys::package("kubelet", "1.29.1+k3s1");
+        assert!(k.chars().all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c)), "{k}");
+        assert_ne!(keys::package("a", "1.2"), keys::package("a.1", "2"));
+    }
+}

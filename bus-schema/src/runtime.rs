@@ -1,0 +1,843 @@
+//! The one bus runtime every landfall service uses: connect (with a server version check),
+//! ensure the streams, consumers and KV buckets exist, publish with a `Nats-Msg-Id` and wait
+//! for the PubAck, and the consume loop that acks only after the handler's effect is durable.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use crate::names::{self, headers};
+use crate::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
+
+/// The oldest nats-server landfall works with. Older servers lack the account-info fields
+/// KV creation needs and ignore multi-subject consumer filters.
+pub const MIN_SERVER_VERSION: (u64, u64, u64) = (2, 10, 8);
+
+/// Whether a failure is worth retrying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The same call may succeed later (network, timeouts, a busy server).
+    Transient,
+    /// The input is wrong; retrying it changes nothing.
+    Reject,
+    /// The system is misconfigured (server too old, no JetStream); stop and say so.
+    Fatal,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("connect to nats at {url}")]
+    Connect {
+        url: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("nats-server {found} at {url} is too old: landfall needs nats-server {}.{}.{} or newer", MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1, MIN_SERVER_VERSION.2)]
+    ServerTooOld { url: String, found: String },
+    #[error("nats-server at {url} has JetStream disabled: start it with -js (or `jetstream {{}}` in its config)")]
+    NoJetStream { url: String },
+    #[error("ensure {what} {name}")]
+    Topology {
+        what: &'static str,
+        name: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("publish to {subject}")]
+    Publish {
+        subject: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("message for {subject} is {size} bytes, over the {max} byte limit")]
+    TooLarge { subject: String, size: usize, max: usize },
+    #[error("kv {op} {bucket}/{key}")]
+    Kv {
+        op: &'static str,
+        bucket: String,
+        key: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("decode {what} from kv {bucket}/{key}")]
+    KvDecode {
+        what: &'static str,
+        bucket: String,
+        key: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("request {subject}")]
+    Request {
+        subject: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("consume from {consumer}")]
+    Consume {
+        consumer: String,
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl BusError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            BusError::ServerTooOld { .. } | BusError::NoJetStream { .. } => ErrorKind::Fatal,
+            BusError::TooLarge { .. } | BusError::KvDecode { .. } => ErrorKind::Reject,
+            _ => ErrorKind::Transient,
+        }
+    }
+}
+
+fn boxed(e: impl std::error::Error + Send + Sync + 'static) -> BoxError {
+    Box::new(e)
+}
+
+/// Parses `2.10.27`, `v2.11.0-RC.1` and the like.
+pub fn parse_server_version(v: &str) -> Option<(u64, u64, u64)> {
+    let core = v.trim().trim_start_matches('v').split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>());
+    Some((parts.next()?.ok()?, parts.next()?.ok()?, parts.next().unwrap_or(Ok(0)).ok()?))
+}
+
+/// Whether a server of this version is supported.
+pub fn server_supported(version: &str) -> bool {
+    parse_server_version(version).is_some_and(|v| v >= MIN_SERVER_VERSION)
+}
+
+/// How the streams and buckets are laid out on the server.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    /// Replicas of every stream and bucket: 1 on a single server, 3 on a JetStream cluster.
+    pub replicas: usize,
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Self { replicas: 1 }
+    }
+}
+
+/// The metadata that rides in the headers of every landfall message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// `Nats-Msg-Id`: the dedup key.
+    pub id: String,
+    /// The root command's id.
+    pub correlation: String,
+    /// The id of the message that caused this one (the root's own id for a root).
+    pub causation: String,
+    pub traceparent: String,
+}
+
+impl Envelope {
+    /// A new root message (a command published by a person or a program).
+    pub fn root() -> Self {
+        Self::root_with_id(crate::ids::new_id())
+    }
+
+    /// A root message with a chosen id: publishing it twice does it once.
+    pub fn root_with_id(id: Uuid) -> Self {
+        let s = id.to_string();
+        Self { traceparent: crate::ids::traceparent(None, &s, &id), correlation: s.clone(), causation: s.clone(), id: s }
+    }
+
+    /// The deterministic envelope of the message `self` causes at `step` (for `node`).
+    pub fn derive(&self, step: &str, node: Option<&str>) -> Self {
+        let id = crate::ids::derived_id(&self.id, step, node);
+        Self {
+            id: id.to_string(),
+            correlation: self.correlation.clone(),
+            causation: self.id.clone(),
+            traceparent: crate::ids::traceparent(Some(&self.traceparent), &self.correlation, &id),
+        }
+    }
+
+    fn headers(&self, type_name: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(headers::MSG_ID, self.id.as_str());
+        h.insert(headers::TYPE, type_name);
+        h.insert(headers::CORRELATION_ID, self.correlation.as_str());
+        h.insert(headers::CAUSATION_ID, self.causation.as_str());
+        h.insert(headers::TRACEPARENT, self.traceparent.as_str());
+        h
+    }
+}
+
+/// A connection to the bus.
+#[derive(Clone)]
+pub struct Bus {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    url: String,
+}
+
+impl Bus {
+    /// Connects and checks that the server is new enough and has JetStream.
+    ///
+    /// # Errors
+    /// [`BusError::Connect`] when the server cannot be reached, [`BusError::ServerTooOld`] for a
+    /// server older than [`MIN_SERVER_VERSION`], [`BusError::NoJetStream`] without JetStream.
+    pub async fn connect(url: &str, name: &str) -> Result<Self, BusError> {
+        let client = async_nats::ConnectOptions::new()
+            .name(name)
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(5))
+            .request_timeout(Some(Duration::from_secs(10)))
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Disconnected => warn!("nats disconnected"),
+                    async_nats::Event::Connected => info!("nats connected"),
+                    other => debug!(%other, "nats event"),
+                }
+            });
+        let client = tokio::time::timeout(Duration::from_secs(20), client.connect(url))
+            .await
+            .map_err(|e| BusError::Connect { url: url.to_string(), source: boxed(e) })?
+            .map_err(|e| BusError::Connect { url: url.to_string(), source: boxed(e) })?;
+        // With retry_on_initial_connect the server info arrives with the first connection.
+        let mut info = client.server_info();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while info.version.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            info = client.server_info();
+        }
+        if info.version.is_empty() {
+            return Err(BusError::Connect { url: url.to_string(), source: "no answer from the server within 20 s".into() });
+        }
+        if !server_supported(&info.version) {
+            return Err(BusError::ServerTooOld { url: url.to_string(), found: info.version });
+        }
+        if !info.jetstream {
+            return Err(BusError::NoJetStream { url: url.to_string() });
+        }
+        let js = jetstream::new(client.clone());
+        Ok(Self { client, js, url: url.to_string() })
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Creates the streams and KV buckets if they do not exist; leaves existing ones alone.
+    pub async fn ensure_topology(&self, topology: &Topology) -> Result<(), BusError> {
+        let base = |name: &str, subjects: &str, retention| stream::Config {
+            name: name.to_string(),
+            subjects: vec![subjects.to_string()],
+            retention,
+            storage: stream::StorageType::File,
+            num_replicas: topology.replicas,
+            duplicate_window: names::DEDUP_WINDOW,
+            max_message_size: names::MAX_PAYLOAD as i32,
+            ..Default::default()
+        };
+        let streams = [
+            stream::Config {
+                max_age: names::RETENTION,
+                ..base(names::COMMANDS_STREAM, names::COMMANDS_ALL, stream::RetentionPolicy::Limits)
+            },
+            base(names::JOBS_STREAM, names::JOBS_ALL, stream::RetentionPolicy::WorkQueue),
+            stream::Config {
+                max_age: names::RETENTION,
+                ..base(names::EVENTS_STREAM, names::EVENTS_ALL, stream::RetentionPolicy::Limits)
+            },
+        ];
+        for config in streams {
+            let name = config.name.clone();
+            self.js
+                .get_or_create_stream(config)
+                .await
+                .map_err(|e| BusError::Topology { what: "stream", name, source: boxed(e) })?;
+        }
+        for bucket in names::ALL_BUCKETS {
+            self.ensure_bucket(bucket, topology).await?;
+        }
+        Ok(())
+    }
+
+    async fn ensure_bucket(&self, bucket: &str, topology: &Topology) -> Result<kv::Store, BusError> {
+        if let Ok(store) = self.js.get_key_value(bucket).await {
+            return Ok(store);
+        }
+        let history = if bucket == names::SITES_BUCKET { 16 } else { 1 };
+        let config = kv::Config {
+            bucket: bucket.to_string(),
+            history,
+            num_replicas: topology.replicas,
+            max_value_size: names::MAX_PAYLOAD as i32,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        };
+        match self.js.create_key_value(config).await {
+            Ok(store) => Ok(store),
+            // Another service may have created it in the meantime.
+            Err(e) => self
+                .js
+                .get_key_value(bucket)
+                .await
+                .map_err(|_| BusError::Topology { what: "kv bucket", name: bucket.to_string(), source: boxed(e) }),
+        }
+    }
+
+    /// A KV bucket (which [`Bus::ensure_topology`] created).
+    pub async fn kv(&self, bucket: &str) -> Result<Kv, BusError> {
+        let store = self.js.get_key_value(bucket).await.map_err(|e| BusError::Topology {
+            what: "kv bucket",
+            name: bucket.to_string(),
+            source: boxed(e),
+        })?;
+        Ok(Kv { store, bucket: bucket.to_string() })
+    }
+
+    /// Publishes a payload with the envelope's headers and waits for the stream's PubAck.
+    /// A repeated envelope id within the dedup window is acknowledged as a duplicate and
+    /// stored once.
+    pub async fn publish_raw(
+        &self,
+        subject: String,
+        type_name: &str,
+        payload: Bytes,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
+        if payload.len() > names::MAX_PAYLOAD {
+            return Err(BusError::TooLarge { subject, size: payload.len(), max: names::MAX_PAYLOAD });
+        }
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), envelope.headers(type_name), payload)
+            .await
+            .map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
+        let ack = ack.await.map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
+        if ack.duplicate {
+            debug!(%subject, id = %envelope.id, "duplicate publish dropped by the stream");
+        }
+        Ok(ack)
+    }
+
+    pub async fn publish<M: BusMessage>(
+        &self,
+        subject: String,
+        msg: &M,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
+        self.publish_raw(subject, M::TYPE, Bytes::from(msg.encode_to_vec()), envelope).await
+    }
+
+    pub async fn publish_command<C: BusCommand>(&self, cmd: &C, envelope: &Envelope) -> Result<jetstream::publish::PublishAck, BusError> {
+        self.publish(cmd.subject(), cmd, envelope).await
+    }
+
+    pub async fn publish_event<E: BusEvent>(&self, evt: &E, envelope: &Envelope) -> Result<jetstream::publish::PublishAck, BusError> {
+        self.publish(evt.subject(), evt, envelope).await
+    }
+
+    pub async fn publish_job<J: BusJob>(&self, job: &J, envelope: &Envelope) -> Result<jetstream::publish::PublishAck, BusError> {
+        self.publish(job.subject(), job, envelope).await
+    }
+
+    /// Publishes the rejection event for a delivery that could not be carried out.
+    pub async fn publish_rejection(&self, d: &Delivery, as_: &RejectAs, r: &Rejection) -> Result<(), BusError> {
+        let scope = match names::parse_subject(&d.subject) {
+            Some(names::ParsedSubject::Command { scope, .. }) => scope,
+            Some(names::ParsedSubject::Job { site, .. }) => site,
+            Some(names::ParsedSubject::Event { scope, .. }) => scope,
+            None => names::FLEET,
+        };
+        // A scope that is not a valid token (garbage on a wildcard) is answered in the fleet scope.
+        let scope = if crate::domain::SiteId::try_from(scope).is_ok() { scope } else { names::FLEET };
+        let envelope = d.envelope.derive("rejected", None);
+        match as_ {
+            RejectAs::Command => {
+                let evt = pb::CommandRejected {
+                    command_id: d.envelope.id.clone(),
+                    command_type: d.type_name.clone(),
+                    subject: d.subject.clone(),
+                    code: r.code as i32,
+                    reason: r.reason.clone(),
+                };
+                let subject = names::event_subject(scope, pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND);
+                self.publish(subject, &evt, &envelope).await?;
+            }
+            RejectAs::Message { consumer } => {
+                let evt = pb::MessageRejected {
+                    message_id: d.envelope.id.clone(),
+                    message_type: d.type_name.clone(),
+                    subject: d.subject.clone(),
+                    code: r.code as i32,
+                    reason: r.reason.clone(),
+                    consumer: consumer.clone(),
+                };
+                let subject = names::event_subject(scope, pb::rejection::MESSAGE_AGGREGATE, pb::rejection::KIND);
+                self.publish(subject, &evt, &envelope).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Core-NATS request/reply (nothing stored).
+    pub async fn request(&self, subject: String, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError> {
+        let fut = self.client.request(subject.clone(), payload);
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(msg)) => Ok(msg.payload),
+            Ok(Err(e)) => Err(BusError::Request { subject, source: boxed(e) }),
+            Err(e) => Err(BusError::Request { subject, source: boxed(e) }),
+        }
+    }
+
+    /// An ordered, ephemeral reader of the events stream, for people and dashboards.
+    pub async fn read_events(&self, filters: Vec<String>, deliver: consumer::DeliverPolicy) -> Result<EventReader, BusError> {
+        let consume_err = |e: BoxError| BusError::Consume { consumer: "event reader".into(), source: e };
+        let stream = self.js.get_stream(names::EVENTS_STREAM).await.map_err(|e| consume_err(boxed(e)))?;
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subjects: filters,
+                deliver_policy: deliver,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| consume_err(boxed(e)))?;
+        let mut consumer = consumer;
+        let pending = consumer.info().await.map_err(|e| consume_err(boxed(e)))?.num_pending;
+        let messages = consumer.messages().await.map_err(|e| consume_err(boxed(e)))?;
+        Ok(EventReader { messages, pending_at_start: pending })
+    }
+}
+
+/// Events in stream order; see [`Bus::read_events`].
+pub struct EventReader {
+    messages: consumer::pull::Ordered,
+    /// How many matching events were stored when the reader was made.
+    pub pending_at_start: u64,
+}
+
+/// One event as read from the stream.
+#[derive(Debug, Clone)]
+pub struct ReadEvent {
+    pub delivery: Delivery,
+    /// Events still stored after this one.
+    pub pending: u64,
+    pub published: time::OffsetDateTime,
+}
+
+impl EventReader {
+    pub async fn next(&mut self) -> Option<Result<ReadEvent, BusError>> {
+        let msg = self.messages.next().await?;
+        Some(
+            msg.map_err(|e| BusError::Consume { consumer: "event reader".into(), source: boxed(e) })
+                .map(|m| {
+                    let (pending, published, seq) = m
+                        .info()
+                        .map(|i| (i.pending, i.published, i.stream_sequence))
+                        .unwrap_or((0, time::OffsetDateTime::UNIX_EPOCH, 0));
+                    let delivery = Delivery::from_parts(&m.message, names::EVENTS_STREAM, seq, 1);
+                    ReadEvent { delivery, pending, published }
+                }),
+        )
+    }
+}
+
+/// A KV bucket holding protobuf values, written with compare-and-set.
+#[derive(Clone)]
+pub struct Kv {
+    store: kv::Store,
+    bucket: String,
+}
+
+/// The result of a compare-and-set write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cas {
+    /// Written; the entry's new revision.
+    Written(u64),
+    /// Someone else wrote first (or the key already exists, for a create).
+    Conflict,
+}
+
+impl Kv {
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    fn err(&self, op: &'static str, key: &str, source: BoxError) -> BusError {
+        BusError::Kv { op, bucket: self.bucket.clone(), key: key.to_string(), source }
+    }
+
+    /// The value and its revision; `None` when absent or deleted.
+    pub async fn get<M: prost::Message + Default>(&self, key: &str) -> Result<Option<(M, u64)>, BusError> {
+        let entry = self.store.entry(key).await.map_err(|e| self.err("get", key, boxed(e)))?;
+        match entry {
+            Some(e) if e.operation == kv::Operation::Put => {
+                let value = M::decode(e.value).map_err(|source| BusError::KvDecode {
+                    what: std::any::type_name::<M>(),
+                    bucket: self.bucket.clone(),
+                    key: key.to_string(),
+                    source,
+                })?;
+                Ok(Some((value, e.revision)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Writes only if the key does not exist (or was deleted).
+    pub async fn create<M: prost::Message>(&self, key: &str, value: &M) -> Result<Cas, BusError> {
+        match self.store.create(key, Bytes::from(value.encode_to_vec())).await {
+            Ok(rev) => Ok(Cas::Written(rev)),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(Cas::Conflict),
+            Err(e) => Err(self.err("create", key, boxed(e))),
+        }
+    }
+
+    /// Writes only if the entry is still at `revision`.
+    pub async fn update<M: prost::Message>(&self, key: &str, value: &M, revision: u64) -> Result<Cas, BusError> {
+        match self.store.update(key, Bytes::from(value.encode_to_vec()), revision).await {
+            Ok(rev) => Ok(Cas::Written(rev)),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(Cas::Conflict),
+            Err(e) => Err(self.err("update", key, boxed(e))),
+        }
+    }
+
+    /// Writes unconditionally.
+    pub async fn put<M: prost::Message>(&self, key: &str, value: &M) -> Result<u64, BusError> {
+        self.store.put(key, Bytes::from(value.encode_to_vec())).await.map_err(|e| self.err("put", key, boxed(e)))
+    }
+
+    /// Deletes only if the entry is still at `revision`.
+    pub async fn delete_if(&self, key: &str, revision: u64) -> Result<Cas, BusError> {
+        match self.store.delete_expect_revision(key, Some(revision)).await {
+            Ok(()) => Ok(Cas::Written(revision)),
+            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(Cas::Conflict),
+            Err(e) => Err(self.err("delete", key, boxed(e))),
+        }
+    }
+
+    /// Every live key starting with `prefix`.
+    pub async fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, BusError> {
+        let mut keys = self.store.keys().await.map_err(|e| self.err("keys", prefix, boxed(e)))?;
+        let mut out = Vec::new();
+        while let Some(k) = keys.next().await {
+            let k = k.map_err(|e| self.err("keys", prefix, boxed(e)))?;
+            if k.starts_with(prefix) {
+                out.push(k);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+/// A message as a handler sees it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub subject: String,
+    /// The `Landfall-Type` header, or empty.
+    pub type_name: String,
+    /// The message's own envelope. A message published without landfall headers gets an id
+    /// derived from its stream position, so its rejection is still deduplicated.
+    pub envelope: Envelope,
+    pub payload: Bytes,
+    /// How many times it has been delivered (1 on the first).
+    pub delivered: i64,
+    pub stream_sequence: u64,
+}
+
+impl Delivery {
+    fn from_parts(m: &async_nats::Message, stream: &str, seq: u64, delivered: i64) -> Self {
+        let h = |name: &str| m.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+        let id = h(headers::MSG_ID)
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| crate::ids::derived_id(stream, "seq", Some(&seq.to_string())).to_string());
+        let correlation = h(headers::CORRELATION_ID).filter(|s| !s.is_empty()).unwrap_or_else(|| id.clone());
+        let causation = h(headers::CAUSATION_ID).filter(|s| !s.is_empty()).unwrap_or_else(|| id.clone());
+        let traceparent = h(headers::TRACEPARENT).unwrap_or_else(|| {
+            crate::ids::traceparent(None, &correlation, &Uuid::parse_str(&id).unwrap_or_default())
+        });
+        Self {
+            subject: m.subject.to_string(),
+            type_name: h(headers::TYPE).unwrap_or_default(),
+            envelope: Envelope { id, correlation, causation, traceparent },
+            payload: m.payload.clone(),
+            delivered,
+            stream_sequence: seq,
+        }
+    }
+
+    /// Decodes the payload as `M`, checking the type header when there is one.
+    ///
+    /// # Errors
+    /// A [`HandlerError::Reject`] with code `MALFORMED` that says what was wrong.
+    pub fn decode<M: BusMessage>(&self) -> Result<M, HandlerError> {
+        if !self.type_name.is_empty() && self.type_name != M::TYPE {
+            return Err(HandlerError::reject(
+                pb::RejectCode::Malformed,
+                format!("{} carries {}, expected {}", self.subject, self.type_name, M::TYPE),
+            ));
+        }
+        M::decode(self.payload.clone()).map_err(|e| {
+            HandlerError::reject(pb::RejectCode::Malformed, format!("payload is not a valid {}: {e}", M::TYPE))
+        })
+    }
+}
+
+/// A permanent refusal, with the reason people will read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub code: pb::RejectCode,
+    pub reason: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// Try again later (NAK with backoff).
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Not now, by design (e.g. waiting for a site lease): redeliver after this delay.
+    #[error("not yet: {reason}")]
+    Wait { reason: String, delay: Duration },
+    /// Never: terminate the message and publish a rejection event.
+    #[error("rejected: {}", .0.reason)]
+    Reject(Rejection),
+}
+
+impl HandlerError {
+    pub fn reject(code: pb::RejectCode, reason: impl Into<String>) -> Self {
+        HandlerError::Reject(Rejection { code, reason: reason.into() })
+    }
+}
+
+impl From<BusError> for HandlerError {
+    fn from(e: BusError) -> Self {
+        let mut text = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            src = s.source();
+        }
+        match e.kind() {
+            ErrorKind::Reject => HandlerError::reject(pb::RejectCode::Invalid, text),
+            _ => HandlerError::Transient(text),
+        }
+    }
+}
+
+/// Which rejection event a consumer publishes for a message it refuses.
+#[derive(Debug, Clone)]
+pub enum RejectAs {
+    /// `CommandRejected`, for command consumers.
+    Command,
+    /// `MessageRejected`, naming the consumer.
+    Message { consumer: String },
+}
+
+/// What a consume loop does with each message.
+pub trait Handler: Send + Sync + 'static {
+    /// Carries out the message. Return only once its effect is durable: the loop acks
+    /// right after.
+    fn handle(&self, delivery: &Delivery) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// A durable pull consumer and how to run it.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    pub stream: &'static str,
+    pub durable: String,
+    pub filter_subjects: Vec<String>,
+    /// How long a delivery may go unacknowledged; the loop sends progress while a handler runs.
+    pub ack_wait: Duration,
+    /// How many messages may be handled at once by this process.
+    pub concurrency: usize,
+    pub reject_as: RejectAs,
+}
+
+impl ConsumerSpec {
+    pub fn new(stream: &'static str, durable: impl Into<String>, filters: Vec<String>, reject_as: RejectAs) -> Self {
+        Self { stream, durable: durable.into(), filter_subjects: filters, ack_wait: Duration::from_secs(30), concurrency: 64, reject_as }
+    }
+
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+}
+
+/// Backoff for transient failures: 0.5 s doubling to 30 s.
+pub fn retry_delay(delivered: i64) -> Duration {
+    let exp = delivered.clamp(1, 8) as u32 - 1;
+    Duration::from_millis(500u64.saturating_mul(1 << exp)).min(Duration::from_secs(30))
+}
+
+/// Runs a consume loop until `shutdown`, then lets in-flight messages finish.
+///
+/// Per message: `Ok` → ack (confirmed by the server); `Transient` → NAK with backoff;
+/// `Wait` → NAK with its delay; `Reject` → publish the rejection event, then terminate.
+/// A rejection that cannot be published is NAKed instead, so nothing is dropped silently.
+pub async fn consume<H: Handler>(bus: Bus, spec: ConsumerSpec, handler: Arc<H>, shutdown: CancellationToken) -> Result<(), BusError> {
+    let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
+    let stream = bus.js.get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
+    let config = consumer::pull::Config {
+        durable_name: Some(spec.durable.clone()),
+        filter_subjects: spec.filter_subjects.clone(),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: spec.ack_wait,
+        max_deliver: -1,
+        max_ack_pending: (spec.concurrency as i64 * 4).max(256),
+        ..Default::default()
+    };
+    let consumer = stream.get_or_create_consumer(&spec.durable, config).await.map_err(|e| consume_err(boxed(e)))?;
+    let spec = Arc::new(spec);
+    let permits = Arc::new(tokio::sync::Semaphore::new(spec.concurrency));
+    let mut in_flight = JoinSet::new();
+    info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consuming");
+
+    'outer: while !shutdown.is_cancelled() {
+        let mut messages = match consumer.messages().await {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(consumer = %spec.durable, error = %e, "cannot pull, retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        loop {
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break 'outer,
+                p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            };
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => break 'outer,
+                n = messages.next() => n,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let (bus, spec, handler) = (bus.clone(), spec.clone(), handler.clone());
+                    in_flight.spawn(async move {
+                        handle_one(&bus, &spec, handler.as_ref(), msg).await;
+                        drop(permit);
+                    });
+                }
+                Some(Err(e)) => {
+                    debug!(consumer = %spec.durable, error = %e, "pull stream error");
+                    if matches!(e.kind(), consumer::pull::MessagesErrorKind::ConsumerDeleted) {
+                        break;
+                    }
+                }
+                None => break,
+            }
+            while in_flight.try_join_next().is_some() {}
+        }
+    }
+    info!(consumer = %spec.durable, in_flight = in_flight.len(), "stopping: draining in-flight messages");
+    while in_flight.join_next().await.is_some() {}
+    Ok(())
+}
+
+async fn handle_one<H: Handler>(bus: &Bus, spec: &ConsumerSpec, handler: &H, msg: jetstream::Message) {
+    let (seq, delivered) = msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 1));
+    let delivery = Delivery::from_parts(&msg.message, spec.stream, seq, delivered);
+
+    // Keep the delivery ours while the handler works, however long that takes.
+    let outcome = {
+        let work = handler.handle(&delivery);
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval(spec.ack_wait / 3);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                r = &mut work => break r,
+                _ = tick.tick() => { let _ = msg.ack_with(AckKind::Progress).await; }
+            }
+        }
+    };
+
+    let consumer = spec.durable.as_str();
+    match outcome {
+        Ok(()) => {
+            metrics::counter!("landfall_messages_handled_total", "consumer" => consumer.to_string()).increment(1);
+            if let Err(e) = msg.double_ack().await {
+                // The effect is durable and idempotent: a redelivery finds it done.
+                warn!(consumer, subject = %delivery.subject, error = %e, "ack not confirmed; the message may be redelivered");
+            }
+        }
+        Err(HandlerError::Wait { reason, delay }) => {
+            debug!(consumer, subject = %delivery.subject, %reason, "not yet, redelivering later");
+            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+        }
+        Err(HandlerError::Transient(reason)) => {
+            metrics::counter!("landfall_messages_retried_total", "consumer" => consumer.to_string()).increment(1);
+            let delay = retry_delay(delivered);
+            warn!(consumer, subject = %delivery.subject, delivered, ?delay, %reason, "transient failure, will retry");
+            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+        }
+        Err(HandlerError::Reject(rejection)) => {
+            metrics::counter!("landfall_messages_rejected_total", "consumer" => consumer.to_string()).increment(1);
+            warn!(consumer, subject = %delivery.subject, id = %delivery.envelope.id, reason = %rejection.reason, "rejected");
+            match bus.publish_rejection(&delivery, &spec.reject_as, &rejection).await {
+                Ok(()) => {
+                    let _ = msg.double_ack_with(AckKind::Term).await;
+                }
+                Err(e) => {
+                    warn!(consumer, error = %e, "cannot publish the rejection; will retry");
+                    let _ = msg.ack_with(AckKind::Nak(Some(retry_delay(delivered)))).await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_versions() {
+        assert!(!server_supported("2.9.10"));
+        assert!(!server_supported("2.10.7"));
+        assert!(server_supported("2.10.8"));
+        assert!(server_supported("v2.11.0-RC.1"));
+        assert!(server_supported("2.15.1"));
+        assert!(!server_supported("garbage"));
+    }
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(retry_delay(1), Duration::from_millis(500));
+        assert_eq!(retry_delay(2), Duration::from_secs(1));
+        assert_eq!(retry_delay(100), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn derived_envelopes_chain() {
+        let root = Envelope::root();
+        let child = root.derive("stage", None);
+        assert_eq!(child.correlation, root.id);
+        assert_eq!(child.causation, root.id);
+        assert_eq!(child, root.derive("stage", None));
+        let grandchild = child.derive("provision_os", Some("n1"));
+        assert_eq!(grandchild.correlation, root.id);
+        assert_eq!(grandchild.causation, child.id);
+    }
+}
