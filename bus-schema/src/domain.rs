@@ -220,7 +220,10 @@ impl TryFrom<String> for BmcAddress {
     type Error = InvalidField;
     fn try_from(value: String) -> Result<Self, InvalidField> {
         let Some((scheme, rest)) = value.split_once("://") else {
-            return Err(InvalidField::new("bmc_address", format!("{value:?} must look like scheme://host (e.g. ipmi://10.0.0.5)")));
+            return Err(InvalidField::new(
+                "bmc_address",
+                format!("{value:?} must look like scheme://host (e.g. ipmi://10.0.0.5)"),
+            ));
         };
         if !BMC_SCHEMES.contains(&scheme) {
             return Err(InvalidField::new(
@@ -370,7 +373,10 @@ impl SiteDesign {
                 return Err(InvalidField::new(format!("nodes[{i}].name"), format!("{} appears twice", node.name)));
             }
             if !macs.insert(node.boot_mac.as_str()) {
-                return Err(InvalidField::new(format!("nodes[{i}].bootMac"), format!("{} is used by two nodes", node.boot_mac)));
+                return Err(InvalidField::new(
+                    format!("nodes[{i}].bootMac"),
+                    format!("{} is used by two nodes", node.boot_mac),
+                ));
             }
         }
         if !self.nodes.iter().any(|n| n.role == Role::Master) {

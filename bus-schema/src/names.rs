@@ -53,7 +53,12 @@ pub mod headers {
     pub const CAUSATION_ID: &str = "Landfall-Causation-Id";
     /// W3C trace context.
     pub const TRACEPARENT: &str = "traceparent";
+    /// On a request/reply answer: the request failed, and this says why (the body is empty).
+    pub const REPLY_ERROR: &str = "Landfall-Error";
 }
+
+/// The position of the scope in a command subject (`landfall.cmd.<kind>.<scope>`).
+pub const COMMAND_SCOPE_TOKEN: usize = 3;
 
 pub fn command_subject(kind: &str, scope: &str) -> String {
     format!("landfall.cmd.{kind}.{scope}")

@@ -64,12 +64,35 @@ macro_rules! bus_message {
 }
 
 bus_message!(
-    RegisterSite, InstallSite, NodeAdded, RegisterPackage, PatchPackage,
-    StageArtifacts, ProvisionOs, InstallBinaries, ApplyContainerPackages, KubeconfigRequest,
-    SiteRegistered, PackageRegistered, SiteInstallStarted, ArtifactsStaged, NodeOsProvisioning,
-    NodeOsProvisioned, NodeBinariesInstalled, NodeFailed, ClusterReady, KubeconfigStored,
-    ContainerPackagesApplied, JobFailed, SiteInstalled, SiteInstallFailed, CommandRejected,
-    MessageRejected, InstallSaga, SiteLease, SealedSecret,
+    RegisterSite,
+    InstallSite,
+    NodeAdded,
+    RegisterPackage,
+    PatchPackage,
+    StageArtifacts,
+    ProvisionOs,
+    InstallBinaries,
+    ApplyContainerPackages,
+    KubeconfigRequest,
+    SiteRegistered,
+    PackageRegistered,
+    SiteInstallStarted,
+    ArtifactsStaged,
+    NodeOsProvisioning,
+    NodeOsProvisioned,
+    NodeBinariesInstalled,
+    NodeFailed,
+    ClusterReady,
+    KubeconfigStored,
+    ContainerPackagesApplied,
+    JobFailed,
+    SiteInstalled,
+    SiteInstallFailed,
+    CommandRejected,
+    MessageRejected,
+    InstallSaga,
+    SiteLease,
+    SealedSecret,
 );
 
 macro_rules! command {
@@ -228,7 +251,12 @@ mod tests {
 
     #[test]
     fn json_names_enums() {
-        let r = NodeResult { node: "n1".into(), role: Role::Master as i32, outcome: NodeOutcome::Failed as i32, ..Default::default() };
+        let r = NodeResult {
+            node: "n1".into(),
+            role: Role::Master as i32,
+            outcome: NodeOutcome::Failed as i32,
+            ..Default::default()
+        };
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["role"], "master");
         assert_eq!(v["outcome"], "NODE_OUTCOME_FAILED");

@@ -152,7 +152,12 @@ impl Envelope {
     /// A root message with a chosen id: publishing it twice does it once.
     pub fn root_with_id(id: Uuid) -> Self {
         let s = id.to_string();
-        Self { traceparent: crate::ids::traceparent(None, &s, &id), correlation: s.clone(), causation: s.clone(), id: s }
+        Self {
+            traceparent: crate::ids::traceparent(None, &s, &id),
+            correlation: s.clone(),
+            causation: s.clone(),
+            id: s,
+        }
     }
 
     /// The deterministic envelope of the message `self` causes at `step` (for `node`).
@@ -217,7 +222,10 @@ impl Bus {
             info = client.server_info();
         }
         if info.version.is_empty() {
-            return Err(BusError::Connect { url: url.to_string(), source: "no answer from the server within 20 s".into() });
+            return Err(BusError::Connect {
+                url: url.to_string(),
+                source: "no answer from the server within 20 s".into(),
+            });
         }
         if !server_supported(&info.version) {
             return Err(BusError::ServerTooOld { url: url.to_string(), found: info.version });
@@ -266,10 +274,11 @@ impl Bus {
         ];
         for config in streams {
             let name = config.name.clone();
-            self.js
-                .get_or_create_stream(config)
-                .await
-                .map_err(|e| BusError::Topology { what: "stream", name, source: boxed(e) })?;
+            self.js.get_or_create_stream(config).await.map_err(|e| BusError::Topology {
+                what: "stream",
+                name,
+                source: boxed(e),
+            })?;
         }
         for bucket in names::ALL_BUCKETS {
             self.ensure_bucket(bucket, topology).await?;
@@ -293,11 +302,11 @@ impl Bus {
         match self.js.create_key_value(config).await {
             Ok(store) => Ok(store),
             // Another service may have created it in the meantime.
-            Err(e) => self
-                .js
-                .get_key_value(bucket)
-                .await
-                .map_err(|_| BusError::Topology { what: "kv bucket", name: bucket.to_string(), source: boxed(e) }),
+            Err(e) => self.js.get_key_value(bucket).await.map_err(|_| BusError::Topology {
+                what: "kv bucket",
+                name: bucket.to_string(),
+                source: boxed(e),
+            }),
         }
     }
 
@@ -345,15 +354,27 @@ impl Bus {
         self.publish_raw(subject, M::TYPE, Bytes::from(msg.encode_to_vec()), envelope).await
     }
 
-    pub async fn publish_command<C: BusCommand>(&self, cmd: &C, envelope: &Envelope) -> Result<jetstream::publish::PublishAck, BusError> {
+    pub async fn publish_command<C: BusCommand>(
+        &self,
+        cmd: &C,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
         self.publish(cmd.subject(), cmd, envelope).await
     }
 
-    pub async fn publish_event<E: BusEvent>(&self, evt: &E, envelope: &Envelope) -> Result<jetstream::publish::PublishAck, BusError> {
+    pub async fn publish_event<E: BusEvent>(
+        &self,
+        evt: &E,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
         self.publish(evt.subject(), evt, envelope).await
     }
 
-    pub async fn publish_job<J: BusJob>(&self, job: &J, envelope: &Envelope) -> Result<jetstream::publish::PublishAck, BusError> {
+    pub async fn publish_job<J: BusJob>(
+        &self,
+        job: &J,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
         self.publish(job.subject(), job, envelope).await
     }
 
@@ -407,7 +428,11 @@ impl Bus {
     }
 
     /// An ordered, ephemeral reader of the events stream, for people and dashboards.
-    pub async fn read_events(&self, filters: Vec<String>, deliver: consumer::DeliverPolicy) -> Result<EventReader, BusError> {
+    pub async fn read_events(
+        &self,
+        filters: Vec<String>,
+        deliver: consumer::DeliverPolicy,
+    ) -> Result<EventReader, BusError> {
         let consume_err = |e: BoxError| BusError::Consume { consumer: "event reader".into(), source: e };
         let stream = self.js.get_stream(names::EVENTS_STREAM).await.map_err(|e| consume_err(boxed(e)))?;
         let consumer = stream
@@ -444,17 +469,15 @@ pub struct ReadEvent {
 impl EventReader {
     pub async fn next(&mut self) -> Option<Result<ReadEvent, BusError>> {
         let msg = self.messages.next().await?;
-        Some(
-            msg.map_err(|e| BusError::Consume { consumer: "event reader".into(), source: boxed(e) })
-                .map(|m| {
-                    let (pending, published, seq) = m
-                        .info()
-                        .map(|i| (i.pending, i.published, i.stream_sequence))
-                        .unwrap_or((0, time::OffsetDateTime::UNIX_EPOCH, 0));
-                    let delivery = Delivery::from_parts(&m.message, names::EVENTS_STREAM, seq, 1);
-                    ReadEvent { delivery, pending, published }
-                }),
-        )
+        Some(msg.map_err(|e| BusError::Consume { consumer: "event reader".into(), source: boxed(e) }).map(|m| {
+            let (pending, published, seq) = m.info().map(|i| (i.pending, i.published, i.stream_sequence)).unwrap_or((
+                0,
+                time::OffsetDateTime::UNIX_EPOCH,
+                0,
+            ));
+            let delivery = Delivery::from_parts(&m.message, names::EVENTS_STREAM, seq, 1);
+            ReadEvent { delivery, pending, published }
+        }))
     }
 }
 
@@ -570,9 +593,8 @@ impl Delivery {
             .unwrap_or_else(|| crate::ids::derived_id(stream, "seq", Some(&seq.to_string())).to_string());
         let correlation = h(headers::CORRELATION_ID).filter(|s| !s.is_empty()).unwrap_or_else(|| id.clone());
         let causation = h(headers::CAUSATION_ID).filter(|s| !s.is_empty()).unwrap_or_else(|| id.clone());
-        let traceparent = h(headers::TRACEPARENT).unwrap_or_else(|| {
-            crate::ids::traceparent(None, &correlation, &Uuid::parse_str(&id).unwrap_or_default())
-        });
+        let traceparent = h(headers::TRACEPARENT)
+            .unwrap_or_else(|| crate::ids::traceparent(None, &correlation, &Uuid::parse_str(&id).unwrap_or_default()));
         Self {
             subject: m.subject.to_string(),
             type_name: h(headers::TYPE).unwrap_or_default(),
@@ -669,11 +691,34 @@ pub struct ConsumerSpec {
     /// How many messages may be handled at once by this process.
     pub concurrency: usize,
     pub reject_as: RejectAs,
+    /// When set, messages whose subjects share this token (0-based) are handled one after
+    /// another in stream order; others still run concurrently. For commands, the scope token
+    /// keeps a site's `RegisterSite` ahead of its `InstallSite`.
+    pub ordered_by_token: Option<usize>,
+    /// With `ordered_by_token`: the token value that orders against everything (for commands,
+    /// `fleet`: a package registration stays ahead of the installs that need it).
+    pub barrier_token: Option<String>,
 }
 
 impl ConsumerSpec {
     pub fn new(stream: &'static str, durable: impl Into<String>, filters: Vec<String>, reject_as: RejectAs) -> Self {
-        Self { stream, durable: durable.into(), filter_subjects: filters, ack_wait: Duration::from_secs(30), concurrency: 64, reject_as }
+        Self {
+            stream,
+            durable: durable.into(),
+            filter_subjects: filters,
+            ack_wait: Duration::from_secs(10),
+            concurrency: 64,
+            reject_as,
+            ordered_by_token: None,
+            barrier_token: None,
+        }
+    }
+
+    /// Handle messages that share subject token `index` in order; see [`ConsumerSpec::ordered_by_token`].
+    pub fn ordered_by_token(mut self, index: usize, barrier: Option<&str>) -> Self {
+        self.ordered_by_token = Some(index);
+        self.barrier_token = barrier.map(str::to_owned);
+        self
     }
 
     pub fn concurrency(mut self, n: usize) -> Self {
@@ -693,7 +738,12 @@ pub fn retry_delay(delivered: i64) -> Duration {
 /// Per message: `Ok` → ack (confirmed by the server); `Transient` → NAK with backoff;
 /// `Wait` → NAK with its delay; `Reject` → publish the rejection event, then terminate.
 /// A rejection that cannot be published is NAKed instead, so nothing is dropped silently.
-pub async fn consume<H: Handler>(bus: Bus, spec: ConsumerSpec, handler: Arc<H>, shutdown: CancellationToken) -> Result<(), BusError> {
+pub async fn consume<H: Handler>(
+    bus: Bus,
+    spec: ConsumerSpec,
+    handler: Arc<H>,
+    shutdown: CancellationToken,
+) -> Result<(), BusError> {
     let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
     let stream = bus.js.get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
     let config = consumer::pull::Config {
@@ -709,6 +759,7 @@ pub async fn consume<H: Handler>(bus: Bus, spec: ConsumerSpec, handler: Arc<H>, 
     let spec = Arc::new(spec);
     let permits = Arc::new(tokio::sync::Semaphore::new(spec.concurrency));
     let mut in_flight = JoinSet::new();
+    let mut order = KeyedOrder::default();
     info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consuming");
 
     'outer: while !shutdown.is_cancelled() {
@@ -734,8 +785,15 @@ pub async fn consume<H: Handler>(bus: Bus, spec: ConsumerSpec, handler: Arc<H>, 
             match next {
                 Some(Ok(msg)) => {
                     let (bus, spec, handler) = (bus.clone(), spec.clone(), handler.clone());
+                    let key = spec.ordered_by_token.and_then(|i| msg.subject.split('.').nth(i)).map(str::to_owned);
+                    let (before, done) = order.enqueue(key, spec.barrier_token.as_deref());
                     in_flight.spawn(async move {
+                        // Messages ahead of this one are handled first (their senders drop then).
+                        for b in before {
+                            let _ = b.await;
+                        }
                         handle_one(&bus, &spec, handler.as_ref(), msg).await;
+                        drop(done);
                         drop(permit);
                     });
                 }
@@ -753,6 +811,42 @@ pub async fn consume<H: Handler>(bus: Bus, spec: ConsumerSpec, handler: Arc<H>, 
     info!(consumer = %spec.durable, in_flight = in_flight.len(), "stopping: draining in-flight messages");
     while in_flight.join_next().await.is_some() {}
     Ok(())
+}
+
+type Done = futures::future::Shared<tokio::sync::oneshot::Receiver<()>>;
+
+/// Chains messages by key: each waits for the one before it with the same key. A message
+/// whose key is the barrier waits for every message before it, and every later one waits for it.
+#[derive(Default)]
+struct KeyedOrder {
+    last: std::collections::HashMap<String, Done>,
+    barrier: Option<Done>,
+}
+
+impl KeyedOrder {
+    /// What a message with `key` waits for before it is handled, and what it drops once handled.
+    fn enqueue(
+        &mut self,
+        key: Option<String>,
+        barrier: Option<&str>,
+    ) -> (Vec<Done>, Option<tokio::sync::oneshot::Sender<()>>) {
+        use futures::FutureExt;
+        let Some(key) = key else { return (Vec::new(), None) };
+        // Forget keys whose last message is done, so the map stays as small as the work in flight.
+        if self.last.len() > 1024 {
+            self.last.retain(|_, done| done.peek().is_none());
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let done = rx.shared();
+        let mut wait: Vec<Done> = self.barrier.iter().cloned().collect();
+        if barrier == Some(key.as_str()) {
+            wait.extend(self.last.drain().map(|(_, d)| d));
+            self.barrier = Some(done);
+        } else if let Some(previous) = self.last.insert(key, done) {
+            wait.push(previous);
+        }
+        (wait, Some(tx))
+    }
 }
 
 async fn handle_one<H: Handler>(bus: &Bus, spec: &ConsumerSpec, handler: &H, msg: jetstream::Message) {
@@ -827,6 +921,25 @@ mod tests {
         assert_eq!(retry_delay(1), Duration::from_millis(500));
         assert_eq!(retry_delay(2), Duration::from_secs(1));
         assert_eq!(retry_delay(100), Duration::from_secs(30));
+    }
+
+    #[tokio::test]
+    async fn keyed_order_chains_keys_and_barriers() {
+        let mut order = KeyedOrder::default();
+        let (w, a1) = order.enqueue(Some("a".into()), Some("fleet"));
+        assert!(w.is_empty());
+        let (w, b1) = order.enqueue(Some("b".into()), Some("fleet"));
+        assert!(w.is_empty(), "other keys run concurrently");
+        let (w, _a2) = order.enqueue(Some("a".into()), Some("fleet"));
+        assert_eq!(w.len(), 1, "same key waits");
+        let (w, f) = order.enqueue(Some("fleet".into()), Some("fleet"));
+        assert_eq!(w.len(), 2, "a barrier waits for the last of every key");
+        let (w, _c) = order.enqueue(Some("c".into()), Some("fleet"));
+        assert_eq!(w.len(), 1, "everything after a barrier waits for it");
+        drop((a1, b1));
+        let (w, _) = order.enqueue(None, Some("fleet"));
+        assert!(w.is_empty(), "unkeyed messages are not ordered");
+        drop(f);
     }
 
     #[test]

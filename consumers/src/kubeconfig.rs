@@ -1,0 +1,90 @@
+//! Kubeconfig collection: on `ClusterReady`, ask the site's gateway for the application
+//! cluster's kubeconfig (core request/reply, never stored in a stream), seal it, store only
+//! the ciphertext in KV, and publish `KubeconfigStored`, which carries no secret.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bus_schema::names::{self, keys};
+use bus_schema::pb::{self, BusEvent};
+use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, Kv, RejectAs};
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::secrets::{self, KeyProvider};
+
+/// What a sealed kubeconfig is bound to.
+pub fn purpose(site: &str) -> String {
+    format!("kubeconfig/{site}")
+}
+
+pub struct KubeconfigCollector {
+    bus: Bus,
+    store: Kv,
+    keys: Arc<dyn KeyProvider>,
+}
+
+impl KubeconfigCollector {
+    pub async fn new(bus: Bus, keys: Arc<dyn KeyProvider>) -> Result<Self, runtime::BusError> {
+        Ok(Self { store: bus.kv(names::KUBECONFIGS_BUCKET).await?, bus, keys })
+    }
+
+    async fn fetch(&self, site: &str) -> Result<Vec<u8>, HandlerError> {
+        let request = pb::KubeconfigRequest { site_id: site.to_string() }.encode_to_vec();
+        let reply = tokio::time::timeout(
+            Duration::from_secs(15),
+            self.bus.client().request(names::kubeconfig_rpc(site), request.into()),
+        )
+        .await
+        .map_err(|_| HandlerError::Transient(format!("gateway of {site} did not answer the kubeconfig request")))?
+        .map_err(|e| HandlerError::Transient(format!("kubeconfig request to {site}: {e}")))?;
+        if let Some(err) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
+            return Err(HandlerError::Transient(format!("gateway of {site}: {}", err.as_str())));
+        }
+        if reply.payload.is_empty() {
+            return Err(HandlerError::Transient(format!("gateway of {site} sent an empty kubeconfig")));
+        }
+        Ok(reply.payload.to_vec())
+    }
+}
+
+impl runtime::Handler for KubeconfigCollector {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let ready: pb::ClusterReady = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(ready.site_id)
+            .map_err(|e| HandlerError::reject(pb::RejectCode::Invalid, e.to_string()))?
+            .to_string();
+        let kubeconfig = self.fetch(&site).await?;
+        let sealed = secrets::seal(self.keys.as_ref(), &purpose(&site), &kubeconfig)
+            .map_err(|e| HandlerError::Transient(e.to_string()))?;
+        drop(kubeconfig);
+        let revision = self.store.put(&keys::kubeconfig(&site), &sealed).await?;
+        info!(%site, key_id = %sealed.key_id, revision, "kubeconfig stored");
+        let evt = pb::KubeconfigStored { site_id: site, key_id: sealed.key_id, revision };
+        self.bus.publish_event(&evt, &d.envelope.derive("kubeconfig_stored", None)).await?;
+        Ok(())
+    }
+}
+
+/// Reads and opens a site's stored kubeconfig.
+pub async fn read_kubeconfig(bus: &Bus, keys: &dyn KeyProvider, site: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    let store = bus.kv(names::KUBECONFIGS_BUCKET).await?;
+    let Some((sealed, _)) = store.get::<pb::SealedSecret>(&keys::kubeconfig(site)).await? else {
+        return Ok(None);
+    };
+    Ok(Some(secrets::open(keys, &purpose(site), &sealed)?))
+}
+
+/// Runs the kubeconfig consumer until `shutdown`.
+pub async fn run_kubeconfig(bus: Bus, keys: Arc<dyn KeyProvider>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let collector = Arc::new(KubeconfigCollector::new(bus.clone(), keys).await?);
+    let spec = ConsumerSpec::new(
+        names::EVENTS_STREAM,
+        names::KUBECONFIG_EVENTS,
+        vec![pb::ClusterReady::filter()],
+        RejectAs::Message { consumer: names::KUBECONFIG_EVENTS.to_string() },
+    );
+    runtime::consume(bus, spec, collector, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,389 @@
+//! The provisioning orchestrator: commands in, sagas advanced in KV, jobs and events out.
+//!
+//! Two durable consumers share one [`Orchestrator`]: one on commands, one on the events that
+//! move sagas forward. Any number of replicas may run; KV compare-and-set decides who wins.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bus_schema::domain::{InvalidField, Package, SiteDesign};
+use bus_schema::names::{self, keys};
+use bus_schema::pb::{self, BusEvent};
+use bus_schema::runtime::{self, Bus, Cas, ConsumerSpec, Delivery, Envelope, HandlerError, Kv, RejectAs};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::saga::{self, Decision, Input};
+
+/// How long a command for a site that is busy with another saga waits before it is tried again.
+const LEASE_RETRY: Duration = Duration::from_secs(1);
+/// How many times a compare-and-set race is retried inside one delivery.
+const CAS_ATTEMPTS: usize = 64;
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn invalid(e: InvalidField) -> HandlerError {
+    HandlerError::reject(pb::RejectCode::Invalid, e.to_string())
+}
+
+/// Shared state of the orchestrator's consumers.
+pub struct Orchestrator {
+    bus: Bus,
+    sites: Kv,
+    packages: Kv,
+    sagas: Kv,
+}
+
+impl Orchestrator {
+    pub async fn new(bus: Bus) -> Result<Self, runtime::BusError> {
+        Ok(Self {
+            sites: bus.kv(names::SITES_BUCKET).await?,
+            packages: bus.kv(names::PACKAGES_BUCKET).await?,
+            sagas: bus.kv(names::SAGAS_BUCKET).await?,
+            bus,
+        })
+    }
+
+    async fn register_site(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::RegisterSite = d.decode()?;
+        let design = SiteDesign::try_from(cmd.design.unwrap_or_default()).map_err(invalid)?;
+        let site = design.site.to_string();
+        let revision = self.sites.put(&keys::site(&site), &pb::SiteDesign::from(&design)).await?;
+        info!(%site, nodes = design.nodes.len(), revision, "site registered");
+        let evt = pb::SiteRegistered { site_id: site, nodes: design.nodes.len() as u32, revision };
+        self.bus.publish_event(&evt, &d.envelope.derive("site_registered", None)).await?;
+        Ok(())
+    }
+
+    async fn register_package(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::RegisterPackage = d.decode()?;
+        let pkg = Package::try_from(cmd.package.unwrap_or_default()).map_err(invalid)?;
+        let key = keys::package(pkg.name.as_str(), pkg.version.as_str());
+        let entry = pb::Package::from(&pkg);
+        match self.packages.create(&key, &entry).await? {
+            Cas::Written(_) => info!(package = %pkg.name, version = %pkg.version, "package registered"),
+            Cas::Conflict => {
+                // The same name and version twice: the same content is a no-op, other content a conflict.
+                let existing = self.packages.get::<pb::Package>(&key).await?.map(|(p, _)| p);
+                if existing.as_ref().is_some_and(|e| e.sha256 != entry.sha256 || e.kind != entry.kind) {
+                    return Err(HandlerError::reject(
+                        pb::RejectCode::Conflict,
+                        format!(
+                            "{}@{} is already registered with other content; publish a new version",
+                            pkg.name, pkg.version
+                        ),
+                    ));
+                }
+            }
+        }
+        let evt = pb::PackageRegistered { package: Some(entry) };
+        self.bus.publish_event(&evt, &d.envelope.derive("package_registered", None)).await?;
+        Ok(())
+    }
+
+    async fn catalog_for(&self, design: &SiteDesign) -> Result<BTreeMap<String, Package>, HandlerError> {
+        let mut catalog = BTreeMap::new();
+        for p in design.all_packages() {
+            let key = keys::package(p.name.as_str(), p.version.as_str());
+            if let Some((entry, _)) = self.packages.get::<pb::Package>(&key).await? {
+                let pkg = Package::try_from(entry).map_err(invalid)?;
+                catalog.insert(p.key(), pkg);
+            }
+        }
+        Ok(catalog)
+    }
+
+    async fn install_site(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::InstallSite = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id).map_err(invalid)?.to_string();
+        let saga_key = keys::saga(&d.envelope.id);
+
+        // A redelivery of an accepted command: finish what it started, nothing more.
+        if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
+            self.settle(&saga_key, existing, rev).await?;
+            return Ok(());
+        }
+
+        let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(&site)).await? else {
+            return Err(HandlerError::reject(
+                pb::RejectCode::UnknownSite,
+                format!("site {site} is not registered (landfall site register -f FILE)"),
+            ));
+        };
+        let design = SiteDesign::try_from(design).map_err(invalid)?;
+        let resolved = saga::resolve(&design, &self.catalog_for(&design).await?)
+            .map_err(|r| HandlerError::reject(r.code, r.reason))?;
+
+        self.acquire_lease(&site, &d.envelope.id).await?;
+        let new = saga::start(&d.envelope, &design, resolved, now_ms());
+        match self.sagas.create(&saga_key, &new).await? {
+            Cas::Written(rev) => {
+                info!(%site, saga = %d.envelope.id, nodes = design.nodes.len(), "install started");
+                let pointer =
+                    pb::SiteLease { site_id: site.clone(), saga_id: d.envelope.id.clone(), acquired_unix_ms: now_ms() };
+                self.sagas.put(&keys::latest_install(&site), &pointer).await?;
+                self.settle(&saga_key, new, rev).await?;
+            }
+            Cas::Conflict => {
+                // Another replica created it first: make sure its outbox goes out.
+                if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
+                    self.settle(&saga_key, existing, rev).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the site's lease for `saga_id`, or asks for a redelivery while another live saga
+    /// holds it. A lease whose saga has ended (its holder died before releasing it) is taken over.
+    async fn acquire_lease(&self, site: &str, saga_id: &str) -> Result<(), HandlerError> {
+        let key = keys::site_lease(site);
+        let lease =
+            pb::SiteLease { site_id: site.to_string(), saga_id: saga_id.to_string(), acquired_unix_ms: now_ms() };
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((held, rev)) = self.sagas.get::<pb::SiteLease>(&key).await? else {
+                match self.sagas.create(&key, &lease).await? {
+                    Cas::Written(_) => return Ok(()),
+                    Cas::Conflict => continue,
+                }
+            };
+            if held.saga_id == saga_id {
+                return Ok(());
+            }
+            let holder = self.sagas.get::<pb::InstallSaga>(&keys::saga(&held.saga_id)).await?;
+            if holder.as_ref().is_some_and(|(s, _)| !saga::is_terminal(s)) {
+                return Err(HandlerError::Wait {
+                    reason: format!("site {site} is busy with saga {}", held.saga_id),
+                    delay: LEASE_RETRY,
+                });
+            }
+            if let Cas::Written(_) = self.sagas.update(&key, &lease, rev).await? {
+                return Ok(());
+            }
+        }
+        Err(HandlerError::Transient(format!("site {site} lease kept changing")))
+    }
+
+    async fn release_lease(&self, site: &str, saga_id: &str) -> Result<(), HandlerError> {
+        let key = keys::site_lease(site);
+        if let Some((held, rev)) = self.sagas.get::<pb::SiteLease>(&key).await?
+            && held.saga_id == saga_id
+        {
+            self.sagas.delete_if(&key, rev).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes the saga's outbox, clears it, and releases the lease once the saga has ended.
+    /// Safe to repeat: the messages carry fixed ids, so a second publish is dropped as a duplicate.
+    async fn settle(&self, key: &str, mut saga: pb::InstallSaga, rev: u64) -> Result<(), HandlerError> {
+        if !saga.outbox.is_empty() {
+            crate::failpoint::hit("saga-written-outbox-unpublished");
+            for entry in &saga.outbox {
+                let env = Envelope {
+                    id: entry.message_id.clone(),
+                    correlation: saga.saga_id.clone(),
+                    causation: entry.causation_id.clone(),
+                    traceparent: entry.traceparent.clone(),
+                };
+                self.bus
+                    .publish_raw(entry.subject.clone(), &entry.message_type, entry.payload.clone().into(), &env)
+                    .await?;
+            }
+            crate::failpoint::hit("outbox-published-not-cleared");
+            saga.outbox.clear();
+            if self.sagas.update(key, &saga, rev).await? == Cas::Conflict {
+                // Someone else changed it meanwhile; they (or the next delivery) settle it.
+                return Ok(());
+            }
+        }
+        if saga::is_terminal(&saga) {
+            self.release_lease(&saga.site_id, &saga.saga_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes what sagas decided before a crash and did not get to publish. Redelivery
+    /// would get there too, but only after the ack wait; this resumes at once from KV state.
+    pub async fn recover(&self) -> Result<usize, HandlerError> {
+        let mut settled = 0;
+        for key in self.sagas.keys_with_prefix(&keys::saga("")).await? {
+            if let Some((saga, rev)) = self.sagas.get::<pb::InstallSaga>(&key).await?
+                && (!saga.outbox.is_empty() || saga::is_terminal(&saga))
+            {
+                settled += usize::from(!saga.outbox.is_empty());
+                self.settle(&key, saga, rev).await?;
+            }
+        }
+        Ok(settled)
+    }
+
+    async fn on_event(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let Some(input) = input_of(d)? else { return Ok(()) };
+        let key = keys::saga(&d.envelope.correlation);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((current, rev)) = self.sagas.get::<pb::InstallSaga>(&key).await? else {
+                debug!(subject = %d.subject, correlation = %d.envelope.correlation, "event belongs to no install saga");
+                return Ok(());
+            };
+            if !current.outbox.is_empty() {
+                // A previous step decided but did not finish publishing: finish it first.
+                self.settle(&key, current, rev).await?;
+                continue;
+            }
+            match saga::decide(&current, &input, &d.envelope, now_ms()) {
+                Decision::Ignore => return Ok(()),
+                Decision::Wait => {
+                    return Err(HandlerError::Wait {
+                        reason: format!("{} arrived before the saga reached its phase", d.type_name),
+                        delay: Duration::from_millis(200),
+                    });
+                }
+                Decision::Apply(next) => match self.sagas.update(&key, next.as_ref(), rev).await? {
+                    Cas::Written(new_rev) => {
+                        if saga::is_terminal(&next) {
+                            info!(site = %next.site_id, saga = %next.saga_id, outcome = next.outcome, "install finished");
+                        }
+                        return self.settle(&key, *next, new_rev).await;
+                    }
+                    Cas::Conflict => continue,
+                },
+            }
+        }
+        Err(HandlerError::Transient(format!("saga {key} kept changing under {}", d.type_name)))
+    }
+}
+
+/// The saga input an event carries; `None` for events the orchestrator does not act on.
+fn input_of(d: &Delivery) -> Result<Option<Input>, HandlerError> {
+    let kind = match names::parse_subject(&d.subject) {
+        Some(names::ParsedSubject::Event { aggregate, kind, .. }) => (aggregate, kind),
+        _ => return Ok(None),
+    };
+    let is = |a: &str, k: &str| kind == (a, k);
+    Ok(Some(if is(pb::ArtifactsStaged::AGGREGATE, pb::ArtifactsStaged::KIND) {
+        d.decode::<pb::ArtifactsStaged>()?;
+        Input::Staged
+    } else if is(pb::NodeOsProvisioning::AGGREGATE, pb::NodeOsProvisioning::KIND) {
+        let e: pb::NodeOsProvisioning = d.decode()?;
+        Input::OsState { node: e.node, state: e.state }
+    } else if is(pb::NodeOsProvisioned::AGGREGATE, pb::NodeOsProvisioned::KIND) {
+        Input::OsProvisioned { node: d.decode::<pb::NodeOsProvisioned>()?.node }
+    } else if is(pb::NodeFailed::AGGREGATE, pb::NodeFailed::KIND) {
+        let e: pb::NodeFailed = d.decode()?;
+        Input::NodeFailed { node: e.node, step: e.step, reason: e.reason }
+    } else if is(pb::NodeBinariesInstalled::AGGREGATE, pb::NodeBinariesInstalled::KIND) {
+        Input::BinariesInstalled { node: d.decode::<pb::NodeBinariesInstalled>()?.node }
+    } else if is(pb::ClusterReady::AGGREGATE, pb::ClusterReady::KIND) {
+        Input::ClusterReady(d.decode()?)
+    } else if is(pb::KubeconfigStored::AGGREGATE, pb::KubeconfigStored::KIND) {
+        d.decode::<pb::KubeconfigStored>()?;
+        Input::KubeconfigStored
+    } else if is(pb::ContainerPackagesApplied::AGGREGATE, pb::ContainerPackagesApplied::KIND) {
+        d.decode::<pb::ContainerPackagesApplied>()?;
+        Input::ContainersApplied
+    } else if is(pb::JobFailed::AGGREGATE, pb::JobFailed::KIND) {
+        let e: pb::JobFailed = d.decode()?;
+        Input::JobFailed { job: e.job, reason: e.reason }
+    } else {
+        return Ok(None);
+    }))
+}
+
+/// The events that move an install saga.
+pub fn saga_event_filters() -> Vec<String> {
+    vec![
+        pb::ArtifactsStaged::filter(),
+        pb::NodeOsProvisioning::filter(),
+        pb::NodeOsProvisioned::filter(),
+        pb::NodeFailed::filter(),
+        pb::NodeBinariesInstalled::filter(),
+        pb::ClusterReady::filter(),
+        pb::KubeconfigStored::filter(),
+        pb::ContainerPackagesApplied::filter(),
+        pb::JobFailed::filter(),
+    ]
+}
+
+struct Commands(Arc<Orchestrator>);
+struct Events(Arc<Orchestrator>);
+
+impl runtime::Handler for Commands {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let kind = match names::parse_subject(&d.subject) {
+            Some(names::ParsedSubject::Command { kind, .. }) => kind,
+            _ => {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Malformed,
+                    format!("{} is not a command subject", d.subject),
+                ));
+            }
+        };
+        use pb::BusCommand;
+        match kind {
+            pb::RegisterSite::KIND => self.0.register_site(d).await,
+            pb::RegisterPackage::KIND => self.0.register_package(d).await,
+            pb::InstallSite::KIND => self.0.install_site(d).await,
+            pb::NodeAdded::KIND | pb::PatchPackage::KIND => Err(HandlerError::reject(
+                pb::RejectCode::Unsupported,
+                format!("{} is accepted by the schema but this orchestrator does not carry it out yet", d.type_name),
+            )),
+            other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such command {other:?}"))),
+        }
+    }
+}
+
+impl runtime::Handler for Events {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        self.0.on_event(d).await
+    }
+}
+
+/// Runs the orchestrator's consumers until `shutdown`.
+pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let orchestrator = Arc::new(Orchestrator::new(bus.clone()).await?);
+    match orchestrator.recover().await {
+        Ok(0) => {}
+        Ok(n) => info!(sagas = n, "resumed sagas interrupted before publishing"),
+        Err(e) => warn!(error = %e, "could not resume interrupted sagas now; redelivery will"),
+    }
+    let commands = ConsumerSpec::new(
+        names::COMMANDS_STREAM,
+        names::ORCHESTRATOR_COMMANDS,
+        vec![names::COMMANDS_ALL.to_string()],
+        RejectAs::Command,
+    )
+    .ordered_by_token(names::COMMAND_SCOPE_TOKEN, Some(names::FLEET));
+    let events = ConsumerSpec::new(
+        names::EVENTS_STREAM,
+        names::ORCHESTRATOR_EVENTS,
+        saga_event_filters(),
+        RejectAs::Message { consumer: names::ORCHESTRATOR_EVENTS.to_string() },
+    );
+    let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
+    let e = runtime::consume(bus, events, Arc::new(Events(orchestrator)), shutdown);
+    let (c, e) = tokio::join!(c, e);
+    if let Err(err) = &c {
+        warn!(error = %err, "command consumer stopped");
+    }
+    c?;
+    e?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bus_schema::pb::BusMessage;
+
+    #[test]
+    fn every_filter_is_an_event_subject() {
+        for f in saga_event_filters() {
+            assert!(f.starts_with("landfall.evt.*."), "{f}");
+        }
+        assert_eq!(pb::ClusterReady::TYPE, "landfall.v1.ClusterReady");
+    }
+}

@@ -1,0 +1,553 @@
+//! The InstallSite saga, as pure functions: given the saga's state and one input, decide the
+//! next state and the messages to publish. No I/O here; [`crate::orchestrator`] executes.
+//!
+//! Messages to publish go into the saga's outbox together with the state change, in one
+//! compare-and-set write, so a crash between deciding and publishing loses nothing: whoever
+//! touches the saga next publishes the outbox (with the same message ids) first.
+
+use std::collections::BTreeMap;
+
+use bus_schema::domain::{Package, Role, SiteDesign};
+use bus_schema::pb::{self, BusEvent, BusJob, BusMessage, InstallPhase, NodeStep};
+use bus_schema::runtime::Envelope;
+
+/// A fact that moves an install forward.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Staged,
+    OsState { node: String, state: String },
+    OsProvisioned { node: String },
+    NodeFailed { node: String, step: String, reason: String },
+    BinariesInstalled { node: String },
+    ClusterReady(pb::ClusterReady),
+    KubeconfigStored,
+    ContainersApplied,
+    JobFailed { job: String, reason: String },
+}
+
+impl Input {
+    /// The phase in which this input is expected.
+    fn phase(&self) -> InstallPhase {
+        match self {
+            Input::Staged => InstallPhase::Staging,
+            Input::OsState { .. } | Input::OsProvisioned { .. } => InstallPhase::ProvisioningOs,
+            Input::NodeFailed { step, .. } if step == pb::ProvisionOs::KIND => InstallPhase::ProvisioningOs,
+            Input::NodeFailed { .. } | Input::BinariesInstalled { .. } | Input::ClusterReady(_) => {
+                InstallPhase::InstallingBinaries
+            }
+            Input::KubeconfigStored => InstallPhase::CollectingKubeconfig,
+            Input::ContainersApplied => InstallPhase::ApplyingContainers,
+            Input::JobFailed { .. } => InstallPhase::Unspecified,
+        }
+    }
+}
+
+/// What to do with an input.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Write this state (its outbox holds what to publish).
+    Apply(Box<pb::InstallSaga>),
+    /// Nothing to do: already applied, or stale.
+    Ignore,
+    /// It belongs to a later phase than the saga is in (e.g. the kubeconfig arrived before
+    /// `ClusterReady` was processed): try again shortly.
+    Wait,
+}
+
+/// Why an InstallSite cannot start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: pb::RejectCode,
+    pub reason: String,
+}
+
+/// The packages a site install needs, resolved against the catalog, by role.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub packages: BTreeMap<String, pb::Package>,
+}
+
+/// Resolves a design's packages against the catalog: every package must exist, and every
+/// role that has nodes must have exactly one os-image.
+pub fn resolve(design: &SiteDesign, catalog: &BTreeMap<String, Package>) -> Result<Resolved, Refusal> {
+    let mut packages = BTreeMap::new();
+    for p in design.all_packages() {
+        let Some(entry) = catalog.get(&p.key()) else {
+            return Err(Refusal {
+                code: pb::RejectCode::UnknownPackage,
+                reason: format!("package {} is not in the catalog (register it first)", p.key()),
+            });
+        };
+        packages.insert(p.key(), pb::Package::from(entry));
+    }
+    for role in [Role::Master, Role::Worker] {
+        if !design.nodes.iter().any(|n| n.role == role) {
+            continue;
+        }
+        let images = design
+            .packages_for(role)
+            .iter()
+            .filter(|p| catalog.get(&p.key()).is_some_and(|e| e.kind == pb::PackageKind::OsImage))
+            .count();
+        if images != 1 {
+            return Err(Refusal {
+                code: pb::RejectCode::Invalid,
+                reason: format!("the {} package set must hold exactly one os-image, it holds {images}", role.as_str()),
+            });
+        }
+    }
+    Ok(Resolved { packages })
+}
+
+fn outbox_entry<M: BusMessage>(subject: String, msg: &M, env: &Envelope) -> pb::OutboxEntry {
+    pb::OutboxEntry {
+        subject,
+        message_type: M::TYPE.to_string(),
+        message_id: env.id.clone(),
+        payload: msg.encode_to_vec(),
+        causation_id: env.causation.clone(),
+        traceparent: env.traceparent.clone(),
+    }
+}
+
+fn push_event<E: BusEvent>(saga: &mut pb::InstallSaga, evt: &E, env: &Envelope) {
+    saga.outbox.push(outbox_entry(evt.subject(), evt, env));
+}
+
+fn push_job<J: BusJob>(saga: &mut pb::InstallSaga, job: &J, env: &Envelope) {
+    saga.outbox.push(outbox_entry(job.subject(), job, env));
+}
+
+fn packages_of(saga: &pb::InstallSaga, kind: pb::PackageKind) -> Vec<pb::Package> {
+    let mut seen = std::collections::BTreeSet::new();
+    saga.packages.values().filter(|p| p.kind == kind as i32 && seen.insert(p.sha256.clone())).cloned().collect()
+}
+
+fn role_of(n: &pb::NodeProgress) -> i32 {
+    n.node.as_ref().map_or(0, |s| s.role)
+}
+
+fn name_of(n: &pb::NodeProgress) -> &str {
+    n.node.as_ref().map_or("", |s| s.name.as_str())
+}
+
+/// The new saga for an accepted InstallSite, with `SiteInstallStarted` and the
+/// `StageArtifacts` job in its outbox.
+pub fn start(cmd: &Envelope, design: &SiteDesign, resolved: Resolved, now_ms: i64) -> pb::InstallSaga {
+    let design_pb = pb::SiteDesign::from(design);
+    let site = design.site.to_string();
+    let mut saga = pb::InstallSaga {
+        saga_id: cmd.id.clone(),
+        site_id: site.clone(),
+        phase: InstallPhase::Staging as i32,
+        nodes: design_pb
+            .nodes
+            .iter()
+            .map(|n| pb::NodeProgress { node: Some(n.clone()), step: NodeStep::Pending as i32, ..Default::default() })
+            .collect(),
+        packages: resolved.packages.into_iter().collect(),
+        started_unix_ms: now_ms,
+        traceparent: cmd.traceparent.clone(),
+        design: Some(design_pb.clone()),
+        ..Default::default()
+    };
+    let started = pb::SiteInstallStarted { site_id: site.clone(), nodes: design_pb.nodes };
+    push_event(&mut saga, &started, &cmd.derive("install_started", None));
+    let mut artifacts: Vec<pb::Package> = saga.packages.values().cloned().collect();
+    artifacts.sort_by(|a, b| a.sha256.cmp(&b.sha256));
+    artifacts.dedup_by(|a, b| a.sha256 == b.sha256);
+    push_job(&mut saga, &pb::StageArtifacts { site_id: site, artifacts }, &cmd.derive("stage_artifacts", None));
+    saga
+}
+
+/// Whether the saga has ended.
+pub fn is_terminal(saga: &pb::InstallSaga) -> bool {
+    matches!(InstallPhase::try_from(saga.phase), Ok(InstallPhase::Succeeded | InstallPhase::Failed))
+}
+
+/// Decides what `input` (carried by the message with envelope `cause`) does to `saga`.
+pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i64) -> Decision {
+    if is_terminal(saga) {
+        return Decision::Ignore;
+    }
+    let phase = InstallPhase::try_from(saga.phase).unwrap_or(InstallPhase::Unspecified);
+    let expected = input.phase();
+    if expected != InstallPhase::Unspecified {
+        if (phase as i32) < (expected as i32) {
+            return Decision::Wait;
+        }
+        if (phase as i32) > (expected as i32) {
+            return Decision::Ignore;
+        }
+    }
+    let mut next = saga.clone();
+    let site = saga.site_id.clone();
+    let changed = match input {
+        Input::Staged => {
+            next.phase = InstallPhase::ProvisioningOs as i32;
+            for i in 0..next.nodes.len() {
+                let node = next.nodes[i].node.clone().unwrap_or_default();
+                next.nodes[i].step = NodeStep::OsProvisioning as i32;
+                let image = os_image_for(&next, node.role);
+                let job = pb::ProvisionOs { site_id: site.clone(), node: Some(node.clone()), image };
+                push_job(&mut next, &job, &cause.derive("provision_os", Some(&node.name)));
+            }
+            true
+        }
+        Input::OsState { node, state } => match find(&mut next, node) {
+            Some(n) if n.step == NodeStep::OsProvisioning as i32 && n.metal3_state != *state => {
+                n.metal3_state = state.clone();
+                true
+            }
+            _ => false,
+        },
+        Input::OsProvisioned { node } => match find(&mut next, node) {
+            Some(n) if n.step == NodeStep::OsProvisioning as i32 => {
+                n.step = NodeStep::OsProvisioned as i32;
+                n.metal3_state = "provisioned".into();
+                after_os(&mut next, cause, now_ms);
+                true
+            }
+            _ => false,
+        },
+        Input::NodeFailed { node, step, reason } => match find(&mut next, node) {
+            Some(n) if n.step != NodeStep::Failed as i32 => {
+                n.step = NodeStep::Failed as i32;
+                n.failed_step = step.clone();
+                n.reason = reason.clone();
+                if phase == InstallPhase::ProvisioningOs {
+                    after_os(&mut next, cause, now_ms);
+                }
+                true
+            }
+            _ => false,
+        },
+        Input::BinariesInstalled { node } => match find(&mut next, node) {
+            Some(n) if n.step == NodeStep::OsProvisioned as i32 => {
+                n.step = NodeStep::BinariesInstalled as i32;
+                true
+            }
+            _ => false,
+        },
+        Input::ClusterReady(ready) => {
+            for name in ready.masters.iter().chain(&ready.workers) {
+                if let Some(n) = find(&mut next, name) {
+                    n.step = NodeStep::BinariesInstalled as i32;
+                }
+            }
+            for f in &ready.failed {
+                if let Some(n) = find(&mut next, &f.node) {
+                    n.step = NodeStep::Failed as i32;
+                    n.failed_step = f.failed_step.clone();
+                    n.reason = f.reason.clone();
+                }
+            }
+            next.phase = InstallPhase::CollectingKubeconfig as i32;
+            true
+        }
+        Input::KubeconfigStored => {
+            let containers = packages_of(&next, pb::PackageKind::Container);
+            if containers.is_empty() {
+                finish(&mut next, cause, now_ms, None);
+            } else {
+                next.phase = InstallPhase::ApplyingContainers as i32;
+                let job = pb::ApplyContainerPackages { site_id: site, packages: containers };
+                push_job(&mut next, &job, &cause.derive("apply_container_packages", None));
+            }
+            true
+        }
+        Input::ContainersApplied => {
+            finish(&mut next, cause, now_ms, None);
+            true
+        }
+        Input::JobFailed { job, reason } => {
+            finish(&mut next, cause, now_ms, Some(format!("{job} failed: {reason}")));
+            true
+        }
+    };
+    if changed { Decision::Apply(Box::new(next)) } else { Decision::Ignore }
+}
+
+fn find<'a>(saga: &'a mut pb::InstallSaga, node: &str) -> Option<&'a mut pb::NodeProgress> {
+    saga.nodes.iter_mut().find(|n| name_of(n) == node)
+}
+
+fn os_image_for(saga: &pb::InstallSaga, role: i32) -> Option<pb::Package> {
+    let design = saga.design.as_ref()?;
+    let set = design.packages.iter().find(|rp| rp.role == role)?;
+    set.packages.iter().find_map(|r| {
+        saga.packages
+            .get(&format!("{}@{}", r.name, r.version))
+            .filter(|p| p.kind == pb::PackageKind::OsImage as i32)
+            .cloned()
+    })
+}
+
+/// Once every node's OS is provisioned or failed: on to the binaries, or stop when no
+/// master is left to form a cluster.
+fn after_os(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
+    let step = |n: &pb::NodeProgress| NodeStep::try_from(n.step).unwrap_or(NodeStep::Unspecified);
+    if saga.nodes.iter().any(|n| step(n) == NodeStep::OsProvisioning) {
+        return;
+    }
+    let ready: Vec<pb::NodeSpec> =
+        saga.nodes.iter().filter(|n| step(n) == NodeStep::OsProvisioned).filter_map(|n| n.node.clone()).collect();
+    if !ready.iter().any(|n| n.role == pb::Role::Master as i32) {
+        finish(saga, cause, now_ms, Some("no master node has an operating system: the cluster cannot form".into()));
+        return;
+    }
+    saga.phase = InstallPhase::InstallingBinaries as i32;
+    let job = pb::InstallBinaries {
+        site_id: saga.site_id.clone(),
+        nodes: ready,
+        binaries: packages_of(saga, pb::PackageKind::Binary),
+    };
+    push_job(saga, &job, &cause.derive("install_binaries", None));
+}
+
+/// Ends the saga: `SiteInstalled` when every node made it, `SiteInstallFailed` (with every
+/// node's result, so a partial success is reported as such) otherwise.
+fn finish(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64, failure: Option<String>) {
+    let results: Vec<pb::NodeResult> = saga
+        .nodes
+        .iter()
+        .map(|n| {
+            let ok = failure.is_none() && n.step == NodeStep::BinariesInstalled as i32;
+            let (failed_step, reason) = match (ok, n.step == NodeStep::Failed as i32) {
+                (true, _) => (String::new(), String::new()),
+                (false, true) => (n.failed_step.clone(), n.reason.clone()),
+                (false, false) => ("install".to_string(), "the site install did not complete".to_string()),
+            };
+            pb::NodeResult {
+                node: name_of(n).to_string(),
+                role: role_of(n),
+                outcome: if ok { pb::NodeOutcome::Succeeded } else { pb::NodeOutcome::Failed } as i32,
+                failed_step,
+                reason,
+            }
+        })
+        .collect();
+    let failed: Vec<&pb::NodeResult> = results.iter().filter(|r| r.outcome == pb::NodeOutcome::Failed as i32).collect();
+    let succeeded = results.len() - failed.len();
+    saga.finished_unix_ms = now_ms;
+    let env = cause.derive("install_finished", None);
+    if failure.is_none() && failed.is_empty() {
+        saga.phase = InstallPhase::Succeeded as i32;
+        saga.outcome = pb::InstallOutcome::Success as i32;
+        let evt = pb::SiteInstalled { site_id: saga.site_id.clone(), results, outcome: saga.outcome };
+        push_event(saga, &evt, &env);
+        return;
+    }
+    let outcome = if succeeded > 0 { pb::InstallOutcome::PartialSuccess } else { pb::InstallOutcome::Failure };
+    let named: Vec<String> =
+        failed
+            .iter()
+            .map(|r| {
+                if r.reason.is_empty() {
+                    r.node.clone()
+                } else {
+                    format!("{} ({}: {})", r.node, r.failed_step, r.reason)
+                }
+            })
+            .collect();
+    let reason = match failure {
+        Some(why) => why,
+        None => format!("{} of {} nodes failed: {}", failed.len(), results.len(), named.join("; ")),
+    };
+    let failed_nodes = failed.iter().map(|r| r.node.clone()).collect();
+    saga.phase = InstallPhase::Failed as i32;
+    saga.outcome = outcome as i32;
+    saga.reason = reason.clone();
+    let evt =
+        pb::SiteInstallFailed { site_id: saga.site_id.clone(), reason, results, outcome: outcome as i32, failed_nodes };
+    push_event(saga, &evt, &env);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bus_schema::domain::SiteDesign;
+    use prost::Message;
+
+    fn sha(c: char) -> String {
+        std::iter::repeat_n(c, 64).collect()
+    }
+
+    fn catalog() -> BTreeMap<String, Package> {
+        [
+            ("ubuntu", "22.04", pb::PackageKind::OsImage, 'a'),
+            ("kubelet", "1.29.1", pb::PackageKind::Binary, 'b'),
+            ("cni", "1.0", pb::PackageKind::Container, 'c'),
+        ]
+        .into_iter()
+        .map(|(n, v, k, c)| {
+            let p = Package {
+                name: n.try_into().unwrap(),
+                version: v.try_into().unwrap(),
+                kind: k,
+                sha256: sha(c).try_into().unwrap(),
+                size: 10,
+                object_key: format!("{n}/{v}"),
+            };
+            (format!("{n}@{v}"), p)
+        })
+        .collect()
+    }
+
+    fn design(nodes: usize) -> SiteDesign {
+        let pb_nodes = (0..nodes)
+            .map(|i| pb::NodeSpec {
+                name: format!("n{i}"),
+                role: if i == 0 { pb::Role::Master } else { pb::Role::Worker } as i32,
+                boot_mac: format!("52:54:00:00:00:{i:02x}"),
+                bmc_address: format!("ipmi://10.0.0.{i}"),
+                labels: Default::default(),
+            })
+            .collect();
+        let set: Vec<pb::PackageRef> = [("ubuntu", "22.04"), ("kubelet", "1.29.1"), ("cni", "1.0")]
+            .iter()
+            .map(|(n, v)| pb::PackageRef { name: n.to_string(), version: v.to_string() })
+            .collect();
+        SiteDesign::try_from(pb::SiteDesign {
+            site_id: "edge-1".into(),
+            labels: Default::default(),
+            nodes: pb_nodes,
+            packages: vec![
+                pb::RolePackages { role: pb::Role::Master as i32, packages: set.clone() },
+                pb::RolePackages { role: pb::Role::Worker as i32, packages: set },
+            ],
+        })
+        .unwrap()
+    }
+
+    fn apply(saga: &pb::InstallSaga, input: Input) -> pb::InstallSaga {
+        let cause = Envelope::root();
+        match decide(saga, &input, &cause, 1) {
+            Decision::Apply(mut s) => {
+                s.outbox.clear();
+                *s
+            }
+            other => panic!("{input:?} gave {other:?}"),
+        }
+    }
+
+    fn started(nodes: usize) -> pb::InstallSaga {
+        let d = design(nodes);
+        let saga = start(&Envelope::root(), &d, resolve(&d, &catalog()).unwrap(), 0);
+        assert_eq!(saga.outbox.len(), 2, "started event and stage job");
+        pb::InstallSaga { outbox: vec![], ..saga }
+    }
+
+    #[test]
+    fn resolve_refuses_unknown_packages_and_missing_images() {
+        let d = design(2);
+        let mut cat = catalog();
+        cat.remove("kubelet@1.29.1");
+        assert_eq!(resolve(&d, &cat).unwrap_err().code, pb::RejectCode::UnknownPackage);
+        let mut cat = catalog();
+        cat.get_mut("ubuntu@22.04").unwrap().kind = pb::PackageKind::Binary;
+        assert!(resolve(&d, &cat).unwrap_err().reason.contains("exactly one os-image"));
+    }
+
+    #[test]
+    fn happy_path_publishes_each_step_once() {
+        let saga = started(3);
+        let cause = Envelope::root();
+        let Decision::Apply(s) = decide(&saga, &Input::Staged, &cause, 1) else { panic!() };
+        assert_eq!(s.outbox.iter().filter(|o| o.message_type == pb::ProvisionOs::TYPE).count(), 3);
+        let ids: std::collections::BTreeSet<_> = s.outbox.iter().map(|o| o.message_id.clone()).collect();
+        assert_eq!(ids.len(), 3, "one distinct id per node");
+        // The same input again (a redelivery) changes nothing.
+        let s = apply(&saga, Input::Staged);
+        assert_eq!(decide(&s, &Input::Staged, &cause, 1), Decision::Ignore);
+
+        let s = apply(&s, Input::OsProvisioned { node: "n0".into() });
+        let s = apply(&s, Input::OsProvisioned { node: "n1".into() });
+        assert_eq!(decide(&s, &Input::OsProvisioned { node: "n1".into() }, &cause, 1), Decision::Ignore);
+        let Decision::Apply(s) = decide(&s, &Input::OsProvisioned { node: "n2".into() }, &cause, 1) else { panic!() };
+        assert_eq!(s.phase, InstallPhase::InstallingBinaries as i32);
+        assert_eq!(s.outbox.len(), 1);
+        assert_eq!(s.outbox[0].message_type, pb::InstallBinaries::TYPE);
+
+        // The kubeconfig may be stored before ClusterReady is processed: wait, don't drop it.
+        assert_eq!(decide(&s, &Input::KubeconfigStored, &cause, 1), Decision::Wait);
+        let ready = pb::ClusterReady {
+            site_id: "edge-1".into(),
+            masters: vec!["n0".into()],
+            workers: vec!["n1".into(), "n2".into()],
+            failed: vec![],
+        };
+        let s = apply(&s, Input::ClusterReady(ready));
+        let Decision::Apply(s) = decide(&s, &Input::KubeconfigStored, &cause, 1) else { panic!() };
+        assert_eq!(s.outbox[0].message_type, pb::ApplyContainerPackages::TYPE);
+        let s = pb::InstallSaga { outbox: vec![], ..*s };
+        let Decision::Apply(s) = decide(&s, &Input::ContainersApplied, &cause, 1) else { panic!() };
+        assert_eq!(s.phase, InstallPhase::Succeeded as i32);
+        assert_eq!(s.outbox[0].message_type, pb::SiteInstalled::TYPE);
+        let done = pb::SiteInstalled::decode(s.outbox[0].payload.as_slice()).unwrap();
+        assert!(done.results.iter().all(|r| r.outcome == pb::NodeOutcome::Succeeded as i32));
+        assert_eq!(decide(&s, &Input::ContainersApplied, &cause, 1), Decision::Ignore);
+    }
+
+    #[test]
+    fn a_failed_worker_gives_partial_success_naming_it() {
+        let s = apply(&started(3), Input::Staged);
+        let s = apply(&s, Input::OsProvisioned { node: "n0".into() });
+        let s = apply(
+            &s,
+            Input::NodeFailed { node: "n2".into(), step: "provision_os".into(), reason: "disk on fire".into() },
+        );
+        let Decision::Apply(s) = decide(&s, &Input::OsProvisioned { node: "n1".into() }, &Envelope::root(), 1) else {
+            panic!()
+        };
+        let job = pb::InstallBinaries::decode(s.outbox[0].payload.as_slice()).unwrap();
+        assert_eq!(job.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n0", "n1"]);
+        let s = pb::InstallSaga { outbox: vec![], ..*s };
+        let ready = pb::ClusterReady {
+            site_id: "edge-1".into(),
+            masters: vec!["n0".into()],
+            workers: vec!["n1".into()],
+            failed: vec![],
+        };
+        let s = apply(&s, Input::ClusterReady(ready));
+        let s = apply(&s, Input::KubeconfigStored);
+        let Decision::Apply(s) = decide(&s, &Input::ContainersApplied, &Envelope::root(), 1) else { panic!() };
+        let failed = pb::SiteInstallFailed::decode(s.outbox[0].payload.as_slice()).unwrap();
+        assert_eq!(failed.outcome, pb::InstallOutcome::PartialSuccess as i32);
+        assert_eq!(failed.failed_nodes, ["n2"]);
+        assert!(failed.reason.contains("disk on fire"), "{}", failed.reason);
+        assert_eq!(failed.results.iter().filter(|r| r.outcome == pb::NodeOutcome::Succeeded as i32).count(), 2);
+    }
+
+    #[test]
+    fn losing_the_only_master_stops_the_install() {
+        let s = apply(&started(2), Input::Staged);
+        let s = apply(&s, Input::OsProvisioned { node: "n1".into() });
+        let Decision::Apply(s) = decide(
+            &s,
+            &Input::NodeFailed { node: "n0".into(), step: "provision_os".into(), reason: "x".into() },
+            &Envelope::root(),
+            1,
+        ) else {
+            panic!()
+        };
+        assert_eq!(s.phase, InstallPhase::Failed as i32);
+        let failed = pb::SiteInstallFailed::decode(s.outbox[0].payload.as_slice()).unwrap();
+        assert!(failed.reason.contains("no master"));
+    }
+
+    #[test]
+    fn a_job_failure_ends_the_saga() {
+        let s = started(2);
+        let Decision::Apply(s) = decide(
+            &s,
+            &Input::JobFailed { job: "stage_artifacts".into(), reason: "checksum mismatch".into() },
+            &Envelope::root(),
+            1,
+        ) else {
+            panic!()
+        };
+        assert!(is_terminal(&s));
+        assert_eq!(s.outcome, pb::InstallOutcome::Failure as i32);
+    }
+}

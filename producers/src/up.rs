@@ -1,0 +1,238 @@
+//! `landfall up`: the whole system on one machine.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::consumer::DeliverPolicy;
+use bus_schema::domain::SiteDesign;
+use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::runtime::{Bus, Envelope};
+use clap::Args;
+use consumers::secrets::StaticKey;
+use sha2::{Digest, Sha256};
+use site_gateway::sim::{SimConfig, SimSite};
+use tokio::task::JoinSet;
+use tracing::{error, info};
+
+use crate::embedded::{NatsChild, find_nats_server};
+use crate::serve::{connect_service, shutdown_on_signal};
+
+/// Simulated sites run this many times faster than real ones: an 8-minute OS provisioning
+/// takes 8 seconds.
+pub const DEFAULT_TIME_SCALE: f64 = 60.0;
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// How many simulated sites.
+    #[arg(long, default_value_t = 3)]
+    pub sites: usize,
+    /// Nodes per site (the first is a master; 3 masters from 5 nodes up).
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// Where nats-server keeps its store, and where the data key lives.
+    #[arg(long, env = "LANDFALL_DATA_DIR", default_value = "./landfall-data")]
+    pub data_dir: PathBuf,
+    /// The port of the embedded nats-server.
+    #[arg(long, default_value_t = 4222)]
+    pub nats_port: u16,
+    /// Run simulated sites this many times faster than real ones.
+    #[arg(long, default_value_t = DEFAULT_TIME_SCALE)]
+    pub time_scale: f64,
+}
+
+/// The package set every simulated site runs.
+const DEMO_PACKAGES: &[(&str, &str, pb::PackageKind, u64)] = &[
+    ("ubuntu", "22.04.4", pb::PackageKind::OsImage, 2_361_393_152),
+    ("containerd", "1.7.13", pb::PackageKind::Binary, 38_338_560),
+    ("kubelet", "1.29.2", pb::PackageKind::Binary, 111_955_968),
+    ("kubeadm", "1.29.2", pb::PackageKind::Binary, 50_458_624),
+    ("cni-calico", "3.27.2", pb::PackageKind::Container, 1_048_576),
+];
+
+/// The catalog entries of the demo packages (content digests of a stand-in content).
+pub fn demo_packages() -> Vec<pb::Package> {
+    DEMO_PACKAGES
+        .iter()
+        .map(|(name, version, kind, size)| {
+            let digest = Sha256::digest(format!("{name}@{version}").as_bytes());
+            pb::Package {
+                name: name.to_string(),
+                version: version.to_string(),
+                kind: *kind as i32,
+                sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+                size: *size,
+                object_key: format!("{name}/{version}"),
+            }
+        })
+        .collect()
+}
+
+/// A simulated site's design: `nodes` nodes, the first (or first three) masters.
+pub fn demo_site(index: usize, nodes: usize) -> SiteDesign {
+    let site = format!("edge-{:02}", index + 1);
+    let masters = if nodes >= 5 { 3 } else { 1 };
+    let node_specs = (0..nodes)
+        .map(|i| pb::NodeSpec {
+            name: format!("node-{}", i + 1),
+            role: if i < masters { pb::Role::Master } else { pb::Role::Worker } as i32,
+            boot_mac: format!("52:54:00:{:02x}:{:02x}:{:02x}", index >> 8, index & 0xff, i),
+            bmc_address: format!(
+                "redfish-virtualmedia://10.{}.{}.{}/redfish/v1/Systems/1",
+                index >> 8,
+                index & 0xff,
+                i + 10
+            ),
+            labels: Default::default(),
+        })
+        .collect();
+    let set: Vec<pb::PackageRef> =
+        demo_packages().iter().map(|p| pb::PackageRef { name: p.name.clone(), version: p.version.clone() }).collect();
+    let design = pb::SiteDesign {
+        site_id: site,
+        labels: [("region".to_string(), if index.is_multiple_of(2) { "eu-west" } else { "us-east" }.to_string())]
+            .into(),
+        nodes: node_specs,
+        packages: [pb::Role::Master, pb::Role::Worker]
+            .into_iter()
+            .map(|role| pb::RolePackages { role: role as i32, packages: set.clone() })
+            .collect(),
+    };
+    SiteDesign::try_from(design).expect("the demo design is valid")
+}
+
+/// Registers the demo packages and sites through the bus, as any client would, and waits
+/// until the orchestrator has applied them.
+async fn register_demo(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<()> {
+    let mut reader = bus.read_events(vec![pb::SiteRegistered::filter()], DeliverPolicy::New).await?;
+    for p in demo_packages() {
+        // Fixed ids: running `up` again does not register twice.
+        let id =
+            bus_schema::ids::derived_id("landfall-up", "register_package", Some(&format!("{}@{}", p.name, p.version)));
+        bus.publish_command(&pb::RegisterPackage { package: Some(p) }, &Envelope::root_with_id(id)).await?;
+    }
+    for d in designs {
+        let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(d)) };
+        bus.publish_command(&cmd, &Envelope::root()).await?;
+    }
+    let mut registered = 0;
+    while registered < designs.len() {
+        let next = tokio::time::timeout(Duration::from_secs(30), reader.next())
+            .await
+            .context("the orchestrator did not register the sites within 30 s")?;
+        if let Some(Ok(e)) = next
+            && e.delivery.type_name == pb::SiteRegistered::TYPE
+        {
+            registered += 1;
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.sites >= 1 && args.nodes >= 1, "--sites and --nodes must be at least 1");
+    anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
+    let shutdown = shutdown_on_signal();
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("create {}", args.data_dir.display()))?;
+
+    let (nats, url) = match nats_url {
+        Some(url) => (None, url),
+        None => {
+            let binary = find_nats_server().await?;
+            let child = NatsChild::start(
+                &binary,
+                args.nats_port,
+                &args.data_dir.join("nats"),
+                &args.data_dir.join("nats-server.log"),
+            )
+            .await?;
+            let url = child.url.clone();
+            (Some(child), url)
+        }
+    };
+
+    let bus = connect_service(&url, "landfall-up").await?;
+    let key = Arc::new(StaticKey::load_or_create(&args.data_dir.join("secret.key"))?);
+    let sim = SimConfig::realistic().time_scale(args.time_scale);
+    let designs: Vec<SiteDesign> = (0..args.sites).map(|i| demo_site(i, args.nodes)).collect();
+
+    let mut services = JoinSet::new();
+    services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
+    services.spawn(consumers::run_kubeconfig(bus.clone(), key.clone(), shutdown.clone()));
+    for d in &designs {
+        let backend = Arc::new(SimSite::new(d.site.as_str(), &d.nodes, sim.clone()));
+        services.spawn(site_gateway::run_gateway(d.site.clone(), bus.clone(), backend, shutdown.clone()));
+    }
+    register_demo(&bus, &designs).await?;
+
+    print_banner(&args, &url, nats.as_ref(), &designs, key.id());
+
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        Some(done) = services.join_next() => {
+            // A service that stops on its own is a failure: say which, then stop the rest.
+            match done {
+                Ok(Err(e)) => error!(error = %format!("{e:#}"), "a service stopped"),
+                Err(e) => error!(error = %e, "a service panicked"),
+                Ok(Ok(())) => error!("a service stopped unexpectedly"),
+            }
+            shutdown.cancel();
+        }
+    }
+    info!("stopping services");
+    while services.join_next().await.is_some() {}
+    if let Some(nats) = nats {
+        nats.stop().await;
+    }
+    println!("landfall stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_banner(args: &UpArgs, url: &str, nats: Option<&NatsChild>, designs: &[SiteDesign], key_id: &str) {
+    let first = designs.first().map(|d| d.site.to_string()).unwrap_or_default();
+    let last = designs.last().map(|d| d.site.to_string()).unwrap_or_default();
+    let nats_line = match nats {
+        Some(n) => format!("{url} ({}, store {})", n.version, args.data_dir.join("nats").display()),
+        None => format!("{url} (from NATS_URL)"),
+    };
+    let url_hint = if url == "nats://127.0.0.1:4222" { String::new() } else { format!(" --nats-url {url}") };
+    println!(
+        "\nlandfall is up
+  nats       {nats_line}
+  services   orchestrator, kubeconfig collector, {n} site gateways
+  sites      {first} .. {last}: {nodes} nodes each, simulated Metal3 + BPA ({scale}x real time)
+  data key   {key} ({keyfile})
+
+Try, in another shell:
+  landfall{url_hint} site install {first} --wait
+  landfall{url_hint} events --site {first}
+  landfall{url_hint} status {first}
+
+Ctrl-C stops everything.",
+        n = designs.len(),
+        nodes = args.nodes,
+        scale = args.time_scale,
+        key = key_id,
+        keyfile = args.data_dir.join("secret.key").display(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bus_schema::domain::SiteId;
+    use bus_schema::names;
+
+    #[test]
+    fn demo_sites_are_valid_and_distinct() {
+        let a = demo_site(0, 5);
+        let b = demo_site(1, 5);
+        assert_eq!(a.site.as_str(), "edge-01");
+        assert_eq!(a.nodes.iter().filter(|n| n.role == bus_schema::domain::Role::Master).count(), 3);
+        assert_ne!(a.nodes[0].boot_mac, b.nodes[0].boot_mac);
+        assert_eq!(demo_packages().iter().filter(|p| p.kind == pb::PackageKind::OsImage as i32).count(), 1);
+        let _ = SiteId::try_from(names::FLEET).unwrap_err();
+    }
+}

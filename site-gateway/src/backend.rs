@@ -1,0 +1,152 @@
+//! What a gateway needs from its site, in Metal3's and BPA's terms.
+//!
+//! The simulated site ([`crate::sim`]) and the Kubernetes-backed one are both implementations
+//! of [`SiteBackend`]; the gateway logic does not know which one it drives.
+
+use std::fmt;
+use std::future::Future;
+
+use bus_schema::domain::{NodeDesign, Package, Role};
+use tokio::sync::mpsc;
+
+/// `status.provisioning.state` of a Metal3 BareMetalHost (upstream state machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProvisioningState {
+    Unmanaged,
+    Registering,
+    Inspecting,
+    Preparing,
+    Available,
+    Provisioning,
+    Provisioned,
+    Deprovisioning,
+    ExternallyProvisioned,
+    PoweringOffBeforeDelete,
+    Deleting,
+}
+
+impl ProvisioningState {
+    /// The string Metal3 writes in `status.provisioning.state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unmanaged => "unmanaged",
+            Self::Registering => "registering",
+            Self::Inspecting => "inspecting",
+            Self::Preparing => "preparing",
+            Self::Available => "available",
+            Self::Provisioning => "provisioning",
+            Self::Provisioned => "provisioned",
+            Self::Deprovisioning => "deprovisioning",
+            Self::ExternallyProvisioned => "externally provisioned",
+            Self::PoweringOffBeforeDelete => "powering off before delete",
+            Self::Deleting => "deleting",
+        }
+    }
+}
+
+impl fmt::Display for ProvisioningState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The OS image a host is provisioned with (BareMetalHost `spec.image`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSpec {
+    pub url: String,
+    pub checksum: String,
+    /// `sha256`
+    pub checksum_type: String,
+    /// `raw`, `qcow2`, ...
+    pub format: String,
+}
+
+impl ImageSpec {
+    pub fn from_package(p: &Package) -> Self {
+        Self {
+            url: format!("artifacts://{}", p.object_key),
+            checksum: p.sha256.to_string(),
+            checksum_type: "sha256".into(),
+            format: "raw".into(),
+        }
+    }
+}
+
+/// Provision one host's OS.
+#[derive(Debug, Clone)]
+pub struct HostRequest {
+    pub node: NodeDesign,
+    pub image: ImageSpec,
+}
+
+/// Install the cluster binaries (BPA `Provisioning`: masters and workers by MAC).
+#[derive(Debug, Clone)]
+pub struct ClusterRequest {
+    pub nodes: Vec<NodeDesign>,
+    pub binaries: Vec<Package>,
+}
+
+impl ClusterRequest {
+    pub fn with_role(&self, role: Role) -> impl Iterator<Item = &NodeDesign> {
+        self.nodes.iter().filter(move |n| n.role == role)
+    }
+}
+
+/// What staging did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StageReport {
+    pub artifacts: u32,
+    pub bytes_transferred: u64,
+    pub bytes_present: u64,
+}
+
+/// One node's outcome of a binaries install.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInstall {
+    pub node: String,
+    pub role: Role,
+    /// `None` when installed, the reason otherwise.
+    pub failure: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// Metal3 reported an error for the host (`status.errorType`, `status.errorMessage`).
+    #[error("host {host}: {error_type}: {message}")]
+    HostFailed { host: String, error_type: String, message: String },
+    /// Doing it again will not help.
+    #[error("{0}")]
+    Permanent(String),
+    /// The site is unreachable or busy; try again.
+    #[error("{0}")]
+    Transient(String),
+}
+
+/// A site's bare-metal and binary provisioning, as the gateway drives it.
+///
+/// Every method is idempotent: asking for what is already so changes nothing and
+/// returns at once with the same result.
+pub trait SiteBackend: Send + Sync + 'static {
+    /// Puts into the site's content-addressed cache the artifacts it lacks.
+    fn stage_artifacts(&self, artifacts: &[Package]) -> impl Future<Output = Result<StageReport, BackendError>> + Send;
+
+    /// Provisions a host's OS and returns when it is `provisioned`, or with the host's error.
+    /// Each state the host passes through is sent on `progress`.
+    fn provision_host(
+        &self,
+        req: &HostRequest,
+        progress: mpsc::UnboundedSender<ProvisioningState>,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Installs the cluster binaries on the nodes; the result has one entry per node.
+    fn install_binaries(
+        &self,
+        req: &ClusterRequest,
+    ) -> impl Future<Output = Result<Vec<NodeInstall>, BackendError>> + Send;
+
+    /// The application cluster's kubeconfig, once binaries are installed.
+    fn kubeconfig(&self) -> impl Future<Output = Result<Vec<u8>, BackendError>> + Send;
+
+    /// Applies container packages (bundles of manifests) to the application cluster.
+    fn apply_container_packages(&self, packages: &[Package]) -> impl Future<Output = Result<(), BackendError>> + Send;
+}

@@ -1,0 +1,5 @@
+//! Test support: a real nats-server per test ([`nats`]) and a running landfall over
+//! simulated sites ([`fleet`]).
+
+pub mod fleet;
+pub mod nats;

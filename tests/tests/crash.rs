@@ -1,0 +1,144 @@
+//! The orchestrator dies mid-install (kill -9 from outside, or an abort at the worst moment
+//! inside a step) and is restarted: the install completes, and no step runs twice.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use bus_schema::pb::{self, BusEvent, BusMessage};
+use landfall_tests::fleet::{Fleet, InstallRun};
+use landfall_tests::nats::NatsServer;
+use site_gateway::sim::SimConfig;
+use tokio::process::{Child, Command};
+
+/// The real `landfall` CLI running `serve orchestrator` as its own process.
+fn orchestrator(url: &str, failpoint: Option<&str>) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_landfall-cli"));
+    cmd.args(["serve", "orchestrator", "--nats-url", url])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    match failpoint {
+        Some(f) => cmd.env("LANDFALL_FAILPOINT", f),
+        None => cmd.env_remove("LANDFALL_FAILPOINT"),
+    };
+    cmd.spawn().expect("start the landfall orchestrator process")
+}
+
+/// Slow enough that a kill lands in the middle of the install.
+fn slow_site() -> SimConfig {
+    SimConfig {
+        provisioning: Duration::from_millis(1500),
+        install_binaries: Duration::from_millis(800),
+        apply_containers: Duration::from_millis(300),
+        ..SimConfig::fast()
+    }
+}
+
+/// Every effect once, every event of the flow once (a republished message carries the same
+/// id and is dropped by the stream).
+fn assert_exactly_once(fleet: &Fleet, run: &InstallRun) {
+    assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE);
+    let nodes = &fleet.sites[0].0.nodes;
+    let once: BTreeMap<String, u32> = nodes.iter().map(|n| (n.name.to_string(), 1)).collect();
+    let effects = fleet.backend(0).effects();
+    assert_eq!(effects.provisions, once, "each host provisioned once");
+    assert_eq!(effects.binary_installs, once, "binaries installed once per node");
+    assert_eq!(effects.kubeconfigs_generated, 1);
+    assert_eq!(effects.container_applies, 1);
+
+    let count = |t: &str| run.events.iter().filter(|e| e.delivery.type_name == t).count();
+    assert_eq!(count(pb::SiteInstallStarted::TYPE), 1);
+    assert_eq!(count(pb::ArtifactsStaged::TYPE), 1);
+    assert_eq!(count(pb::NodeOsProvisioned::TYPE), nodes.len());
+    assert_eq!(count(pb::NodeBinariesInstalled::TYPE), nodes.len());
+    assert_eq!(count(pb::ClusterReady::TYPE), 1);
+    assert_eq!(count(pb::KubeconfigStored::TYPE), 1);
+    assert_eq!(count(pb::ContainerPackagesApplied::TYPE), 1);
+    assert_eq!(count(pb::SiteInstalled::TYPE), 1);
+}
+
+async fn registered_fleet(server: &NatsServer) -> (Fleet, Child) {
+    let fleet = Fleet::builder(&server.url()).nodes(3).sim(slow_site()).without_orchestrator().start().await;
+    let orch = orchestrator(&server.url(), None);
+    // The orchestrator process applies the registrations the fleet published.
+    let mut reader = fleet
+        .bus
+        .read_events(vec![pb::SiteRegistered::filter()], async_nats::jetstream::consumer::DeliverPolicy::All)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), reader.next()).await.expect("site registered").unwrap().unwrap();
+    (fleet, orch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orchestrator_killed_twice_mid_install_resumes_and_repeats_no_step() {
+    let server = NatsServer::start();
+    let (fleet, mut orch) = registered_fleet(&server).await;
+    let cmd = fleet.install(&fleet.site_id(0)).await;
+
+    // First kill: while hosts are provisioning.
+    let provisioning = pb::NodeOsProvisioning::filter();
+    fleet.wait_for(provisioning, &cmd.id, Duration::from_secs(30)).await.expect("provisioning started");
+    orch.kill().await.unwrap(); // SIGKILL
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut orch = orchestrator(&server.url(), None);
+
+    // Second kill: right as the cluster is ready.
+    fleet.wait_for(pb::ClusterReady::filter(), &cmd.id, Duration::from_secs(30)).await.expect("cluster ready");
+    orch.kill().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut orch = orchestrator(&server.url(), None);
+
+    let run = fleet.wait_install(&cmd).await;
+    assert_exactly_once(&fleet, &run);
+    orch.kill().await.unwrap();
+    fleet.stop().await;
+}
+
+/// The worst moments: the saga's next state (with the messages it decided to send) is
+/// written, but the messages are not yet published — or published, but not yet marked so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orchestrator_dying_between_deciding_and_publishing_loses_nothing() {
+    for failpoint in ["saga-written-outbox-unpublished:3", "outbox-published-not-cleared:4"] {
+        let server = NatsServer::start();
+        let fleet = Fleet::builder(&server.url()).nodes(3).sim(slow_site()).without_orchestrator().start().await;
+        let mut doomed = orchestrator(&server.url(), Some(failpoint));
+        let cmd = fleet.install(&fleet.site_id(0)).await;
+
+        let status =
+            tokio::time::timeout(Duration::from_secs(60), doomed.wait()).await.expect("failpoint reached").unwrap();
+        assert!(!status.success(), "{failpoint}: the process aborted ({status})");
+
+        let mut orch = orchestrator(&server.url(), None);
+        let run = fleet.wait_install(&cmd).await;
+        assert_exactly_once(&fleet, &run);
+        orch.kill().await.unwrap();
+        fleet.stop().await;
+    }
+}
+
+/// A job delivered again (a gateway restart, an ack lost on the way) does not repeat its effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_job_does_not_repeat_its_effect() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).nodes(2).start().await;
+    let cmd = fleet.install(&fleet.site_id(0)).await;
+    let run = fleet.wait_install(&cmd).await;
+    assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE);
+    let before = fleet.backend(0).effects();
+
+    // The same ProvisionOs job again, under a new message id so the stream cannot drop it.
+    let design = &fleet.sites[0].0;
+    let node = pb::NodeSpec::from(&design.nodes[0]);
+    let image = producers::up::demo_packages().into_iter().find(|p| p.kind == pb::PackageKind::OsImage as i32);
+    let job = pb::ProvisionOs { site_id: design.site.to_string(), node: Some(node.clone()), image };
+    let again = bus_schema::runtime::Envelope::root();
+    fleet.bus.publish_job(&job, &again).await.unwrap();
+    let done = fleet.wait_for(pb::NodeOsProvisioned::filter(), &again.id, Duration::from_secs(20)).await;
+    assert!(done.is_some(), "the gateway answered the repeated job");
+    assert_eq!(fleet.backend(0).effects(), before, "no new effect");
+    assert_eq!(pb::ProvisionOs::TYPE, "landfall.v1.ProvisionOs");
+    fleet.stop().await;
+}
