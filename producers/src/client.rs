@@ -212,7 +212,7 @@ fn print_status(all: &[serde_json::Value], detail: bool) {
         println!(
             "{:<20} {:>5}  {:<28} {}",
             s["site"].as_str().unwrap_or(""),
-            s["nodes"],
+            s["nodes"].as_u64().unwrap_or(0),
             phase.to_lowercase(),
             outcome.to_lowercase()
         );

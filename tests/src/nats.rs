@@ -68,6 +68,17 @@ impl NatsServer {
     /// `["--user", "u", "--pass", "p"]` or `["-c", "extra.conf"]`). The harness owns the address,
     /// port, store dir, server name and log destination: passing any of those flags panics.
     pub fn start_with(args: &[&str]) -> NatsServer {
+        NatsServer::start_binary(nats_server_binary().clone(), args)
+    }
+
+    /// A server of the version a Debian suite ships, however old (e.g. bookworm's 2.9.10), for
+    /// tests that check what landfall does with servers it does not support.
+    pub fn start_debian(suite: &str) -> NatsServer {
+        let binary = run_ensure_script(&["--suite", suite]).unwrap_or_else(|msg| panic!("{msg}"));
+        NatsServer::start_binary(binary, &[])
+    }
+
+    fn start_binary(binary: PathBuf, args: &[&str]) -> NatsServer {
         for arg in args {
             let flag = arg.split('=').next().unwrap_or(arg);
             assert!(
@@ -76,7 +87,6 @@ impl NatsServer {
                  (reserved: {RESERVED_FLAGS:?})"
             );
         }
-        let binary = nats_server_binary().clone();
         let dir = tempfile::Builder::new()
             .prefix("landfall-nats-")
             .tempdir()
@@ -273,6 +283,11 @@ fn free_port() -> u16 {
 }
 
 /// The nats-server binary, resolved once per test binary.
+/// The supported nats-server binary the harness runs (resolved once per test binary).
+pub fn binary() -> &'static Path {
+    nats_server_binary()
+}
+
 fn nats_server_binary() -> &'static PathBuf {
     static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     match BINARY.get_or_init(resolve_binary) {
@@ -290,8 +305,14 @@ fn resolve_binary() -> Result<PathBuf, String> {
             Err(format!("LANDFALL_NATS_SERVER={} is not a file", path.display()))
         };
     }
+    run_ensure_script(&[])
+}
+
+/// Runs `scripts/ensure-nats-server` with `args` and returns the binary it prints.
+fn run_ensure_script(args: &[&str]) -> Result<PathBuf, String> {
     let output = Command::new("bash")
         .arg(ENSURE_SCRIPT)
+        .args(args)
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("cannot run {ENSURE_SCRIPT}: {e}"))?;

@@ -1,0 +1,127 @@
+//! The bus runtime against real servers: the version check, and bad input on job subjects.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::DeliverPolicy;
+use bus_schema::names;
+use bus_schema::pb::{self, BusJob, BusMessage};
+use bus_schema::runtime::{Bus, BusError, Envelope, ErrorKind};
+use landfall_tests::fleet::Fleet;
+use landfall_tests::nats::NatsServer;
+
+/// A nats-server older than 2.10.8 is refused at connect with an error naming its version.
+#[tokio::test]
+async fn an_old_nats_server_is_refused_with_its_version_named() {
+    let old = NatsServer::start_debian("bookworm");
+    let err = match Bus::connect(&old.url(), "landfall-test").await {
+        Ok(_) => panic!("connected to an unsupported server"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, BusError::ServerTooOld { .. }), "{err}");
+    assert_eq!(err.kind(), ErrorKind::Fatal);
+    let text = err.to_string();
+    assert!(text.contains("2.9.10") && text.contains("2.10.8 or newer"), "{text}");
+}
+
+#[tokio::test]
+async fn a_server_without_jetstream_is_refused_clearly() {
+    // The same supported binary, but a plain core-NATS listener: no -js.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = tokio::process::Command::new(landfall_tests::nats::binary())
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("nats://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let err = Bus::connect(&url, "landfall-test").await.err().expect("refused");
+    assert!(matches!(err, BusError::NoJetStream { .. }), "{err}");
+    assert!(err.to_string().contains("-js"), "{err}");
+    child.kill().await.unwrap();
+}
+
+/// Garbage on a gateway's job subject is terminated with a `MessageRejected` that says why, and
+/// the gateway goes on with its next job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_a_job_subject_is_rejected_and_the_gateway_goes_on() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).nodes(2).start().await;
+    let site = fleet.site_id(0);
+    let subject = pb::ProvisionOs { site_id: site.clone(), ..Default::default() }.subject();
+    let mut rejections = fleet.bus.read_events(vec![names::scope_events(&site)], DeliverPolicy::New).await.unwrap();
+
+    fleet.bus.jetstream().publish(subject.clone(), b"\x08\xff\xff\xff".to_vec().into()).await.unwrap().await.unwrap();
+    // A well-formed job whose node is invalid: a permanent, not a transient, failure.
+    let bad = pb::ProvisionOs {
+        site_id: site.clone(),
+        node: Some(pb::NodeSpec { name: "Not A Name".into(), ..Default::default() }),
+        image: None,
+    };
+    fleet.bus.publish_job(&bad, &Envelope::root()).await.unwrap();
+    // A job for a kind no gateway knows.
+    fleet
+        .bus
+        .publish_raw(
+            names::job_subject(&site, "defragment"),
+            "landfall.v1.Defragment",
+            vec![].into(),
+            &Envelope::root(),
+        )
+        .await
+        .unwrap();
+
+    let mut reasons = Vec::new();
+    while reasons.len() < 3 {
+        let e = tokio::time::timeout(Duration::from_secs(10), rejections.next())
+            .await
+            .expect("rejections")
+            .unwrap()
+            .unwrap();
+        if e.delivery.type_name == pb::MessageRejected::TYPE {
+            let r: pb::MessageRejected = e.delivery.decode().unwrap();
+            assert_eq!(r.consumer, names::gateway_consumer(&site));
+            reasons.push(r.reason);
+        }
+    }
+    assert!(reasons.iter().any(|r| r.contains("not a valid landfall.v1.ProvisionOs")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("name")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("defragment")), "{reasons:?}");
+
+    let cmd = fleet.install(&site).await;
+    assert_eq!(fleet.wait_install(&cmd).await.terminal().delivery.type_name, pb::SiteInstalled::TYPE);
+    fleet.stop().await;
+}
+
+/// One mutating saga per site: a second install of a busy site waits its turn, and the two
+/// never overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_installs_of_one_site_take_turns() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).nodes(2).start().await;
+    let site = fleet.site_id(0);
+    let first = fleet.install(&site).await;
+    let second = fleet.install(&site).await;
+    let a = fleet.wait_install(&first).await;
+    let b = fleet.wait_install(&second).await;
+    assert_eq!(a.terminal().delivery.type_name, pb::SiteInstalled::TYPE);
+    assert_eq!(b.terminal().delivery.type_name, pb::SiteInstalled::TYPE);
+    let b_started = b.events.iter().find(|e| e.delivery.type_name == pb::SiteInstallStarted::TYPE).unwrap();
+    assert!(
+        b_started.delivery.stream_sequence > a.terminal().delivery.stream_sequence,
+        "the second install started only after the first ended"
+    );
+    // The second install found the hosts already provisioned with the same image: no new effect.
+    let effects = fleet.backend(0).effects();
+    assert!(effects.provisions.values().all(|n| *n == 1), "{effects:?}");
+    fleet.stop().await;
+}
