@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use bus_schema::pb;
-use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
-use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use sha2::{Digest, Sha256};
 
 pub const ALGORITHM: &str = "xchacha20poly1305";
@@ -37,6 +37,8 @@ pub enum SecretError {
     Open,
     #[error("seal failed")]
     Seal,
+    #[error("the operating system's random source failed")]
+    Random,
 }
 
 /// Where data keys come from. A file or the environment now; a KMS or a TPM-sealed key fits
@@ -80,7 +82,7 @@ impl StaticKey {
     /// Reads the key file, creating it (mode 0600, a fresh random key) when it does not exist.
     pub fn load_or_create(path: &Path) -> Result<Self, SecretError> {
         if !path.exists() {
-            let key = XChaCha20Poly1305::generate_key(&mut OsRng);
+            let key = random::<32>()?;
             let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
             write_private(path, &hex).map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
         }
@@ -118,11 +120,18 @@ impl KeyProvider for StaticKey {
     }
 }
 
+/// Bytes from the operating system's random source.
+fn random<const N: usize>() -> Result<[u8; N], SecretError> {
+    let mut buf = [0u8; N];
+    getrandom::fill(&mut buf).map_err(|_| SecretError::Random)?;
+    Ok(buf)
+}
+
 /// Seals `plaintext` for `purpose` under the provider's current key, with a fresh nonce.
 pub fn seal(keys: &dyn KeyProvider, purpose: &str, plaintext: &[u8]) -> Result<pb::SealedSecret, SecretError> {
     let (key_id, key) = keys.current();
-    let cipher = XChaCha20Poly1305::new(Key::from_slice(&key));
-    let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+    let cipher = XChaCha20Poly1305::new(&key.into());
+    let nonce = XNonce::from(random::<24>()?);
     let ciphertext =
         cipher.encrypt(&nonce, Payload { msg: plaintext, aad: purpose.as_bytes() }).map_err(|_| SecretError::Seal)?;
     Ok(pb::SealedSecret { key_id, algorithm: ALGORITHM.into(), nonce: nonce.to_vec(), ciphertext })
@@ -133,13 +142,11 @@ pub fn open(keys: &dyn KeyProvider, purpose: &str, sealed: &pb::SealedSecret) ->
     if sealed.algorithm != ALGORITHM {
         return Err(SecretError::Algorithm(sealed.algorithm.clone()));
     }
-    if sealed.nonce.len() != 24 {
-        return Err(SecretError::Open);
-    }
     let key = keys.get(&sealed.key_id)?;
-    let cipher = XChaCha20Poly1305::new(Key::from_slice(&key));
+    let nonce: [u8; 24] = sealed.nonce.as_slice().try_into().map_err(|_| SecretError::Open)?;
+    let cipher = XChaCha20Poly1305::new(&key.into());
     cipher
-        .decrypt(XNonce::from_slice(&sealed.nonce), Payload { msg: &sealed.ciphertext, aad: purpose.as_bytes() })
+        .decrypt(&XNonce::from(nonce), Payload { msg: &sealed.ciphertext, aad: purpose.as_bytes() })
         .map_err(|_| SecretError::Open)
 }
 
