@@ -23,9 +23,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(name = "landfall", version)]
 pub struct Cli {
-    /// NATS server to talk to.
-    #[arg(long, global = true, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// NATS server to talk to [default: nats://127.0.0.1:4222]. For `up`: use this server
+    /// instead of starting one.
+    #[arg(long, global = true, env = "NATS_URL")]
+    pub nats_url: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -167,17 +168,21 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Where clients and services look for NATS when neither `--nats-url` nor `NATS_URL` says.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let url = cli.nats_url.clone().unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
     match cli.command {
-        Command::Up(args) => up::run(args, std::env::var("NATS_URL").ok()).await,
-        Command::Serve(cmd) => serve::run(cmd, &cli.nats_url).await,
-        Command::Site(SiteCommand::Register { file }) => client::register_site(&cli.nats_url, &file).await,
-        Command::Site(SiteCommand::Install(args)) => client::install_site(&cli.nats_url, &args).await,
+        Command::Up(args) => up::run(args, cli.nats_url).await,
+        Command::Serve(cmd) => serve::run(cmd, &url).await,
+        Command::Site(SiteCommand::Register { file }) => client::register_site(&url, &file).await,
+        Command::Site(SiteCommand::Install(args)) => client::install_site(&url, &args).await,
         Command::Package(PackageCommand::Register { name, version, kind, sha256, size, object_key }) => {
-            client::register_package(&cli.nats_url, name, version, &kind, sha256, size, object_key).await
+            client::register_package(&url, name, version, &kind, sha256, size, object_key).await
         }
-        Command::Events(args) => client::events(&cli.nats_url, &args).await,
-        Command::Status(args) => client::status(&cli.nats_url, &args).await,
+        Command::Events(args) => client::events(&url, &args).await,
+        Command::Status(args) => client::status(&url, &args).await,
     }
 }
 

@@ -197,7 +197,7 @@ fn print_banner(args: &UpArgs, url: &str, nats: Option<&NatsChild>, designs: &[S
         Some(n) => format!("{url} ({}, store {})", n.version, args.data_dir.join("nats").display()),
         None => format!("{url} (from NATS_URL)"),
     };
-    let url_hint = if url == "nats://127.0.0.1:4222" { String::new() } else { format!(" --nats-url {url}") };
+    let url_hint = if url == crate::DEFAULT_NATS_URL { String::new() } else { format!(" --nats-url {url}") };
     println!(
         "\nlandfall is up
   nats       {nats_line}

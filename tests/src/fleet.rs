@@ -43,7 +43,7 @@ pub struct FleetBuilder {
     sites: usize,
     nodes: usize,
     sim: SimConfig,
-    orchestrator: bool,
+    orchestrators: usize,
     failing_hosts: Vec<(usize, String)>,
     failing_binaries: Vec<(usize, String)>,
 }
@@ -66,7 +66,13 @@ impl FleetBuilder {
 
     /// Run no orchestrator in this process (the test runs one as a separate process).
     pub fn without_orchestrator(mut self) -> Self {
-        self.orchestrator = false;
+        self.orchestrators = 0;
+        self
+    }
+
+    /// Run `n` orchestrator replicas, each with its own connection, sharing the durable consumers.
+    pub fn orchestrators(mut self, n: usize) -> Self {
+        self.orchestrators = n;
         self
     }
 
@@ -89,8 +95,9 @@ impl FleetBuilder {
         let keys: Arc<dyn KeyProvider> = Arc::new(StaticKey::from_hex(TEST_KEY_HEX, "test").expect("test key"));
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        if self.orchestrator {
-            tasks.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
+        for i in 0..self.orchestrators {
+            let replica = Bus::connect(&self.url, &format!("landfall-test-orchestrator-{i}")).await.expect("connect");
+            tasks.spawn(consumers::run_orchestrator(replica, shutdown.clone()));
         }
         tasks.spawn(consumers::run_kubeconfig(bus.clone(), keys.clone(), shutdown.clone()));
 
@@ -108,7 +115,7 @@ impl FleetBuilder {
             sites.push((design, backend));
         }
         let fleet = Fleet { bus, keys, sites, shutdown, tasks };
-        fleet.register(self.orchestrator).await;
+        fleet.register(self.orchestrators > 0).await;
         fleet
     }
 }
@@ -165,7 +172,7 @@ impl Fleet {
             sites: 1,
             nodes: 3,
             sim: SimConfig::fast(),
-            orchestrator: true,
+            orchestrators: 1,
             failing_hosts: Vec::new(),
             failing_binaries: Vec::new(),
         }

@@ -319,3 +319,37 @@ async fn register_then_install_at_once_runs_in_publish_order() {
     }
     fleet.stop().await;
 }
+
+/// Orchestrators are stateless replicas: three of them share the work of five concurrent
+/// installs, and every step is still done exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_orchestrator_replicas_share_installs_and_do_each_step_once() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).orchestrators(3).sites(5).nodes(3).start().await;
+    let mut cmds = Vec::new();
+    for i in 0..5 {
+        cmds.push(fleet.install(&fleet.site_id(i)).await);
+    }
+    for (i, cmd) in cmds.iter().enumerate() {
+        let run = fleet.wait_install(cmd).await;
+        assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "site {i}");
+        for t in [pb::SiteInstallStarted::TYPE, pb::ClusterReady::TYPE, pb::SiteInstalled::TYPE] {
+            assert_eq!(run.events.iter().filter(|e| e.delivery.type_name == t).count(), 1, "{t} once at site {i}");
+        }
+        let effects = fleet.backend(i).effects();
+        assert_eq!(effects.provisions, ones(&fleet.sites[i].0.nodes), "site {i}");
+        assert_eq!(effects.binary_installs, ones(&fleet.sites[i].0.nodes), "site {i}");
+        assert_eq!((effects.kubeconfigs_generated, effects.container_applies), (1, 1), "site {i}");
+    }
+    // All three replicas are attached to the shared durable consumers and pulling from them.
+    for durable in [names::ORCHESTRATOR_COMMANDS, names::ORCHESTRATOR_EVENTS] {
+        let stream =
+            if durable == names::ORCHESTRATOR_COMMANDS { names::COMMANDS_STREAM } else { names::EVENTS_STREAM };
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+            fleet.bus.jetstream().get_stream(stream).await.unwrap().get_consumer(durable).await.unwrap();
+        let info = consumer.info().await.unwrap();
+        assert!(info.num_waiting >= 3, "{durable}: {} pull requests waiting", info.num_waiting);
+        assert_eq!(info.num_ack_pending, 0, "{durable}");
+    }
+    fleet.stop().await;
+}
