@@ -68,6 +68,9 @@ pub fn job_subject(site: &str, kind: &str) -> String {
     format!("landfall.job.{site}.{kind}")
 }
 
+/// The position of the scope in an event subject (`landfall.evt.<scope>.<aggregate>.<kind>`).
+pub const EVENT_SCOPE_TOKEN: usize = 2;
+
 pub fn event_subject(scope: &str, aggregate: &str, kind: &str) -> String {
     format!("landfall.evt.{scope}.{aggregate}.{kind}")
 }

@@ -362,7 +362,10 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
         names::ORCHESTRATOR_EVENTS,
         saga_event_filters(),
         RejectAs::Message { consumer: names::ORCHESTRATOR_EVENTS.to_string() },
-    );
+    )
+    // One site's events, one at a time: they all land on that site's saga record, and taking
+    // turns beats losing compare-and-set races. Sites still run in parallel.
+    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None);
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus, events, Arc::new(Events(orchestrator)), shutdown);
     let (c, e) = tokio::join!(c, e);

@@ -114,7 +114,7 @@ impl FleetBuilder {
             tasks.spawn(site_gateway::run_gateway(design.site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
             sites.push((design, backend));
         }
-        let fleet = Fleet { bus, keys, sites, shutdown, tasks };
+        let fleet = Fleet { bus, scopes: Default::default(), keys, sites, shutdown, tasks };
         fleet.register(self.orchestrators > 0).await;
         fleet
     }
@@ -122,6 +122,8 @@ impl FleetBuilder {
 
 pub struct Fleet {
     pub bus: Bus,
+    /// The site each install this fleet published is for, so waiting reads only that site's events.
+    scopes: std::sync::Mutex<std::collections::HashMap<String, String>>,
     pub keys: Arc<dyn KeyProvider>,
     pub sites: Vec<(SiteDesign, Arc<SimSite>)>,
     shutdown: CancellationToken,
@@ -228,12 +230,15 @@ impl Fleet {
     }
 
     pub async fn install_with(&self, site: &str, env: &Envelope) {
+        self.scopes.lock().expect("scopes lock").insert(env.id.clone(), site.to_string());
         self.bus.publish_command(&pb::InstallSite { site_id: site.to_string() }, env).await.unwrap();
     }
 
     /// Collects every event the command caused until its terminal event.
     pub async fn wait_install(&self, cmd: &Envelope) -> InstallRun {
-        let mut reader = self.bus.read_events(vec![names::EVENTS_ALL.to_string()], DeliverPolicy::All).await.unwrap();
+        let scope = self.scopes.lock().expect("scopes lock").get(&cmd.id).cloned();
+        let filter = scope.map_or_else(|| names::EVENTS_ALL.to_string(), |site| names::scope_events(&site));
+        let mut reader = self.bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
         let mut events = Vec::new();
         let result = tokio::time::timeout(INSTALL_TIMEOUT, async {
             while let Some(e) = reader.next().await {
