@@ -18,6 +18,9 @@ use crate::saga::{self, Decision, Input};
 
 /// How long a command for a site that is busy with another saga waits before it is tried again.
 const LEASE_RETRY: Duration = Duration::from_secs(1);
+/// How long a lease whose saga record does not exist yet is presumed to belong to a replica
+/// that is between taking the lease and writing the saga (longer than any ack wait).
+const LEASE_GRACE: Duration = Duration::from_secs(60);
 /// How many times a compare-and-set race is retried inside one delivery.
 const CAS_ATTEMPTS: usize = 64;
 
@@ -154,7 +157,12 @@ impl Orchestrator {
                 return Ok(());
             }
             let holder = self.sagas.get::<pb::InstallSaga>(&keys::saga(&held.saga_id)).await?;
-            if holder.as_ref().is_some_and(|(s, _)| !saga::is_terminal(s)) {
+            let busy = match &holder {
+                Some((s, _)) => !saga::is_terminal(s),
+                // Taken, but no saga yet: its taker may still be about to write it.
+                None => now_ms().saturating_sub(held.acquired_unix_ms) < LEASE_GRACE.as_millis() as i64,
+            };
+            if busy {
                 return Err(HandlerError::Wait {
                     reason: format!("site {site} is busy with saga {}", held.saga_id),
                     delay: LEASE_RETRY,

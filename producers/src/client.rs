@@ -71,6 +71,10 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
     let ack = bus.publish_command(&cmd, &env).await?;
     let dup = if ack.duplicate { " (duplicate id: already published)" } else { "" };
     eprintln!("InstallSite {site} published as {} on {}{dup}", env.id, cmd.subject());
+    if ack.duplicate && reader.is_some() {
+        // The command ran (or runs) from its first publish: follow it from the start.
+        reader = Some(bus.read_events(vec![names::scope_events(site.as_str())], DeliverPolicy::All).await?);
+    }
     let Some(reader) = reader.as_mut() else { return Ok(ExitCode::SUCCESS) };
 
     let deadline = tokio::time::Instant::now() + args.timeout;

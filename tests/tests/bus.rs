@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::names;
-use bus_schema::pb::{self, BusJob, BusMessage};
+use bus_schema::pb::{self, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Bus, BusError, Envelope, ErrorKind};
 use landfall_tests::fleet::Fleet;
 use landfall_tests::nats::NatsServer;
@@ -123,5 +123,28 @@ async fn two_installs_of_one_site_take_turns() {
     // The second install found the hosts already provisioned with the same image: no new effect.
     let effects = fleet.backend(0).effects();
     assert!(effects.provisions.values().all(|n| *n == 1), "{effects:?}");
+    fleet.stop().await;
+}
+
+/// A lease with no saga behind it is presumed fresh for a grace period (its taker may be about
+/// to write the saga) and taken over after it: a dead replica blocks a site for a minute at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_without_a_saga_is_respected_then_taken_over() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).nodes(1).start().await;
+    let site = fleet.site_id(0);
+    let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let ghost = pb::SiteLease { site_id: site.clone(), saga_id: "ghost".into(), acquired_unix_ms: now_ms() };
+    sagas.put(&names::keys::site_lease(&site), &ghost).await.unwrap();
+
+    let cmd = fleet.install(&site).await;
+    let started = fleet.wait_for(pb::SiteInstallStarted::filter(), &cmd.id, Duration::from_secs(3)).await;
+    assert!(started.is_none(), "the install waited for the fresh lease");
+
+    let stale = pb::SiteLease { acquired_unix_ms: now_ms() - 120_000, ..ghost };
+    sagas.put(&names::keys::site_lease(&site), &stale).await.unwrap();
+    let run = fleet.wait_install(&cmd).await;
+    assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE);
     fleet.stop().await;
 }

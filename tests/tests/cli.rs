@@ -45,6 +45,14 @@ async fn install_wait_exits_zero_and_events_show_every_node() {
     }
     assert!(events.iter().any(|e| e["type"] == "landfall.v1.SiteInstalled"));
 
+    // The same command id again: nothing new runs, and --wait reports how that command ended.
+    let id = "01890a5d-ac96-774b-bcce-b302099a8057";
+    for _ in 0..2 {
+        let out = landfall(&server.url(), &["site", "install", &site, "--wait", "--id", id, "--timeout", "60s"]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    assert!(fleet.backend(0).effects().provisions.values().all(|n| *n == 1));
+
     let out = landfall(&server.url(), &["status", &site, "-o", "json"]).await;
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
     assert_eq!(status[0]["install"]["phase"], "INSTALL_PHASE_SUCCEEDED");
