@@ -463,6 +463,13 @@ pub struct Package {
     pub object_key: String,
 }
 
+impl Package {
+    /// Its name and version.
+    pub fn reference(&self) -> PackageRef {
+        PackageRef { name: self.name.clone(), version: self.version.clone() }
+    }
+}
+
 impl TryFrom<pb::Package> for Package {
     type Error = InvalidField;
     fn try_from(p: pb::Package) -> Result<Self, InvalidField> {

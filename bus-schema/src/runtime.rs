@@ -605,6 +605,21 @@ impl Delivery {
         }
     }
 
+    /// The `<kind>` of a command (`landfall.cmd.<kind>.<scope>`) or job
+    /// (`landfall.job.<site>.<kind>`) subject.
+    ///
+    /// # Errors
+    /// A `MALFORMED` rejection for any other subject.
+    pub fn kind(&self) -> Result<&str, HandlerError> {
+        match names::parse_subject(&self.subject) {
+            Some(names::ParsedSubject::Command { kind, .. } | names::ParsedSubject::Job { kind, .. }) => Ok(kind),
+            _ => Err(HandlerError::reject(
+                pb::RejectCode::Malformed,
+                format!("{} is not a command or job subject", self.subject),
+            )),
+        }
+    }
+
     /// Decodes the payload as `M`, checking the type header when there is one.
     ///
     /// # Errors

@@ -321,17 +321,8 @@ struct Events(Arc<Orchestrator>);
 
 impl runtime::Handler for Commands {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
-        let kind = match names::parse_subject(&d.subject) {
-            Some(names::ParsedSubject::Command { kind, .. }) => kind,
-            _ => {
-                return Err(HandlerError::reject(
-                    pb::RejectCode::Malformed,
-                    format!("{} is not a command subject", d.subject),
-                ));
-            }
-        };
         use pb::BusCommand;
-        match kind {
+        match d.kind()? {
             pb::RegisterSite::KIND => self.0.register_site(d).await,
             pb::RegisterPackage::KIND => self.0.register_package(d).await,
             pb::InstallSite::KIND => self.0.install_site(d).await,

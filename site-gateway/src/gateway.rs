@@ -40,6 +40,14 @@ impl<B: SiteBackend> Gateway<B> {
         Ok(())
     }
 
+    /// A transient backend error is retried (NAK); any other fails the job for good.
+    async fn backend_failed(&self, d: &Delivery, job: &str, e: BackendError) -> Result<(), HandlerError> {
+        match e {
+            BackendError::Transient(e) => Err(HandlerError::Transient(e)),
+            other => self.job_failed(d, job, other.to_string()).await,
+        }
+    }
+
     async fn job_failed(&self, d: &Delivery, job: &str, reason: String) -> Result<(), HandlerError> {
         warn!(site = %self.site, job, %reason, "job failed");
         let evt = pb::JobFailed { site_id: self.site.to_string(), job: job.to_string(), reason };
@@ -61,8 +69,7 @@ impl<B: SiteBackend> Gateway<B> {
                 };
                 self.publish(&evt, &d.envelope.derive("artifacts_staged", None)).await
             }
-            Err(BackendError::Transient(e)) => Err(HandlerError::Transient(e)),
-            Err(e) => self.job_failed(d, pb::StageArtifacts::KIND, e.to_string()).await,
+            Err(e) => self.backend_failed(d, pb::StageArtifacts::KIND, e).await,
         }
     }
 
@@ -128,15 +135,11 @@ impl<B: SiteBackend> Gateway<B> {
         self.check_site(&job)?;
         let nodes = job.nodes.into_iter().map(NodeDesign::try_from).collect::<Result<Vec<_>, _>>().map_err(invalid)?;
         let binaries = packages(job.binaries)?;
-        let refs: Vec<pb::PackageRef> = binaries
-            .iter()
-            .map(|p| pb::PackageRef { name: p.name.to_string(), version: p.version.to_string() })
-            .collect();
+        let refs: Vec<pb::PackageRef> = binaries.iter().map(|p| pb::PackageRef::from(&p.reference())).collect();
         let req = ClusterRequest { nodes, binaries };
         let results = match self.backend.install_binaries(&req).await {
             Ok(r) => r,
-            Err(BackendError::Transient(e)) => return Err(HandlerError::Transient(e)),
-            Err(e) => return self.job_failed(d, pb::InstallBinaries::KIND, e.to_string()).await,
+            Err(e) => return self.backend_failed(d, pb::InstallBinaries::KIND, e).await,
         };
 
         let site = self.site.to_string();
@@ -190,30 +193,18 @@ impl<B: SiteBackend> Gateway<B> {
             Ok(()) => {
                 let evt = pb::ContainerPackagesApplied {
                     site_id: self.site.to_string(),
-                    packages: pkgs
-                        .iter()
-                        .map(|p| pb::PackageRef { name: p.name.to_string(), version: p.version.to_string() })
-                        .collect(),
+                    packages: pkgs.iter().map(|p| pb::PackageRef::from(&p.reference())).collect(),
                 };
                 self.publish(&evt, &d.envelope.derive("containers_applied", None)).await
             }
-            Err(BackendError::Transient(e)) => Err(HandlerError::Transient(e)),
-            Err(e) => self.job_failed(d, pb::ApplyContainerPackages::KIND, e.to_string()).await,
+            Err(e) => self.backend_failed(d, pb::ApplyContainerPackages::KIND, e).await,
         }
     }
 }
 
 impl<B: SiteBackend> runtime::Handler for Gateway<B> {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
-        let kind = match names::parse_subject(&d.subject) {
-            Some(names::ParsedSubject::Job { kind, .. }) => kind,
-            _ => {
-                return Err(HandlerError::reject(
-                    pb::RejectCode::Malformed,
-                    format!("{} is not a job subject", d.subject),
-                ));
-            }
-        };
+        let kind = d.kind()?;
         debug!(site = %self.site, kind, id = %d.envelope.id, delivered = d.delivered, "job");
         match kind {
             pb::StageArtifacts::KIND => self.stage(d).await,
