@@ -139,6 +139,5 @@ async fn a_redelivered_job_does_not_repeat_its_effect() {
     let done = fleet.wait_for(pb::NodeOsProvisioned::filter(), &again.id, Duration::from_secs(20)).await;
     assert!(done.is_some(), "the gateway answered the repeated job");
     assert_eq!(fleet.backend(0).effects(), before, "no new effect");
-    assert_eq!(pb::ProvisionOs::TYPE, "landfall.v1.ProvisionOs");
     fleet.stop().await;
 }

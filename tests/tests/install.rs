@@ -252,7 +252,12 @@ async fn invalid_commands_are_rejected_with_reasons() {
     let huge = vec![0u8; names::MAX_PAYLOAD + 1];
     let err = fleet
         .bus
-        .publish_raw("landfall.cmd.install_site.edge-01".into(), pb::InstallSite::TYPE, huge.into(), &Envelope::root())
+        .publish_raw(
+            pb::InstallSite { site_id: fleet.site_id(0) }.subject(),
+            pb::InstallSite::TYPE,
+            huge.into(),
+            &Envelope::root(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, BusError::TooLarge { .. }), "{err}");
