@@ -5,8 +5,10 @@
 //!   writes one as a literal.
 //! - [`domain`]: validated domain types and the `TryFrom` conversions at the protobuf edge.
 //! - [`ids`]: message ids, correlation and deterministic ids for derived messages.
+//! - [`design`]: site design documents (profiles, inheritance, validation, node selection).
 //! - [`runtime`] (feature `runtime`): the one bus runtime every service uses.
 
+pub mod design;
 pub mod domain;
 pub mod ids;
 pub mod names;

@@ -117,6 +117,10 @@ pub mod keys {
     pub fn site(site: &str) -> String {
         format!("site.{site}")
     }
+    /// One design revision of a site (immutable).
+    pub fn design_revision(site: &str, revision: u64) -> String {
+        format!("design.{site}.{revision}")
+    }
     pub fn package(name: &str, version: &str) -> String {
         // KV keys allow [-/_=.a-zA-Z0-9]; versions such as 1.29.1+k3s1 need escaping.
         format!("pkg.{}.{}", escape(name), escape(version))

@@ -69,12 +69,15 @@ bus_message!(
     NodeAdded,
     RegisterPackage,
     PatchPackage,
+    ApplyDesign,
     StageArtifacts,
     ProvisionOs,
     InstallBinaries,
     ApplyContainerPackages,
     KubeconfigRequest,
     SiteRegistered,
+    DesignApplied,
+    DesignRevision,
     PackageRegistered,
     SiteInstallStarted,
     ArtifactsStaged,
@@ -109,6 +112,7 @@ macro_rules! command {
 
 command!(RegisterSite, "register_site", |m| m.design.as_ref().map_or("", |d| d.site_id.as_str()));
 command!(InstallSite, "install_site", |m| &m.site_id);
+command!(ApplyDesign, "apply_design", |m| &m.site_id);
 command!(NodeAdded, "node_added", |m| &m.site_id);
 command!(RegisterPackage, "register_package", |_m| names::FLEET);
 command!(PatchPackage, "patch_package", |_m| names::FLEET);
@@ -141,6 +145,7 @@ macro_rules! event {
 
 event!(
     SiteRegistered => "site"."registered",
+    DesignApplied => "site"."design_applied",
     SiteInstallStarted => "site"."install_started",
     ArtifactsStaged => "site"."artifacts_staged",
     NodeOsProvisioning => "node"."os_provisioning",
@@ -239,7 +244,7 @@ mod tests {
 
     #[test]
     fn subjects_and_types() {
-        let cmd = InstallSite { site_id: "edge-1".into() };
+        let cmd = InstallSite { site_id: "edge-1".into(), ..Default::default() };
         assert_eq!(cmd.subject(), "landfall.cmd.install_site.edge-1");
         assert_eq!(InstallSite::TYPE, "landfall.v1.InstallSite");
         let evt = NodeOsProvisioned { site_id: "edge-1".into(), node: "n1".into(), image: String::new() };
@@ -262,7 +267,7 @@ mod tests {
         assert_eq!(v["outcome"], "NODE_OUTCOME_FAILED");
         let bytes = prost::Message::encode_to_vec(&r);
         assert!(decode_to_json("landfall.v1.NodeResult", &bytes).is_none(), "not a bus message");
-        let bytes = prost::Message::encode_to_vec(&InstallSite { site_id: "x".into() });
+        let bytes = prost::Message::encode_to_vec(&InstallSite { site_id: "x".into(), ..Default::default() });
         assert_eq!(decode_to_json(InstallSite::TYPE, &bytes).unwrap().unwrap()["site_id"], "x");
     }
 }

@@ -67,7 +67,7 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
         true => Some(bus.read_events(vec![names::scope_events(site.as_str())], DeliverPolicy::New).await?),
         false => None,
     };
-    let cmd = pb::InstallSite { site_id: site.to_string() };
+    let cmd = pb::InstallSite { site_id: site.to_string(), design_revision: args.revision.unwrap_or(0) };
     let ack = bus.publish_command(&cmd, &env).await?;
     let dup = if ack.duplicate { " (duplicate id: already published)" } else { "" };
     eprintln!("InstallSite {site} published as {} on {}{dup}", env.id, cmd.subject());

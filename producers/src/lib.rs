@@ -75,6 +75,9 @@ pub struct InstallArgs {
     /// The command id (a UUID). Publishing the same id again does the install once.
     #[arg(long)]
     pub id: Option<uuid::Uuid>,
+    /// Install this design revision (see `landfall design apply`) instead of the latest.
+    #[arg(long)]
+    pub revision: Option<u64>,
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
     pub output: Format,
 }

@@ -231,7 +231,7 @@ impl Fleet {
 
     pub async fn install_with(&self, site: &str, env: &Envelope) {
         self.scopes.lock().expect("scopes lock").insert(env.id.clone(), site.to_string());
-        self.bus.publish_command(&pb::InstallSite { site_id: site.to_string() }, env).await.unwrap();
+        self.bus.publish_command(&pb::InstallSite { site_id: site.to_string(), ..Default::default() }, env).await.unwrap();
     }
 
     /// Collects every event the command caused until its terminal event.

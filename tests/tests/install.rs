@@ -104,7 +104,7 @@ async fn the_same_command_id_published_twice_installs_once() {
     assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE);
 
     // The stream holds the command once; the saga started once; each host provisioned once.
-    let subject = pb::InstallSite { site_id: site.clone() }.subject();
+    let subject = pb::InstallSite { site_id: site.clone(), ..Default::default() }.subject();
     let stream = fleet.bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap();
     let counts: Vec<(String, usize)> =
         stream.info_with_subjects(&subject).await.unwrap().map(|r| r.unwrap()).collect().await;
@@ -119,7 +119,7 @@ async fn garbage_on_a_command_subject_is_rejected_and_the_next_command_still_run
     let server = NatsServer::start();
     let fleet = Fleet::builder(&server.url()).nodes(2).start().await;
     let site = fleet.site_id(0);
-    let subject = pb::InstallSite { site_id: site.clone() }.subject();
+    let subject = pb::InstallSite { site_id: site.clone(), ..Default::default() }.subject();
 
     // Not protobuf at all, published by a client that knows nothing of our headers.
     let garbage = fleet.bus.jetstream().publish(subject.clone(), vec![0xff, 0x01, 0x02, 0x03].into()).await.unwrap();
@@ -253,7 +253,7 @@ async fn invalid_commands_are_rejected_with_reasons() {
     let err = fleet
         .bus
         .publish_raw(
-            pb::InstallSite { site_id: fleet.site_id(0) }.subject(),
+            pb::InstallSite { site_id: fleet.site_id(0), ..Default::default() }.subject(),
             pb::InstallSite::TYPE,
             huge.into(),
             &Envelope::root(),

@@ -1,0 +1,142 @@
+//! From a resolved and selected site to the flat [`SiteDesign`] the InstallSite saga takes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::error::{DesignError, Errors};
+use super::resolve::{EffectiveNode, ResolvedSite};
+use super::select::Selection;
+use crate::domain::{NodeDesign, PackageRef, Role, SiteDesign};
+
+/// The flat [`SiteDesign`] of a validated site and its selection.
+///
+/// Holds the active nodes of the selection (standby nodes are held back until promoted), each
+/// with its node set's role, boot MAC, BMC address, and labels: its effective labels (`rack`
+/// among them) and the selection's labels. Per role, the packages are those of the role's
+/// nodes, which must agree for now: a node whose package set differs from the first node of
+/// its role is an error. The site's labels gain `region` when the site names one.
+pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<SiteDesign, Vec<DesignError>> {
+    let mut errors = Errors::default();
+    let selection_labels = selection.labels();
+    let mut nodes = Vec::new();
+    let mut packages: BTreeMap<Role, Vec<PackageRef>> = BTreeMap::new();
+    for role in [Role::Master, Role::Worker] {
+        let mut first: Option<&EffectiveNode> = None;
+        for name in &selection.node_set(role).active {
+            let Some(node) = site.nodes.get(name) else {
+                errors.push(
+                    site.origin
+                        .error("cluster", format!("the selection names {name}, which is not a node of the site")),
+                );
+                continue;
+            };
+            let mut labels = node.label_values();
+            labels.extend(selection_labels.get(name).cloned().unwrap_or_default());
+            nodes.push(NodeDesign {
+                name: name.clone(),
+                role,
+                boot_mac: node.boot_mac.clone(),
+                bmc_address: node.bmc_address.clone(),
+                labels,
+            });
+            match first {
+                None => {
+                    first = Some(node);
+                    packages.insert(role, node.package_refs());
+                }
+                Some(first) => {
+                    if let Some(error) = package_mismatch(role, first, node) {
+                        errors.push(error);
+                    }
+                }
+            }
+        }
+    }
+    let mut labels = site.site.labels.clone();
+    if let Some(region) = &site.site.region {
+        labels.insert("region".to_string(), region.clone());
+    }
+    let design = SiteDesign { site: site.id.clone(), labels, nodes, packages };
+    errors.into_result(design)?.validate().map_err(|e| vec![site.origin.error(e.field, e.reason)])
+}
+
+/// The error when `node` runs other packages than `first`, the first node of its role.
+fn package_mismatch(role: Role, first: &EffectiveNode, node: &EffectiveNode) -> Option<DesignError> {
+    let theirs: BTreeSet<PackageRef> = first.package_refs().into_iter().collect();
+    let own: BTreeSet<PackageRef> = node.package_refs().into_iter().collect();
+    if own == theirs {
+        return None;
+    }
+    let keys = |set: BTreeSet<&PackageRef>| {
+        let keys: Vec<String> = set.into_iter().map(PackageRef::key).collect();
+        if keys.is_empty() { "nothing".to_string() } else { keys.join(", ") }
+    };
+    Some(node.origin.error(
+        "packages",
+        format!(
+            "per-role package sets must agree for now, but {} (a {}) alone has {} and {} alone has {}",
+            node.name,
+            role.as_str(),
+            keys(own.difference(&theirs).collect()),
+            first.name,
+            keys(theirs.difference(&own).collect()),
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::design::fixtures::{design, resolved, site};
+    use crate::design::select::{ROLE_LABEL, STANDBY_LABEL, select};
+
+    #[test]
+    fn the_active_nodes_with_their_roles_labels_and_packages() {
+        let text = design(
+            &site("{ count: 2, topologyKey: rack }", "{ count: 1, standby: 1 }"),
+            &[(1, "control", "r1"), (2, "control", "r2"), (3, "worker", "r1"), (4, "worker", "r2")],
+        );
+        let site = resolved(&text);
+        let selection = select(&site, &Selection::default()).unwrap();
+        let flat = to_site_design(&site, &selection).unwrap();
+
+        assert_eq!(flat.site.as_str(), "edge-01");
+        assert_eq!(
+            flat.labels,
+            BTreeMap::from([("region".to_string(), "eu-west".to_string()), ("tier".to_string(), "gold".to_string())])
+        );
+        let nodes: Vec<(&str, Role)> = flat.nodes.iter().map(|n| (n.name.as_str(), n.role)).collect();
+        assert_eq!(nodes, [("node-1", Role::Master), ("node-2", Role::Master), ("node-3", Role::Worker)]);
+        let node_1 = flat.node("node-1").unwrap();
+        assert_eq!(node_1.boot_mac.as_str(), "52:54:00:00:01:01");
+        assert_eq!(node_1.bmc_address.as_str(), "ipmi://10.0.0.1");
+        assert_eq!(
+            node_1.labels,
+            BTreeMap::from([
+                ("hw".to_string(), "r640".to_string()),
+                (ROLE_LABEL.to_string(), "master".to_string()),
+                ("rack".to_string(), "r1".to_string()),
+            ])
+        );
+        assert!(flat.nodes.iter().all(|n| !n.labels.contains_key(STANDBY_LABEL)), "standby nodes are held back");
+        let keys = |role| flat.packages_for(role).iter().map(PackageRef::key).collect::<Vec<_>>();
+        assert_eq!(keys(Role::Master), ["etcd@3.5.12", "kubelet@1.29.1", "ubuntu@22.04"]);
+        assert_eq!(keys(Role::Worker), ["kubelet@1.29.1", "ubuntu@22.04"]);
+    }
+
+    #[test]
+    fn nodes_of_one_role_must_run_the_same_packages_for_now() {
+        let text = design(
+            &site("{ count: 1 }", "{ count: 2 }"),
+            &[(1, "control", "r1"), (2, "worker", "r1"), (3, "newer-worker", "r2")],
+        ) + "---\nkind: HostProfile\nname: newer-worker\nparent: worker\npackages: [{ name: kubelet, version: 1.30.0 }]\n";
+        let site = resolved(&text);
+        let selection = select(&site, &Selection::default()).unwrap();
+        let errors = to_site_design(&site, &selection).unwrap_err();
+        let got: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            ["Node/node-3 (site.yaml #10): packages: per-role package sets must agree for now, but node-3 \
+                 (a worker) alone has kubelet@1.30.0 and node-2 alone has kubelet@1.29.1"]
+        );
+    }
+}

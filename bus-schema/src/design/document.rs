@@ -1,0 +1,584 @@
+//! The design documents as written: multi-document YAML, one `kind` per document.
+//!
+//! Four kinds: [`Site`], [`HardwareProfile`], [`HostProfile`] and [`Node`]. Every document has
+//! `kind:` and `name:`; fields are camelCase and unknown fields are refused. What a profile
+//! writes is a patch on what it inherits (see [`super::inherit`]).
+//!
+//! Parsing checks shape only: YAML syntax, kinds, known fields, types, and values whose format
+//! stands alone (package references, roles, networks). The site id, node names, MAC and BMC
+//! addresses and IP addresses are kept as written and checked by [`super::resolve()`], so that
+//! one report lists every problem of a design.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Deserialize;
+use serde_yaml::Value;
+
+use super::error::{DesignError, Errors};
+use super::inherit::{ListPatch, MapPatch, Named, ScalarPatch, text_map};
+use super::net::Cidr;
+use crate::domain::{PackageRef, Role};
+
+/// The kinds of design document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+pub enum Kind {
+    /// The site: labels, region, networks, cluster spec.
+    Site,
+    /// What a model of machine brings: interfaces, disks, labels.
+    HardwareProfile,
+    /// A layer of host configuration, inheriting from a parent.
+    HostProfile,
+    /// One machine.
+    Node,
+}
+
+impl Kind {
+    const ALL: [Kind; 4] = [Kind::Site, Kind::HardwareProfile, Kind::HostProfile, Kind::Node];
+
+    /// The kind as written in `kind:`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Site => "Site",
+            Kind::HardwareProfile => "HardwareProfile",
+            Kind::HostProfile => "HostProfile",
+            Kind::Node => "Node",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
+            let all: Vec<_> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+            format!("{s:?} is not a kind ({})", all.join(", "))
+        })
+    }
+}
+
+/// Which document something comes from: its kind and name, its source and its position there.
+///
+/// Displays as `Kind/name`; [`Origin::location`] adds the source, e.g.
+/// `HostProfile/control (profiles.yaml #2)`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Origin {
+    /// The document's kind.
+    pub kind: Kind,
+    /// The document's name.
+    pub name: String,
+    /// Where the document was read from, e.g. a file name.
+    pub source: String,
+    /// The document's position in its source, from 1.
+    pub index: usize,
+}
+
+impl Origin {
+    /// `Kind/name (source #index)`: how errors name a document.
+    pub fn location(&self) -> String {
+        format!("{self} ({} #{})", self.source, self.index)
+    }
+
+    /// An error in this document's `field`.
+    pub fn error(&self, field: impl Into<String>, reason: impl Into<String>) -> DesignError {
+        DesignError::new(self.location(), field, reason)
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind, self.name)
+    }
+}
+
+/// One parsed document, with where it was read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Document {
+    /// Where the document was read from, e.g. a file name.
+    pub source: String,
+    /// The document's position in its source, from 1 (empty documents count).
+    pub index: usize,
+    /// The document itself.
+    pub body: Body,
+}
+
+impl Document {
+    /// The document's kind.
+    pub fn kind(&self) -> Kind {
+        match &self.body {
+            Body::Site(_) => Kind::Site,
+            Body::HardwareProfile(_) => Kind::HardwareProfile,
+            Body::HostProfile(_) => Kind::HostProfile,
+            Body::Node(_) => Kind::Node,
+        }
+    }
+
+    /// The document's name.
+    pub fn name(&self) -> &str {
+        match &self.body {
+            Body::Site(d) => &d.name,
+            Body::HardwareProfile(d) => &d.name,
+            Body::HostProfile(d) => &d.name,
+            Body::Node(d) => &d.name,
+        }
+    }
+
+    /// Which document this is, for origins and errors.
+    pub fn origin(&self) -> Origin {
+        Origin { kind: self.kind(), name: self.name().to_string(), source: self.source.clone(), index: self.index }
+    }
+}
+
+/// A document's content, by kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// `kind: Site`.
+    Site(Site),
+    /// `kind: HardwareProfile`.
+    HardwareProfile(HardwareProfile),
+    /// `kind: HostProfile`.
+    HostProfile(HostProfile),
+    /// `kind: Node`.
+    Node(Node),
+}
+
+/// `kind: Site`: the site, its networks and how its cluster is formed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Site {
+    #[serde(rename = "kind")]
+    _kind: Kind,
+    /// The site id, as written; checked as a [`crate::domain::SiteId`].
+    pub name: String,
+    /// The region the site is in, e.g. `eu-west`.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// The site's labels.
+    #[serde(default, deserialize_with = "text_map")]
+    pub labels: BTreeMap<String, String>,
+    /// The site's networks, which interfaces and addresses refer to by name.
+    #[serde(default)]
+    pub networks: Vec<Network>,
+    /// How the site's cluster is formed from its nodes.
+    #[serde(default)]
+    pub cluster: Option<ClusterSpec>,
+}
+
+/// A network of the site.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Network {
+    /// The name interfaces and addresses refer to.
+    pub name: String,
+    /// The network's address range.
+    pub cidr: Cidr,
+}
+
+/// How the cluster is formed: which nodes serve as masters and workers.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// The network the Kubernetes API is served on, and the jump host reaches nodes by.
+    pub api_network: String,
+    /// The control-plane node set.
+    pub masters: NodeSetSpec,
+    /// The worker node set.
+    #[serde(default)]
+    pub workers: NodeSetSpec,
+}
+
+impl ClusterSpec {
+    /// The spec of the node set for `role`.
+    pub fn node_set(&self, role: Role) -> &NodeSetSpec {
+        match role {
+            Role::Master => &self.masters,
+            Role::Worker => &self.workers,
+        }
+    }
+}
+
+/// A node set: how many nodes of a role, which nodes qualify, and how they spread.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSetSpec {
+    /// How many nodes are active.
+    pub count: u32,
+    /// How many more nodes are held in standby.
+    #[serde(default)]
+    pub standby: u32,
+    /// Labels a node must have (all of them, with these values) to qualify.
+    #[serde(default, deserialize_with = "text_map")]
+    pub selector: BTreeMap<String, String>,
+    /// A label, e.g. `rack`: at most one chosen node per value of it. Empty: no constraint.
+    #[serde(default)]
+    pub topology_key: String,
+}
+
+impl NodeSetSpec {
+    /// The topology key, if one is set.
+    pub fn topology_key(&self) -> Option<&str> {
+        Some(self.topology_key.as_str()).filter(|k| !k.is_empty())
+    }
+}
+
+/// `kind: HardwareProfile`: what a model of machine brings. The bottom of every chain.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HardwareProfile {
+    #[serde(rename = "kind")]
+    _kind: Kind,
+    /// The profile's name.
+    pub name: String,
+    /// Labels every node of this hardware gets, e.g. `hw: r640`.
+    #[serde(default)]
+    pub labels: MapPatch,
+    /// Network interfaces.
+    #[serde(default)]
+    pub interfaces: ListPatch<Interface>,
+    /// Disks and filesystems.
+    #[serde(default)]
+    pub storage: ListPatch<Storage>,
+    /// Kernel parameters the hardware needs.
+    #[serde(default)]
+    pub kernel_parameters: MapPatch,
+}
+
+/// `kind: HostProfile`: one layer of host configuration over its parent.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostProfile {
+    #[serde(rename = "kind")]
+    _kind: Kind,
+    /// The profile's name.
+    pub name: String,
+    /// The HostProfile this one inherits from; none for a root profile.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// The HardwareProfile at the bottom of the chain.
+    #[serde(default)]
+    pub hardware_profile: Option<ScalarPatch<String>>,
+    /// The node's role.
+    #[serde(default)]
+    pub role: Option<ScalarPatch<Role>>,
+    /// Node labels.
+    #[serde(default)]
+    pub labels: MapPatch,
+    /// Packages, merged by name.
+    #[serde(default)]
+    pub packages: ListPatch<PackageRef>,
+    /// Kernel parameters, merged by key.
+    #[serde(default)]
+    pub kernel_parameters: MapPatch,
+    /// Network interfaces, merged by name.
+    #[serde(default)]
+    pub interfaces: ListPatch<Interface>,
+    /// Disks and filesystems, merged by name.
+    #[serde(default)]
+    pub storage: ListPatch<Storage>,
+}
+
+/// `kind: Node`: one machine, the top of its chain.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Node {
+    #[serde(rename = "kind")]
+    _kind: Kind,
+    /// The hostname; checked as a [`crate::domain::NodeName`].
+    pub name: String,
+    /// The leaf HostProfile of the node's chain.
+    pub host_profile: String,
+    /// The MAC address the node boots from, as written.
+    pub boot_mac: String,
+    /// How the node's BMC is reached.
+    pub bmc: Bmc,
+    /// The rack the node is in; also the node's `rack` label.
+    #[serde(default)]
+    pub rack: Option<String>,
+    /// Node labels, over the profiles' labels.
+    #[serde(default)]
+    pub labels: MapPatch,
+    /// The node's address on each network, one per network.
+    #[serde(default)]
+    pub addressing: Vec<Address>,
+}
+
+/// A node's BMC.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Bmc {
+    /// `scheme://host[:port][/path]`, as written; checked as a [`crate::domain::BmcAddress`].
+    pub address: String,
+    /// The name of the secret holding the BMC credentials.
+    #[serde(default)]
+    pub credentials_ref: Option<String>,
+}
+
+/// A node's address on one network.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Address {
+    /// The network's name.
+    pub network: String,
+    /// The address, as written.
+    pub ip: String,
+}
+
+/// A network interface, merged by name.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Interface {
+    /// The interface name, e.g. `eno1`.
+    pub name: String,
+    /// The site network it is attached to.
+    #[serde(default)]
+    pub network: Option<String>,
+    /// Its MTU.
+    #[serde(default)]
+    pub mtu: Option<u32>,
+}
+
+impl Named for Interface {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for Interface {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(network) = &self.network {
+            parts.push(format!("network={network}"));
+        }
+        if let Some(mtu) = self.mtu {
+            parts.push(format!("mtu={mtu}"));
+        }
+        f.write_str(&parts.join(" "))
+    }
+}
+
+/// A disk or filesystem, merged by name.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Storage {
+    /// The entry's name, e.g. `root`.
+    pub name: String,
+    /// The device, e.g. `/dev/sda`.
+    pub device: String,
+    /// Its size in GB.
+    #[serde(default)]
+    pub size_gb: Option<u64>,
+    /// Where it is mounted.
+    #[serde(default)]
+    pub mount: Option<String>,
+}
+
+impl Named for Storage {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "device={}", self.device)?;
+        if let Some(size) = self.size_gb {
+            write!(f, " sizeGb={size}")?;
+        }
+        if let Some(mount) = &self.mount {
+            write!(f, " mount={mount}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses the `---`-separated documents of `text`, read from `source` (e.g. a file name).
+///
+/// Empty documents are skipped but counted, so `#n` in errors is the n-th document of the
+/// source. Returns every document, or an error for each document that does not parse (a YAML
+/// syntax error ends the source: nothing after it can be read).
+pub fn parse_documents(text: &str, source: &str) -> Result<Vec<Document>, Vec<DesignError>> {
+    let mut documents = Vec::new();
+    let mut errors = Errors::default();
+    let heads = serde_yaml::Deserializer::from_str(text);
+    let bodies = serde_yaml::Deserializer::from_str(text);
+    for (position, (head, body)) in heads.zip(bodies).enumerate() {
+        let index = position + 1;
+        let head = match Value::deserialize(head) {
+            Ok(head) => head,
+            Err(e) => {
+                errors.push(yaml_error(format!("{source} #{index}"), &e));
+                break;
+            }
+        };
+        if head.is_null() {
+            continue;
+        }
+        match parse_document(&head, body, source, index) {
+            Ok(document) => documents.push(document),
+            Err(e) => errors.push(e),
+        }
+    }
+    errors.into_result(documents)
+}
+
+/// Parses one non-empty document: `head` says its kind and name, `body` is read as that kind.
+fn parse_document(
+    head: &Value,
+    body: serde_yaml::Deserializer<'_>,
+    source: &str,
+    index: usize,
+) -> Result<Document, DesignError> {
+    let text = |key: &str| head.get(key).and_then(Value::as_str);
+    let (kind, name) = (text("kind"), text("name"));
+    let location = format!("{}/{} ({source} #{index})", kind.unwrap_or("?"), name.unwrap_or("?"));
+    if !head.is_mapping() {
+        return Err(DesignError::new(location, "(document)", "a design document is a mapping with kind and name"));
+    }
+    let kind: Kind = match kind {
+        Some(kind) => kind.parse().map_err(|reason| DesignError::new(&location, "kind", reason))?,
+        None => return Err(DesignError::new(location, "kind", "missing: every document says its kind")),
+    };
+    if name.is_none_or(str::is_empty) {
+        return Err(DesignError::new(location, "name", "missing: every document has a name"));
+    }
+    let fail = |e: serde_yaml::Error| yaml_error(location.clone(), &e);
+    let body = match kind {
+        Kind::Site => Body::Site(Site::deserialize(body).map_err(fail)?),
+        Kind::HardwareProfile => Body::HardwareProfile(HardwareProfile::deserialize(body).map_err(fail)?),
+        Kind::HostProfile => Body::HostProfile(HostProfile::deserialize(body).map_err(fail)?),
+        Kind::Node => Body::Node(Node::deserialize(body).map_err(fail)?),
+    };
+    Ok(Document { source: source.to_string(), index, body })
+}
+
+/// A serde_yaml error as a [`DesignError`]: its leading field path becomes the field, its
+/// position moves into the reason.
+fn yaml_error(document: String, error: &serde_yaml::Error) -> DesignError {
+    let mut message = error.to_string();
+    if let Some(at) = error.location() {
+        let suffix = format!(" at line {} column {}", at.line(), at.column());
+        if let Some(stripped) = message.strip_suffix(&suffix) {
+            message = format!("{stripped} (line {}, column {})", at.line(), at.column());
+        }
+    }
+    let is_path = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "._[]".contains(c));
+    match message.split_once(": ") {
+        Some((path, reason)) if is_path(path) => DesignError::new(document, path, reason),
+        _ => DesignError::new(document, "(document)", message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DESIGN: &str = r#"
+kind: Site
+name: edge-01
+region: eu-west
+labels: { tier: gold }
+networks: [{ name: provisioning, cidr: 10.1.0.0/24 }]
+cluster:
+  apiNetwork: provisioning
+  masters: { count: 1, selector: { hw: r640 }, topologyKey: rack }
+---
+kind: HardwareProfile
+name: r640
+labels: { hw: r640 }
+interfaces: [{ name: eno1, mtu: 9000 }]
+storage: [{ name: root, device: /dev/sda, sizeGb: 480, mount: / }]
+---
+---
+kind: HostProfile
+name: base
+hardwareProfile: r640
+role: worker
+packages: [{ name: kubelet, version: 1.29.1 }]
+kernelParameters: { isolcpus: 2-7, nosmt: ~ }
+---
+kind: Node
+name: node-1
+hostProfile: base
+bootMac: 52:54:00:00:01:01
+bmc: { address: ipmi://10.0.0.11, credentialsRef: bmc-node-1 }
+rack: r1
+addressing: [{ network: provisioning, ip: 10.1.0.11 }]
+"#;
+
+    #[test]
+    fn parses_every_kind_and_remembers_source_and_index() {
+        let docs = parse_documents(DESIGN, "site.yaml").unwrap();
+        let seen: Vec<_> = docs.iter().map(|d| d.origin().location()).collect();
+        assert_eq!(
+            seen,
+            [
+                "Site/edge-01 (site.yaml #1)",
+                "HardwareProfile/r640 (site.yaml #2)",
+                "HostProfile/base (site.yaml #4)",
+                "Node/node-1 (site.yaml #5)",
+            ]
+        );
+        let Body::Site(site) = &docs[0].body else { panic!("not a site") };
+        let cluster = site.cluster.as_ref().unwrap();
+        assert_eq!(cluster.masters.standby, 0);
+        assert_eq!(cluster.masters.topology_key(), Some("rack"));
+        assert_eq!(cluster.workers, NodeSetSpec::default());
+        assert_eq!(cluster.workers.topology_key(), None);
+        let Body::HostProfile(base) = &docs[2].body else { panic!("not a host profile") };
+        assert_eq!(base.kernel_parameters.set["nosmt"], "");
+        assert_eq!(base.role, Some(ScalarPatch::Set(Role::Worker)));
+        let Body::Node(node) = &docs[3].body else { panic!("not a node") };
+        assert_eq!(node.bmc.credentials_ref.as_deref(), Some("bmc-node-1"));
+    }
+
+    #[test]
+    fn reports_each_bad_document_with_its_field() {
+        let text = "kind: Node\nname: n1\nhostProfile: p\nbootMac: x\nbmc: { address: y }\nrak: r1\n\
+                    ---\nkind: Site\nname: Edge.01\nregion: [eu]\n\
+                    ---\nkind: Rack\nname: r1\n\
+                    ---\nkind: HostProfile\n\
+                    ---\nkind: HostProfile\nname: p\ninterfaces: [{ name: eno1, ntwork: x }]\n\
+                    ---\nkind: Site\nname: s\nnetworks: [{ name: n, cidr: 10.0.0.1/8 }]\n\
+                    ---\n- a list\n";
+        let errors = parse_documents(text, "bad.yaml").unwrap_err();
+        let got: Vec<_> = errors.iter().map(|e| (e.document.as_str(), e.field.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("Node/n1 (bad.yaml #1)", "(document)"),
+                ("Site/Edge.01 (bad.yaml #2)", "region"),
+                ("Rack/r1 (bad.yaml #3)", "kind"),
+                ("HostProfile/? (bad.yaml #4)", "name"),
+                ("HostProfile/p (bad.yaml #5)", "interfaces"),
+                ("Site/s (bad.yaml #6)", "networks[0].cidr"),
+                ("?/? (bad.yaml #7)", "(document)"),
+            ]
+        );
+        assert!(errors[0].reason.starts_with("unknown field `rak`"), "{}", errors[0].reason);
+        assert!(errors[0].reason.ends_with("(line 6, column 1)"), "{}", errors[0].reason);
+        assert!(errors[2].reason.contains("\"Rack\" is not a kind"), "{}", errors[2].reason);
+        assert!(errors[4].reason.starts_with("item 1: unknown field `ntwork`"), "{}", errors[4].reason);
+        assert!(errors[5].reason.contains("host bits are set"), "{}", errors[5].reason);
+    }
+
+    #[test]
+    fn a_syntax_error_ends_the_source() {
+        let errors = parse_documents("kind: Node\nname: [\n---\nkind: Site\n", "broken.yaml").unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].document, "broken.yaml #1");
+    }
+
+    #[test]
+    fn an_empty_source_has_no_documents() {
+        assert_eq!(parse_documents("", "empty.yaml").unwrap(), []);
+        assert_eq!(parse_documents("---\n---\n", "empty.yaml").unwrap(), []);
+    }
+}
