@@ -121,6 +121,10 @@ pub mod keys {
     pub fn design_revision(site: &str, revision: u64) -> String {
         format!("design.{site}.{revision}")
     }
+    /// The latest design revision of a site (a copy of its record).
+    pub fn design_latest(site: &str) -> String {
+        format!("design.{site}.latest")
+    }
     pub fn package(name: &str, version: &str) -> String {
         // KV keys allow [-/_=.a-zA-Z0-9]; versions such as 1.29.1+k3s1 need escaping.
         format!("pkg.{}.{}", escape(name), escape(version))

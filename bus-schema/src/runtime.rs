@@ -197,9 +197,21 @@ impl Bus {
     /// [`BusError::Connect`] when the server cannot be reached, [`BusError::ServerTooOld`] for a
     /// server older than [`MIN_SERVER_VERSION`], [`BusError::NoJetStream`] without JetStream.
     pub async fn connect(url: &str, name: &str) -> Result<Self, BusError> {
-        let client = async_nats::ConnectOptions::new()
-            .name(name)
-            .retry_on_initial_connect()
+        Self::connect_inner(url, name, true).await
+    }
+
+    /// Like [`Bus::connect`], but fails at once when the server does not answer, instead of
+    /// waiting for it to come up: for command-line clients, not services.
+    pub async fn connect_client(url: &str, name: &str) -> Result<Self, BusError> {
+        Self::connect_inner(url, name, false).await
+    }
+
+    async fn connect_inner(url: &str, name: &str, patient: bool) -> Result<Self, BusError> {
+        let mut options = async_nats::ConnectOptions::new().name(name);
+        if patient {
+            options = options.retry_on_initial_connect();
+        }
+        let client = options
             .max_reconnects(None)
             .connection_timeout(Duration::from_secs(5))
             .request_timeout(Some(Duration::from_secs(10)))

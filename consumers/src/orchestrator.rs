@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bus_schema::domain::{InvalidField, Package, SiteDesign};
+use bus_schema::design;
+use bus_schema::domain::{InvalidField, Package, PackageRef, SiteDesign};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
 use bus_schema::runtime::{self, Bus, Cas, ConsumerSpec, Delivery, Envelope, HandlerError, Kv, RejectAs};
@@ -87,6 +88,77 @@ impl Orchestrator {
         Ok(())
     }
 
+    /// Every package reference in the catalog.
+    async fn catalog_refs(&self) -> Result<std::collections::BTreeSet<PackageRef>, HandlerError> {
+        let mut refs = std::collections::BTreeSet::new();
+        for key in self.packages.keys_with_prefix("pkg.").await? {
+            if let Some((p, _)) = self.packages.get::<pb::Package>(&key).await?
+                && let Ok(p) = Package::try_from(p)
+            {
+                refs.insert(p.reference());
+            }
+        }
+        Ok(refs)
+    }
+
+    /// Validates a site's design documents as a whole and stores them as its next revision;
+    /// identical documents change nothing and publish nothing.
+    async fn apply_design(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::ApplyDesign = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id.clone()).map_err(invalid)?;
+        let latest = self.sites.get::<pb::DesignRevision>(&keys::design_latest(site.as_str())).await?.map(|(r, _)| r);
+        let catalog = self.catalog_refs().await?;
+        let planned = design::plan(&site, &cmd.sources, &catalog, latest.as_ref()).map_err(|errors| {
+            let n = errors.len();
+            HandlerError::reject(
+                pb::RejectCode::Invalid,
+                format!(
+                    "the design of {site} is invalid ({n} error{}):\n{}",
+                    if n == 1 { "" } else { "s" },
+                    errors.join("\n")
+                ),
+            )
+        })?;
+        if latest.as_ref().is_some_and(|l| planned.same_as(l)) {
+            debug!(%site, "design unchanged");
+            return Ok(());
+        }
+        let revision = latest.as_ref().map_or(1, |l| l.revision + 1);
+        let record = planned.revision(revision, cmd.sources, &d.envelope.id, now_ms());
+        match self.sites.create(&keys::design_revision(site.as_str(), revision), &record).await? {
+            Cas::Written(_) => {}
+            // This command got there first (a redelivery) or another apply did: look again.
+            Cas::Conflict => {
+                let (existing, _) = self
+                    .sites
+                    .get::<pb::DesignRevision>(&keys::design_revision(site.as_str(), revision))
+                    .await?
+                    .ok_or_else(|| HandlerError::Transient(format!("design revision {revision} of {site} vanished")))?;
+                if existing.command_id != d.envelope.id {
+                    return Err(HandlerError::Transient(format!(
+                        "design revision {revision} of {site} was taken; retrying"
+                    )));
+                }
+            }
+        }
+        self.sites.put(&keys::design_latest(site.as_str()), &record).await?;
+        self.sites.put(&keys::site(site.as_str()), &planned.effective).await?;
+        let changes = design::changes(latest.as_ref().and_then(|l| l.effective.as_ref()), &planned.effective);
+        info!(%site, revision, added = changes.added.len(), removed = changes.removed.len(), changed = changes.changed.len(), "design applied");
+        let evt = pb::DesignApplied {
+            site_id: site.to_string(),
+            revision,
+            nodes_added: changes.added,
+            nodes_removed: changes.removed,
+            nodes_changed: changes.changed.into_iter().map(|(n, _)| n).collect(),
+            masters: record.masters.clone(),
+            workers: record.workers.clone(),
+            standby: record.standby_masters.iter().chain(&record.standby_workers).cloned().collect(),
+        };
+        self.bus.publish_event(&evt, &d.envelope.derive("design_applied", None)).await?;
+        Ok(())
+    }
+
     async fn catalog_for(&self, design: &SiteDesign) -> Result<BTreeMap<String, Package>, HandlerError> {
         let mut catalog = BTreeMap::new();
         for p in design.all_packages() {
@@ -110,11 +182,25 @@ impl Orchestrator {
             return Ok(());
         }
 
-        let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(&site)).await? else {
-            return Err(HandlerError::reject(
-                pb::RejectCode::UnknownSite,
-                format!("site {site} is not registered (landfall site register -f FILE)"),
-            ));
+        let design = if cmd.design_revision > 0 {
+            let key = keys::design_revision(&site, cmd.design_revision);
+            let Some((rev, _)) = self.sites.get::<pb::DesignRevision>(&key).await? else {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Invalid,
+                    format!("site {site} has no design revision {}", cmd.design_revision),
+                ));
+            };
+            rev.effective.unwrap_or_default()
+        } else {
+            let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(&site)).await? else {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::UnknownSite,
+                    format!(
+                        "site {site} is not registered (landfall site register -f FILE, or landfall design apply -f FILE)"
+                    ),
+                ));
+            };
+            design
         };
         let design = SiteDesign::try_from(design).map_err(invalid)?;
         let resolved = saga::resolve(&design, &self.catalog_for(&design).await?)
@@ -326,6 +412,7 @@ impl runtime::Handler for Commands {
             pb::RegisterSite::KIND => self.0.register_site(d).await,
             pb::RegisterPackage::KIND => self.0.register_package(d).await,
             pb::InstallSite::KIND => self.0.install_site(d).await,
+            pb::ApplyDesign::KIND => self.0.apply_design(d).await,
             pb::NodeAdded::KIND | pb::PatchPackage::KIND => Err(HandlerError::reject(
                 pb::RejectCode::Unsupported,
                 format!("{} is accepted by the schema but this orchestrator does not carry it out yet", d.type_name),

@@ -20,7 +20,7 @@ const EXIT_REJECTED: u8 = 2;
 const EXIT_TIMEOUT: u8 = 3;
 
 pub async fn connect(url: &str) -> anyhow::Result<Bus> {
-    Bus::connect(url, "landfall-cli")
+    Bus::connect_client(url, "landfall-cli")
         .await
         .with_context(|| format!("is landfall running? (`landfall up`, or set NATS_URL / --nats-url; tried {url})"))
 }

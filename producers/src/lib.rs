@@ -5,6 +5,7 @@
 //! consumers and site gateways, which is why this crate depends on them.
 
 pub mod client;
+pub mod design;
 pub mod embedded;
 pub mod output;
 pub mod serve;
@@ -39,6 +40,9 @@ pub enum Command {
     /// Register and install sites.
     #[command(subcommand)]
     Site(SiteCommand),
+    /// Site design documents: profiles, nodes, cluster selection (validate, diff, apply, show).
+    #[command(subcommand)]
+    Design(design::DesignCommand),
     /// Register packages in the catalog.
     #[command(subcommand)]
     Package(PackageCommand),
@@ -184,6 +188,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Package(PackageCommand::Register { name, version, kind, sha256, size, object_key }) => {
             client::register_package(&url, name, version, &kind, sha256, size, object_key).await
         }
+        Command::Design(cmd) => design::run(&url, cmd).await,
         Command::Events(args) => client::events(&url, &args).await,
         Command::Status(args) => client::status(&url, &args).await,
     }

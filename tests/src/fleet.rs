@@ -191,8 +191,16 @@ impl Fleet {
     /// Registers the demo packages and every site's design through the bus, and waits until
     /// they are applied when an orchestrator runs here.
     async fn register(&self, wait: bool) {
+        let mut last_package = Envelope::root();
         for p in demo_packages() {
-            self.bus.publish_command(&pb::RegisterPackage { package: Some(p) }, &Envelope::root()).await.unwrap();
+            last_package = Envelope::root();
+            self.bus.publish_command(&pb::RegisterPackage { package: Some(p) }, &last_package).await.unwrap();
+        }
+        if wait {
+            // Fleet-wide commands are handled in order: the last one registered means all are.
+            let registered =
+                self.wait_for(pb::PackageRegistered::filter(), &last_package.id, Duration::from_secs(20)).await;
+            assert!(registered.is_some(), "the catalog was not registered within 20 s");
         }
         let mut last = Envelope::root();
         for (design, _) in &self.sites {
@@ -231,7 +239,10 @@ impl Fleet {
 
     pub async fn install_with(&self, site: &str, env: &Envelope) {
         self.scopes.lock().expect("scopes lock").insert(env.id.clone(), site.to_string());
-        self.bus.publish_command(&pb::InstallSite { site_id: site.to_string(), ..Default::default() }, env).await.unwrap();
+        self.bus
+            .publish_command(&pb::InstallSite { site_id: site.to_string(), ..Default::default() }, env)
+            .await
+            .unwrap();
     }
 
     /// Collects every event the command caused until its terminal event.

@@ -55,6 +55,7 @@
 //! interfaces, storage, by name) and maps (labels, kernel parameters, by key) merge, an entry
 //! of the same name replacing the inherited one, and `'!name'` removes an inherited entry.
 
+pub mod apply;
 pub mod convert;
 pub mod document;
 pub mod error;
@@ -67,6 +68,7 @@ pub mod validate;
 #[cfg(test)]
 pub(crate) mod fixtures;
 
+pub use apply::{Changes, Planned, changes, plan, selection_of};
 pub use convert::to_site_design;
 pub use document::{
     Address, Bmc, Body, ClusterSpec, Document, HardwareProfile, HostProfile, Interface, Kind, Network, Node,

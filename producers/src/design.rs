@@ -1,0 +1,300 @@
+//! `landfall design …`: site design documents from files, checked here first and applied
+//! through the bus.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use async_nats::jetstream::consumer::DeliverPolicy;
+use bus_schema::design::{self, Body};
+use bus_schema::domain::{Package, PackageRef, SiteId};
+use bus_schema::names::{self, keys};
+use bus_schema::pb::{self, BusMessage};
+use bus_schema::runtime::{Bus, Envelope};
+use clap::{Args, Subcommand};
+
+use crate::client::connect;
+
+#[derive(Debug, Subcommand)]
+pub enum DesignCommand {
+    /// Validate and apply design documents as the site's next revision (nothing is applied if
+    /// anything is wrong; identical documents change nothing).
+    Apply(Files),
+    /// Check design documents, against the package catalog when landfall is reachable.
+    Validate(Files),
+    /// What `apply` would change, against the site's latest revision.
+    Diff(Files),
+    /// A node as resolved through its profiles, with where each value came from.
+    Show {
+        node: String,
+        /// Show the resolved values (the only view there is, for now).
+        #[arg(long, default_value_t = true)]
+        effective: bool,
+        #[command(flatten)]
+        files: Files,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct Files {
+    /// Design files, or directories of *.yaml / *.yml files.
+    #[arg(short = 'f', long = "file", required = true)]
+    pub paths: Vec<PathBuf>,
+}
+
+/// Reads the files (directories: their YAML files, sorted) as design sources.
+pub fn read_sources(paths: &[PathBuf]) -> anyhow::Result<Vec<pb::DesignSource>> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let mut in_dir: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("read {}", path.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect();
+            in_dir.sort();
+            files.extend(in_dir);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
+            Ok(pb::DesignSource { name: f.display().to_string(), text })
+        })
+        .collect()
+}
+
+/// The site the documents describe (the name of their Site document).
+fn site_of(sources: &[pb::DesignSource]) -> anyhow::Result<SiteId> {
+    for s in sources {
+        let Ok(docs) = design::parse_documents(&s.text, &s.name) else { continue };
+        if let Some(site) = docs.iter().find_map(|d| match &d.body {
+            Body::Site(_) => Some(d.name().to_string()),
+            _ => None,
+        }) {
+            return Ok(SiteId::try_from(site)?);
+        }
+    }
+    bail!("no Site document found (a design needs one `kind: Site`)")
+}
+
+async fn catalog(bus: &Bus) -> anyhow::Result<BTreeSet<PackageRef>> {
+    let kv = bus.kv(names::PACKAGES_BUCKET).await?;
+    let mut refs = BTreeSet::new();
+    for key in kv.keys_with_prefix("pkg.").await? {
+        if let Some((p, _)) = kv.get::<pb::Package>(&key).await?
+            && let Ok(p) = Package::try_from(p)
+        {
+            refs.insert(p.reference());
+        }
+    }
+    Ok(refs)
+}
+
+async fn latest(bus: &Bus, site: &SiteId) -> anyhow::Result<Option<pb::DesignRevision>> {
+    let kv = bus.kv(names::SITES_BUCKET).await?;
+    Ok(kv.get::<pb::DesignRevision>(&keys::design_latest(site.as_str())).await?.map(|(r, _)| r))
+}
+
+fn print_errors(errors: &[String]) {
+    eprintln!("the design is invalid ({} error{}):", errors.len(), if errors.len() == 1 { "" } else { "s" });
+    for e in errors {
+        eprintln!("  {e}");
+    }
+}
+
+pub async fn run(url: &str, cmd: DesignCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        DesignCommand::Show { node, files, .. } => show(&files, &node),
+        DesignCommand::Validate(files) => validate(url, &files).await,
+        DesignCommand::Diff(files) => diff(url, &files).await,
+        DesignCommand::Apply(files) => apply(url, &files).await,
+    }
+}
+
+fn show(files: &Files, node: &str) -> anyhow::Result<ExitCode> {
+    let sources = read_sources(&files.paths)?;
+    let mut docs = Vec::new();
+    for s in &sources {
+        docs.extend(
+            design::parse_documents(&s.text, &s.name)
+                .map_err(|e| anyhow::anyhow!("{}", e.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")))?,
+        );
+    }
+    let resolved = design::resolve(&docs)
+        .map_err(|e| anyhow::anyhow!("{}", e.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")))?;
+    let Some(n) = resolved.node(node) else { bail!("no node {node} in the design") };
+    print!("{}", design::render_effective(n));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn validate(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
+    let sources = read_sources(&files.paths)?;
+    let site = site_of(&sources)?;
+    let (catalog, previous) = match connect(url).await {
+        Ok(bus) => (Some(catalog(&bus).await?), latest(&bus, &site).await?),
+        Err(e) => {
+            eprintln!("note: not checking packages against the catalog ({e:#})");
+            (None, None)
+        }
+    };
+    // Without the catalog, every package the documents name counts as known.
+    let catalog = match catalog {
+        Some(c) => c,
+        None => all_packages(&sources),
+    };
+    match design::plan(&site, &sources, &catalog, previous.as_ref()) {
+        Ok(p) => {
+            let names =
+                |v: &[bus_schema::domain::NodeName]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+            println!(
+                "valid: site {site}, {} nodes; masters {}; workers {}",
+                p.effective.nodes.len(),
+                names(&p.selection.masters.active),
+                names(&p.selection.workers.active)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            print_errors(&errors);
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn all_packages(sources: &[pb::DesignSource]) -> BTreeSet<PackageRef> {
+    let mut refs = BTreeSet::new();
+    for s in sources {
+        for d in design::parse_documents(&s.text, &s.name).unwrap_or_default() {
+            if let Body::HostProfile(h) = &d.body {
+                refs.extend(h.packages.set.iter().cloned());
+            }
+        }
+    }
+    refs
+}
+
+async fn diff(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
+    let sources = read_sources(&files.paths)?;
+    let site = site_of(&sources)?;
+    let bus = connect(url).await?;
+    let previous = latest(&bus, &site).await?;
+    let planned = match design::plan(&site, &sources, &catalog(&bus).await?, previous.as_ref()) {
+        Ok(p) => p,
+        Err(errors) => {
+            print_errors(&errors);
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    if previous.as_ref().is_some_and(|p| planned.same_as(p)) {
+        println!("no changes: {site} is at revision {}", previous.map_or(0, |p| p.revision));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let changes = design::changes(previous.as_ref().and_then(|p| p.effective.as_ref()), &planned.effective);
+    let next = previous.as_ref().map_or(1, |p| p.revision + 1);
+    println!("{site}: revision {} -> {next}", previous.as_ref().map_or(0, |p| p.revision));
+    for n in &changes.added {
+        println!("+ node {n}");
+    }
+    for n in &changes.removed {
+        println!("- node {n}");
+    }
+    for (n, fields) in &changes.changed {
+        println!("~ node {n}: {}", fields.join(", "));
+    }
+    for f in &changes.site_fields {
+        println!("~ site {f}");
+    }
+    let old = previous.as_ref().map(design::selection_of).unwrap_or_default();
+    if old != planned.selection {
+        let names =
+            |v: &[bus_schema::domain::NodeName]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        println!(
+            "~ selection: masters {} -> {}; workers {} -> {}",
+            names(&old.masters.active),
+            names(&planned.selection.masters.active),
+            names(&old.workers.active),
+            names(&planned.selection.workers.active)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn apply(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
+    let sources = read_sources(&files.paths)?;
+    let site = site_of(&sources)?;
+    let bus = connect(url).await?;
+    let previous = latest(&bus, &site).await?;
+    // Checked here first, so mistakes are reported at once and an unchanged design sends nothing.
+    match design::plan(&site, &sources, &catalog(&bus).await?, previous.as_ref()) {
+        Err(errors) => {
+            print_errors(&errors);
+            return Ok(ExitCode::FAILURE);
+        }
+        Ok(p) if previous.as_ref().is_some_and(|prev| p.same_as(prev)) => {
+            println!("unchanged: {site} stays at revision {}", previous.map_or(0, |p| p.revision));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Ok(_) => {}
+    }
+    let mut reader = bus.read_events(vec![names::scope_events(site.as_str())], DeliverPolicy::New).await?;
+    let env = Envelope::root();
+    bus.publish_command(&pb::ApplyDesign { site_id: site.to_string(), sources }, &env).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let e = tokio::time::timeout_at(deadline, reader.next())
+            .await
+            .context("no answer from the orchestrator within 30 s (is landfall running?)")?
+            .context("event stream ended")??;
+        if e.delivery.envelope.correlation != env.id {
+            continue;
+        }
+        match e.delivery.type_name.as_str() {
+            pb::DesignApplied::TYPE => {
+                let a: pb::DesignApplied = e.delivery.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
+                println!(
+                    "applied: {site} revision {} (+{} -{} ~{} nodes); masters {}; workers {}",
+                    a.revision,
+                    a.nodes_added.len(),
+                    a.nodes_removed.len(),
+                    a.nodes_changed.len(),
+                    a.masters.join(","),
+                    a.workers.join(",")
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            pb::CommandRejected::TYPE => {
+                let r: pb::CommandRejected = e.delivery.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
+                eprintln!("rejected: {}", r.reason);
+                return Ok(ExitCode::from(2));
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn directories_are_read_as_their_yaml_files_in_order() {
+        let dir = std::env::temp_dir().join(format!("landfall-design-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("b.yaml"), "kind: Site\nname: edge-01\n").unwrap();
+        std::fs::write(dir.join("a.yml"), "kind: Node\n").unwrap();
+        std::fs::write(dir.join("notes.txt"), "not yaml").unwrap();
+        let sources = read_sources(std::slice::from_ref(&dir)).unwrap();
+        let names: Vec<&str> =
+            sources.iter().map(|s| Path::new(&s.name).file_name().unwrap().to_str().unwrap()).collect();
+        assert_eq!(names, ["a.yml", "b.yaml"]);
+        assert_eq!(site_of(&sources).unwrap().as_str(), "edge-01");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
