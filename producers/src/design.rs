@@ -26,6 +26,9 @@ pub enum DesignCommand {
     Validate(Files),
     /// What `apply` would change, against the site's latest revision.
     Diff(Files),
+    /// The cluster the design selects: masters and workers (active, standby), the API load
+    /// balancer's backends, and the jump host's inventory (hosts.ini).
+    Cluster(Files),
     /// A node as resolved through its profiles, with where each value came from.
     Show {
         node: String,
@@ -114,7 +117,36 @@ pub async fn run(url: &str, cmd: DesignCommand) -> anyhow::Result<ExitCode> {
         DesignCommand::Validate(files) => validate(url, &files).await,
         DesignCommand::Diff(files) => diff(url, &files).await,
         DesignCommand::Apply(files) => apply(url, &files).await,
+        DesignCommand::Cluster(files) => cluster(url, &files).await,
     }
+}
+
+async fn cluster(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
+    let sources = read_sources(&files.paths)?;
+    let site = site_of(&sources)?;
+    // Against the latest revision when landfall is reachable, so chosen nodes stay chosen.
+    let (catalog, previous) = match connect(url).await {
+        Ok(bus) => (catalog(&bus).await?, latest(&bus, &site).await?),
+        Err(_) => (all_packages(&sources), None),
+    };
+    let planned = match design::plan(&site, &sources, &catalog, previous.as_ref()) {
+        Ok(p) => p,
+        Err(errors) => {
+            print_errors(&errors);
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let names = |v: &[bus_schema::domain::NodeName]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+    let sel = &planned.selection;
+    println!("masters  {} (standby {})", names(&sel.masters.active), names(&sel.masters.standby));
+    println!("workers  {} (standby {})", names(&sel.workers.active), names(&sel.workers.standby));
+    println!("api load balancer backends:");
+    for b in sel.load_balancer_backends(&planned.resolved) {
+        println!("  {} {}", b.node, b.address);
+    }
+    println!("inventory (hosts.ini):");
+    print!("{}", sel.inventory(&planned.resolved).to_ini());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn show(files: &Files, node: &str) -> anyhow::Result<ExitCode> {

@@ -132,6 +132,17 @@ async fn a_three_rack_design_applies_once_shows_origins_and_diffs() {
     assert!(fleet.wait_for(pb::DesignApplied::filter(), &env.id, Duration::from_millis(500)).await.is_none());
     assert_eq!(latest_revision(&fleet).await.unwrap().revision, 1);
 
+    // What the supporting services need: the API load balancer's backends and the inventory.
+    let out = landfall(&url, &["design", "cluster", "-f", &file]).await;
+    let cluster = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for backend in ["node-1 10.1.0.11:6443", "node-2 10.1.0.12:6443", "node-3 10.1.0.13:6443"] {
+        assert!(cluster.contains(backend), "{backend}: {cluster}");
+    }
+    assert!(cluster.contains("[kube-master]\nnode-1\nnode-2\nnode-3\n"), "{cluster}");
+    assert!(cluster.contains("[kube-node]\nnode-4\nnode-5\n"), "{cluster}");
+    assert!(cluster.contains("workers  node-4,node-5 (standby node-6)"), "{cluster}");
+
     // Where each value came from.
     let out = landfall(&url, &["design", "show", "node-1", "--effective", "-f", &file]).await;
     let shown = text(&out.stdout);
