@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::design::{self, Body};
-use bus_schema::domain::{Package, PackageRef, SiteId};
+use bus_schema::domain::{NodeName, Package, PackageRef, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
@@ -104,6 +104,11 @@ async fn latest(bus: &Bus, site: &SiteId) -> anyhow::Result<Option<pb::DesignRev
     Ok(kv.get::<pb::DesignRevision>(&keys::design_latest(site.as_str())).await?.map(|(r, _)| r))
 }
 
+/// Node names, comma-separated.
+fn names(nodes: &[NodeName]) -> String {
+    nodes.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+}
+
 fn print_errors(errors: &[String]) {
     eprintln!("the design is invalid ({} error{}):", errors.len(), if errors.len() == 1 { "" } else { "s" });
     for e in errors {
@@ -136,7 +141,6 @@ async fn cluster(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    let names = |v: &[bus_schema::domain::NodeName]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
     let sel = &planned.selection;
     println!("masters  {} (standby {})", names(&sel.masters.active), names(&sel.masters.standby));
     println!("workers  {} (standby {})", names(&sel.workers.active), names(&sel.workers.standby));

@@ -1,5 +1,6 @@
 //! Test support: a real nats-server per test ([`nats`]) and a running landfall over
 //! simulated sites ([`fleet`]).
 
+pub mod cli;
 pub mod fleet;
 pub mod nats;

@@ -1,24 +1,8 @@
 //! The `landfall` CLI as people use it, as a separate process against a running system.
 
-use std::process::Output;
-
+use landfall_tests::cli::{landfall, text};
 use landfall_tests::fleet::Fleet;
 use landfall_tests::nats::NatsServer;
-use tokio::process::Command;
-
-async fn landfall(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_landfall-cli"))
-        .args(args)
-        .env("NATS_URL", url)
-        .env_remove("RUST_LOG")
-        .output()
-        .await
-        .expect("run landfall")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_wait_exits_zero_and_events_show_every_node() {

@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 
 /// The real `landfall` CLI running `serve orchestrator` as its own process.
 fn orchestrator(url: &str, failpoint: Option<&str>) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_landfall-cli"));
+    let mut cmd = Command::new(landfall_tests::cli::binary());
     cmd.args(["serve", "orchestrator", "--nats-url", url])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())

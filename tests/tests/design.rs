@@ -2,7 +2,6 @@
 //! refusal of a broken design, and an install at a named revision.
 
 use std::path::Path;
-use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,10 +9,10 @@ use bus_schema::domain::SiteDesign;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::Envelope;
+use landfall_tests::cli::{landfall, text};
 use landfall_tests::fleet::Fleet;
 use landfall_tests::nats::NatsServer;
 use site_gateway::sim::{SimConfig, SimSite};
-use tokio::process::Command;
 
 const SITE: &str = "rack-site";
 
@@ -66,20 +65,6 @@ kernelParameters: { '!isolcpus': ~ }
         ));
     }
     docs.join("---\n")
-}
-
-async fn landfall(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_landfall-cli"))
-        .args(args)
-        .env("NATS_URL", url)
-        .env_remove("RUST_LOG")
-        .output()
-        .await
-        .expect("run landfall")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn write(dir: &Path, name: &str, body: &str) -> String {
