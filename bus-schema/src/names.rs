@@ -114,8 +114,18 @@ pub fn parse_subject(subject: &str) -> Option<ParsedSubject<'_>> {
 
 /// KV keys.
 pub mod keys {
+    /// Every site design key starts with this.
+    pub const SITE_PREFIX: &str = "site.";
+    /// Every catalog key starts with this.
+    pub const PACKAGE_PREFIX: &str = "pkg.";
+
     pub fn site(site: &str) -> String {
-        format!("site.{site}")
+        format!("{SITE_PREFIX}{site}")
+    }
+
+    /// The site id of a [`site`] key.
+    pub fn site_of(key: &str) -> Option<&str> {
+        key.strip_prefix(SITE_PREFIX)
     }
     /// One design revision of a site (immutable).
     pub fn design_revision(site: &str, revision: u64) -> String {
@@ -127,7 +137,7 @@ pub mod keys {
     }
     pub fn package(name: &str, version: &str) -> String {
         // KV keys allow [-/_=.a-zA-Z0-9]; versions such as 1.29.1+k3s1 need escaping.
-        format!("pkg.{}.{}", escape(name), escape(version))
+        format!("{PACKAGE_PREFIX}{}.{}", escape(name), escape(version))
     }
     pub fn saga(saga_id: &str) -> String {
         format!("saga.{saga_id}")

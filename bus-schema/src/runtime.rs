@@ -429,16 +429,6 @@ impl Bus {
         Ok(())
     }
 
-    /// Core-NATS request/reply (nothing stored).
-    pub async fn request(&self, subject: String, payload: Bytes, timeout: Duration) -> Result<Bytes, BusError> {
-        let fut = self.client.request(subject.clone(), payload);
-        match tokio::time::timeout(timeout, fut).await {
-            Ok(Ok(msg)) => Ok(msg.payload),
-            Ok(Err(e)) => Err(BusError::Request { subject, source: boxed(e) }),
-            Err(e) => Err(BusError::Request { subject, source: boxed(e) }),
-        }
-    }
-
     /// An ordered, ephemeral reader of the events stream, for people and dashboards.
     pub async fn read_events(
         &self,
@@ -580,6 +570,20 @@ impl Kv {
         out.sort();
         Ok(out)
     }
+}
+
+/// Every package reference in the catalog (`landfall-packages`); entries that no longer
+/// validate are skipped.
+pub async fn package_refs(packages: &Kv) -> Result<std::collections::BTreeSet<crate::domain::PackageRef>, BusError> {
+    let mut refs = std::collections::BTreeSet::new();
+    for key in packages.keys_with_prefix(names::keys::PACKAGE_PREFIX).await? {
+        if let Some((p, _)) = packages.get::<pb::Package>(&key).await?
+            && let Ok(p) = crate::domain::Package::try_from(p)
+        {
+            refs.insert(p.reference());
+        }
+    }
+    Ok(refs)
 }
 
 /// A message as a handler sees it.

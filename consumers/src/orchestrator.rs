@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bus_schema::design;
-use bus_schema::domain::{InvalidField, Package, PackageRef, SiteDesign};
+use bus_schema::domain::{InvalidField, Package, SiteDesign};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
 use bus_schema::runtime::{self, Bus, Cas, ConsumerSpec, Delivery, Envelope, HandlerError, Kv, RejectAs};
@@ -88,26 +88,13 @@ impl Orchestrator {
         Ok(())
     }
 
-    /// Every package reference in the catalog.
-    async fn catalog_refs(&self) -> Result<std::collections::BTreeSet<PackageRef>, HandlerError> {
-        let mut refs = std::collections::BTreeSet::new();
-        for key in self.packages.keys_with_prefix("pkg.").await? {
-            if let Some((p, _)) = self.packages.get::<pb::Package>(&key).await?
-                && let Ok(p) = Package::try_from(p)
-            {
-                refs.insert(p.reference());
-            }
-        }
-        Ok(refs)
-    }
-
     /// Validates a site's design documents as a whole and stores them as its next revision;
     /// identical documents change nothing and publish nothing.
     async fn apply_design(&self, d: &Delivery) -> Result<(), HandlerError> {
         let cmd: pb::ApplyDesign = d.decode()?;
         let site = bus_schema::domain::SiteId::try_from(cmd.site_id.clone()).map_err(invalid)?;
         let latest = self.sites.get::<pb::DesignRevision>(&keys::design_latest(site.as_str())).await?.map(|(r, _)| r);
-        let catalog = self.catalog_refs().await?;
+        let catalog = runtime::package_refs(&self.packages).await?;
         let planned = design::plan(&site, &cmd.sources, &catalog, latest.as_ref()).map_err(|errors| {
             let n = errors.len();
             HandlerError::reject(

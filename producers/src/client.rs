@@ -185,7 +185,12 @@ pub async fn status(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
         Some(s) => vec![SiteId::try_from(s.as_str())?.to_string()],
         None => {
             let kv = bus.kv(names::SITES_BUCKET).await?;
-            kv.keys_with_prefix("site.").await?.into_iter().map(|k| k["site.".len()..].to_string()).collect()
+            kv.keys_with_prefix(keys::SITE_PREFIX)
+                .await?
+                .iter()
+                .filter_map(|k| keys::site_of(k))
+                .map(str::to_owned)
+                .collect()
         }
     };
     let mut all = Vec::new();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::design::{self, Body};
-use bus_schema::domain::{NodeName, Package, PackageRef, SiteId};
+use bus_schema::domain::{NodeName, PackageRef, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
@@ -87,16 +87,7 @@ fn site_of(sources: &[pb::DesignSource]) -> anyhow::Result<SiteId> {
 }
 
 async fn catalog(bus: &Bus) -> anyhow::Result<BTreeSet<PackageRef>> {
-    let kv = bus.kv(names::PACKAGES_BUCKET).await?;
-    let mut refs = BTreeSet::new();
-    for key in kv.keys_with_prefix("pkg.").await? {
-        if let Some((p, _)) = kv.get::<pb::Package>(&key).await?
-            && let Ok(p) = Package::try_from(p)
-        {
-            refs.insert(p.reference());
-        }
-    }
-    Ok(refs)
+    Ok(bus_schema::runtime::package_refs(&bus.kv(names::PACKAGES_BUCKET).await?).await?)
 }
 
 async fn latest(bus: &Bus, site: &SiteId) -> anyhow::Result<Option<pb::DesignRevision>> {

@@ -59,6 +59,13 @@ fn assert_exactly_once(fleet: &Fleet, run: &InstallRun) {
     assert_eq!(count(pb::SiteInstalled::TYPE), 1);
 }
 
+/// SIGKILLs the orchestrator process, waits a moment, and starts a fresh one.
+async fn kill_and_restart(mut orch: Child, url: &str, down_for: Duration) -> Child {
+    orch.kill().await.unwrap();
+    tokio::time::sleep(down_for).await;
+    orchestrator(url, None)
+}
+
 async fn registered_fleet(server: &NatsServer) -> (Fleet, Child) {
     let fleet = Fleet::builder(&server.url()).nodes(3).sim(slow_site()).without_orchestrator().start().await;
     let orch = orchestrator(&server.url(), None);
@@ -75,21 +82,17 @@ async fn registered_fleet(server: &NatsServer) -> (Fleet, Child) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_orchestrator_killed_twice_mid_install_resumes_and_repeats_no_step() {
     let server = NatsServer::start();
-    let (fleet, mut orch) = registered_fleet(&server).await;
+    let (fleet, orch) = registered_fleet(&server).await;
     let cmd = fleet.install(&fleet.site_id(0)).await;
 
     // First kill: while hosts are provisioning.
     let provisioning = pb::NodeOsProvisioning::filter();
     fleet.wait_for(provisioning, &cmd.id, Duration::from_secs(30)).await.expect("provisioning started");
-    orch.kill().await.unwrap(); // SIGKILL
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut orch = orchestrator(&server.url(), None);
+    let orch = kill_and_restart(orch, &server.url(), Duration::from_millis(500)).await;
 
     // Second kill: right as the cluster is ready.
     fleet.wait_for(pb::ClusterReady::filter(), &cmd.id, Duration::from_secs(30)).await.expect("cluster ready");
-    orch.kill().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut orch = orchestrator(&server.url(), None);
+    let mut orch = kill_and_restart(orch, &server.url(), Duration::from_millis(300)).await;
 
     let run = fleet.wait_install(&cmd).await;
     assert_exactly_once(&fleet, &run);
