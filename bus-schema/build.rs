@@ -36,6 +36,14 @@ fn main() {
         ("landfall.v1.CommandRejected.code", "reject_code"),
         ("landfall.v1.MessageRejected.code", "reject_code"),
         ("landfall.v1.RolloutStrategy.on_wave_timeout", "wave_timeout_action"),
+        ("landfall.v1.ResolvedStrategy.on_wave_timeout", "wave_timeout_action"),
+        ("landfall.v1.Rollout.phase", "rollout_phase"),
+        ("landfall.v1.RolloutSite.state", "rollout_site_state"),
+        ("landfall.v1.SiteLease.holder", "lease_holder"),
+        ("landfall.v1.NodeObserved.role", "role"),
+        ("landfall.v1.NodeReady.role", "role"),
+        ("landfall.v1.ObservedPackage.kind", "package_kind"),
+        ("landfall.v1.RoleArtifacts.role", "role"),
     ] {
         config.field_attribute(field, format!("#[serde(serialize_with = \"crate::pb::json::{with}\")]"));
     }

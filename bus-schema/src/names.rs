@@ -37,6 +37,10 @@ pub const ALL_BUCKETS: [&str; 5] = [SITES_BUCKET, PACKAGES_BUCKET, OBSERVED_BUCK
 pub const ORCHESTRATOR_COMMANDS: &str = "orchestrator-commands";
 pub const ORCHESTRATOR_EVENTS: &str = "orchestrator-events";
 pub const KUBECONFIG_EVENTS: &str = "kubeconfig-events";
+/// The orchestrator's consumer of the events that move rollouts (one rollout's in turn).
+pub const ORCHESTRATOR_ROLLOUTS: &str = "orchestrator-rollouts";
+/// The consumer that keeps `landfall-observed` up to date from what gateways report.
+pub const OBSERVER_EVENTS: &str = "observer-events";
 
 pub fn gateway_consumer(site: &str) -> String {
     format!("gateway-{site}")
@@ -92,6 +96,11 @@ pub fn events_of_kind(aggregate: &str, kind: &str) -> String {
 
 pub fn kubeconfig_rpc(site: &str) -> String {
     format!("landfall.rpc.{site}.kubeconfig")
+}
+
+/// Request/reply to a simulated site: a new host appears there (`landfall node add`).
+pub fn sim_host_arrival_rpc(site: &str) -> String {
+    format!("landfall.rpc.{site}.sim_host_arrival")
 }
 
 /// The parts of a landfall subject, parsed back.
@@ -150,6 +159,51 @@ pub mod keys {
     }
     pub fn kubeconfig(site: &str) -> String {
         format!("kubeconfig.{site}")
+    }
+
+    /// Every observed-node key starts with this (`landfall-observed`).
+    pub const OBSERVED_PREFIX: &str = "node.";
+    /// What one node runs, as observed (`landfall-observed`).
+    pub fn observed(site: &str, node: &str) -> String {
+        format!("{OBSERVED_PREFIX}{site}.{node}")
+    }
+    /// Every observed node of one site.
+    pub fn observed_site_prefix(site: &str) -> String {
+        format!("{OBSERVED_PREFIX}{site}.")
+    }
+    /// The (site, node) of an [`observed`] key.
+    pub fn observed_of(key: &str) -> Option<(&str, &str)> {
+        key.strip_prefix(OBSERVED_PREFIX)?.split_once('.')
+    }
+
+    /// Every package policy key starts with this (`landfall-packages`).
+    pub const POLICY_PREFIX: &str = "policy.";
+    /// A package name's auto-rollout policy (`landfall-packages`).
+    pub fn policy(name: &str) -> String {
+        format!("{POLICY_PREFIX}{}", escape(name))
+    }
+
+    /// Every rollout key starts with this (`landfall-sagas`).
+    pub const ROLLOUT_PREFIX: &str = "rollout.";
+    /// A rollout's state.
+    pub fn rollout(id: &str) -> String {
+        format!("{ROLLOUT_PREFIX}{id}")
+    }
+    /// The rollout id of a [`rollout`] key (not of its plan or site keys).
+    pub fn rollout_of(key: &str) -> Option<&str> {
+        key.strip_prefix(ROLLOUT_PREFIX).filter(|rest| !rest.contains('.'))
+    }
+    /// One immutable slice of a rollout's plan.
+    pub fn rollout_plan(id: &str, chunk: u32) -> String {
+        format!("{ROLLOUT_PREFIX}{id}.plan.{chunk}")
+    }
+    /// One site's part of a rollout.
+    pub fn rollout_site(id: &str, site: &str) -> String {
+        format!("{ROLLOUT_PREFIX}{id}.site.{site}")
+    }
+    /// Every site record of a rollout.
+    pub fn rollout_sites_prefix(id: &str) -> String {
+        format!("{ROLLOUT_PREFIX}{id}.site.")
     }
 
     fn escape(s: &str) -> String {

@@ -69,12 +69,17 @@ bus_message!(
     NodeAdded,
     RegisterPackage,
     PatchPackage,
+    PauseRollout,
+    ResumeRollout,
+    CancelRollout,
     ApplyDesign,
     StageArtifacts,
     ProvisionOs,
     InstallBinaries,
     ApplyContainerPackages,
+    PatchNodes,
     KubeconfigRequest,
+    SimulateHostArrival,
     SiteRegistered,
     DesignApplied,
     DesignRevision,
@@ -91,11 +96,30 @@ bus_message!(
     JobFailed,
     SiteInstalled,
     SiteInstallFailed,
+    NodeAccepted,
+    NodeReady,
+    NodeJoinFailed,
+    RolloutPlanned,
+    RolloutWaveStarted,
+    NodePatched,
+    NodePatchFailed,
+    SitePatched,
+    RolloutProgress,
+    RolloutHalted,
+    RolloutPaused,
+    RolloutResumed,
+    RolloutCancelled,
+    RolloutCompleted,
     CommandRejected,
     MessageRejected,
     InstallSaga,
     SiteLease,
     SealedSecret,
+    NodeObserved,
+    PackagePolicy,
+    Rollout,
+    RolloutPlanChunk,
+    RolloutSite,
 );
 
 macro_rules! command {
@@ -116,6 +140,9 @@ command!(ApplyDesign, "apply_design", |m| &m.site_id);
 command!(NodeAdded, "node_added", |m| &m.site_id);
 command!(RegisterPackage, "register_package", |_m| names::FLEET);
 command!(PatchPackage, "patch_package", |_m| names::FLEET);
+command!(PauseRollout, "pause_rollout", |_m| names::FLEET);
+command!(ResumeRollout, "resume_rollout", |_m| names::FLEET);
+command!(CancelRollout, "cancel_rollout", |_m| names::FLEET);
 
 macro_rules! job {
     ($($ty:ident => $kind:literal),* $(,)?) => {
@@ -131,6 +158,7 @@ job!(
     ProvisionOs => "provision_os",
     InstallBinaries => "install_binaries",
     ApplyContainerPackages => "apply_container_packages",
+    PatchNodes => "patch_nodes",
 );
 
 macro_rules! event {
@@ -158,15 +186,35 @@ event!(
     JobFailed => "job"."failed",
     SiteInstalled => "site"."installed",
     SiteInstallFailed => "site"."install_failed",
+    NodeAccepted => "node"."accepted",
+    NodeReady => "node"."ready",
+    NodeJoinFailed => "node"."join_failed",
+    NodePatched => "node"."patched",
+    NodePatchFailed => "node"."patch_failed",
+    SitePatched => "rollout"."site_patched",
 );
 
-impl BusEvent for PackageRegistered {
-    const AGGREGATE: &'static str = "package";
-    const KIND: &'static str = "registered";
-    fn scope(&self) -> &str {
-        names::FLEET
-    }
+macro_rules! fleet_event {
+    ($($ty:ident => $agg:literal . $kind:literal),* $(,)?) => {
+        $(impl BusEvent for $ty {
+            const AGGREGATE: &'static str = $agg;
+            const KIND: &'static str = $kind;
+            fn scope(&self) -> &str { names::FLEET }
+        })*
+    };
 }
+
+fleet_event!(
+    PackageRegistered => "package"."registered",
+    RolloutPlanned => "rollout"."planned",
+    RolloutWaveStarted => "rollout"."wave_started",
+    RolloutProgress => "rollout"."progress",
+    RolloutHalted => "rollout"."halted",
+    RolloutPaused => "rollout"."paused",
+    RolloutResumed => "rollout"."resumed",
+    RolloutCancelled => "rollout"."cancelled",
+    RolloutCompleted => "rollout"."completed",
+);
 
 /// Rejections are published in the scope of the subject they answer; see
 /// [`crate::names::parse_subject`]. The `scope` here is filled in by the publisher.
@@ -227,6 +275,9 @@ pub(crate) mod json {
         node_step: NodeStep,
         reject_code: RejectCode,
         wave_timeout_action: WaveTimeoutAction,
+        rollout_phase: RolloutPhase,
+        rollout_site_state: RolloutSiteState,
+        lease_holder: LeaseHolder,
     );
 
     pub fn role<S: serde::Serializer>(v: &i32, s: S) -> Result<S::Ok, S::Error> {
