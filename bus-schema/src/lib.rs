@@ -6,6 +6,7 @@
 //! - [`domain`]: validated domain types and the `TryFrom` conversions at the protobuf edge.
 //! - [`ids`]: message ids, correlation and deterministic ids for derived messages.
 //! - [`design`]: site design documents (profiles, inheritance, validation, node selection).
+//! - [`rollout`]: rollout planning (which nodes a `PatchPackage` touches, canaries, waves).
 //! - [`runtime`] (feature `runtime`): the one bus runtime every service uses.
 
 pub mod design;
@@ -13,6 +14,7 @@ pub mod domain;
 pub mod ids;
 pub mod names;
 pub mod pb;
+pub mod rollout;
 
 #[cfg(feature = "runtime")]
 pub mod runtime;

@@ -557,6 +557,49 @@ impl Kv {
         }
     }
 
+    /// Every live entry whose key starts with `prefix` (which ends with `.` or is empty), with
+    /// its revision, in one pass over the bucket's stream: an ordered consumer delivering the
+    /// last message per key. Thousands of entries cost one round trip per batch, not one per key.
+    /// Entries that do not decode as `M` are skipped with a warning.
+    pub async fn scan<M: prost::Message + Default>(&self, prefix: &str) -> Result<Vec<(String, M, u64)>, BusError> {
+        let err = |e: BoxError| self.err("scan", prefix, e);
+        let subject_prefix = &self.store.prefix; // "$KV.<bucket>."
+        let config = consumer::pull::OrderedConfig {
+            filter_subject: format!("{subject_prefix}{prefix}>"),
+            deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        };
+        let mut consumer = self.store.stream.create_consumer(config).await.map_err(|e| err(boxed(e)))?;
+        let mut remaining = consumer.info().await.map_err(|e| err(boxed(e)))?.num_pending;
+        let mut out = Vec::with_capacity(remaining as usize);
+        if remaining == 0 {
+            return Ok(out);
+        }
+        let mut messages = consumer.messages().await.map_err(|e| err(boxed(e)))?;
+        while remaining > 0 {
+            let Some(msg) = messages.next().await else { break };
+            let msg = msg.map_err(|e| err(boxed(e)))?;
+            let info = msg.info().map_err(|e| err(e))?;
+            remaining = info.pending;
+            let revision = info.stream_sequence;
+            let deleted = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("KV-Operation"))
+                .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+            let Some(key) = msg.subject.as_str().strip_prefix(subject_prefix.as_str()) else { continue };
+            if deleted {
+                continue;
+            }
+            match M::decode(msg.payload.clone()) {
+                Ok(value) => out.push((key.to_string(), value, revision)),
+                Err(e) => warn!(bucket = %self.bucket, key, error = %e, "skipping an entry that does not decode"),
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
     /// Every live key starting with `prefix`.
     pub async fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, BusError> {
         let mut keys = self.store.keys().await.map_err(|e| self.err("keys", prefix, boxed(e)))?;
@@ -575,15 +618,13 @@ impl Kv {
 /// Every package reference in the catalog (`landfall-packages`); entries that no longer
 /// validate are skipped.
 pub async fn package_refs(packages: &Kv) -> Result<std::collections::BTreeSet<crate::domain::PackageRef>, BusError> {
-    let mut refs = std::collections::BTreeSet::new();
-    for key in packages.keys_with_prefix(names::keys::PACKAGE_PREFIX).await? {
-        if let Some((p, _)) = packages.get::<pb::Package>(&key).await?
-            && let Ok(p) = crate::domain::Package::try_from(p)
-        {
-            refs.insert(p.reference());
-        }
-    }
-    Ok(refs)
+    Ok(packages
+        .scan::<pb::Package>(names::keys::PACKAGE_PREFIX)
+        .await?
+        .into_iter()
+        .filter_map(|(_, p, _)| crate::domain::Package::try_from(p).ok())
+        .map(|p| p.reference())
+        .collect())
 }
 
 /// A message as a handler sees it.
