@@ -199,7 +199,7 @@ impl Orchestrator {
             Cas::Written(rev) => {
                 info!(%site, saga = %d.envelope.id, nodes = design.nodes.len(), "install started");
                 let pointer =
-                    pb::SiteLease { site_id: site.clone(), saga_id: d.envelope.id.clone(), acquired_unix_ms: now_ms() };
+                    pb::SiteLease { site_id: site.clone(), saga_id: d.envelope.id.clone(), acquired_unix_ms: now_ms(), ..Default::default() };
                 self.sagas.put(&keys::latest_install(&site), &pointer).await?;
                 self.settle(&saga_key, new, rev).await?;
             }
@@ -218,7 +218,7 @@ impl Orchestrator {
     async fn acquire_lease(&self, site: &str, saga_id: &str) -> Result<(), HandlerError> {
         let key = keys::site_lease(site);
         let lease =
-            pb::SiteLease { site_id: site.to_string(), saga_id: saga_id.to_string(), acquired_unix_ms: now_ms() };
+            pb::SiteLease { site_id: site.to_string(), saga_id: saga_id.to_string(), acquired_unix_ms: now_ms(), ..Default::default() };
         for _ in 0..CAS_ATTEMPTS {
             let Some((held, rev)) = self.sagas.get::<pb::SiteLease>(&key).await? else {
                 match self.sagas.create(&key, &lease).await? {

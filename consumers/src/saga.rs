@@ -301,6 +301,7 @@ fn after_os(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
         site_id: saga.site_id.clone(),
         nodes: ready,
         binaries: packages_of(saga, pb::PackageKind::Binary),
+        join_existing: saga.join,
     };
     push_job(saga, &job, &cause.derive("install_binaries", None));
 }

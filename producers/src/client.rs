@@ -53,7 +53,7 @@ pub async fn register_package(
     let checked = Package::try_from(pkg.clone()).context("invalid package")?;
     let bus = connect(url).await?;
     let env = Envelope::root();
-    bus.publish_command(&pb::RegisterPackage { package: Some(pkg) }, &env).await?;
+    bus.publish_command(&pb::RegisterPackage { package: Some(pkg), auto_rollout: None }, &env).await?;
     println!("RegisterPackage {}@{} published (id {})", checked.name, checked.version, env.id);
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,7 @@
 //! The client commands ([`client`]) use only `bus-schema`; `up` and `serve` wire in the
 //! consumers and site gateways, which is why this crate depends on them.
 
+pub mod bench;
 pub mod client;
 pub mod design;
 pub mod embedded;

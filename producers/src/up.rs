@@ -111,7 +111,7 @@ async fn register_demo(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<()> 
         // Fixed ids: running `up` again does not register twice.
         let id =
             bus_schema::ids::derived_id("landfall-up", "register_package", Some(&format!("{}@{}", p.name, p.version)));
-        bus.publish_command(&pb::RegisterPackage { package: Some(p) }, &Envelope::root_with_id(id)).await?;
+        bus.publish_command(&pb::RegisterPackage { package: Some(p), auto_rollout: None }, &Envelope::root_with_id(id)).await?;
     }
     for d in designs {
         let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(d)) };

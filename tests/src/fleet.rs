@@ -194,7 +194,7 @@ impl Fleet {
         let mut last_package = Envelope::root();
         for p in demo_packages() {
             last_package = Envelope::root();
-            self.bus.publish_command(&pb::RegisterPackage { package: Some(p) }, &last_package).await.unwrap();
+            self.bus.publish_command(&pb::RegisterPackage { package: Some(p), auto_rollout: None }, &last_package).await.unwrap();
         }
         if wait {
             // Fleet-wide commands are handled in order: the last one registered means all are.
