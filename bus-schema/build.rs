@@ -43,6 +43,7 @@ fn main() {
         ("landfall.v1.NodeObserved.role", "role"),
         ("landfall.v1.NodeReady.role", "role"),
         ("landfall.v1.ObservedPackage.kind", "package_kind"),
+        ("landfall.v1.ObservedVersion.kind", "package_kind"),
         ("landfall.v1.RoleArtifacts.role", "role"),
     ] {
         config.field_attribute(field, format!("#[serde(serialize_with = \"crate::pb::json::{with}\")]"));

@@ -59,6 +59,8 @@ pub mod headers {
     pub const TRACEPARENT: &str = "traceparent";
     /// On a request/reply answer: the request failed, and this says why (the body is empty).
     pub const REPLY_ERROR: &str = "Landfall-Error";
+    /// Set by JetStream KV on a delete or purge marker (`DEL`, `PURGE`).
+    pub const KV_OPERATION: &str = "KV-Operation";
 }
 
 /// The position of the scope in a command subject (`landfall.cmd.<kind>.<scope>`).
@@ -161,19 +163,23 @@ pub mod keys {
         format!("kubeconfig.{site}")
     }
 
-    /// Every observed-node key starts with this (`landfall-observed`).
+    /// Every observed-package key starts with this (`landfall-observed`).
     pub const OBSERVED_PREFIX: &str = "node.";
-    /// What one node runs, as observed (`landfall-observed`).
-    pub fn observed(site: &str, node: &str) -> String {
-        format!("{OBSERVED_PREFIX}{site}.{node}")
+    /// What one node runs of one package, as observed (`landfall-observed`).
+    pub fn observed(site: &str, node: &str, package: &str) -> String {
+        format!("{OBSERVED_PREFIX}{site}.{node}.{}", escape(package))
     }
-    /// Every observed node of one site.
+    /// Every observed package of one site.
     pub fn observed_site_prefix(site: &str) -> String {
         format!("{OBSERVED_PREFIX}{site}.")
     }
-    /// The (site, node) of an [`observed`] key.
-    pub fn observed_of(key: &str) -> Option<(&str, &str)> {
-        key.strip_prefix(OBSERVED_PREFIX)?.split_once('.')
+    /// Every observed package of one node.
+    pub fn observed_node_prefix(site: &str, node: &str) -> String {
+        format!("{OBSERVED_PREFIX}{site}.{node}.")
+    }
+    /// A key pattern matching one package on every node of every site.
+    pub fn observed_package_everywhere(package: &str) -> String {
+        format!("{OBSERVED_PREFIX}*.*.{}", escape(package))
     }
 
     /// Every package policy key starts with this (`landfall-packages`).
@@ -188,6 +194,10 @@ pub mod keys {
     /// A rollout's state.
     pub fn rollout(id: &str) -> String {
         format!("{ROLLOUT_PREFIX}{id}")
+    }
+    /// A key pattern matching every rollout's state (not its plan or site keys).
+    pub fn every_rollout() -> String {
+        format!("{ROLLOUT_PREFIX}*")
     }
     /// The rollout id of a [`rollout`] key (not of its plan or site keys).
     pub fn rollout_of(key: &str) -> Option<&str> {

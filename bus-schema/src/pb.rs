@@ -116,6 +116,7 @@ bus_message!(
     SiteLease,
     SealedSecret,
     NodeObserved,
+    ObservedVersion,
     PackagePolicy,
     Rollout,
     RolloutPlanChunk,

@@ -203,11 +203,57 @@ pub fn observed_versions<'a>(package: &str, records: impl IntoIterator<Item = &'
         .collect()
 }
 
+/// Orders versions the way people read them: numeric parts as numbers, others as text, so
+/// `1.29.10` is newer than `1.29.9` and `22.04.4` newer than `22.04`.
+pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    let parts = |s: &str| -> Vec<String> { s.split(|c: char| !c.is_ascii_alphanumeric()).map(str::to_owned).collect() };
+    let (pa, pb) = (parts(a), parts(b));
+    for i in 0..pa.len().max(pb.len()) {
+        let (x, y) = (pa.get(i), pb.get(i));
+        let ord = match (x, y) {
+            (None, _) => std::cmp::Ordering::Less,
+            (_, None) => std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => match (x.parse::<u64>(), y.parse::<u64>()) {
+                (Ok(x), Ok(y)) => x.cmp(&y),
+                _ => x.cmp(y),
+            },
+        };
+        if ord != std::cmp::Ordering::Equal {
+            return ord;
+        }
+    }
+    std::cmp::Ordering::Equal
+}
+
+/// Which nodes a plan takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Direction {
+    /// Every node at another version.
+    #[default]
+    Any,
+    /// Only nodes at an older version: an upgrade never downgrades a node that is ahead.
+    OnlyOlder,
+}
+
 /// Plans moving `name` to `version`: every node of the selected sites whose role's package set
-/// holds `name`, that has reported what it runs, and runs another version.
+/// holds `name`, that has reported what it runs, and runs another version (an older one, with
+/// [`Direction::OnlyOlder`]).
 pub fn plan(
     name: &PackageName,
     version: &Version,
+    selector: &pb::SiteSelector,
+    strategy: &Strategy,
+    sites: &[SiteDesign],
+    observed: &ObservedVersions,
+) -> Result<Plan, InvalidField> {
+    plan_with(name, version, Direction::Any, selector, strategy, sites, observed)
+}
+
+/// [`plan`], choosing the direction.
+pub fn plan_with(
+    name: &PackageName,
+    version: &Version,
+    direction: Direction,
     selector: &pb::SiteSelector,
     strategy: &Strategy,
     sites: &[SiteDesign],
@@ -225,6 +271,12 @@ pub fn plan(
             match observed.get(&(site.site.to_string(), node.name.to_string())) {
                 None => not_installed += 1,
                 Some(Some(v)) if v == version.as_str() => at_target += 1,
+                Some(Some(v))
+                    if direction == Direction::OnlyOlder
+                        && version_cmp(v, version.as_str()) == std::cmp::Ordering::Greater =>
+                {
+                    at_target += 1
+                }
                 Some(v) => nodes.push(PlannedNode {
                     spec: pb::NodeSpec::from(node),
                     from_version: v.clone().unwrap_or_default(),
@@ -321,6 +373,26 @@ mod tests {
     fn go(selector: pb::SiteSelector, st: &Strategy, sites: &[SiteDesign], obs: &ObservedVersions) -> Plan {
         let name = PackageName::try_from("kubelet").unwrap();
         plan(&name, &Version::try_from("1.30.0").unwrap(), &selector, st, sites, obs).unwrap()
+    }
+
+    #[test]
+    fn versions_order_as_people_read_them() {
+        use std::cmp::Ordering::*;
+        assert_eq!(version_cmp("1.29.10", "1.29.9"), Greater);
+        assert_eq!(version_cmp("22.04", "22.04.4"), Less);
+        assert_eq!(version_cmp("1.29.2", "1.29.2"), Equal);
+        assert_eq!(version_cmp("3.27.2", "3.28.0"), Less);
+    }
+
+    #[test]
+    fn only_older_never_downgrades() {
+        let sites = vec![site("edge-01", &[], 2)];
+        let mut obs = observed_all(&sites, "1.29.2");
+        obs.insert(("edge-01".into(), "node-2".into()), Some("1.31.0".into()));
+        let (name, v) = (PackageName::try_from("kubelet").unwrap(), Version::try_from("1.30.0").unwrap());
+        let st = strategy(Default::default());
+        let p = plan_with(&name, &v, Direction::OnlyOlder, &Default::default(), &st, &sites, &obs).unwrap();
+        assert_eq!((p.planned_nodes, p.nodes_at_target), (1, 1));
     }
 
     #[test]

@@ -182,6 +182,29 @@ impl Envelope {
     }
 }
 
+/// A message ready to publish with [`Bus::publish_all`].
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub subject: String,
+    pub type_name: String,
+    pub payload: Bytes,
+    pub envelope: Envelope,
+}
+
+impl Outgoing {
+    pub fn event<E: BusEvent>(evt: &E, envelope: Envelope) -> Self {
+        Self::new(evt.subject(), evt, envelope)
+    }
+
+    pub fn job<J: BusJob>(job: &J, envelope: Envelope) -> Self {
+        Self::new(job.subject(), job, envelope)
+    }
+
+    pub fn new<M: BusMessage>(subject: String, msg: &M, envelope: Envelope) -> Self {
+        Self { subject, type_name: M::TYPE.to_string(), payload: Bytes::from(msg.encode_to_vec()), envelope }
+    }
+}
+
 /// A connection to the bus.
 #[derive(Clone)]
 pub struct Bus {
@@ -355,6 +378,25 @@ impl Bus {
             debug!(%subject, id = %envelope.id, "duplicate publish dropped by the stream");
         }
         Ok(ack)
+    }
+
+    /// Publishes every message, pipelined: all are sent, then every PubAck is awaited. Order
+    /// on the wire is the order given. Returns once all are stored (or the first error).
+    pub async fn publish_all(&self, messages: Vec<Outgoing>) -> Result<(), BusError> {
+        let mut acks = Vec::with_capacity(messages.len());
+        for m in messages {
+            if m.payload.len() > names::MAX_PAYLOAD {
+                return Err(BusError::TooLarge { subject: m.subject, size: m.payload.len(), max: names::MAX_PAYLOAD });
+            }
+            let ack = self
+                .js
+                .publish_with_headers(m.subject.clone(), m.envelope.headers(&m.type_name), m.payload)
+                .await
+                .map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
+            acks.push(async move { ack.await.map_err(|e| BusError::Publish { subject: m.subject, source: boxed(e) }) });
+        }
+        futures::future::try_join_all(acks).await?;
+        Ok(())
     }
 
     pub async fn publish<M: BusMessage>(
@@ -562,10 +604,18 @@ impl Kv {
     /// last message per key. Thousands of entries cost one round trip per batch, not one per key.
     /// Entries that do not decode as `M` are skipped with a warning.
     pub async fn scan<M: prost::Message + Default>(&self, prefix: &str) -> Result<Vec<(String, M, u64)>, BusError> {
-        let err = |e: BoxError| self.err("scan", prefix, e);
+        self.scan_matching(&format!("{prefix}>")).await
+    }
+
+    /// Like [`Kv::scan`], for every key matching a NATS wildcard pattern (`node.*.*.kubelet`).
+    pub async fn scan_matching<M: prost::Message + Default>(
+        &self,
+        pattern: &str,
+    ) -> Result<Vec<(String, M, u64)>, BusError> {
+        let err = |e: BoxError| self.err("scan", pattern, e);
         let subject_prefix = &self.store.prefix; // "$KV.<bucket>."
         let config = consumer::pull::OrderedConfig {
-            filter_subject: format!("{subject_prefix}{prefix}>"),
+            filter_subject: format!("{subject_prefix}{pattern}"),
             deliver_policy: consumer::DeliverPolicy::LastPerSubject,
             ..Default::default()
         };
@@ -579,13 +629,13 @@ impl Kv {
         while remaining > 0 {
             let Some(msg) = messages.next().await else { break };
             let msg = msg.map_err(|e| err(boxed(e)))?;
-            let info = msg.info().map_err(|e| err(e))?;
+            let info = msg.info().map_err(err)?;
             remaining = info.pending;
             let revision = info.stream_sequence;
             let deleted = msg
                 .headers
                 .as_ref()
-                .and_then(|h| h.get("KV-Operation"))
+                .and_then(|h| h.get(headers::KV_OPERATION))
                 .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
             let Some(key) = msg.subject.as_str().strip_prefix(subject_prefix.as_str()) else { continue };
             if deleted {
@@ -625,6 +675,25 @@ pub async fn package_refs(packages: &Kv) -> Result<std::collections::BTreeSet<cr
         .filter_map(|(_, p, _)| crate::domain::Package::try_from(p).ok())
         .map(|p| p.reference())
         .collect())
+}
+
+/// What nodes run, as observed (`landfall-observed`), one record per node with every package
+/// reported for it, for keys starting with `prefix` (e.g. [`names::keys::observed_site_prefix`]).
+pub async fn observed_nodes(observed: &Kv, prefix: &str) -> Result<Vec<pb::NodeObserved>, BusError> {
+    let mut nodes: std::collections::BTreeMap<(String, String), pb::NodeObserved> = Default::default();
+    for (_, v, _) in observed.scan::<pb::ObservedVersion>(prefix).await? {
+        let n = nodes.entry((v.site_id.clone(), v.node.clone())).or_insert_with(|| pb::NodeObserved {
+            site_id: v.site_id.clone(),
+            node: v.node.clone(),
+            ..Default::default()
+        });
+        if v.updated_unix_ms > n.updated_unix_ms {
+            n.updated_unix_ms = v.updated_unix_ms;
+            n.last_event_id = v.event_id.clone();
+        }
+        n.packages.push(pb::ObservedPackage { name: v.name, version: v.version, kind: v.kind });
+    }
+    Ok(nodes.into_values().collect())
 }
 
 /// A message as a handler sees it.
@@ -770,6 +839,10 @@ pub struct ConsumerSpec {
     /// With `ordered_by_token`: the token value that orders against everything (for commands,
     /// `fleet`: a package registration stays ahead of the installs that need it).
     pub barrier_token: Option<String>,
+    /// When set, messages with the same correlation id (the same root command: one saga, one
+    /// rollout) are handled one after another in stream order. Takes the place of
+    /// `ordered_by_token`.
+    pub ordered_by_correlation: bool,
 }
 
 impl ConsumerSpec {
@@ -783,6 +856,7 @@ impl ConsumerSpec {
             reject_as,
             ordered_by_token: None,
             barrier_token: None,
+            ordered_by_correlation: false,
         }
     }
 
@@ -790,6 +864,12 @@ impl ConsumerSpec {
     pub fn ordered_by_token(mut self, index: usize, barrier: Option<&str>) -> Self {
         self.ordered_by_token = Some(index);
         self.barrier_token = barrier.map(str::to_owned);
+        self
+    }
+
+    /// Handle messages of one correlation id in order; see [`ConsumerSpec::ordered_by_correlation`].
+    pub fn ordered_by_correlation(mut self) -> Self {
+        self.ordered_by_correlation = true;
         self
     }
 
@@ -857,7 +937,11 @@ pub async fn consume<H: Handler>(
             match next {
                 Some(Ok(msg)) => {
                     let (bus, spec, handler) = (bus.clone(), spec.clone(), handler.clone());
-                    let key = spec.ordered_by_token.and_then(|i| msg.subject.split('.').nth(i)).map(str::to_owned);
+                    let key = if spec.ordered_by_correlation {
+                        msg.headers.as_ref().and_then(|h| h.get(headers::CORRELATION_ID)).map(|v| v.as_str().to_owned())
+                    } else {
+                        spec.ordered_by_token.and_then(|i| msg.subject.split('.').nth(i)).map(str::to_owned)
+                    };
                     let (before, done) = order.enqueue(key, spec.barrier_token.as_deref());
                     in_flight.spawn(async move {
                         // Messages ahead of this one are handled first (their senders drop then).

@@ -1,15 +1,20 @@
 //! Independent consumers of the landfall bus.
 //!
 //! - [`orchestrator`]: runs InstallSite sagas (state in KV, advanced with compare-and-set).
+//! - [`observer`]: keeps `landfall-observed` (what each node runs) from what gateways report.
 //! - [`kubeconfig`]: collects each site's kubeconfig and stores it sealed.
 //! - [`saga`]: the pure decision logic the orchestrator executes.
 //! - [`secrets`]: AEAD sealing under a key from a [`secrets::KeyProvider`].
 
 pub mod failpoint;
 pub mod kubeconfig;
+pub mod lease;
+pub mod observer;
 pub mod orchestrator;
+pub mod rollout;
 pub mod saga;
 pub mod secrets;
 
 pub use kubeconfig::run_kubeconfig;
+pub use observer::run_observer;
 pub use orchestrator::run_orchestrator;

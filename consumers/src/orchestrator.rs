@@ -15,13 +15,12 @@ use bus_schema::runtime::{self, Bus, Cas, ConsumerSpec, Delivery, Envelope, Hand
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::lease::{self, Holder};
+use crate::rollout::{self, Rollouts};
 use crate::saga::{self, Decision, Input};
 
 /// How long a command for a site that is busy with another saga waits before it is tried again.
 const LEASE_RETRY: Duration = Duration::from_secs(1);
-/// How long a lease whose saga record does not exist yet is presumed to belong to a replica
-/// that is between taking the lease and writing the saga (longer than any ack wait).
-const LEASE_GRACE: Duration = Duration::from_secs(60);
 /// How many times a compare-and-set race is retried inside one delivery.
 const CAS_ATTEMPTS: usize = 64;
 
@@ -39,6 +38,7 @@ pub struct Orchestrator {
     sites: Kv,
     packages: Kv,
     sagas: Kv,
+    pub rollouts: Rollouts,
 }
 
 impl Orchestrator {
@@ -47,6 +47,7 @@ impl Orchestrator {
             sites: bus.kv(names::SITES_BUCKET).await?,
             packages: bus.kv(names::PACKAGES_BUCKET).await?,
             sagas: bus.kv(names::SAGAS_BUCKET).await?,
+            rollouts: Rollouts::new(bus.clone()).await?,
             bus,
         })
     }
@@ -83,8 +84,46 @@ impl Orchestrator {
                 }
             }
         }
-        let evt = pb::PackageRegistered { package: Some(entry) };
+        if let Some(auto) = cmd.auto_rollout {
+            let policy = pb::PackagePolicy {
+                name: pkg.name.to_string(),
+                auto_rollout: Some(auto),
+                command_id: d.envelope.id.clone(),
+            };
+            self.packages.put(&keys::policy(pkg.name.as_str()), &policy).await?;
+        }
+        let evt = pb::PackageRegistered { package: Some(entry.clone()) };
         self.bus.publish_event(&evt, &d.envelope.derive("package_registered", None)).await?;
+        self.auto_rollout(d, &entry).await
+    }
+
+    /// A newly registered version of a package with an enabled auto-rollout policy starts a
+    /// rollout to it, for the nodes that run an older one, when it is the newest registered.
+    async fn auto_rollout(&self, d: &Delivery, entry: &pb::Package) -> Result<(), HandlerError> {
+        let Some((policy, _)) = self.packages.get::<pb::PackagePolicy>(&keys::policy(&entry.name)).await? else {
+            return Ok(());
+        };
+        let Some(auto) = policy.auto_rollout.filter(|a| a.enabled) else { return Ok(()) };
+        let newest = runtime::package_refs(&self.packages)
+            .await?
+            .into_iter()
+            .filter(|r| r.name.as_str() == entry.name)
+            .all(|r| bus_schema::rollout::version_cmp(r.version.as_str(), &entry.version).is_le());
+        if !newest {
+            debug!(package = %entry.name, version = %entry.version, "not the newest version: no auto-rollout");
+            return Ok(());
+        }
+        let cmd = pb::PatchPackage {
+            name: entry.name.clone(),
+            version: entry.version.clone(),
+            selector: auto.selector,
+            strategy: auto.strategy,
+            only_older: true,
+            trigger: format!("auto-rollout of {}@{}", entry.name, entry.version),
+        };
+        let env = d.envelope.derive("auto_rollout", None);
+        info!(package = %entry.name, version = %entry.version, rollout = %env.id, "auto-rollout starts");
+        self.bus.publish_command(&cmd, &env).await?;
         Ok(())
     }
 
@@ -193,7 +232,7 @@ impl Orchestrator {
         let resolved = saga::resolve(&design, &self.catalog_for(&design).await?)
             .map_err(|r| HandlerError::reject(r.code, r.reason))?;
 
-        self.acquire_lease(&site, &d.envelope.id).await?;
+        lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
         let new = saga::start(&d.envelope, &design, resolved, now_ms());
         match self.sagas.create(&saga_key, &new).await? {
             Cas::Written(rev) => {
@@ -209,51 +248,6 @@ impl Orchestrator {
                     self.settle(&saga_key, existing, rev).await?;
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// Takes the site's lease for `saga_id`, or asks for a redelivery while another live saga
-    /// holds it. A lease whose saga has ended (its holder died before releasing it) is taken over.
-    async fn acquire_lease(&self, site: &str, saga_id: &str) -> Result<(), HandlerError> {
-        let key = keys::site_lease(site);
-        let lease =
-            pb::SiteLease { site_id: site.to_string(), saga_id: saga_id.to_string(), acquired_unix_ms: now_ms(), ..Default::default() };
-        for _ in 0..CAS_ATTEMPTS {
-            let Some((held, rev)) = self.sagas.get::<pb::SiteLease>(&key).await? else {
-                match self.sagas.create(&key, &lease).await? {
-                    Cas::Written(_) => return Ok(()),
-                    Cas::Conflict => continue,
-                }
-            };
-            if held.saga_id == saga_id {
-                return Ok(());
-            }
-            let holder = self.sagas.get::<pb::InstallSaga>(&keys::saga(&held.saga_id)).await?;
-            let busy = match &holder {
-                Some((s, _)) => !saga::is_terminal(s),
-                // Taken, but no saga yet: its taker may still be about to write it.
-                None => now_ms().saturating_sub(held.acquired_unix_ms) < LEASE_GRACE.as_millis() as i64,
-            };
-            if busy {
-                return Err(HandlerError::Wait {
-                    reason: format!("site {site} is busy with saga {}", held.saga_id),
-                    delay: LEASE_RETRY,
-                });
-            }
-            if let Cas::Written(_) = self.sagas.update(&key, &lease, rev).await? {
-                return Ok(());
-            }
-        }
-        Err(HandlerError::Transient(format!("site {site} lease kept changing")))
-    }
-
-    async fn release_lease(&self, site: &str, saga_id: &str) -> Result<(), HandlerError> {
-        let key = keys::site_lease(site);
-        if let Some((held, rev)) = self.sagas.get::<pb::SiteLease>(&key).await?
-            && held.saga_id == saga_id
-        {
-            self.sagas.delete_if(&key, rev).await?;
         }
         Ok(())
     }
@@ -282,7 +276,7 @@ impl Orchestrator {
             }
         }
         if saga::is_terminal(&saga) {
-            self.release_lease(&saga.site_id, &saga.saga_id).await?;
+            lease::release(&self.sagas, &saga.site_id, Holder::Saga(&saga.saga_id)).await?;
         }
         Ok(())
     }
@@ -400,7 +394,11 @@ impl runtime::Handler for Commands {
             pb::RegisterPackage::KIND => self.0.register_package(d).await,
             pb::InstallSite::KIND => self.0.install_site(d).await,
             pb::ApplyDesign::KIND => self.0.apply_design(d).await,
-            pb::NodeAdded::KIND | pb::PatchPackage::KIND => Err(HandlerError::reject(
+            pb::PatchPackage::KIND => self.0.rollouts.patch_package(d).await,
+            pb::PauseRollout::KIND => self.0.rollouts.pause(d).await,
+            pb::ResumeRollout::KIND => self.0.rollouts.resume(d).await,
+            pb::CancelRollout::KIND => self.0.rollouts.cancel(d).await,
+            pb::NodeAdded::KIND => Err(HandlerError::reject(
                 pb::RejectCode::Unsupported,
                 format!("{} is accepted by the schema but this orchestrator does not carry it out yet", d.type_name),
             )),
@@ -412,6 +410,29 @@ impl runtime::Handler for Commands {
 impl runtime::Handler for Events {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
         self.0.on_event(d).await
+    }
+}
+
+struct RolloutEvents(Arc<Orchestrator>);
+
+impl runtime::Handler for RolloutEvents {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        self.0.rollouts.on_site_patched(d).await
+    }
+}
+
+/// Looks at the rollouts under way every [`rollout::TICK`] until `shutdown`.
+async fn tick_rollouts(orchestrator: Arc<Orchestrator>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(rollout::TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(e) = orchestrator.rollouts.tick().await {
+            warn!(error = %e, "rollout tick failed; trying again");
+        }
     }
 }
 
@@ -439,14 +460,27 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
     // One site's events, one at a time: they all land on that site's saga record, and taking
     // turns beats losing compare-and-set races. Sites still run in parallel.
     .ordered_by_token(names::EVENT_SCOPE_TOKEN, None);
+    let rollouts = ConsumerSpec::new(
+        names::EVENTS_STREAM,
+        names::ORCHESTRATOR_ROLLOUTS,
+        vec![pb::SitePatched::filter()],
+        RejectAs::Message { consumer: names::ORCHESTRATOR_ROLLOUTS.to_string() },
+    )
+    // One rollout's reports in turn: they all count on that rollout's record.
+    .ordered_by_correlation()
+    .concurrency(256);
+    let ticks = tokio::spawn(tick_rollouts(orchestrator.clone(), shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
-    let e = runtime::consume(bus, events, Arc::new(Events(orchestrator)), shutdown);
-    let (c, e) = tokio::join!(c, e);
+    let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());
+    let r = runtime::consume(bus, rollouts, Arc::new(RolloutEvents(orchestrator)), shutdown);
+    let (c, e, r) = tokio::join!(c, e, r);
     if let Err(err) = &c {
         warn!(error = %err, "command consumer stopped");
     }
+    let _ = ticks.await;
     c?;
     e?;
+    r?;
     Ok(())
 }
 

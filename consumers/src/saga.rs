@@ -99,7 +99,7 @@ pub fn resolve(design: &SiteDesign, catalog: &BTreeMap<String, Package>) -> Resu
     Ok(Resolved { packages })
 }
 
-fn outbox_entry<M: BusMessage>(subject: String, msg: &M, env: &Envelope) -> pb::OutboxEntry {
+pub(crate) fn outbox_entry<M: BusMessage>(subject: String, msg: &M, env: &Envelope) -> pb::OutboxEntry {
     pb::OutboxEntry {
         subject,
         message_type: M::TYPE.to_string(),

@@ -16,8 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Subcommand)]
 pub enum ServeCommand {
-    /// The provisioning orchestrator (InstallSite sagas).
+    /// The provisioning orchestrator (install and node-join sagas, rollouts).
     Orchestrator,
+    /// The observer: keeps landfall-observed (what each node runs) from gateway reports.
+    Observer,
     /// The kubeconfig collector.
     Kubeconfig(KeyArgs),
     /// A site gateway over a simulated site built from the site's registered design.
@@ -88,6 +90,10 @@ pub async fn run(cmd: ServeCommand, url: &str) -> anyhow::Result<ExitCode> {
         ServeCommand::Orchestrator => {
             let bus = connect_service(url, "landfall-orchestrator").await?;
             consumers::run_orchestrator(bus, shutdown).await?;
+        }
+        ServeCommand::Observer => {
+            let bus = connect_service(url, "landfall-observer").await?;
+            consumers::run_observer(bus, shutdown).await?;
         }
         ServeCommand::Kubeconfig(keys) => {
             let provider = keys.provider()?;

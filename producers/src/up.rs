@@ -161,6 +161,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let mut services = JoinSet::new();
     services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
     services.spawn(consumers::run_kubeconfig(bus.clone(), key.clone(), shutdown.clone()));
+    services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
     for d in &designs {
         let backend = Arc::new(SimSite::new(d.site.as_str(), &d.nodes, sim.clone()));
         services.spawn(site_gateway::run_gateway(d.site.clone(), bus.clone(), backend, shutdown.clone()));
@@ -201,7 +202,7 @@ fn print_banner(args: &UpArgs, url: &str, nats: Option<&NatsChild>, designs: &[S
     println!(
         "\nlandfall is up
   nats       {nats_line}
-  services   orchestrator, kubeconfig collector, {n} site gateways
+  services   orchestrator, kubeconfig collector, observer, {n} site gateways
   sites      {first} .. {last}: {nodes} nodes each, simulated Metal3 + BPA ({scale}x real time)
   data key   {key} ({keyfile})
 

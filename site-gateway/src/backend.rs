@@ -6,7 +6,7 @@
 use std::fmt;
 use std::future::Future;
 
-use bus_schema::domain::{NodeDesign, Package, Role};
+use bus_schema::domain::{NodeDesign, Package, PackageRef, Role};
 use tokio::sync::mpsc;
 
 /// `status.provisioning.state` of a Metal3 BareMetalHost (upstream state machine).
@@ -77,6 +77,15 @@ impl ImageSpec {
 pub struct HostRequest {
     pub node: NodeDesign,
     pub image: ImageSpec,
+    /// The image's catalog identity, so the backend can say which version a host runs.
+    pub package: PackageRef,
+}
+
+impl HostRequest {
+    /// Provision `node` with the os-image `image`.
+    pub fn new(node: NodeDesign, image: &Package) -> Self {
+        Self { node, image: ImageSpec::from_package(image), package: image.reference() }
+    }
 }
 
 /// Install the cluster binaries (BPA `Provisioning`: masters and workers by MAC).
@@ -84,6 +93,8 @@ pub struct HostRequest {
 pub struct ClusterRequest {
     pub nodes: Vec<NodeDesign>,
     pub binaries: Vec<Package>,
+    /// The nodes join the site's existing cluster instead of forming one.
+    pub join_existing: bool,
 }
 
 impl ClusterRequest {
@@ -107,6 +118,26 @@ pub struct NodeInstall {
     pub role: Role,
     /// `None` when installed, the reason otherwise.
     pub failure: Option<String>,
+}
+
+/// Bring one provisioned node to a package version: reimage it (os-image), replace one of its
+/// binaries (binary), or apply the package to its cluster (container).
+#[derive(Debug, Clone)]
+pub struct PatchRequest {
+    pub node: NodeDesign,
+    pub package: Package,
+    /// The binaries of the node's role, installed again once an os-image reimage wiped its disks.
+    pub reinstall: Vec<Package>,
+}
+
+/// What a patch found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchOutcome {
+    /// The version the node ran before, when it ran the package at all. When nothing changed,
+    /// that is the version asked for.
+    pub from_version: Option<String>,
+    /// `false` when the node already ran the version: nothing was done.
+    pub changed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -139,6 +170,9 @@ pub trait SiteBackend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Installs the cluster binaries on the nodes; the result has one entry per node.
+    ///
+    /// # Errors
+    /// `Transient` when the nodes are to join the site's cluster and it does not exist yet.
     fn install_binaries(
         &self,
         req: &ClusterRequest,
@@ -149,4 +183,18 @@ pub trait SiteBackend: Send + Sync + 'static {
 
     /// Applies container packages (bundles of manifests) to the application cluster.
     fn apply_container_packages(&self, packages: &[Package]) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Brings one node to the package's version and says what it ran before. A node already
+    /// there is left alone (`changed: false`), so a redelivered patch job does nothing twice.
+    ///
+    /// # Errors
+    /// `Permanent` when the node is not provisioned or the patch failed on it (it keeps its old
+    /// version); `HostFailed` when Metal3 failed the reimage; `Transient` when the site cannot
+    /// take it now (e.g. no cluster for a container).
+    fn patch_node(&self, req: &PatchRequest) -> impl Future<Output = Result<PatchOutcome, BackendError>> + Send;
+
+    /// Hosts that appeared at the site after the backend started (a new BareMetalHost): every
+    /// one so far, then each new one as it appears. A subscriber that comes back after a restart
+    /// hears them all again, so whoever announces them must do so idempotently.
+    fn host_arrivals(&self) -> mpsc::UnboundedReceiver<NodeDesign>;
 }

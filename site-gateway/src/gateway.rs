@@ -1,17 +1,21 @@
-//! Jobs in, events out.
+//! Jobs in, events out; host arrivals out as `NodeAdded` commands.
 
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use bus_schema::domain::{NodeDesign, Package, Role, SiteId};
-use bus_schema::names;
 use bus_schema::pb::{self, BusJob, BusMessage};
-use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, Envelope, HandlerError, RejectAs};
+use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, Envelope, ErrorKind, HandlerError, RejectAs};
+use bus_schema::{ids, names};
+use bytes::Bytes;
 use futures::StreamExt;
+use futures::future::join_all;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::backend::{BackendError, ClusterRequest, HostRequest, ImageSpec, SiteBackend};
+use crate::backend::{BackendError, ClusterRequest, HostRequest, PatchRequest, SiteBackend};
 
 /// The gateway of one site.
 pub struct Gateway<B> {
@@ -78,8 +82,8 @@ impl<B: SiteBackend> Gateway<B> {
         self.check_site(&job)?;
         let node = NodeDesign::try_from(job.node.unwrap_or_default()).map_err(invalid)?;
         let image = Package::try_from(job.image.unwrap_or_default()).map_err(invalid)?;
-        let image_name = format!("{}@{}", image.name, image.version);
-        let req = HostRequest { node: node.clone(), image: ImageSpec::from_package(&image) };
+        let req = HostRequest::new(node.clone(), &image);
+        let image_name = req.package.key();
 
         // Every state the host passes through becomes an event, in order, while it provisions.
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -133,10 +137,10 @@ impl<B: SiteBackend> Gateway<B> {
     async fn install_binaries(&self, d: &Delivery) -> Result<(), HandlerError> {
         let job: pb::InstallBinaries = d.decode()?;
         self.check_site(&job)?;
-        let nodes = job.nodes.into_iter().map(NodeDesign::try_from).collect::<Result<Vec<_>, _>>().map_err(invalid)?;
+        let nodes = nodes(job.nodes)?;
         let binaries = packages(job.binaries)?;
         let refs: Vec<pb::PackageRef> = binaries.iter().map(|p| pb::PackageRef::from(&p.reference())).collect();
-        let req = ClusterRequest { nodes, binaries };
+        let req = ClusterRequest { nodes, binaries, join_existing: job.join_existing };
         let results = match self.backend.install_binaries(&req).await {
             Ok(r) => r,
             Err(e) => return self.backend_failed(d, pb::InstallBinaries::KIND, e).await,
@@ -177,12 +181,104 @@ impl<B: SiteBackend> Gateway<B> {
                 }
             }
         }
+        if req.join_existing {
+            // The cluster exists: its masters need not be among the nodes that join it.
+            let joined = ready.masters.len() + ready.workers.len();
+            info!(site = %self.site, joined, failed = ready.failed.len(), "nodes joined the cluster");
+            return Ok(());
+        }
         if ready.masters.is_empty() {
             let reason = "no master has its binaries: the cluster cannot form".to_string();
             return self.job_failed(d, pb::InstallBinaries::KIND, reason).await;
         }
         info!(site = %self.site, masters = ready.masters.len(), workers = ready.workers.len(), "cluster ready");
         self.publish(&ready, &d.envelope.derive("cluster_ready", None)).await
+    }
+
+    /// Patches the job's nodes batch after batch, each batch's nodes at once; once more nodes
+    /// have failed than the job allows, the nodes not started yet are skipped.
+    async fn patch(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let job: pb::PatchNodes = d.decode()?;
+        self.check_site(&job)?;
+        let package = Package::try_from(job.package.unwrap_or_default()).map_err(invalid)?;
+        let reinstall = reinstall_by_role(job.reinstall)?;
+        let site_patched = pb::SitePatched {
+            site_id: self.site.to_string(),
+            rollout_id: job.rollout_id.clone(),
+            plan_index: job.plan_index,
+            package: Some(pb::PackageRef::from(&package.reference())),
+            ..Default::default()
+        };
+        let mut run = PatchRun::new(nodes(job.nodes)?, job.max_unavailable, job.max_failures, site_patched);
+        loop {
+            let batch = run.next_batch();
+            if batch.is_empty() {
+                break;
+            }
+            // Every node of the batch runs to its end even when another's error will NAK the
+            // job: a reimage abandoned halfway would only be redone on the redelivery.
+            let patches = batch.iter().map(|node| {
+                let reinstall = reinstall.get(&node.role).cloned().unwrap_or_default();
+                let req = PatchRequest { node: node.clone(), package: package.clone(), reinstall };
+                self.patch_node(d, &job.rollout_id, req)
+            });
+            for (node, failure) in batch.iter().zip(join_all(patches).await) {
+                run.record(node, failure?);
+            }
+        }
+        let done = run.finish();
+        info!(
+            site = %self.site,
+            rollout = %done.rollout_id,
+            package = %package.reference().key(),
+            patched = done.patched.len(),
+            failed = done.failed.len(),
+            skipped = done.skipped.len(),
+            "site patched"
+        );
+        self.publish(&done, &d.envelope.derive("site_patched", None)).await
+    }
+
+    /// Patches one node and publishes what became of it: `Some(reason)` when the patch failed.
+    /// A transient backend error is returned, to NAK the job: patches are idempotent and
+    /// event ids derived, so the redelivery does nothing twice.
+    async fn patch_node(
+        &self,
+        d: &Delivery,
+        rollout_id: &str,
+        req: PatchRequest,
+    ) -> Result<Option<String>, HandlerError> {
+        let node = req.node.name.as_str();
+        let package = Some(pb::PackageRef::from(&req.package.reference()));
+        match self.backend.patch_node(&req).await {
+            Ok(outcome) => {
+                let (changed, from) = (outcome.changed, outcome.from_version.as_deref());
+                debug!(site = %self.site, node, changed, from, "node patched");
+                let evt = pb::NodePatched {
+                    site_id: self.site.to_string(),
+                    node: node.to_string(),
+                    rollout_id: rollout_id.to_string(),
+                    package,
+                    from_version: outcome.from_version.unwrap_or_default(),
+                };
+                self.publish(&evt, &d.envelope.derive("node_patched", Some(node))).await?;
+                Ok(None)
+            }
+            Err(BackendError::Transient(e)) => Err(HandlerError::Transient(e)),
+            Err(e) => {
+                let reason = e.to_string();
+                warn!(site = %self.site, node, %reason, "node patch failed");
+                let evt = pb::NodePatchFailed {
+                    site_id: self.site.to_string(),
+                    node: node.to_string(),
+                    rollout_id: rollout_id.to_string(),
+                    package,
+                    reason: reason.clone(),
+                };
+                self.publish(&evt, &d.envelope.derive("node_patch_failed", Some(node))).await?;
+                Ok(Some(reason))
+            }
+        }
     }
 
     async fn apply_containers(&self, d: &Delivery) -> Result<(), HandlerError> {
@@ -211,6 +307,7 @@ impl<B: SiteBackend> runtime::Handler for Gateway<B> {
             pb::ProvisionOs::KIND => self.provision(d).await,
             pb::InstallBinaries::KIND => self.install_binaries(d).await,
             pb::ApplyContainerPackages::KIND => self.apply_containers(d).await,
+            pb::PatchNodes::KIND => self.patch(d).await,
             other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such job kind {other:?}"))),
         }
     }
@@ -224,7 +321,99 @@ fn packages(list: Vec<pb::Package>) -> Result<Vec<Package>, HandlerError> {
     list.into_iter().map(Package::try_from).collect::<Result<Vec<_>, _>>().map_err(invalid)
 }
 
-/// Answers `landfall.rpc.<site>.kubeconfig` until `shutdown`.
+fn nodes(list: Vec<pb::NodeSpec>) -> Result<Vec<NodeDesign>, HandlerError> {
+    list.into_iter().map(NodeDesign::try_from).collect::<Result<Vec<_>, _>>().map_err(invalid)
+}
+
+/// What each role installs again after a reimage.
+fn reinstall_by_role(list: Vec<pb::RoleArtifacts>) -> Result<BTreeMap<Role, Vec<Package>>, HandlerError> {
+    let mut by_role = BTreeMap::<Role, Vec<Package>>::new();
+    for r in list {
+        let role = Role::try_from(r.role).map_err(invalid)?;
+        by_role.entry(role).or_default().extend(packages(r.packages)?);
+    }
+    Ok(by_role)
+}
+
+/// One site's part of a rollout, batch after batch: which nodes start next, and what became of
+/// each. Kept apart from the I/O so its rules have plain tests.
+#[derive(Debug)]
+struct PatchRun {
+    pending: std::vec::IntoIter<NodeDesign>,
+    /// Nodes patched at once: the job's `max_unavailable`, at least 1.
+    width: usize,
+    /// Failures the site may have and still start nodes.
+    max_failures: usize,
+    done: pb::SitePatched,
+}
+
+impl PatchRun {
+    fn new(nodes: Vec<NodeDesign>, max_unavailable: u32, max_failures: u32, done: pb::SitePatched) -> Self {
+        let width = usize::try_from(max_unavailable.max(1)).unwrap_or(usize::MAX);
+        let max_failures = usize::try_from(max_failures).unwrap_or(usize::MAX);
+        Self { pending: nodes.into_iter(), width, max_failures, done }
+    }
+
+    /// The nodes to patch next, at once; empty when every node is done or skipped. Once more
+    /// nodes have failed than the budget allows, every node not started is skipped.
+    fn next_batch(&mut self) -> Vec<NodeDesign> {
+        if self.done.failed.len() > self.max_failures {
+            self.done.skipped.extend(self.pending.by_ref().map(|n| n.name.to_string()));
+        }
+        self.pending.by_ref().take(self.width).collect()
+    }
+
+    /// Records a node's patch: `failure` is its reason when it failed.
+    fn record(&mut self, node: &NodeDesign, failure: Option<String>) {
+        match failure {
+            None => self.done.patched.push(node.name.to_string()),
+            Some(reason) => self.done.failed.push(pb::NodeResult {
+                node: node.name.to_string(),
+                role: pb::Role::from(node.role) as i32,
+                outcome: pb::NodeOutcome::Failed as i32,
+                failed_step: pb::PatchNodes::KIND.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    fn finish(self) -> pb::SitePatched {
+        self.done
+    }
+}
+
+/// An answer to a core-NATS request: headers and body.
+pub(crate) type Reply = (async_nats::HeaderMap, Vec<u8>);
+
+/// Answers the requests on `subject` with `answer`, one after another, until `shutdown`. The
+/// site's gateways share them as one queue group, as they share the site's jobs.
+pub(crate) async fn serve_requests<F, Fut>(
+    site: &SiteId,
+    bus: &Bus,
+    subject: String,
+    shutdown: CancellationToken,
+    mut answer: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut(Bytes) -> Fut,
+    Fut: Future<Output = Reply>,
+{
+    let mut sub = bus.client().queue_subscribe(subject.clone(), names::gateway_consumer(site.as_str())).await?;
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = sub.next() => match m { Some(m) => m, None => break },
+        };
+        let Some(reply) = msg.reply else { continue };
+        let (headers, body) = answer(msg.payload).await;
+        if let Err(e) = bus.client().publish_with_headers(reply, headers, body.into()).await {
+            warn!(%site, %subject, error = %e, "cannot answer request");
+        }
+    }
+    Ok(())
+}
+
+/// Answers `landfall.rpc.<site>.kubeconfig` until `shutdown`. The kubeconfig itself is never logged.
 async fn serve_kubeconfig<B: SiteBackend>(
     site: SiteId,
     bus: Bus,
@@ -232,37 +421,68 @@ async fn serve_kubeconfig<B: SiteBackend>(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let subject = names::kubeconfig_rpc(site.as_str());
-    let queue = names::gateway_consumer(site.as_str());
-    let mut sub = bus.client().queue_subscribe(subject, queue).await?;
-    loop {
-        let msg = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            m = sub.next() => match m { Some(m) => m, None => break },
-        };
-        let Some(reply) = msg.reply else { continue };
-        let (headers, body) = match prost::Message::decode(msg.payload.clone()) {
+    let (site, backend) = (&site, &*backend);
+    serve_requests(site, &bus, subject, shutdown, move |payload| async move {
+        match prost::Message::decode(payload) {
             Ok(pb::KubeconfigRequest { site_id }) if site_id == site.as_str() => match backend.kubeconfig().await {
                 Ok(kc) => (async_nats::HeaderMap::new(), kc),
                 Err(e) => error_reply(&e.to_string()),
             },
             Ok(other) => error_reply(&format!("request for site {:?} reached {site}", other.site_id)),
             Err(e) => error_reply(&format!("not a {}: {e}", pb::KubeconfigRequest::TYPE)),
-        };
-        // The kubeconfig itself is never logged.
-        if let Err(e) = bus.client().publish_with_headers(reply, headers, body.into()).await {
-            warn!(%site, error = %e, "cannot answer kubeconfig request");
         }
-    }
-    Ok(())
+    })
+    .await
 }
 
-fn error_reply(reason: &str) -> (async_nats::HeaderMap, Vec<u8>) {
+/// A failed request's answer: an empty body, and the reason in the error header.
+pub(crate) fn error_reply(reason: &str) -> Reply {
     let mut h = async_nats::HeaderMap::new();
     h.insert(names::headers::REPLY_ERROR, reason);
     (h, Vec::new())
 }
 
-/// Runs a site's gateway until `shutdown`: its jobs consumer and its kubeconfig responder.
+/// Announces each host that arrives at the site as a `NodeAdded` command, until `shutdown`.
+///
+/// The command's id depends only on the host (site, name, boot MAC): the arrivals a restarted
+/// gateway hears again are published with the ids they had, and the stream drops the copies.
+async fn announce_arrivals<B: SiteBackend>(site: SiteId, bus: Bus, backend: Arc<B>, shutdown: CancellationToken) {
+    let mut arrivals = backend.host_arrivals();
+    loop {
+        let node = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            n = arrivals.recv() => match n { Some(n) => n, None => return },
+        };
+        let host = format!("{site}/{}/{}", node.name, node.boot_mac);
+        let envelope = Envelope::root_with_id(ids::derived_id(&host, "node_added", None));
+        let cmd = pb::NodeAdded { site_id: site.to_string(), node: Some(pb::NodeSpec::from(&node)) };
+        // A host nobody announces never joins the cluster: retry until the bus takes it.
+        for attempt in 1.. {
+            match bus.publish_command(&cmd, &envelope).await {
+                Ok(_) => {
+                    info!(%site, node = %node.name, mac = %node.boot_mac, id = %envelope.id, "host arrival announced");
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Reject => {
+                    let error = format!("{:#}", anyhow::Error::from(e));
+                    error!(%site, node = %node.name, %error, "cannot announce host arrival");
+                    break;
+                }
+                Err(e) => {
+                    let error = format!("{:#}", anyhow::Error::from(e));
+                    warn!(%site, node = %node.name, attempt, %error, "cannot announce host arrival yet");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(runtime::retry_delay(attempt)) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs a site's gateway until `shutdown`: its jobs consumer, its kubeconfig responder, and the
+/// announcer of the hosts that arrive at the site.
 pub async fn run_gateway<B: SiteBackend>(
     site: SiteId,
     bus: Bus,
@@ -280,8 +500,70 @@ pub async fn run_gateway<B: SiteBackend>(
     .concurrency(256);
     let gateway = Arc::new(Gateway::new(site.clone(), bus.clone(), backend.clone()));
     info!(%site, "gateway running");
+    let arrivals = tokio::spawn(announce_arrivals(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
     let rpc = tokio::spawn(serve_kubeconfig(site, bus.clone(), backend, shutdown.clone()));
     runtime::consume(bus, spec, gateway, shutdown).await?;
     rpc.await??;
+    arrivals.await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(name: &str) -> NodeDesign {
+        NodeDesign {
+            name: name.try_into().unwrap(),
+            role: Role::Worker,
+            boot_mac: "52:54:00:00:01:01".to_string().try_into().unwrap(),
+            bmc_address: "ipmi://10.0.1.1".to_string().try_into().unwrap(),
+            labels: BTreeMap::new(),
+        }
+    }
+
+    fn node_names(batch: &[NodeDesign]) -> Vec<&str> {
+        batch.iter().map(|n| n.name.as_str()).collect()
+    }
+
+    fn run(nodes: &[&str], max_unavailable: u32, max_failures: u32) -> PatchRun {
+        let nodes = nodes.iter().map(|n| worker(n)).collect();
+        PatchRun::new(nodes, max_unavailable, max_failures, pb::SitePatched::default())
+    }
+
+    #[test]
+    fn nodes_patch_in_batches_of_max_unavailable_and_at_least_one() {
+        let mut run = run(&["a", "b", "c", "d", "e"], 2, 0);
+        let mut batches = Vec::new();
+        loop {
+            let batch = run.next_batch();
+            if batch.is_empty() {
+                break;
+            }
+            batches.push(node_names(&batch).join(","));
+            batch.iter().for_each(|n| run.record(n, None));
+        }
+        assert_eq!(batches, ["a,b", "c,d", "e"]);
+        assert_eq!(run.finish().patched, ["a", "b", "c", "d", "e"]);
+
+        let mut one_at_a_time = self::run(&["a", "b"], 0, 0);
+        assert_eq!(node_names(&one_at_a_time.next_batch()), ["a"]);
+    }
+
+    #[test]
+    fn once_failures_pass_the_budget_the_nodes_not_started_are_skipped() {
+        let mut run = run(&["a", "b", "c", "d", "e"], 2, 1);
+        let first = run.next_batch();
+        run.record(&first[0], Some("boom".into()));
+        run.record(&first[1], None);
+        let second = run.next_batch();
+        assert_eq!(node_names(&second), ["c", "d"], "one failure is within a budget of one");
+        run.record(&second[0], Some("boom".into()));
+        run.record(&second[1], None);
+        assert!(run.next_batch().is_empty());
+        let done = run.finish();
+        assert_eq!((done.patched, done.skipped), (vec!["b".to_string(), "d".into()], vec!["e".to_string()]));
+        let failed: Vec<_> = done.failed.iter().map(|f| (f.node.as_str(), f.failed_step.as_str())).collect();
+        assert_eq!(failed, [("a", pb::PatchNodes::KIND), ("c", pb::PatchNodes::KIND)]);
+    }
 }

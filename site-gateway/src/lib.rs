@@ -1,10 +1,12 @@
 //! The site gateway: one per site. It consumes only its own site's jobs, drives the site's
-//! backend (Metal3 + BPA, or the simulation), publishes what happened as events, and
-//! answers the kubeconfig consumer's requests.
+//! backend (Metal3 + BPA, or the simulation), publishes what happened as events, announces
+//! the hosts that arrive at the site, and answers the kubeconfig consumer's requests.
 
 pub mod backend;
 pub mod gateway;
 pub mod sim;
+pub mod sim_control;
 
 pub use backend::SiteBackend;
 pub use gateway::{Gateway, run_gateway};
+pub use sim_control::serve_sim_control;

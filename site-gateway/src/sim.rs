@@ -2,18 +2,23 @@
 //!
 //! [`SimSite`] implements [`SiteBackend`] with the timings of a [`SimConfig`], failures
 //! injected by node name, and [`SimEffects`] counters that let tests prove no step ran twice.
+//! Each host remembers what it runs (its os-image, its binaries by name; container packages
+//! are the cluster's), so a patch can say which version it replaced, and hosts can arrive
+//! after the start ([`SimSite::arrive`]) as new BareMetalHosts do.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bus_schema::domain::{NodeDesign, Package, Role};
+use bus_schema::domain::{NodeDesign, Package, PackageRef, Role};
+use bus_schema::pb::PackageKind;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::backend::{
-    BackendError, ClusterRequest, HostRequest, ImageSpec, NodeInstall, ProvisioningState as S, SiteBackend, StageReport,
+    BackendError, ClusterRequest, HostRequest, ImageSpec, NodeInstall, PatchOutcome, PatchRequest,
+    ProvisioningState as S, SiteBackend, StageReport,
 };
 
 /// How long each step of the simulated site takes.
@@ -86,6 +91,12 @@ impl SimConfig {
         self.map(|d| d.div_f64(factor))
     }
 
+    /// Replacing one binary on one node: a quarter of [`SimConfig::install_binaries`], which
+    /// installs every binary and bootstraps the cluster.
+    pub fn patch_binary(&self) -> Duration {
+        self.install_binaries / 4
+    }
+
     fn map(self, f: impl Fn(Duration) -> Duration) -> Self {
         Self {
             registering: f(self.registering),
@@ -120,6 +131,10 @@ pub struct SimEffects {
     pub container_applies: u32,
     /// Bytes copied into the site's artifact cache.
     pub bytes_transferred: u64,
+    /// Per node, the patches that changed it (a patch to the version it runs already does not count).
+    pub patches: BTreeMap<String, u32>,
+    /// Per node, the patches that failed (it kept its old version).
+    pub patch_failures: BTreeMap<String, u32>,
 }
 
 /// A simulated site (Metal3 + Ironic + BPA). Cloning gives another handle on the same site.
@@ -140,6 +155,11 @@ struct State {
     hosts: BTreeMap<String, Host>,
     fail_provisioning: BTreeSet<String>,
     fail_binaries: BTreeSet<String>,
+    fail_patch: BTreeSet<String>,
+    /// The hosts that arrived after the start, in order: what a new arrivals subscriber hears first.
+    arrived: Vec<NodeDesign>,
+    /// The arrivals subscribers, told of each new host.
+    arrival_watchers: Vec<mpsc::UnboundedSender<NodeDesign>>,
     /// The first master whose binaries installed: the cluster exists once it is set.
     cluster_master: Option<String>,
     kubeconfig: Option<Vec<u8>>,
@@ -150,16 +170,42 @@ struct State {
     effects: SimEffects,
 }
 
-/// The binaries a node runs: (name, version, sha256), in no particular order.
-type BinarySet = BTreeSet<(String, String, String)>;
+/// A binary as a node runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Binary {
+    version: String,
+    sha256: String,
+}
+
+/// The binaries a node runs, by name.
+type BinarySet = BTreeMap<String, Binary>;
+
+fn binary_set(packages: &[Package]) -> BinarySet {
+    let binary = |p: &Package| Binary { version: p.version.to_string(), sha256: p.sha256.to_string() };
+    packages.iter().map(|p| (p.name.to_string(), binary(p))).collect()
+}
+
 /// A provisioning attempt's result, once it has one.
 type Outcome = Option<Result<(), BackendError>>;
+
+/// An OS image as a host runs it: what Metal3 writes, and its name in the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Image {
+    spec: ImageSpec,
+    package: PackageRef,
+}
+
+impl Image {
+    fn of(req: &HostRequest) -> Self {
+        Self { spec: req.image.clone(), package: req.package.clone() }
+    }
+}
 
 #[derive(Debug)]
 struct Host {
     state: watch::Sender<S>,
     /// The image the host runs, when provisioned.
-    image: Option<ImageSpec>,
+    image: Option<Image>,
     /// The provisioning under way, which identical requests join.
     attempt: Option<Attempt>,
     binaries: Option<BinarySet>,
@@ -169,7 +215,7 @@ struct Host {
 
 #[derive(Debug)]
 struct Attempt {
-    image: ImageSpec,
+    image: Image,
     done: watch::Receiver<Outcome>,
 }
 
@@ -202,7 +248,7 @@ impl Inner {
     }
 
     /// Ends a provisioning attempt: the host is provisioned, or back to available.
-    fn finish(&self, host: &str, image: ImageSpec, outcome: Result<(), BackendError>, done: &watch::Sender<Outcome>) {
+    fn finish(&self, host: &str, image: Image, outcome: Result<(), BackendError>, done: &watch::Sender<Outcome>) {
         let mut st = self.lock();
         if let Some(h) = st.hosts.get_mut(host) {
             h.attempt = None;
@@ -257,10 +303,26 @@ impl SimSite {
         site
     }
 
-    /// Registers a host (a node arrival): it walks registering → inspecting → preparing → available.
-    /// A host the site already has is left as it is.
+    /// Registers a host the site starts with: it walks registering → inspecting → preparing →
+    /// available. A host the site already has is left as it is. Unlike [`SimSite::arrive`], the
+    /// host is not announced: it is in the site's design already.
     pub fn add_host(&self, node: &NodeDesign) {
         self.ensure_host(&mut self.inner.lock(), node.name.as_str());
+    }
+
+    /// A new host appears at the site (racked and cabled after the install): it registers as
+    /// [`SimSite::add_host`] does, and is announced to every [`SiteBackend::host_arrivals`]
+    /// subscriber. Returns `false`, and announces nothing, when the site has a host of that name.
+    pub fn arrive(&self, node: &NodeDesign) -> bool {
+        let mut st = self.inner.lock();
+        if st.hosts.contains_key(node.name.as_str()) {
+            return false;
+        }
+        self.ensure_host(&mut st, node.name.as_str());
+        info!(site = %self.inner.site, host = %node.name, mac = %node.boot_mac, "host arrived");
+        st.arrived.push(node.clone());
+        st.arrival_watchers.retain(|w| w.send(node.clone()).is_ok());
+        true
     }
 
     /// The site's id.
@@ -288,11 +350,17 @@ impl SimSite {
         self.inner.lock().fail_binaries.insert(node.to_string());
     }
 
+    /// Makes every patch of `node` fail, leaving it at its old version, until [`SimSite::heal`].
+    pub fn fail_patch(&self, node: &str) {
+        self.inner.lock().fail_patch.insert(node.to_string());
+    }
+
     /// Removes the failures injected for `node`.
     pub fn heal(&self, node: &str) {
         let mut st = self.inner.lock();
         st.fail_provisioning.remove(node);
         st.fail_binaries.remove(node);
+        st.fail_patch.remove(node);
     }
 
     /// The host, registered first if the site does not have it yet.
@@ -315,7 +383,7 @@ impl SimSite {
     }
 
     /// Decides, under the lock, whether to return, wait, join an attempt, or start one.
-    fn next_step(&self, host: &str, image: &ImageSpec) -> Next {
+    fn next_step(&self, host: &str, image: &Image) -> Next {
         let mut st = self.inner.lock();
         let h = self.ensure_host(&mut st, host);
         if let Some(attempt) = &h.attempt {
@@ -352,7 +420,7 @@ async fn walk_to_available(inner: Arc<Inner>, host: String) {
 }
 
 /// One provisioning attempt, from the state `next_step` left the host in to its outcome.
-async fn provision(inner: Arc<Inner>, host: String, image: ImageSpec, redeploy: bool, done: watch::Sender<Outcome>) {
+async fn provision(inner: Arc<Inner>, host: String, image: Image, redeploy: bool, done: watch::Sender<Outcome>) {
     let c = &inner.config;
     if redeploy {
         pause(c.deprovisioning).await;
@@ -364,7 +432,7 @@ async fn provision(inner: Arc<Inner>, host: String, image: ImageSpec, redeploy: 
         inner.set_state(&host, S::Deprovisioning);
         pause(c.deprovisioning).await;
     }
-    let outcome = if failed { Err(provisioning_error(&host, &image)) } else { Ok(()) };
+    let outcome = if failed { Err(provisioning_error(&host, &image.spec)) } else { Ok(()) };
     inner.finish(&host, image, outcome, &done);
 }
 
@@ -399,6 +467,15 @@ async fn pause(d: Duration) {
 }
 
 impl State {
+    /// The host, when it is provisioned; a patch needs that.
+    fn provisioned(&self, node: &str) -> Result<&Host, BackendError> {
+        match self.hosts.get(node) {
+            Some(h) if h.state() == S::Provisioned => Ok(h),
+            Some(h) => Err(BackendError::Permanent(format!("{node} is not provisioned (it is {})", h.state()))),
+            None => Err(BackendError::Permanent(format!("{node} is not provisioned (the site has no such host)"))),
+        }
+    }
+
     fn needs_install(&self, node: &str, wanted: &BinarySet) -> bool {
         self.hosts.get(node).is_some_and(|h| h.state() == S::Provisioned && h.binaries.as_ref() != Some(wanted))
     }
@@ -457,8 +534,9 @@ impl SiteBackend for SimSite {
     async fn provision_host(&self, req: &HostRequest, progress: mpsc::UnboundedSender<S>) -> Result<(), BackendError> {
         let host = req.node.name.as_str();
         let _watcher = self.watch_host(host, progress);
+        let image = Image::of(req);
         loop {
-            match self.next_step(host, &req.image) {
+            match self.next_step(host, &image) {
                 Next::Done => return Ok(()),
                 Next::Join(done) => return wait_outcome(done).await,
                 Next::Wait(mut state) => state.changed().await.map_err(|_| site_stopped())?,
@@ -467,10 +545,12 @@ impl SiteBackend for SimSite {
     }
 
     async fn install_binaries(&self, req: &ClusterRequest) -> Result<Vec<NodeInstall>, BackendError> {
-        let wanted: BinarySet =
-            req.binaries.iter().map(|p| (p.name.to_string(), p.version.to_string(), p.sha256.to_string())).collect();
+        let wanted = binary_set(&req.binaries);
         let busy = {
             let st = self.inner.lock();
+            if req.join_existing && st.cluster_master.is_none() {
+                return Err(no_cluster());
+            }
             req.nodes.iter().any(|n| st.needs_install(n.name.as_str(), &wanted))
         };
         if busy {
@@ -512,21 +592,177 @@ impl SiteBackend for SimSite {
     }
 
     async fn apply_container_packages(&self, packages: &[Package]) -> Result<(), BackendError> {
-        let wanted: Vec<(String, String)> =
-            packages.iter().map(|p| (p.name.to_string(), p.version.to_string())).collect();
+        self.apply_containers(packages).await.map(|_| ())
+    }
+
+    async fn patch_node(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {
+        let node = req.node.name.as_str();
+        self.inner.lock().provisioned(node)?;
+        let result = match req.package.kind {
+            PackageKind::OsImage => self.patch_os(req).await,
+            PackageKind::Binary => self.patch_binary(node, &req.package).await,
+            PackageKind::Container => self.patch_container(node, &req.package).await,
+            PackageKind::Unspecified => {
+                Err(BackendError::Permanent(format!("{} has no kind", req.package.reference().key())))
+            }
+        };
+        let mut st = self.inner.lock();
+        match &result {
+            Ok(outcome) if outcome.changed => {
+                *st.effects.patches.entry(node.to_string()).or_default() += 1;
+                debug!(site = %self.inner.site, node, package = %req.package.reference().key(), "patched");
+            }
+            Ok(_) | Err(BackendError::Transient(_)) => {}
+            Err(error) => {
+                *st.effects.patch_failures.entry(node.to_string()).or_default() += 1;
+                warn!(site = %self.inner.site, node, package = %req.package.reference().key(), %error, "patch failed");
+            }
+        }
+        result
+    }
+
+    fn host_arrivals(&self) -> mpsc::UnboundedReceiver<NodeDesign> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut st = self.inner.lock();
+        // Under the lock, so no arrival is missed between the backlog and the subscription.
+        if st.arrived.iter().try_for_each(|n| tx.send(n.clone())).is_ok() {
+            st.arrival_watchers.push(tx);
+        }
+        rx
+    }
+}
+
+/// The patch kinds. Each looks first whether the node runs the version already (then it does
+/// nothing) and finds an injected failure where a real one would show: an os-image's checksum
+/// before the disks are wiped, a container at the API server's admission, a binary once its
+/// service fails to come back.
+impl SimSite {
+    /// Reimages the host (deprovisioning → provisioning → provisioned, as any provisioning with
+    /// another image), then installs its role's binaries again: the reimage wiped them.
+    async fn patch_os(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {
+        let node = req.node.name.as_str();
+        let host = HostRequest::new(req.node.clone(), &req.package);
+        let image = Image::of(&host);
+        let reinstall = binary_set(&req.reinstall);
+        let (from_version, reimage) = {
+            let st = self.inner.lock();
+            let h = st.provisioned(node)?;
+            let from_version = h.image.as_ref().map(|i| from_version(&i.package, &req.package));
+            let reimage = h.image.as_ref() != Some(&image);
+            // A reimage that ended before its reinstall (the call was dropped) is finished here.
+            if !reimage && (reinstall.is_empty() || h.binaries.is_some()) {
+                return Ok(PatchOutcome { from_version, changed: false });
+            }
+            if reimage && st.fail_patch.contains(node) {
+                let reason = format!(
+                    "reimage of {node} with {} refused: image checksum mismatch in the site cache \
+                     (expected sha256:{}); the host keeps its current image",
+                    host.package.key(),
+                    req.package.sha256
+                );
+                return Err(BackendError::Permanent(reason));
+            }
+            (from_version, reimage)
+        };
+        if reimage {
+            // Nobody relays this reimage's states: the patch events say what happened.
+            let (progress, _) = mpsc::unbounded_channel();
+            self.provision_host(&host, progress).await?;
+        }
+        if !reinstall.is_empty() {
+            // One node's install takes as long as the whole cluster's: nodes install in parallel.
+            pause(self.inner.config.install_binaries).await;
+            if let Some(reason) = self.inner.lock().install_on(&self.inner.site, node, &reinstall) {
+                return Err(BackendError::Permanent(format!("{node} reimaged, but its binaries were not: {reason}")));
+            }
+        }
+        Ok(PatchOutcome { from_version, changed: true })
+    }
+
+    /// Replaces one binary on the node, in [`SimConfig::patch_binary`].
+    async fn patch_binary(&self, node: &str, package: &Package) -> Result<PatchOutcome, BackendError> {
+        let name = package.name.as_str();
+        let wanted = Binary { version: package.version.to_string(), sha256: package.sha256.to_string() };
+        let running = |st: &State| st.provisioned(node).map(|h| h.binaries.as_ref().and_then(|b| b.get(name)).cloned());
+        let from_version = match running(&self.inner.lock())? {
+            Some(b) if b == wanted => return Ok(PatchOutcome { from_version: Some(b.version), changed: false }),
+            other => other.map(|b| b.version),
+        };
+        pause(self.inner.config.patch_binary()).await;
+        let mut st = self.inner.lock();
+        if running(&st)?.is_some_and(|b| b == wanted) {
+            // An identical patch running at the same time did it.
+            return Ok(PatchOutcome { from_version: Some(wanted.version), changed: false });
+        }
+        if st.fail_patch.contains(node) {
+            let was = from_version.as_deref().map_or("removed again".into(), |v| format!("rolled back to {v}"));
+            let reason = format!(
+                "patch of {name} to {} failed on {node}: {name}.service did not become active after the swap \
+                 (exit status 1); {was}",
+                package.version
+            );
+            return Err(BackendError::Permanent(reason));
+        }
+        if let Some(h) = st.hosts.get_mut(node) {
+            h.binaries.get_or_insert_with(BinarySet::new).insert(name.to_string(), wanted);
+        }
+        Ok(PatchOutcome { from_version, changed: true })
+    }
+
+    /// Applies the package to the node's cluster, as [`SiteBackend::apply_container_packages`]
+    /// does: the first node of a site to patch a container changes the cluster, the others find
+    /// it done.
+    async fn patch_container(&self, node: &str, package: &Package) -> Result<PatchOutcome, BackendError> {
+        let from_version = {
+            let st = self.inner.lock();
+            let from_version = st.containers.get(package.name.as_str()).cloned();
+            if st.containers_applied(&[container(package)])? {
+                return Ok(PatchOutcome { from_version, changed: false });
+            }
+            if st.fail_patch.contains(node) {
+                let reason = format!(
+                    "apply of {} for {node} failed: admission webhook \"validate.{}\" denied the request; \
+                     the cluster keeps {}",
+                    package.reference().key(),
+                    package.name,
+                    from_version.as_deref().unwrap_or("no version of it")
+                );
+                return Err(BackendError::Permanent(reason));
+            }
+            from_version
+        };
+        let changed = self.apply_containers(std::slice::from_ref(package)).await?;
+        Ok(PatchOutcome { from_version, changed })
+    }
+
+    /// Applies what the cluster lacks of `packages`; whether that changed it.
+    async fn apply_containers(&self, packages: &[Package]) -> Result<bool, BackendError> {
+        let wanted: Vec<(String, String)> = packages.iter().map(container).collect();
         let applied = self.inner.lock().containers_applied(&wanted)?;
         if applied {
-            return Ok(());
+            return Ok(false);
         }
         pause(self.inner.config.apply_containers).await;
         let mut st = self.inner.lock();
-        if !st.containers_applied(&wanted)? {
-            st.containers.extend(wanted);
-            st.effects.container_applies += 1;
-            debug!(site = %self.inner.site, packages = packages.len(), "container packages applied");
+        if st.containers_applied(&wanted)? {
+            return Ok(false);
         }
-        Ok(())
+        st.containers.extend(wanted);
+        st.effects.container_applies += 1;
+        debug!(site = %self.inner.site, packages = packages.len(), "container packages applied");
+        Ok(true)
     }
+}
+
+/// A container package as the cluster records it: name and version.
+fn container(p: &Package) -> (String, String) {
+    (p.name.to_string(), p.version.to_string())
+}
+
+/// What a node ran before `wanted`: the version, or `name@version` when it was another package
+/// (a host moving from `ubuntu-22.04` to `ubuntu-24.04`).
+fn from_version(running: &PackageRef, wanted: &Package) -> String {
+    if running.name == wanted.name { running.version.to_string() } else { running.key() }
 }
 
 fn count(n: usize) -> u32 {
@@ -609,18 +845,23 @@ mod tests {
     }
 
     fn package(name: &str, digit: char, size: u64) -> Package {
+        Package { size, ..versioned(name, "1.29.1", PackageKind::Binary, digit) }
+    }
+
+    /// A package whose sha256 is `digit` 64 times.
+    fn versioned(name: &str, version: &str, kind: PackageKind, digit: char) -> Package {
         Package {
             name: name.try_into().unwrap(),
-            version: "1.29.1".try_into().unwrap(),
-            kind: PackageKind::Binary,
+            version: version.try_into().unwrap(),
+            kind,
             sha256: digit.to_string().repeat(64).try_into().unwrap(),
-            size,
-            object_key: format!("binaries/{name}"),
+            size: 1,
+            object_key: format!("artifacts/{name}/{version}"),
         }
     }
 
     fn host(node: &NodeDesign, os: char) -> HostRequest {
-        HostRequest { node: node.clone(), image: ImageSpec::from_package(&package("ubuntu", os, 1)) }
+        HostRequest::new(node.clone(), &versioned("ubuntu", "1.29.1", PackageKind::OsImage, os))
     }
 
     async fn provision(site: &SimSite, req: &HostRequest) -> (Result<(), BackendError>, Vec<S>) {
@@ -721,7 +962,8 @@ mod tests {
         let (m, w) = tokio::join!(provision(&site, &master), provision(&site, &worker));
         m.0.unwrap();
         w.0.unwrap();
-        (site, ClusterRequest { nodes: nodes.to_vec(), binaries: vec![package("kubelet", 'c', 10)] })
+        let binaries = vec![package("kubelet", 'c', 10)];
+        (site, ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false })
     }
 
     #[tokio::test(start_paused = true)]
@@ -755,6 +997,148 @@ mod tests {
         site.apply_container_packages(&containers).await.unwrap();
         let effects = site.effects();
         assert_eq!((effects.kubeconfigs_generated, effects.container_applies), (1, 1));
+    }
+
+    /// [`provisioned_site`] with its cluster formed: kubelet 1.29.1 on m-1 and w-1.
+    async fn installed_site() -> (SimSite, ClusterRequest) {
+        let (site, req) = provisioned_site().await;
+        site.install_binaries(&req).await.unwrap();
+        (site, req)
+    }
+
+    fn patch(req: &ClusterRequest, node: usize, package: Package) -> PatchRequest {
+        PatchRequest { node: req.nodes[node].clone(), package, reinstall: req.binaries.clone() }
+    }
+
+    fn outcome(from_version: &str, changed: bool) -> PatchOutcome {
+        PatchOutcome { from_version: Some(from_version.to_string()), changed }
+    }
+
+    fn per_node(counts: &[(&str, u32)]) -> BTreeMap<String, u32> {
+        counts.iter().map(|(node, n)| (node.to_string(), *n)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_binary_patch_replaces_one_binary_once_and_says_what_it_replaced() {
+        let (site, req) = installed_site().await;
+        let kubelet = versioned("kubelet", "1.29.2", PackageKind::Binary, 'e');
+        let before = (tokio::time::Instant::now(), site.effects());
+        assert_eq!(site.patch_node(&patch(&req, 0, kubelet.clone())).await.unwrap(), outcome("1.29.1", true));
+        assert_eq!(before.0.elapsed(), SimConfig::fast().patch_binary());
+
+        let again = tokio::time::Instant::now();
+        assert_eq!(site.patch_node(&patch(&req, 0, kubelet.clone())).await.unwrap(), outcome("1.29.2", false));
+        assert_eq!(again.elapsed(), Duration::ZERO);
+        let effects = site.effects();
+        assert_eq!(effects.patches, per_node(&[("m-1", 1)]));
+        assert_eq!((effects.binary_installs, effects.provisions), (before.1.binary_installs, before.1.provisions));
+
+        let Err(BackendError::Permanent(reason)) = site.patch_node(&patch(&req, 2, kubelet)).await else {
+            panic!("w-2 has no OS");
+        };
+        assert!(reason.contains("w-2 is not provisioned"), "{reason}");
+        assert!(site.effects().patch_failures.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_os_image_patch_reimages_the_host_and_reinstalls_its_binaries() {
+        let (site, req) = installed_site().await;
+        let ubuntu = versioned("ubuntu", "24.04", PackageKind::OsImage, 'f');
+        let state = |site: &SimSite| site.hosts()[0].1;
+        let task = tokio::spawn({
+            let (site, req) = (site.clone(), patch(&req, 0, ubuntu.clone()));
+            async move { site.patch_node(&req).await }
+        });
+        let c = SimConfig::fast();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(state(&site), S::Deprovisioning);
+        tokio::time::sleep(c.deprovisioning).await;
+        assert_eq!(state(&site), S::Provisioning);
+        tokio::time::sleep(c.provisioning).await;
+        assert_eq!(state(&site), S::Provisioned);
+        assert_eq!(task.await.unwrap().unwrap(), outcome("1.29.1", true));
+
+        assert_eq!(site.patch_node(&patch(&req, 0, ubuntu)).await.unwrap(), outcome("24.04", false));
+        // The reimage wiped kubelet 1.29.1, and the reinstall put it back.
+        let kubelet = package("kubelet", 'c', 10);
+        assert_eq!(site.patch_node(&patch(&req, 0, kubelet)).await.unwrap(), outcome("1.29.1", false));
+        let effects = site.effects();
+        assert_eq!(effects.provisions, per_node(&[("m-1", 2), ("w-1", 1)]));
+        assert_eq!(effects.binary_installs, per_node(&[("m-1", 2), ("w-1", 1)]));
+        assert_eq!(effects.patches, per_node(&[("m-1", 1)]));
+        assert_eq!(site.kubeconfig().await.map(|_| ()), Ok(()), "m-1 is still the cluster's master");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_injected_patch_failure_keeps_the_old_version_until_healed() {
+        let (site, req) = installed_site().await;
+        let kubelet = versioned("kubelet", "1.29.2", PackageKind::Binary, 'e');
+        site.fail_patch("w-1");
+        let Err(BackendError::Permanent(reason)) = site.patch_node(&patch(&req, 1, kubelet.clone())).await else {
+            panic!("the patch of w-1 should fail");
+        };
+        assert!(reason.contains("kubelet") && reason.contains("w-1") && reason.contains("rolled back to 1.29.1"));
+        let current = package("kubelet", 'c', 10);
+        assert_eq!(site.patch_node(&patch(&req, 1, current)).await.unwrap(), outcome("1.29.1", false));
+
+        site.fail_patch("m-1");
+        let ubuntu = versioned("ubuntu", "24.04", PackageKind::OsImage, 'f');
+        let Err(BackendError::Permanent(reason)) = site.patch_node(&patch(&req, 0, ubuntu)).await else {
+            panic!("the reimage of m-1 should be refused");
+        };
+        assert!(reason.contains("checksum") && reason.contains("m-1"), "{reason}");
+        assert_eq!(site.hosts()[0], ("m-1".to_string(), S::Provisioned));
+
+        site.heal("w-1");
+        assert_eq!(site.patch_node(&patch(&req, 1, kubelet)).await.unwrap(), outcome("1.29.1", true));
+        let effects = site.effects();
+        assert_eq!(effects.patch_failures, per_node(&[("m-1", 1), ("w-1", 1)]));
+        assert_eq!(effects.patches, per_node(&[("w-1", 1)]));
+        assert_eq!(effects.provisions, per_node(&[("m-1", 1), ("w-1", 1)]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_container_patch_changes_the_cluster_once_for_all_its_nodes() {
+        let (site, req) = provisioned_site().await;
+        let cni = versioned("cni", "1.4.0", PackageKind::Container, 'd');
+        let early = site.patch_node(&patch(&req, 0, cni.clone())).await;
+        assert!(matches!(early, Err(BackendError::Transient(_))), "{early:?}");
+        site.install_binaries(&req).await.unwrap();
+        let first = site.patch_node(&patch(&req, 0, cni.clone())).await.unwrap();
+        assert_eq!(first, PatchOutcome { from_version: None, changed: true });
+        assert_eq!(site.patch_node(&patch(&req, 1, cni)).await.unwrap(), outcome("1.4.0", false));
+        let effects = site.effects();
+        assert_eq!((effects.container_applies, effects.patches), (1, per_node(&[("m-1", 1)])));
+        assert!(effects.patch_failures.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_joins_only_an_existing_cluster() {
+        let (site, req) = provisioned_site().await;
+        let join = |nodes: &[NodeDesign]| ClusterRequest { nodes: nodes.to_vec(), join_existing: true, ..req.clone() };
+        let early = site.install_binaries(&join(&req.nodes[1..2])).await;
+        assert_eq!(early, Err(BackendError::Transient("no application cluster yet".into())));
+        site.install_binaries(&ClusterRequest { nodes: req.nodes[..1].to_vec(), ..req.clone() }).await.unwrap();
+        let joined = site.install_binaries(&join(&req.nodes[1..2])).await.unwrap();
+        assert_eq!(joined, [NodeInstall { node: "w-1".into(), role: Role::Worker, failure: None }]);
+        assert_eq!(site.effects().binary_installs, per_node(&[("m-1", 1), ("w-1", 1)]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_arrival_is_announced_once_to_every_subscriber() {
+        let (site, n1) = one_host();
+        let mut early = site.host_arrivals();
+        let w9 = node("w-9", Role::Worker);
+        assert!(site.arrive(&w9));
+        assert!(!site.arrive(&w9), "a host the site has is not announced again");
+        assert!(!site.arrive(&n1), "nor is a host it started with");
+        let mut late = site.host_arrivals();
+        for arrivals in [&mut early, &mut late] {
+            assert_eq!(arrivals.recv().await, Some(w9.clone()));
+            assert!(arrivals.try_recv().is_err());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(site.hosts(), [("node-1".to_string(), S::Available), ("w-9".to_string(), S::Available)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -100,6 +100,7 @@ impl FleetBuilder {
             tasks.spawn(consumers::run_orchestrator(replica, shutdown.clone()));
         }
         tasks.spawn(consumers::run_kubeconfig(bus.clone(), keys.clone(), shutdown.clone()));
+        tasks.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
 
         let mut sites = Vec::new();
         for i in 0..self.sites {

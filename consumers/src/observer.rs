@@ -1,0 +1,137 @@
+//! The observer: keeps `landfall-observed` (what each node really runs) up to date from what
+//! gateways report. One key per node and package, written without reading first, so a report
+//! costs one write however many packages the node runs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bus_schema::names::{self, keys};
+use bus_schema::pb::{self, BusEvent};
+use bus_schema::runtime::{self, Bus, BusError, ConsumerSpec, Delivery, HandlerError, Kv, RejectAs};
+use futures::future::try_join_all;
+use tokio_util::sync::CancellationToken;
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+pub struct Observer {
+    observed: Kv,
+    packages: Kv,
+    /// Catalog kinds by "name@version": entries never change once registered.
+    kinds: Mutex<HashMap<String, i32>>,
+}
+
+impl Observer {
+    pub async fn new(bus: &Bus) -> Result<Self, BusError> {
+        Ok(Self {
+            observed: bus.kv(names::OBSERVED_BUCKET).await?,
+            packages: bus.kv(names::PACKAGES_BUCKET).await?,
+            kinds: Mutex::default(),
+        })
+    }
+
+    async fn kind_of(&self, name: &str, version: &str) -> Result<i32, BusError> {
+        let key = format!("{name}@{version}");
+        if let Some(k) = self.kinds.lock().expect("kinds lock").get(&key) {
+            return Ok(*k);
+        }
+        let kind = self.packages.get::<pb::Package>(&keys::package(name, version)).await?.map_or(0, |(p, _)| p.kind);
+        if kind != 0 {
+            self.kinds.lock().expect("kinds lock").insert(key, kind);
+        }
+        Ok(kind)
+    }
+
+    async fn record(&self, d: &Delivery, site: &str, nodes: &[String], found: &[(String, String, i32)]) -> Result<(), HandlerError> {
+        let now = now_ms();
+        let writes = nodes.iter().flat_map(|node| {
+            found.iter().map(move |(name, version, kind)| {
+                let value = pb::ObservedVersion {
+                    site_id: site.to_string(),
+                    node: node.clone(),
+                    name: name.clone(),
+                    version: version.clone(),
+                    kind: *kind,
+                    updated_unix_ms: now,
+                    event_id: d.envelope.id.clone(),
+                };
+                async move { self.observed.put(&keys::observed(site, node, name), &value).await }
+            })
+        });
+        try_join_all(writes).await?;
+        Ok(())
+    }
+
+    async fn on_event(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let Some(names::ParsedSubject::Event { aggregate, kind, .. }) = names::parse_subject(&d.subject) else {
+            return Ok(());
+        };
+        let is = |a: &str, k: &str| (aggregate, kind) == (a, k);
+        if is(pb::NodeOsProvisioned::AGGREGATE, pb::NodeOsProvisioned::KIND) {
+            let e: pb::NodeOsProvisioned = d.decode()?;
+            let Some((name, version)) = e.image.split_once('@') else { return Ok(()) };
+            let found = [(name.to_string(), version.to_string(), pb::PackageKind::OsImage as i32)];
+            self.record(d, &e.site_id, &[e.node], &found).await
+        } else if is(pb::NodeBinariesInstalled::AGGREGATE, pb::NodeBinariesInstalled::KIND) {
+            let e: pb::NodeBinariesInstalled = d.decode()?;
+            let kind = pb::PackageKind::Binary as i32;
+            let found: Vec<_> = e.binaries.into_iter().map(|p| (p.name, p.version, kind)).collect();
+            self.record(d, &e.site_id, &[e.node], &found).await
+        } else if is(pb::NodePatched::AGGREGATE, pb::NodePatched::KIND) {
+            let e: pb::NodePatched = d.decode()?;
+            let p = e.package.unwrap_or_default();
+            let kind = self.kind_of(&p.name, &p.version).await?;
+            self.record(d, &e.site_id, &[e.node], &[(p.name, p.version, kind)]).await
+        } else if is(pb::ContainerPackagesApplied::AGGREGATE, pb::ContainerPackagesApplied::KIND) {
+            // Container packages run on the cluster: every node of the site known so far runs them.
+            let e: pb::ContainerPackagesApplied = d.decode()?;
+            let mut nodes: Vec<String> = runtime::observed_nodes(&self.observed, &keys::observed_site_prefix(&e.site_id))
+                .await?
+                .into_iter()
+                .map(|n| n.node)
+                .collect();
+            nodes.dedup();
+            let kind = pb::PackageKind::Container as i32;
+            let found: Vec<_> = e.packages.into_iter().map(|p| (p.name, p.version, kind)).collect();
+            self.record(d, &e.site_id, &nodes, &found).await
+        } else {
+            Ok(())
+        }
+    }
+}
+
+struct Events(Arc<Observer>);
+
+impl runtime::Handler for Events {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        self.0.on_event(d).await
+    }
+}
+
+/// The events that say what a node runs.
+pub fn observed_event_filters() -> Vec<String> {
+    vec![
+        pb::NodeOsProvisioned::filter(),
+        pb::NodeBinariesInstalled::filter(),
+        pb::NodePatched::filter(),
+        pb::ContainerPackagesApplied::filter(),
+    ]
+}
+
+/// Runs the observer until `shutdown`.
+pub async fn run_observer(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let observer = Arc::new(Observer::new(&bus).await?);
+    let spec = ConsumerSpec::new(
+        names::EVENTS_STREAM,
+        names::OBSERVER_EVENTS,
+        observed_event_filters(),
+        RejectAs::Message { consumer: names::OBSERVER_EVENTS.to_string() },
+    )
+    // A node's reports are written in the order they were made; sites run side by side.
+    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None)
+    .concurrency(512);
+    runtime::consume(bus, spec, Arc::new(Events(observer)), shutdown).await?;
+    Ok(())
+}
