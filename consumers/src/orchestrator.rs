@@ -252,6 +252,119 @@ impl Orchestrator {
         Ok(())
     }
 
+    /// A node appeared at a site (its gateway saw a new host, or an operator said so). It goes
+    /// into the site's design; at an installed site it then joins the cluster: OS, its role's
+    /// packages at the site's current versions, binaries joining the running cluster, NodeReady.
+    /// A node the design has, and that runs something already, changes nothing.
+    async fn node_added(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::NodeAdded = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id).map_err(invalid)?.to_string();
+        let node = bus_schema::domain::NodeDesign::try_from(cmd.node.unwrap_or_default()).map_err(invalid)?;
+        let name = node.name.to_string();
+        let saga_key = keys::saga(&d.envelope.id);
+        if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
+            self.settle(&saga_key, existing, rev).await?;
+            return Ok(());
+        }
+        let Some((current, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(&site)).await? else {
+            return Err(HandlerError::reject(
+                pb::RejectCode::UnknownSite,
+                format!("site {site} is not registered; a node cannot be added to it"),
+            ));
+        };
+        let current = SiteDesign::try_from(current).map_err(invalid)?;
+        if let Some(other) = current.nodes.iter().find(|n| n.boot_mac == node.boot_mac && n.name != node.name) {
+            return Err(HandlerError::reject(
+                pb::RejectCode::Conflict,
+                format!("boot MAC {} of {name} is already node {} of {site}", node.boot_mac, other.name),
+            ));
+        }
+        match current.node(&name) {
+            Some(known) if known.boot_mac != node.boot_mac => {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Conflict,
+                    format!("{site} already has a node {name}, with boot MAC {}", known.boot_mac),
+                ));
+            }
+            Some(_) if self.runs_something(&site, &name).await? => {
+                debug!(%site, node = %name, "node already known and running");
+                return Ok(());
+            }
+            _ => {}
+        }
+
+        lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
+        let design = self.add_node(&site, &node).await?;
+        if !self.site_installed(&site).await? {
+            // Not installed yet: the node is in the design, and the install brings it up.
+            lease::release(&self.sagas, &site, Holder::Saga(&d.envelope.id)).await?;
+            let evt = pb::NodeAccepted { site_id: site.clone(), node: Some(pb::NodeSpec::from(&node)), joining: false };
+            self.bus.publish_event(&evt, &d.envelope.derive("node_accepted", None)).await?;
+            info!(%site, node = %name, "node added to the design; the site's install will bring it up");
+            return Ok(());
+        }
+        let resolved = match saga::resolve(&design, &self.catalog_for(&design).await?) {
+            Ok(r) => r,
+            Err(r) => {
+                lease::release(&self.sagas, &site, Holder::Saga(&d.envelope.id)).await?;
+                return Err(HandlerError::reject(r.code, r.reason));
+            }
+        };
+        let new = saga::start_join(&d.envelope, &design, &name, resolved, now_ms());
+        match self.sagas.create(&saga_key, &new).await? {
+            Cas::Written(rev) => {
+                info!(%site, node = %name, saga = %d.envelope.id, "node joining");
+                self.settle(&saga_key, new, rev).await?;
+            }
+            Cas::Conflict => {
+                if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
+                    self.settle(&saga_key, existing, rev).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the node has reported running anything (`landfall-observed`).
+    async fn runs_something(&self, site: &str, node: &str) -> Result<bool, HandlerError> {
+        let observed = self.bus.kv(names::OBSERVED_BUCKET).await?;
+        Ok(!observed.scan::<pb::ObservedVersion>(&keys::observed_node_prefix(site, node)).await?.is_empty())
+    }
+
+    /// Whether the site's latest install ended with a cluster (success or partial success).
+    async fn site_installed(&self, site: &str) -> Result<bool, HandlerError> {
+        let Some((latest, _)) = self.sagas.get::<pb::SiteLease>(&keys::latest_install(site)).await? else {
+            return Ok(false);
+        };
+        let saga = self.sagas.get::<pb::InstallSaga>(&keys::saga(&latest.saga_id)).await?;
+        Ok(saga.is_some_and(|(s, _)| {
+            matches!(
+                pb::InstallOutcome::try_from(s.outcome),
+                Ok(pb::InstallOutcome::Success | pb::InstallOutcome::PartialSuccess)
+            )
+        }))
+    }
+
+    /// Puts the node into the site's design (compare-and-set); returns the design with it.
+    async fn add_node(&self, site: &str, node: &bus_schema::domain::NodeDesign) -> Result<SiteDesign, HandlerError> {
+        let key = keys::site(site);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((current, rev)) = self.sites.get::<pb::SiteDesign>(&key).await? else {
+                return Err(HandlerError::Transient(format!("site {site} vanished")));
+            };
+            let mut design = SiteDesign::try_from(current).map_err(invalid)?;
+            if design.node(node.name.as_str()).is_some() {
+                return Ok(design);
+            }
+            design.nodes.push(node.clone());
+            let design = design.validate().map_err(invalid)?;
+            if let Cas::Written(_) = self.sites.update(&key, &pb::SiteDesign::from(&design), rev).await? {
+                return Ok(design);
+            }
+        }
+        Err(HandlerError::Transient(format!("site {site} design kept changing")))
+    }
+
     /// Publishes the saga's outbox, clears it, and releases the lease once the saga has ended.
     /// Safe to repeat: the messages carry fixed ids, so a second publish is dropped as a duplicate.
     async fn settle(&self, key: &str, mut saga: pb::InstallSaga, rev: u64) -> Result<(), HandlerError> {
@@ -398,10 +511,7 @@ impl runtime::Handler for Commands {
             pb::PauseRollout::KIND => self.0.rollouts.pause(d).await,
             pb::ResumeRollout::KIND => self.0.rollouts.resume(d).await,
             pb::CancelRollout::KIND => self.0.rollouts.cancel(d).await,
-            pb::NodeAdded::KIND => Err(HandlerError::reject(
-                pb::RejectCode::Unsupported,
-                format!("{} is accepted by the schema but this orchestrator does not carry it out yet", d.type_name),
-            )),
+            pb::NodeAdded::KIND => self.0.node_added(d).await,
             other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such command {other:?}"))),
         }
     }

@@ -160,6 +160,19 @@ pub fn start(cmd: &Envelope, design: &SiteDesign, resolved: Resolved, now_ms: i6
     saga
 }
 
+/// The saga of a node joining an installed site's cluster (NodeAdded): `design` is the site's
+/// design with the node in it. Its outbox holds `NodeAccepted` and the `StageArtifacts` job;
+/// then the node's OS, its binaries joining the running cluster, and `NodeReady`.
+pub fn start_join(cmd: &Envelope, design: &SiteDesign, node: &str, resolved: Resolved, now_ms: i64) -> pb::InstallSaga {
+    let mut saga = start(cmd, design, resolved, now_ms);
+    saga.join = true;
+    saga.nodes.retain(|n| name_of(n) == node);
+    let spec = saga.nodes.first().and_then(|n| n.node.clone());
+    let accepted = pb::NodeAccepted { site_id: saga.site_id.clone(), node: spec, joining: true };
+    saga.outbox[0] = outbox_entry(accepted.subject(), &accepted, &cmd.derive("node_accepted", None));
+    saga
+}
+
 /// Whether the saga has ended.
 pub fn is_terminal(saga: &pb::InstallSaga) -> bool {
     matches!(InstallPhase::try_from(saga.phase), Ok(InstallPhase::Succeeded | InstallPhase::Failed))
@@ -217,6 +230,8 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
                 n.reason = reason.clone();
                 if phase == InstallPhase::ProvisioningOs {
                     after_os(&mut next, cause, now_ms);
+                } else if next.join {
+                    after_join(&mut next, cause, now_ms);
                 }
                 true
             }
@@ -225,6 +240,9 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
         Input::BinariesInstalled { node } => match find(&mut next, node) {
             Some(n) if n.step == NodeStep::OsProvisioned as i32 => {
                 n.step = NodeStep::BinariesInstalled as i32;
+                if next.join {
+                    after_join(&mut next, cause, now_ms);
+                }
                 true
             }
             _ => false,
@@ -260,6 +278,15 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
             finish(&mut next, cause, now_ms, None);
             true
         }
+        Input::JobFailed { job, reason } if next.join => {
+            for n in next.nodes.iter_mut().filter(|n| n.step != NodeStep::Failed as i32) {
+                n.step = NodeStep::Failed as i32;
+                n.failed_step = job.clone();
+                n.reason = reason.clone();
+            }
+            finish_join(&mut next, cause, now_ms);
+            true
+        }
         Input::JobFailed { job, reason } => {
             finish(&mut next, cause, now_ms, Some(format!("{job} failed: {reason}")));
             true
@@ -292,7 +319,11 @@ fn after_os(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
     }
     let ready: Vec<pb::NodeSpec> =
         saga.nodes.iter().filter(|n| step(n) == NodeStep::OsProvisioned).filter_map(|n| n.node.clone()).collect();
-    if !ready.iter().any(|n| n.role == pb::Role::Master as i32) {
+    if saga.join && ready.is_empty() {
+        finish_join(saga, cause, now_ms);
+        return;
+    }
+    if !saga.join && !ready.iter().any(|n| n.role == pb::Role::Master as i32) {
         finish(saga, cause, now_ms, Some("no master node has an operating system: the cluster cannot form".into()));
         return;
     }
@@ -304,6 +335,54 @@ fn after_os(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
         join_existing: saga.join,
     };
     push_job(saga, &job, &cause.derive("install_binaries", None));
+}
+
+/// Once a joining node's binaries are installed or failed: the join is over.
+fn after_join(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
+    let pending = |n: &pb::NodeProgress| n.step == NodeStep::OsProvisioned as i32;
+    if !saga.nodes.iter().any(pending) {
+        finish_join(saga, cause, now_ms);
+    }
+}
+
+/// Ends a join: `NodeReady` for a node in the cluster, `NodeJoinFailed` (with the step and
+/// reason) otherwise.
+fn finish_join(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
+    saga.finished_unix_ms = now_ms;
+    let site = saga.site_id.clone();
+    let packages: Vec<pb::PackageRef> = saga
+        .design
+        .as_ref()
+        .and_then(|d| d.packages.iter().find(|rp| saga.nodes.first().is_some_and(|n| role_of(n) == rp.role)))
+        .map(|rp| rp.packages.clone())
+        .unwrap_or_default();
+    let mut failed = Vec::new();
+    let mut ready = Vec::new();
+    for n in &saga.nodes {
+        let name = name_of(n).to_string();
+        if n.step == NodeStep::BinariesInstalled as i32 {
+            let evt = pb::NodeReady { site_id: site.clone(), node: name.clone(), role: role_of(n), packages: packages.clone() };
+            ready.push(outbox_entry(evt.subject(), &evt, &cause.derive("node_ready", Some(&name))));
+        } else {
+            let evt = pb::NodeJoinFailed {
+                site_id: site.clone(),
+                node: name.clone(),
+                step: n.failed_step.clone(),
+                reason: if n.reason.is_empty() { "the join did not complete".into() } else { n.reason.clone() },
+            };
+            failed.push(format!("{name}: {}", evt.reason));
+            ready.push(outbox_entry(evt.subject(), &evt, &cause.derive("node_join_failed", Some(&name))));
+        }
+    }
+    saga.outbox.extend(ready);
+    if failed.is_empty() {
+        saga.phase = InstallPhase::Succeeded as i32;
+        saga.outcome = pb::InstallOutcome::Success as i32;
+    } else {
+        saga.phase = InstallPhase::Failed as i32;
+        saga.outcome = pb::InstallOutcome::Failure as i32;
+        saga.reason = failed.join("; ");
+    }
 }
 
 /// Ends the saga: `SiteInstalled` when every node made it, `SiteInstallFailed` (with every
@@ -550,5 +629,43 @@ mod tests {
         };
         assert!(is_terminal(&s));
         assert_eq!(s.outcome, pb::InstallOutcome::Failure as i32);
+    }
+
+    #[test]
+    fn a_joining_worker_gets_os_and_binaries_then_node_ready() {
+        let d = design(3);
+        let saga = start_join(&Envelope::root(), &d, "n2", resolve(&d, &catalog()).unwrap(), 0);
+        assert!(saga.join);
+        let kinds: Vec<_> = saga.outbox.iter().map(|o| o.message_type.as_str()).collect();
+        assert_eq!(kinds, [pb::NodeAccepted::TYPE, pb::StageArtifacts::TYPE]);
+        let saga = pb::InstallSaga { outbox: vec![], ..saga };
+        let Decision::Apply(s) = decide(&saga, &Input::Staged, &Envelope::root(), 1) else { panic!() };
+        assert_eq!(s.outbox.len(), 1, "only the new node is provisioned");
+        let s = pb::InstallSaga { outbox: vec![], ..*s };
+        let Decision::Apply(s) = decide(&s, &Input::OsProvisioned { node: "n2".into() }, &Envelope::root(), 1) else {
+            panic!()
+        };
+        let job = pb::InstallBinaries::decode(s.outbox[0].payload.as_slice()).unwrap();
+        assert!(job.join_existing, "a worker alone joins the running cluster");
+        let s = pb::InstallSaga { outbox: vec![], ..*s };
+        let Decision::Apply(s) = decide(&s, &Input::BinariesInstalled { node: "n2".into() }, &Envelope::root(), 1)
+        else {
+            panic!()
+        };
+        assert_eq!(s.phase, InstallPhase::Succeeded as i32);
+        let ready = pb::NodeReady::decode(s.outbox[0].payload.as_slice()).unwrap();
+        assert_eq!((ready.node.as_str(), ready.packages.len()), ("n2", 3));
+    }
+
+    #[test]
+    fn a_joining_node_that_fails_says_where() {
+        let d = design(2);
+        let saga = start_join(&Envelope::root(), &d, "n1", resolve(&d, &catalog()).unwrap(), 0);
+        let s = apply(&pb::InstallSaga { outbox: vec![], ..saga }, Input::Staged);
+        let fail = Input::NodeFailed { node: "n1".into(), step: "provision_os".into(), reason: "bad disk".into() };
+        let Decision::Apply(s) = decide(&s, &fail, &Envelope::root(), 1) else { panic!() };
+        assert_eq!(s.phase, InstallPhase::Failed as i32);
+        let failed = pb::NodeJoinFailed::decode(s.outbox[0].payload.as_slice()).unwrap();
+        assert_eq!((failed.step.as_str(), failed.reason.as_str()), ("provision_os", "bad disk"));
     }
 }
