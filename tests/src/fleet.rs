@@ -103,6 +103,7 @@ impl FleetBuilder {
         tasks.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
 
         let mut sites = Vec::new();
+        let mut gateways = Vec::new();
         for i in 0..self.sites {
             let design = demo_site(i, self.nodes);
             let backend = Arc::new(SimSite::new(design.site.as_str(), &design.nodes, self.sim.clone()));
@@ -112,10 +113,15 @@ impl FleetBuilder {
             for (_, host) in self.failing_binaries.iter().filter(|(s, _)| *s == i) {
                 backend.fail_binaries(host);
             }
-            tasks.spawn(site_gateway::run_gateway(design.site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
+            let gateway = shutdown.child_token();
+            tasks.spawn(site_gateway::run_gateway(design.site.clone(), bus.clone(), backend.clone(), gateway.clone()));
+            let control =
+                site_gateway::serve_sim_control(design.site.clone(), bus.clone(), (*backend).clone(), gateway.clone());
+            tasks.spawn(control);
+            gateways.push(gateway);
             sites.push((design, backend));
         }
-        let fleet = Fleet { bus, scopes: Default::default(), keys, sites, shutdown, tasks };
+        let fleet = Fleet { bus, scopes: Default::default(), keys, sites, gateways, shutdown, tasks };
         fleet.register(self.orchestrators > 0).await;
         fleet
     }
@@ -127,6 +133,8 @@ pub struct Fleet {
     scopes: std::sync::Mutex<std::collections::HashMap<String, String>>,
     pub keys: Arc<dyn KeyProvider>,
     pub sites: Vec<(SiteDesign, Arc<SimSite>)>,
+    /// Each site's gateway runs until its token is cancelled ([`Fleet::stop_gateway`]).
+    gateways: Vec<CancellationToken>,
     shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
 }
@@ -164,6 +172,30 @@ impl InstallRun {
     }
 }
 
+/// Everything one rollout caused, in stream order, up to its end.
+pub struct RolloutRun {
+    pub events: Vec<ReadEvent>,
+}
+
+impl RolloutRun {
+    pub fn terminal(&self) -> &ReadEvent {
+        self.events.last().expect("a rollout run has a terminal event")
+    }
+
+    pub fn of_type<M: BusMessage>(&self) -> Vec<M> {
+        self.events
+            .iter()
+            .filter(|e| e.delivery.type_name == M::TYPE)
+            .map(|e| e.delivery.decode::<M>().expect("events decode"))
+            .collect()
+    }
+
+    /// The type names, without the package, in stream order.
+    pub fn kinds(&self) -> Vec<String> {
+        self.events.iter().map(|e| e.delivery.type_name.trim_start_matches("landfall.v1.").to_string()).collect()
+    }
+}
+
 fn is_terminal(type_name: &str) -> bool {
     [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE].contains(&type_name)
 }
@@ -195,7 +227,10 @@ impl Fleet {
         let mut last_package = Envelope::root();
         for p in demo_packages() {
             last_package = Envelope::root();
-            self.bus.publish_command(&pb::RegisterPackage { package: Some(p), auto_rollout: None }, &last_package).await.unwrap();
+            self.bus
+                .publish_command(&pb::RegisterPackage { package: Some(p), auto_rollout: None }, &last_package)
+                .await
+                .unwrap();
         }
         if wait {
             // Fleet-wide commands are handled in order: the last one registered means all are.
@@ -271,6 +306,67 @@ impl Fleet {
             panic!("install {} did not end within {INSTALL_TIMEOUT:?}; saw {seen:#?}", cmd.id);
         }
         InstallRun { events }
+    }
+
+    /// Takes site `i`'s gateway off the bus (the site goes offline); its jobs wait in the stream.
+    pub fn stop_gateway(&self, i: usize) {
+        self.gateways[i].cancel();
+    }
+
+    /// Installs every site and waits until each is installed.
+    pub async fn install_all(&self) {
+        let mut cmds = Vec::new();
+        for i in 0..self.sites.len() {
+            cmds.push(self.install(&self.site_id(i)).await);
+        }
+        for cmd in &cmds {
+            let run = self.wait_install(cmd).await;
+            assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "install {}", cmd.id);
+        }
+    }
+
+    /// Publishes a PatchPackage; its envelope id is the rollout id.
+    pub async fn patch(&self, cmd: pb::PatchPackage) -> Envelope {
+        let env = Envelope::root();
+        self.bus.publish_command(&cmd, &env).await.unwrap();
+        env
+    }
+
+    /// Every event of the rollout (fleet and site events) until it completes, halts, is
+    /// cancelled or rejected.
+    pub async fn wait_rollout(&self, rollout_id: &str, timeout: Duration) -> RolloutRun {
+        let ends = [
+            pb::RolloutCompleted::TYPE,
+            pb::RolloutHalted::TYPE,
+            pb::RolloutCancelled::TYPE,
+            pb::CommandRejected::TYPE,
+        ];
+        self.wait_rollout_until(rollout_id, &ends, timeout).await
+    }
+
+    /// Every event of the rollout until the first of one of the `ends` types.
+    pub async fn wait_rollout_until(&self, rollout_id: &str, ends: &[&str], timeout: Duration) -> RolloutRun {
+        let mut reader = self.bus.read_events(vec![names::EVENTS_ALL.to_string()], DeliverPolicy::All).await.unwrap();
+        let mut events = Vec::new();
+        let result = tokio::time::timeout(timeout, async {
+            while let Some(e) = reader.next().await {
+                let e = e.unwrap();
+                if e.delivery.envelope.correlation != rollout_id {
+                    continue;
+                }
+                let done = ends.contains(&e.delivery.type_name.as_str());
+                events.push(e);
+                if done {
+                    return;
+                }
+            }
+        })
+        .await;
+        if result.is_err() {
+            let seen: Vec<_> = events.iter().map(|e| e.delivery.type_name.clone()).collect();
+            panic!("rollout {rollout_id} did not end within {timeout:?}; saw {seen:#?}");
+        }
+        RolloutRun { events }
     }
 
     /// Stops every service and waits for them to drain.

@@ -135,7 +135,12 @@ async fn a_lease_without_a_saga_is_respected_then_taken_over() {
     let site = fleet.site_id(0);
     let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
     let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-    let ghost = pb::SiteLease { site_id: site.clone(), saga_id: "ghost".into(), acquired_unix_ms: now_ms(), ..Default::default() };
+    let ghost = pb::SiteLease {
+        site_id: site.clone(),
+        saga_id: "ghost".into(),
+        acquired_unix_ms: now_ms(),
+        ..Default::default()
+    };
     sagas.put(&names::keys::site_lease(&site), &ghost).await.unwrap();
 
     let cmd = fleet.install(&site).await;

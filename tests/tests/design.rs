@@ -139,7 +139,11 @@ async fn a_three_rack_design_applies_once_shows_origins_and_diffs() {
 
     // A new kubelet: the diff names what changes, and applying it makes revision 2.
     let file2 = write(dir.path(), "site-v2.yaml", &design("1.30.0"));
-    fleet.bus.publish_command(&pb::RegisterPackage { package: Some(kubelet_1_30()), auto_rollout: None }, &Envelope::root()).await.unwrap();
+    fleet
+        .bus
+        .publish_command(&pb::RegisterPackage { package: Some(kubelet_1_30()), auto_rollout: None }, &Envelope::root())
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let out = landfall(&url, &["design", "diff", "-f", &file2]).await;
     assert!(
@@ -199,7 +203,11 @@ async fn a_broken_design_is_refused_whole_with_every_error_named() {
 async fn an_install_uses_the_design_at_the_revision_it_names() {
     let server = NatsServer::start();
     let fleet = Fleet::builder(&server.url()).sites(0).start().await;
-    fleet.bus.publish_command(&pb::RegisterPackage { package: Some(kubelet_1_30()), auto_rollout: None }, &Envelope::root()).await.unwrap();
+    fleet
+        .bus
+        .publish_command(&pb::RegisterPackage { package: Some(kubelet_1_30()), auto_rollout: None }, &Envelope::root())
+        .await
+        .unwrap();
     let mut last = Envelope::root();
     for kubelet in ["1.29.2", "1.30.0"] {
         last = Envelope::root();

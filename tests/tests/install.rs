@@ -312,7 +312,12 @@ async fn register_then_install_at_once_runs_in_publish_order() {
         tokio::spawn(site_gateway::run_gateway(design.site.clone(), bus.clone(), backend, Default::default()));
         let mut extra = producers::up::demo_packages()[0].clone();
         extra.version = format!("22.04.{}", 10 + i);
-        bus.publish_command(&pb::RegisterPackage { package: Some(extra.clone()), auto_rollout: None }, &Envelope::root()).await.unwrap();
+        bus.publish_command(
+            &pb::RegisterPackage { package: Some(extra.clone()), auto_rollout: None },
+            &Envelope::root(),
+        )
+        .await
+        .unwrap();
         let mut site = pb::SiteDesign::from(&design);
         for set in &mut site.packages {
             set.packages[0].version = extra.version.clone();

@@ -1,0 +1,360 @@
+//! Rollouts through the real bus, orchestrator and gateways: canaries first, waves, nodes
+//! patched once, the failure budget, pause/cancel, auto-rollout, offline sites, node joins.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bus_schema::domain::{NodeDesign, Role};
+use bus_schema::names;
+use bus_schema::names::keys;
+use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::runtime::{self, Envelope};
+use landfall_tests::fleet::{Fleet, RolloutRun};
+use landfall_tests::nats::NatsServer;
+use sha2::{Digest, Sha256};
+
+const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn kubelet(version: &str) -> pb::Package {
+    let digest = Sha256::digest(format!("kubelet@{version}").as_bytes());
+    pb::Package {
+        name: "kubelet".into(),
+        version: version.into(),
+        kind: pb::PackageKind::Binary as i32,
+        sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+        size: 111_955_968,
+        object_key: format!("kubelet/{version}"),
+    }
+}
+
+async fn register(fleet: &Fleet, package: pb::Package, auto: Option<pb::AutoRollout>) -> Envelope {
+    let env = Envelope::root();
+    fleet.bus.publish_command(&pb::RegisterPackage { package: Some(package), auto_rollout: auto }, &env).await.unwrap();
+    let done = fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(20)).await;
+    assert!(done.is_some(), "package registered");
+    env
+}
+
+fn patch(version: &str, strategy: pb::RolloutStrategy) -> pb::PatchPackage {
+    pb::PatchPackage { name: "kubelet".into(), version: version.into(), strategy: Some(strategy), ..Default::default() }
+}
+
+/// Every node of every site patched exactly once, by the sites' own effect counters.
+fn assert_patched_once(fleet: &Fleet) {
+    for (design, site) in &fleet.sites {
+        let once: BTreeMap<String, u32> = design.nodes.iter().map(|n| (n.name.to_string(), 1)).collect();
+        assert_eq!(site.effects().patches, once, "{}: each node patched once", design.site);
+    }
+}
+
+fn completed(run: &RolloutRun) -> pb::RolloutCompleted {
+    let kinds = run.kinds();
+    run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("no RolloutCompleted: {kinds:?}"))
+}
+
+/// The site of each NodePatched, in stream order.
+fn patched_sites(run: &RolloutRun) -> Vec<String> {
+    run.of_type::<pb::NodePatched>().into_iter().map(|e| e.site_id).collect()
+}
+
+#[tokio::test]
+async fn canaries_first_then_waves_every_node_patched_once() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(4).nodes(3).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+
+    let strategy = pb::RolloutStrategy {
+        canary_site_ids: vec!["edge-03".into()],
+        max_concurrent_sites: 2,
+        max_unavailable: "1".into(),
+        ..Default::default()
+    };
+    let cmd = fleet.patch(patch("1.30.0", strategy)).await;
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    let done = completed(&run);
+    assert_eq!((done.planned_nodes, done.patched, done.failed, done.sites), (12, 12, 0, 4));
+
+    let planned = &run.of_type::<pb::RolloutPlanned>()[0];
+    assert_eq!(planned.waves, 3, "a canary wave, then waves of two sites");
+    assert_eq!(planned.sites[0].site_id, "edge-03");
+    assert!(planned.sites[0].canary);
+    let waves: Vec<u32> = run.of_type::<pb::RolloutWaveStarted>().iter().map(|w| w.wave).collect();
+    assert_eq!(waves, [0, 1, 2]);
+    // The canary's nodes are all patched before any other site's.
+    let order = patched_sites(&run);
+    assert!(order[..3].iter().all(|s| s == "edge-03"), "{order:?}");
+    assert_patched_once(&fleet);
+
+    // What the nodes run now is observed, and the sites' designs want the new version.
+    let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let versions =
+        observed.scan_matching::<pb::ObservedVersion>(&keys::observed_package_everywhere("kubelet")).await.unwrap();
+    assert_eq!(versions.len(), 12);
+    assert!(versions.iter().all(|(_, v, _)| v.version == "1.30.0"), "{versions:?}");
+    let sites = fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
+    let (design, _) = sites.get::<pb::SiteDesign>(&keys::site("edge-01")).await.unwrap().unwrap();
+    assert!(design.packages.iter().flat_map(|r| &r.packages).any(|p| p.name == "kubelet" && p.version == "1.30.0"));
+
+    // The same patch again: every node is at the version already, nothing is touched.
+    let again = fleet.patch(patch("1.30.0", Default::default())).await;
+    let run = fleet.wait_rollout(&again.id, ROLLOUT_TIMEOUT).await;
+    let done = completed(&run);
+    assert_eq!((done.planned_nodes, done.patched), (0, 0));
+    assert_eq!(run.of_type::<pb::RolloutPlanned>()[0].nodes_at_target, 12);
+    assert_patched_once(&fleet);
+    fleet.stop().await;
+}
+
+#[tokio::test]
+async fn failures_past_the_threshold_halt_the_rollout_until_resumed() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(3).nodes(2).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    fleet.backend(0).fail_patch("node-2");
+
+    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, failure_threshold: "0".into(), ..Default::default() };
+    let cmd = fleet.patch(patch("1.30.0", strategy)).await;
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    let halted = run.of_type::<pb::RolloutHalted>().pop().expect("halted");
+    assert!(halted.reason.contains("1 node(s) failed"), "{}", halted.reason);
+    assert_eq!(run.of_type::<pb::NodePatchFailed>().len(), 1);
+    // Halted after the first site: the others were never started.
+    assert!(fleet.backend(1).effects().patches.is_empty() && fleet.backend(2).effects().patches.is_empty());
+
+    fleet.backend(0).heal("node-2");
+    let resume = Envelope::root();
+    let cmd_resume = pb::ResumeRollout { rollout_id: cmd.id.clone() };
+    fleet.bus.publish_command(&cmd_resume, &resume).await.unwrap();
+    let run = fleet.wait_rollout_until(&cmd.id, &[pb::RolloutCompleted::TYPE], ROLLOUT_TIMEOUT).await;
+    let done = completed(&run);
+    assert_eq!((done.patched, done.failed), (5, 1), "the failed node stays failed in this rollout");
+    fleet.stop().await;
+}
+
+#[tokio::test]
+async fn pause_stops_new_sites_and_cancel_ends_the_rollout() {
+    let server = NatsServer::start();
+    let slow = site_gateway::sim::SimConfig {
+        install_binaries: Duration::from_millis(2000),
+        ..site_gateway::sim::SimConfig::fast()
+    };
+    let fleet = Fleet::builder(&server.url()).sites(3).nodes(1).sim(slow).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    let cmd = fleet.patch(patch("1.30.0", pb::RolloutStrategy { max_concurrent_sites: 1, ..Default::default() })).await;
+    fleet.wait_for(pb::RolloutWaveStarted::filter(), &cmd.id, Duration::from_secs(20)).await.expect("wave 0");
+    let pause = pb::PauseRollout { rollout_id: cmd.id.clone(), reason: "maintenance window closed".into() };
+    fleet.bus.publish_command(&pause, &Envelope::root()).await.unwrap();
+    fleet.wait_for(pb::RolloutPaused::filter(), &cmd.id, Duration::from_secs(20)).await.expect("paused");
+    // The site under way finishes; no other starts while paused.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let patched: usize = (0..3).map(|i| fleet.backend(i).effects().patches.len()).sum();
+    assert_eq!(patched, 1, "only the site already under way was patched");
+
+    let cancel = pb::CancelRollout { rollout_id: cmd.id.clone(), reason: String::new() };
+    fleet.bus.publish_command(&cancel, &Envelope::root()).await.unwrap();
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    assert_eq!(run.terminal().delivery.type_name, pb::RolloutCancelled::TYPE);
+    let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    let (r, _) = sagas.get::<pb::Rollout>(&keys::rollout(&cmd.id)).await.unwrap().unwrap();
+    assert_eq!(r.phase, pb::RolloutPhase::Cancelled as i32);
+
+    // Pausing a cancelled rollout is refused, saying why.
+    let late = Envelope::root();
+    fleet
+        .bus
+        .publish_command(&pb::PauseRollout { rollout_id: cmd.id.clone(), reason: String::new() }, &late)
+        .await
+        .unwrap();
+    let rejected = fleet
+        .wait_for(
+            names::events_of_kind(pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND),
+            &late.id,
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap();
+    let rejected: pb::CommandRejected = rejected.delivery.decode().unwrap();
+    assert!(rejected.reason.contains("cancelled"), "{}", rejected.reason);
+    fleet.stop().await;
+}
+
+#[tokio::test]
+async fn a_newer_version_with_an_auto_rollout_policy_rolls_out_by_itself() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(2).nodes(2).start().await;
+    fleet.install_all().await;
+    let policy = pb::AutoRollout {
+        enabled: true,
+        selector: None,
+        strategy: Some(pb::RolloutStrategy { canary_sites: 1, ..Default::default() }),
+    };
+    // Registering the policy with a version the nodes already run patches nothing.
+    register(&fleet, kubelet("1.29.2"), Some(policy)).await;
+    let register_newer = register(&fleet, kubelet("1.30.1"), None).await;
+    let planned = fleet
+        .wait_for(pb::RolloutPlanned::filter(), &Envelope::root_with_id(derived(&register_newer)).id, ROLLOUT_TIMEOUT)
+        .await
+        .expect("the newer version started a rollout by itself");
+    let planned: pb::RolloutPlanned = planned.delivery.decode().unwrap();
+    assert_eq!(planned.planned_nodes, 4);
+    assert!(planned.trigger.contains("auto-rollout"), "{}", planned.trigger);
+    let run = fleet.wait_rollout(&planned.rollout_id, ROLLOUT_TIMEOUT).await;
+    assert_eq!(completed(&run).patched, 4);
+    assert_patched_once(&fleet);
+
+    // An older version registered later is not the newest: nothing rolls back.
+    register(&fleet, kubelet("1.30.0"), None).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_patched_once(&fleet);
+    fleet.stop().await;
+}
+
+/// The id of the PatchPackage an auto-rollout derives from the RegisterPackage.
+fn derived(register: &Envelope) -> uuid::Uuid {
+    uuid::Uuid::parse_str(&register.derive("auto_rollout", None).id).unwrap()
+}
+
+#[tokio::test]
+async fn three_replicas_share_a_rollout_and_patch_each_node_once() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(6).nodes(3).orchestrators(3).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    let strategy = pb::RolloutStrategy {
+        canary_sites: 1,
+        max_concurrent_sites: 3,
+        max_unavailable: "50%".into(),
+        ..Default::default()
+    };
+    let cmd = fleet.patch(patch("1.30.0", strategy)).await;
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    assert_eq!(completed(&run).patched, 18);
+    assert_eq!(run.of_type::<pb::SitePatched>().len(), 6, "each site reported once");
+    assert_eq!(run.of_type::<pb::RolloutCompleted>().len(), 1);
+    assert_patched_once(&fleet);
+    fleet.stop().await;
+}
+
+#[tokio::test]
+async fn an_offline_site_counts_as_failed_only_after_its_wave_timeout() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(2).nodes(2).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    fleet.stop_gateway(1);
+    let strategy = pb::RolloutStrategy {
+        wave_timeout_seconds: 2,
+        on_wave_timeout: pb::WaveTimeoutAction::Continue as i32,
+        failure_threshold: "50%".into(),
+        ..Default::default()
+    };
+    let cmd = fleet.patch(patch("1.30.0", strategy)).await;
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    let done = completed(&run);
+    assert_eq!((done.patched, done.failed), (2, 2), "edge-02's two nodes count as failed");
+    let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    let (site, _) = sagas.get::<pb::RolloutSite>(&keys::rollout_site(&cmd.id, "edge-02")).await.unwrap().unwrap();
+    assert_eq!(site.state, pb::RolloutSiteState::TimedOut as i32);
+    assert!(site.failed[0].reason.contains("wave timeout of 2s"), "{}", site.failed[0].reason);
+    let lease = sagas.get::<pb::SiteLease>(&keys::site_lease("edge-02")).await.unwrap();
+    assert!(lease.is_none(), "the offline site's lease was let go");
+    fleet.stop().await;
+}
+
+#[tokio::test]
+async fn a_host_that_appears_joins_the_cluster_with_the_sites_current_versions() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(2).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    let cmd = fleet.patch(patch("1.30.0", Default::default())).await;
+    completed(&fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await);
+
+    // A host appears at the site; nobody says anything else.
+    let node = NodeDesign {
+        name: "node-9".try_into().unwrap(),
+        role: Role::Worker,
+        boot_mac: "52:54:00:aa:00:09".to_string().try_into().unwrap(),
+        bmc_address: "ipmi://10.1.0.9".to_string().try_into().unwrap(),
+        labels: Default::default(),
+    };
+    let request = pb::SimulateHostArrival { site_id: "edge-01".into(), node: Some(pb::NodeSpec::from(&node)) };
+    let reply = fleet
+        .bus
+        .client()
+        .request(names::sim_host_arrival_rpc("edge-01"), prost::Message::encode_to_vec(&request).into())
+        .await
+        .unwrap();
+    assert!(reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)).is_none());
+
+    let mut reader = fleet
+        .bus
+        .read_events(vec![names::scope_events("edge-01")], async_nats::jetstream::consumer::DeliverPolicy::All)
+        .await
+        .unwrap();
+    let ready = tokio::time::timeout(ROLLOUT_TIMEOUT, async {
+        while let Some(e) = reader.next().await {
+            let e = e.unwrap();
+            if e.delivery.type_name == pb::NodeReady::TYPE {
+                return e.delivery.decode::<pb::NodeReady>().unwrap();
+            }
+            assert_ne!(e.delivery.type_name, pb::NodeJoinFailed::TYPE, "the join failed");
+        }
+        panic!("event stream ended")
+    })
+    .await
+    .expect("NodeReady within the timeout");
+    assert_eq!(ready.node, "node-9");
+    assert!(ready.packages.iter().any(|p| p.name == "kubelet" && p.version == "1.30.0"), "{:?}", ready.packages);
+    let effects = fleet.backend(0).effects();
+    assert_eq!(effects.provisions.get("node-9"), Some(&1));
+    assert_eq!(effects.binary_installs.get("node-9"), Some(&1));
+
+    let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let nodes = runtime::observed_nodes(&observed, &keys::observed_site_prefix("edge-01")).await.unwrap();
+    let new = nodes.iter().find(|n| n.node == "node-9").expect("node-9 observed");
+    assert!(new.packages.iter().any(|p| p.name == "kubelet" && p.version == "1.30.0"));
+    let sites = fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
+    let (design, _) = sites.get::<pb::SiteDesign>(&keys::site("edge-01")).await.unwrap().unwrap();
+    assert!(design.nodes.iter().any(|n| n.name == "node-9"), "the node is in the site's design");
+    fleet.stop().await;
+}
+
+#[tokio::test]
+async fn bad_patches_are_rejected_with_the_reason() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(1).start().await;
+    for (cmd, code, words) in [
+        (patch("9.9.9", Default::default()), pb::RejectCode::UnknownPackage, "not in the catalog"),
+        (
+            patch("1.29.2", pb::RolloutStrategy { max_unavailable: "150%".into(), ..Default::default() }),
+            pb::RejectCode::Invalid,
+            "max_unavailable",
+        ),
+        (
+            pb::PatchPackage {
+                selector: Some(pb::SiteSelector { site_ids: vec!["edge-77".into()], ..Default::default() }),
+                ..patch("1.29.2", Default::default())
+            },
+            pb::RejectCode::UnknownSite,
+            "edge-77",
+        ),
+    ] {
+        let env = fleet.patch(cmd).await;
+        let e = fleet
+            .wait_for(
+                names::events_of_kind(pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND),
+                &env.id,
+                Duration::from_secs(20),
+            )
+            .await
+            .expect("rejected");
+        let r: pb::CommandRejected = e.delivery.decode().unwrap();
+        assert_eq!(r.code, code as i32, "{}", r.reason);
+        assert!(r.reason.contains(words), "{}", r.reason);
+    }
+    fleet.stop().await;
+}
