@@ -383,6 +383,7 @@ impl Rollouts {
     pub async fn settle(&self, mut r: pb::Rollout, rev: u64) -> Result<(), HandlerError> {
         let mut rev = rev;
         if !r.outbox.is_empty() {
+            crate::failpoint::hit("rollout-written-outbox-unpublished");
             let out: Vec<Outgoing> = r
                 .outbox
                 .iter()

@@ -6,7 +6,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bus_schema::pb::{self, BusEvent, BusMessage};
-use landfall_tests::fleet::{Fleet, InstallRun};
+use bus_schema::runtime::Envelope;
+use landfall_tests::fleet::{Fleet, InstallRun, RolloutRun};
 use landfall_tests::nats::NatsServer;
 use site_gateway::sim::SimConfig;
 use tokio::process::{Child, Command};
@@ -60,10 +61,14 @@ fn assert_exactly_once(fleet: &Fleet, run: &InstallRun) {
 }
 
 /// SIGKILLs the orchestrator process, waits a moment, and starts a fresh one.
-async fn kill_and_restart(mut orch: Child, url: &str, down_for: Duration) -> Child {
+async fn kill_and_restart(orch: Child, url: &str, down_for: Duration) -> Child {
+    kill_and_restart_with(orch, url, down_for, None).await
+}
+
+async fn kill_and_restart_with(mut orch: Child, url: &str, down_for: Duration, failpoint: Option<&str>) -> Child {
     orch.kill().await.unwrap();
     tokio::time::sleep(down_for).await;
-    orchestrator(url, None)
+    orchestrator(url, failpoint)
 }
 
 async fn registered_fleet(server: &NatsServer) -> (Fleet, Child) {
@@ -142,5 +147,79 @@ async fn a_redelivered_job_does_not_repeat_its_effect() {
     let done = fleet.wait_for(pb::NodeOsProvisioned::filter(), &again.id, Duration::from_secs(20)).await;
     assert!(done.is_some(), "the gateway answered the repeated job");
     assert_eq!(fleet.backend(0).effects(), before, "no new effect");
+    fleet.stop().await;
+}
+
+/// A fleet of installed sites whose binaries patch slowly enough for a kill to land mid-rollout,
+/// with the orchestrator in its own process; and kubelet 1.30.0 in the catalog.
+async fn installed_fleet_for_rollout(server: &NatsServer, failpoint: Option<&str>) -> (Fleet, Child) {
+    let sim = SimConfig { install_binaries: Duration::from_millis(1200), ..SimConfig::fast() };
+    let fleet = Fleet::builder(&server.url()).sites(4).nodes(2).sim(sim).without_orchestrator().start().await;
+    let orch = orchestrator(&server.url(), None);
+    fleet.install_all().await;
+    let mut newer = producers::up::demo_packages().into_iter().find(|p| p.name == "kubelet").unwrap();
+    newer.version = "1.30.0".into();
+    let register = Envelope::root();
+    let cmd = pb::RegisterPackage { package: Some(newer), auto_rollout: None };
+    fleet.bus.publish_command(&cmd, &register).await.unwrap();
+    let registered = fleet.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(30)).await;
+    registered.expect("kubelet 1.30.0 registered");
+    let orch = match failpoint {
+        Some(_) => kill_and_restart_with(orch, &server.url(), Duration::ZERO, failpoint).await,
+        None => orch,
+    };
+    (fleet, orch)
+}
+
+fn slow_patch() -> pb::PatchPackage {
+    pb::PatchPackage {
+        name: "kubelet".into(),
+        version: "1.30.0".into(),
+        strategy: Some(pb::RolloutStrategy { canary_sites: 1, max_concurrent_sites: 1, ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn assert_rolled_out_once(fleet: &Fleet, run: &RolloutRun) {
+    let done = run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("completed: {:?}", run.kinds()));
+    assert_eq!((done.planned_nodes, done.patched, done.failed), (8, 8, 0));
+    assert_eq!(run.of_type::<pb::RolloutCompleted>().len(), 1);
+    assert_eq!(run.of_type::<pb::SitePatched>().len(), 4, "each site reported once");
+    assert_eq!(run.of_type::<pb::NodePatched>().len(), 8, "each node's patch published once");
+    for i in 0..4 {
+        let once: BTreeMap<String, u32> = fleet.sites[i].0.nodes.iter().map(|n| (n.name.to_string(), 1)).collect();
+        assert_eq!(fleet.backend(i).effects().patches, once, "site {i}: each node patched once");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orchestrator_killed_mid_rollout_resumes_and_patches_each_node_once() {
+    let server = NatsServer::start();
+    let (fleet, orch) = installed_fleet_for_rollout(&server, None).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cmd = fleet.patch(slow_patch()).await;
+    // Killed after the canary site, while the next wave's site is patching.
+    fleet.wait_for(pb::SitePatched::filter(), &cmd.id, Duration::from_secs(30)).await.expect("canary done");
+    fleet.wait_for(pb::NodePatched::filter(), &cmd.id, Duration::from_secs(30)).await.expect("patching");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut orch = kill_and_restart(orch, &server.url(), Duration::from_millis(500)).await;
+    let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(60)).await;
+    assert_rolled_out_once(&fleet, &run);
+    orch.kill().await.unwrap();
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_decided_but_not_published_is_published_after_a_restart() {
+    let server = NatsServer::start();
+    let (fleet, mut doomed) = installed_fleet_for_rollout(&server, Some("rollout-written-outbox-unpublished:2")).await;
+    let cmd = fleet.patch(slow_patch()).await;
+    let status =
+        tokio::time::timeout(Duration::from_secs(60), doomed.wait()).await.expect("failpoint reached").unwrap();
+    assert!(!status.success(), "the process aborted ({status})");
+    let mut orch = orchestrator(&server.url(), None);
+    let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(60)).await;
+    assert_rolled_out_once(&fleet, &run);
+    orch.kill().await.unwrap();
     fleet.stop().await;
 }
