@@ -19,6 +19,10 @@ pub const COMMANDS_ALL: &str = "landfall.cmd.>";
 pub const JOBS_ALL: &str = "landfall.job.>";
 pub const EVENTS_ALL: &str = "landfall.evt.>";
 
+/// A scratch stream `landfall bench` measures raw JetStream publishing on, then deletes.
+pub const BENCH_STREAM: &str = "LANDFALL_BENCH_RAW";
+pub const BENCH_SUBJECT: &str = "landfall.bench.raw";
+
 /// How long a command or event is kept.
 pub const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The window in which a repeated `Nats-Msg-Id` is recognised and dropped.

@@ -171,7 +171,8 @@ impl Envelope {
         }
     }
 
-    fn headers(&self, type_name: &str) -> HeaderMap {
+    /// The headers every landfall message carries, for this envelope and payload type.
+    pub fn headers(&self, type_name: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(headers::MSG_ID, self.id.as_str());
         h.insert(headers::TYPE, type_name);

@@ -1,5 +1,6 @@
 //! Client commands: they publish commands and read events and KV state, through `bus-schema`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -8,16 +9,16 @@ use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::domain::{Package, SiteDesign, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusCommand, BusMessage};
-use bus_schema::runtime::{Bus, Envelope, ReadEvent};
+use bus_schema::runtime::{Bus, Envelope, ReadEvent, observed_nodes};
 use serde_json::json;
 
-use crate::output::{event_json, event_line, summary};
-use crate::{EventsArgs, Format, InstallArgs, StatusArgs};
+use crate::output::{event_json, event_line, rfc3339_ms, summary};
+use crate::{EventsArgs, Format, InstallArgs, RegisterPackageArgs, StatusArgs};
 
 /// Exit code when the command was rejected.
-const EXIT_REJECTED: u8 = 2;
+pub(crate) const EXIT_REJECTED: u8 = 2;
 /// Exit code when --wait ran out of time.
-const EXIT_TIMEOUT: u8 = 3;
+pub(crate) const EXIT_TIMEOUT: u8 = 3;
 
 pub async fn connect(url: &str) -> anyhow::Result<Bus> {
     Bus::connect_client(url, "landfall-cli")
@@ -38,23 +39,33 @@ pub async fn register_site(url: &str, file: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn register_package(
-    url: &str,
-    name: String,
-    version: String,
-    kind: &str,
-    sha256: String,
-    size: u64,
-    object_key: String,
-) -> anyhow::Result<ExitCode> {
+pub async fn register_package(url: &str, args: RegisterPackageArgs) -> anyhow::Result<ExitCode> {
+    let RegisterPackageArgs { name, version, kind, sha256, size, object_key, auto_rollout, no_auto_rollout, rollout } =
+        args;
     let kind: pb::PackageKind = kind.parse()?;
     let object_key = if object_key.is_empty() { format!("{name}/{version}") } else { object_key };
     let pkg = pb::Package { name, version, kind: kind as i32, sha256, size, object_key };
     let checked = Package::try_from(pkg.clone()).context("invalid package")?;
+    let policy = match (auto_rollout, no_auto_rollout) {
+        (true, _) => Some(rollout.auto_rollout()?),
+        (false, true) if !rollout.is_empty() => {
+            bail!("--no-auto-rollout turns the policy off: it takes no selector or strategy flags")
+        }
+        (false, true) => Some(pb::AutoRollout { enabled: false, selector: None, strategy: None }),
+        (false, false) if !rollout.is_empty() => {
+            bail!("the selector and strategy flags set an auto-rollout policy: add --auto-rollout")
+        }
+        (false, false) => None,
+    };
     let bus = connect(url).await?;
     let env = Envelope::root();
-    bus.publish_command(&pb::RegisterPackage { package: Some(pkg), auto_rollout: None }, &env).await?;
-    println!("RegisterPackage {}@{} published (id {})", checked.name, checked.version, env.id);
+    let policy_text = match &policy {
+        Some(p) if p.enabled => "; auto-rollout on (landfall rollout list shows what it starts)",
+        Some(_) => "; auto-rollout off",
+        None => "",
+    };
+    bus.publish_command(&pb::RegisterPackage { package: Some(pkg), auto_rollout: policy }, &env).await?;
+    println!("RegisterPackage {}@{} published (id {}){policy_text}", checked.name, checked.version, env.id);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -152,8 +163,12 @@ pub async fn events(url: &str, args: &EventsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One site's state: its design and its latest install, as JSON.
-async fn site_status(bus: &Bus, site: &str) -> anyhow::Result<Option<serde_json::Value>> {
+/// One site's state: its design, its latest install, and what its nodes run, as JSON.
+async fn site_status(
+    bus: &Bus,
+    site: &str,
+    observed: &[pb::NodeObserved],
+) -> anyhow::Result<Option<serde_json::Value>> {
     let sites = bus.kv(names::SITES_BUCKET).await?;
     let sagas = bus.kv(names::SAGAS_BUCKET).await?;
     let Some((design, revision)) = sites.get::<pb::SiteDesign>(&keys::site(site)).await? else { return Ok(None) };
@@ -170,13 +185,73 @@ async fn site_status(bus: &Bus, site: &str) -> anyhow::Result<Option<serde_json:
         }
         v
     });
+    let observed: Vec<&pb::NodeObserved> = observed.iter().filter(|o| o.site_id == site).collect();
     Ok(Some(json!({
         "site": site,
         "design_revision": revision,
         "labels": design.labels,
         "nodes": design.nodes.len(),
         "install": install,
+        "observed": observed_json(&design, &observed),
     })))
+}
+
+/// Per node of the design (then any other node observed at the site): the packages it runs
+/// as its gateway last reported, each with the version the design wants when it differs.
+pub fn observed_json(design: &pb::SiteDesign, observed: &[&pb::NodeObserved]) -> serde_json::Value {
+    let by_node: BTreeMap<&str, &pb::NodeObserved> = observed.iter().map(|o| (o.node.as_str(), *o)).collect();
+    let wanted = |role: i32| -> BTreeMap<&str, &str> {
+        design
+            .packages
+            .iter()
+            .filter(|rp| rp.role == role)
+            .flat_map(|rp| rp.packages.iter().map(|p| (p.name.as_str(), p.version.as_str())))
+            .collect()
+    };
+    let role_label = |role: i32| pb::Role::try_from(role).map(pb::Role::label).unwrap_or("unspecified");
+    let mut nodes: Vec<(&str, i32)> = design.nodes.iter().map(|n| (n.name.as_str(), n.role)).collect();
+    let in_design: BTreeSet<&str> = nodes.iter().map(|(n, _)| *n).collect();
+    nodes.extend(observed.iter().filter(|o| !in_design.contains(o.node.as_str())).map(|o| (o.node.as_str(), o.role)));
+    let out: Vec<serde_json::Value> = nodes
+        .into_iter()
+        .map(|(node, role)| {
+            let wants = wanted(role);
+            let Some(o) = by_node.get(node) else {
+                return json!({ "node": node, "role": role_label(role), "observed": false, "packages": [] });
+            };
+            let packages: Vec<serde_json::Value> = o
+                .packages
+                .iter()
+                .map(|p| {
+                    let desired = wants.get(p.name.as_str()).copied();
+                    json!({
+                        "name": p.name,
+                        "version": p.version,
+                        "kind": pb::PackageKind::try_from(p.kind).map(pb::PackageKind::label).unwrap_or("unspecified"),
+                        "desired": desired,
+                        "differs": desired.is_some_and(|d| d != p.version),
+                    })
+                })
+                .collect();
+            json!({
+                "node": node,
+                "role": role_label(role),
+                "observed": true,
+                "in_design": in_design.contains(node),
+                "updated": rfc3339_ms(o.updated_unix_ms),
+                "packages": packages,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(out)
+}
+
+/// One observed package for people: `kubelet 1.29.2`, or `kubelet 1.29.2 (wants 1.30.0)`.
+pub fn package_text(name: &str, version: &str, desired: Option<&str>) -> String {
+    match desired {
+        Some(d) if d != version => format!("{name} {version} (wants {d})"),
+        _ => format!("{name} {version}"),
+    }
 }
 
 pub async fn status(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
@@ -193,9 +268,16 @@ pub async fn status(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
                 .collect()
         }
     };
+    // One pass over what nodes run: one site's keys, or every key when showing every site.
+    let observed_kv = bus.kv(names::OBSERVED_BUCKET).await?;
+    let prefix = match &args.site {
+        Some(_) => keys::observed_site_prefix(&sites[0]),
+        None => keys::OBSERVED_PREFIX.to_string(),
+    };
+    let observed = observed_nodes(&observed_kv, &prefix).await?;
     let mut all = Vec::new();
     for site in &sites {
-        match site_status(&bus, site).await? {
+        match site_status(&bus, site, &observed).await? {
             Some(s) => all.push(s),
             None if args.site.is_some() => bail!("site {site} is not registered"),
             None => {}
@@ -241,6 +323,102 @@ fn print_status(all: &[serde_json::Value], detail: bool) {
                     summary(&json!({"failed_step": n["failed_step"], "reason": n["reason"]})),
                 );
             }
+            print_observed(&s["observed"]);
         }
+    }
+}
+
+fn print_observed(observed: &serde_json::Value) {
+    let nodes = observed.as_array().map(Vec::as_slice).unwrap_or_default();
+    if nodes.is_empty() {
+        return;
+    }
+    println!("  {:<16} {:<8} RUNS (as observed)", "NODE", "ROLE");
+    for n in nodes {
+        let runs = match n["packages"].as_array() {
+            _ if n["observed"] != true => "nothing reported yet".to_string(),
+            Some(p) if p.is_empty() => "no packages reported".to_string(),
+            Some(p) => p
+                .iter()
+                .map(|p| {
+                    package_text(
+                        p["name"].as_str().unwrap_or(""),
+                        p["version"].as_str().unwrap_or(""),
+                        p["desired"].as_str(),
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => String::new(),
+        };
+        let extra = if n["in_design"] == false { "  (not in the design)" } else { "" };
+        println!("  {:<16} {:<8} {runs}{extra}", n["node"].as_str().unwrap_or(""), n["role"].as_str().unwrap_or(""));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn design() -> pb::SiteDesign {
+        let node =
+            |name: &str, role: pb::Role| pb::NodeSpec { name: name.into(), role: role as i32, ..Default::default() };
+        let kubelet = |v: &str| vec![pb::PackageRef { name: "kubelet".into(), version: v.into() }];
+        pb::SiteDesign {
+            site_id: "edge-01".into(),
+            nodes: vec![
+                node("node-1", pb::Role::Master),
+                node("node-2", pb::Role::Worker),
+                node("node-3", pb::Role::Worker),
+            ],
+            packages: vec![
+                pb::RolePackages { role: pb::Role::Master as i32, packages: kubelet("1.30.0") },
+                pb::RolePackages { role: pb::Role::Worker as i32, packages: kubelet("1.29.2") },
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn observed(node: &str, packages: &[(&str, &str)]) -> pb::NodeObserved {
+        pb::NodeObserved {
+            site_id: "edge-01".into(),
+            node: node.into(),
+            packages: packages
+                .iter()
+                .map(|(n, v)| pb::ObservedPackage {
+                    name: n.to_string(),
+                    version: v.to_string(),
+                    kind: pb::PackageKind::Binary as i32,
+                })
+                .collect(),
+            updated_unix_ms: 1_700_000_000_000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn observed_versions_are_marked_where_they_differ_from_the_design() {
+        let (n1, n2, stray) = (
+            observed("node-1", &[("kubelet", "1.29.2"), ("ubuntu", "22.04")]),
+            observed("node-2", &[("kubelet", "1.29.2")]),
+            observed("node-9", &[]),
+        );
+        let v = observed_json(&design(), &[&n1, &n2, &stray]);
+        assert_eq!(v[0]["packages"][0]["desired"], "1.30.0");
+        assert_eq!(v[0]["packages"][0]["differs"], true);
+        assert_eq!(v[0]["packages"][1]["desired"], serde_json::Value::Null, "not in the design");
+        assert_eq!(v[0]["packages"][1]["differs"], false);
+        assert_eq!(v[1]["packages"][0]["differs"], false);
+        assert_eq!(v[1]["role"], "worker");
+        assert_eq!(v[2]["observed"], false, "node-3 never reported");
+        assert_eq!((v[3]["node"].as_str(), v[3]["in_design"].as_bool()), (Some("node-9"), Some(false)));
+        assert_eq!(v[0]["updated"], "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn packages_read_as_people_say_them() {
+        assert_eq!(package_text("kubelet", "1.29.2", Some("1.30.0")), "kubelet 1.29.2 (wants 1.30.0)");
+        assert_eq!(package_text("kubelet", "1.30.0", Some("1.30.0")), "kubelet 1.30.0");
+        assert_eq!(package_text("ubuntu", "22.04", None), "ubuntu 22.04");
     }
 }

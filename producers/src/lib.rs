@@ -8,6 +8,7 @@ pub mod bench;
 pub mod client;
 pub mod design;
 pub mod embedded;
+pub mod fleet;
 pub mod output;
 pub mod serve;
 pub mod up;
@@ -44,9 +45,16 @@ pub enum Command {
     /// Site design documents: profiles, nodes, cluster selection (validate, diff, apply, show).
     #[command(subcommand)]
     Design(design::DesignCommand),
-    /// Register packages in the catalog.
+    /// The package catalog: register, list, and patch the fleet to a version.
     #[command(subcommand)]
     Package(PackageCommand),
+    /// Rollouts started by `package patch` or by an auto-rollout policy: list, show, pause,
+    /// resume, cancel.
+    #[command(subcommand)]
+    Rollout(RolloutCommand),
+    /// Nodes of a site: add a host to a simulated site (it then joins the cluster).
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Print events, oldest first.
     Events(EventsArgs),
     /// Show sites, their nodes, and the latest install.
@@ -54,6 +62,9 @@ pub enum Command {
     /// Run one service in this process (for deployments that run services apart).
     #[command(subcommand)]
     Serve(serve::ServeCommand),
+    /// Measure landfall against raw JetStream on a real nats-server.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -89,24 +100,182 @@ pub struct InstallArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum PackageCommand {
-    /// Add a package version to the catalog.
-    Register {
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        version: String,
-        /// os-image, binary or container.
-        #[arg(long)]
-        kind: String,
-        /// Lowercase hex sha256 of the artifact.
-        #[arg(long)]
-        sha256: String,
-        #[arg(long)]
-        size: u64,
-        /// Where the artifact lives in the artifact store.
-        #[arg(long, default_value = "")]
-        object_key: String,
+    /// Add a package version to the catalog (with --auto-rollout, also set this name's policy:
+    /// each version registered that is the newest rolls out to the selected sites).
+    Register(RegisterPackageArgs),
+    /// Every catalog entry, and whether its name has an auto-rollout policy.
+    List {
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        output: Format,
     },
+    /// Move every selected node that runs NAME to VERSION, site by site in waves.
+    Patch(PatchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RegisterPackageArgs {
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub version: String,
+    /// os-image, binary or container.
+    #[arg(long)]
+    pub kind: String,
+    /// Lowercase hex sha256 of the artifact.
+    #[arg(long)]
+    pub sha256: String,
+    #[arg(long)]
+    pub size: u64,
+    /// Where the artifact lives in the artifact store.
+    #[arg(long, default_value = "")]
+    pub object_key: String,
+    /// Set this name's auto-rollout policy: from this version on, a version registered that is
+    /// the newest of its name patches the selected sites' nodes that run an older one, with
+    /// the strategy given here (the selector and strategy flags below).
+    #[arg(long, conflicts_with = "no_auto_rollout")]
+    pub auto_rollout: bool,
+    /// Turn this name's auto-rollout policy off.
+    #[arg(long)]
+    pub no_auto_rollout: bool,
+    #[command(flatten)]
+    pub rollout: RolloutArgs,
+}
+
+/// Which sites a rollout covers and how it moves through them: shared by `package patch` and
+/// `package register --auto-rollout`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RolloutArgs {
+    /// Only these sites (comma-separated site ids).
+    #[arg(long, value_delimiter = ',', value_name = "SITE,...")]
+    pub sites: Vec<String>,
+    /// Only sites whose labels hold every pair given.
+    #[arg(long, value_delimiter = ',', value_parser = fleet::parse_label, value_name = "KEY=VALUE,...")]
+    pub labels: Vec<(String, String)>,
+    /// Patch the first N sites of the plan first, as a wave of their own.
+    #[arg(long, value_name = "N", conflicts_with = "canary_sites")]
+    pub canary: Option<u32>,
+    /// Patch these sites first, as a wave of their own.
+    #[arg(long, value_delimiter = ',', value_name = "SITE,...")]
+    pub canary_sites: Vec<String>,
+    /// Sites patched at once, per wave [default: every site in one wave].
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_sites: Option<u32>,
+    /// Nodes of one site patched at once: a count or a percentage of the site's nodes
+    /// [default: 1].
+    #[arg(long, value_name = "N|P%")]
+    pub max_unavailable: Option<String>,
+    /// Node failures tolerated, over the whole rollout, before it halts [default: 0].
+    #[arg(long, value_name = "N|P%")]
+    pub failure_threshold: Option<String>,
+    /// How long one wave may take [default: no limit].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub wave_timeout: Option<Duration>,
+    /// What a wave that runs out of time does [default: abort].
+    #[arg(long, value_enum, requires = "wave_timeout")]
+    pub on_wave_timeout: Option<OnWaveTimeout>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnWaveTimeout {
+    /// Count the wave's unfinished sites as timed out and start the next wave.
+    Continue,
+    /// Halt the rollout.
+    Abort,
+}
+
+#[derive(Debug, Args)]
+pub struct PatchArgs {
+    /// The package name, e.g. kubelet.
+    pub name: String,
+    /// The version to move to; it must be in the catalog.
+    pub version: String,
+    #[command(flatten)]
+    pub rollout: RolloutArgs,
+    /// Only nodes that run an older version: never downgrade a node that is ahead.
+    #[arg(long)]
+    pub only_older: bool,
+    /// Print the plan (waves, sites, nodes, from → to) and publish nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Wait for the rollout to end; exit 0 when every planned node is patched, 1 when it
+    /// completes with failures, halts or is cancelled, 2 when rejected, 3 when out of time.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// The command id (a UUID), which is also the rollout id. Publishing the same id again
+    /// starts the rollout once.
+    #[arg(long)]
+    pub id: Option<uuid::Uuid>,
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutCommand {
+    /// Every rollout, newest first.
+    List {
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// One rollout: its state, and every site and node of its plan with what happened to it.
+    Show {
+        id: String,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Start no more sites; sites already patching finish.
+    Pause {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Go on with a paused or halted rollout (a halted one gets its failure budget again).
+    Resume { id: String },
+    /// End a rollout: no more sites start; sites already patching finish.
+    Cancel {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// A new host appears at a simulated site (`landfall up`); its gateway announces it and
+    /// the orchestrator provisions it and joins it to the site's cluster.
+    Add(NodeAddArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NodeAddArgs {
+    pub site: String,
+    #[arg(long)]
+    pub name: String,
+    #[arg(long, value_enum)]
+    pub role: NodeRole,
+    /// The boot MAC address (aa:bb:cc:dd:ee:ff).
+    #[arg(long)]
+    pub mac: String,
+    /// The BMC address [default: ipmi://10.X.Y.Z from the MAC's last three bytes].
+    #[arg(long)]
+    pub bmc: Option<String>,
+    /// Wait until the node is ready in the cluster (exit 0), could not join (1), or the site
+    /// refused it (2); 3 when out of time.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NodeRole {
+    Master,
+    Worker,
 }
 
 #[derive(Debug, Args)]
@@ -186,9 +355,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(cmd) => serve::run(cmd, &url).await,
         Command::Site(SiteCommand::Register { file }) => client::register_site(&url, &file).await,
         Command::Site(SiteCommand::Install(args)) => client::install_site(&url, &args).await,
-        Command::Package(PackageCommand::Register { name, version, kind, sha256, size, object_key }) => {
-            client::register_package(&url, name, version, &kind, sha256, size, object_key).await
-        }
+        Command::Package(PackageCommand::Register(args)) => client::register_package(&url, args).await,
+        Command::Package(PackageCommand::List { output }) => fleet::package_list(&url, output).await,
+        Command::Package(PackageCommand::Patch(args)) => fleet::patch(&url, &args).await,
+        Command::Rollout(cmd) => fleet::rollout(&url, cmd).await,
+        Command::Node(NodeCommand::Add(args)) => fleet::node_add(&url, &args).await,
+        Command::Bench(cmd) => bench::run(cmd, cli.nats_url.clone()).await,
         Command::Design(cmd) => design::run(&url, cmd).await,
         Command::Events(args) => client::events(&url, &args).await,
         Command::Status(args) => client::status(&url, &args).await,

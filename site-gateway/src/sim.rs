@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bus_schema::domain::{NodeDesign, Package, PackageRef, Role};
+use bus_schema::domain::{NodeDesign, Package, PackageRef, Role, SiteDesign};
 use bus_schema::pb::PackageKind;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -299,6 +299,39 @@ impl SimSite {
         let site = Self { inner: Arc::new(inner) };
         for node in nodes {
             site.add_host(node);
+        }
+        site
+    }
+
+    /// A site that was installed already: every host of the design provisioned with its role's
+    /// os-image and binaries, the cluster formed, the container packages applied. Packages the
+    /// design names that `catalog` lacks are left out. For benchmarks and demos that start
+    /// from a running fleet; no effect is counted.
+    pub fn installed(design: &SiteDesign, catalog: &[Package], config: SimConfig) -> Self {
+        let inner = Inner { site: design.site.to_string(), config, state: Mutex::default() };
+        let site = Self { inner: Arc::new(inner) };
+        let find = |r: &PackageRef| catalog.iter().find(|p| p.name == r.name && p.version == r.version);
+        {
+            let mut st = site.inner.lock();
+            for node in &design.nodes {
+                let set: Vec<&Package> = design.packages_for(node.role).iter().filter_map(find).collect();
+                let mut host = Host::new();
+                host.state.send_replace(S::Provisioned);
+                host.image = set.iter().find(|p| p.kind == PackageKind::OsImage).map(|p| Image {
+                    spec: ImageSpec::from_package(p),
+                    package: p.reference(),
+                });
+                let binaries: Vec<Package> =
+                    set.iter().filter(|p| p.kind == PackageKind::Binary).map(|p| (*p).clone()).collect();
+                host.binaries = Some(binary_set(&binaries));
+                for p in set.iter().filter(|p| p.kind == PackageKind::Container) {
+                    st.containers.insert(p.name.to_string(), p.version.to_string());
+                }
+                if node.role == Role::Master && st.cluster_master.is_none() {
+                    st.cluster_master = Some(node.name.to_string());
+                }
+                st.hosts.insert(node.name.to_string(), host);
+            }
         }
         site
     }
