@@ -576,9 +576,9 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
         vec![pb::SitePatched::filter()],
         RejectAs::Message { consumer: names::ORCHESTRATOR_ROLLOUTS.to_string() },
     )
-    // One rollout's reports in turn: they all count on that rollout's record.
-    .ordered_by_correlation()
-    .concurrency(256);
+    // Reports are handled side by side; those of one rollout are counted together in one
+    // write (see `Rollouts::count`).
+    .concurrency(512);
     let ticks = tokio::spawn(tick_rollouts(orchestrator.clone(), shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());

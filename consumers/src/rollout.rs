@@ -201,6 +201,24 @@ pub struct Rollouts {
     chunks: Mutex<HashMap<String, Arc<pb::RolloutPlanChunk>>>,
     /// Catalog entries by key: immutable once registered.
     catalog: Mutex<HashMap<String, pb::Package>>,
+    /// Site reports waiting to be counted, by rollout: counted together in one write.
+    counting: Mutex<HashMap<String, Batch>>,
+}
+
+/// Site reports of one rollout waiting for the write that counts them.
+#[derive(Default)]
+struct Batch {
+    waiting: Vec<(Report, tokio::sync::oneshot::Sender<Result<(), String>>)>,
+    /// A handler is writing: it takes what arrives meanwhile in its next write.
+    writing: bool,
+}
+
+/// One site's report, as counted.
+struct Report {
+    index: usize,
+    patched: u32,
+    failed: u32,
+    cause: Envelope,
 }
 
 /// One site to start, from the plan.
@@ -219,6 +237,7 @@ impl Rollouts {
             bus,
             chunks: Mutex::default(),
             catalog: Mutex::default(),
+            counting: Mutex::default(),
         })
     }
 
@@ -575,11 +594,59 @@ impl Rollouts {
         }
         lease::release(&self.sagas, &e.site_id, Holder::Rollout(&e.rollout_id)).await?;
         let (patched, failed) = (e.patched.len() as u32, e.failed.len() as u32);
-        self.update(&e.rollout_id, |r| Ok(count_site(r, index, patched, failed, &d.envelope, now_ms()))).await?;
+        self.count(&e.rollout_id, Report { index, patched, failed, cause: d.envelope.clone() }).await?;
         if failed > 0 {
             info!(rollout = %e.rollout_id, site = %e.site_id, patched, failed, "site patched with failures");
         }
         Ok(())
+    }
+
+    /// Counts a site's report on the rollout, together with the reports of other sites that
+    /// arrive meanwhile: one compare-and-set write for many sites (group commit). Returns once
+    /// the write that counts this report is stored, so the delivery is acknowledged only then.
+    async fn count(&self, rollout_id: &str, report: Report) -> Result<(), HandlerError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let lead = {
+            let mut counting = self.counting.lock().expect("counting lock");
+            let batch = counting.entry(rollout_id.to_string()).or_default();
+            batch.waiting.push((report, tx));
+            !std::mem::replace(&mut batch.writing, true)
+        };
+        if lead {
+            loop {
+                let batch = {
+                    let mut counting = self.counting.lock().expect("counting lock");
+                    let Some(b) = counting.get_mut(rollout_id) else { break };
+                    if b.waiting.is_empty() {
+                        counting.remove(rollout_id);
+                        break;
+                    }
+                    std::mem::take(&mut b.waiting)
+                };
+                let reports: Vec<&Report> = batch.iter().map(|(r, _)| r).collect();
+                let result = self
+                    .update(rollout_id, |r| {
+                        let mut next: Option<pb::Rollout> = None;
+                        for rep in &reports {
+                            let current = next.as_ref().unwrap_or(r);
+                            if let Some(n) = count_site(current, rep.index, rep.patched, rep.failed, &rep.cause, now_ms()) {
+                                next = Some(n);
+                            }
+                        }
+                        Ok(next)
+                    })
+                    .await
+                    .map_err(|e| e.to_string());
+                for (_, tx) in batch {
+                    let _ = tx.send(result.clone());
+                }
+            }
+        }
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(HandlerError::Transient(e)),
+            Err(_) => Err(HandlerError::Transient(format!("rollout {rollout_id}: the counting write was dropped"))),
+        }
     }
 
     /// The site's design now wants `package` wherever it wanted another version of it, so an

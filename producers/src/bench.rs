@@ -53,6 +53,10 @@ pub enum BenchCommand {
         /// Messages published for the raw JetStream measurement.
         #[arg(long, default_value_t = 100_000)]
         raw_messages: usize,
+        /// Gateway processes, each serving a share of the sites on one durable consumer;
+        /// 0 runs one gateway (and one durable consumer) per site.
+        #[arg(long, default_value_t = 4)]
+        gateway_hosts: usize,
     },
     /// One site of N nodes installed with realistic durations divided by F, against the
     /// slowest node's chain (staging, OS, binaries, kubeconfig, container packages).
@@ -67,7 +71,16 @@ pub enum BenchCommand {
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
     let server = Server::start(nats_url).await?;
     let result = match cmd {
-        BenchCommand::Fanout { sites, nodes, canary, max_concurrent_sites, max_unavailable, orchestrators, raw_messages } => {
+        BenchCommand::Fanout {
+            sites,
+            nodes,
+            canary,
+            max_concurrent_sites,
+            max_unavailable,
+            orchestrators,
+            raw_messages,
+            gateway_hosts,
+        } => {
             anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
             let strategy = pb::RolloutStrategy {
                 canary_sites: canary,
@@ -76,7 +89,8 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                 failure_threshold: "0".into(),
                 ..Default::default()
             };
-            fanout(&server.url, sites, nodes, strategy, orchestrators.max(1), raw_messages).await
+            let shape = Shape { orchestrators: orchestrators.max(1), gateway_hosts, raw_messages };
+            fanout(&server.url, sites, nodes, strategy, shape).await
         }
         BenchCommand::Install { nodes, time_scale } => {
             anyhow::ensure!(nodes >= 1 && time_scale > 0.0, "--nodes must be at least 1 and --time-scale positive");
@@ -259,14 +273,21 @@ async fn wait_for_consumers(bus: &Bus, stream: &str, count: usize) -> anyhow::Re
     }
 }
 
+/// How the services of a fanout run are laid out.
+struct Shape {
+    orchestrators: usize,
+    gateway_hosts: usize,
+    raw_messages: usize,
+}
+
 async fn fanout(
     url: &str,
     sites: usize,
     nodes: usize,
     strategy: pb::RolloutStrategy,
-    orchestrators: usize,
-    raw_messages: usize,
+    shape: Shape,
 ) -> anyhow::Result<serde_json::Value> {
+    let Shape { orchestrators, gateway_hosts, raw_messages } = shape;
     let bus = Bus::connect(url, "landfall-bench").await?;
     bus.ensure_topology(&Topology::default()).await?;
     let payload = representative_payload();
@@ -288,21 +309,33 @@ async fn fanout(
     eprintln!("setting up {sites} installed sites x {nodes} nodes ...");
     let setup = Instant::now();
     setup_fleet(&bus, &designs, &catalog).await?;
-    // Gateways share a few connections, as gateway processes on one host would share a leaf node.
-    let gateway_buses: Vec<Bus> = {
-        let mut v = Vec::new();
-        for i in 0..4 {
-            v.push(Bus::connect(url, &format!("landfall-bench-gateways-{i}")).await?);
-        }
-        v
-    };
     let sims: Vec<SimSite> =
         designs.iter().map(|d| SimSite::installed(d, &domain_catalog, SimConfig::instant())).collect();
-    for (i, (d, sim)) in designs.iter().zip(&sims).enumerate() {
-        let gw_bus = gateway_buses[i % gateway_buses.len()].clone();
-        services.spawn(site_gateway::run_gateway(d.site.clone(), gw_bus, Arc::new(sim.clone()), shutdown.clone()));
+    let connections = if gateway_hosts == 0 { 4 } else { gateway_hosts };
+    let mut gateway_buses = Vec::new();
+    for i in 0..connections {
+        gateway_buses.push(Bus::connect(url, &format!("landfall-bench-gateways-{i}")).await?);
     }
-    wait_for_consumers(&bus, names::JOBS_STREAM, sites).await?;
+    let consumers_expected = if gateway_hosts == 0 {
+        for (i, (d, sim)) in designs.iter().zip(&sims).enumerate() {
+            let gw_bus = gateway_buses[i % connections].clone();
+            services.spawn(site_gateway::run_gateway(d.site.clone(), gw_bus, Arc::new(sim.clone()), shutdown.clone()));
+        }
+        sites
+    } else {
+        let mut shares: Vec<Vec<_>> = vec![Vec::new(); gateway_hosts];
+        for (i, (d, sim)) in designs.iter().zip(&sims).enumerate() {
+            shares[i % gateway_hosts].push((d.site.clone(), Arc::new(sim.clone())));
+        }
+        let mut hosts = 0;
+        for (i, share) in shares.into_iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+            let durable = format!("gateway-host-{i}");
+            services.spawn(site_gateway::run_gateway_host(durable, share, gateway_buses[i].clone(), shutdown.clone()));
+            hosts += 1;
+        }
+        hosts
+    };
+    wait_for_consumers(&bus, names::JOBS_STREAM, consumers_expected).await?;
     let setup_s = setup.elapsed().as_secs_f64();
     eprintln!("setup took {setup_s:.1} s; patching ...");
 
@@ -338,6 +371,7 @@ async fn fanout(
     let completed: pb::RolloutCompleted = end.delivery.decode()?;
     let patched_effects: u64 = sims.iter().map(|s| s.effects().patches.values().map(|&n| u64::from(n)).sum::<u64>()).sum();
 
+    let phases = rollout_phases(&bus, &env.id, completed.patched as usize).await?;
     shutdown.cancel();
     while services.join_next().await.is_some() {}
 
@@ -358,6 +392,8 @@ async fn fanout(
             "max_unavailable": strategy.max_unavailable,
         },
         "orchestrators": orchestrators,
+        "gateway_hosts": gateway_hosts,
+        "job_consumers": consumers_expected,
         "setup_seconds": round(setup_s, 2),
         "wall_seconds": round(wall, 3),
         "node_updates_per_second": round(rate, 1),
@@ -366,6 +402,48 @@ async fn fanout(
         "raw_jetstream_msgs_per_second": round(raw, 0),
         "raw_payload_bytes": payload,
         "efficiency": round(per_update * rate / raw, 3),
+        "phases_seconds": phases,
+    }))
+}
+
+/// When the rollout's milestones were stored, in seconds after the command: planned, first and
+/// last site reports, the observer catching up with the last node, completed.
+async fn rollout_phases(bus: &Bus, rollout_id: &str, nodes: usize) -> anyhow::Result<serde_json::Value> {
+    let mut reader = bus.read_events(vec![names::EVENTS_ALL.to_string()], DeliverPolicy::All).await?;
+    let mut times: std::collections::BTreeMap<&str, Vec<time::OffsetDateTime>> = Default::default();
+    let mut start = None;
+    let commands = bus.jetstream().get_stream(names::COMMANDS_STREAM).await?;
+    let last = commands.get_last_raw_message_by_subject(&names::command_subject(<pb::PatchPackage as pb::BusCommand>::KIND, names::FLEET)).await?;
+    start.get_or_insert(last.time);
+    while reader.pending_at_start > 0 {
+        let Some(e) = reader.next().await else { break };
+        let e = e?;
+        if e.delivery.envelope.correlation == rollout_id {
+            let kind = match e.delivery.type_name.as_str() {
+                t if t == pb::RolloutPlanned::TYPE => "planned",
+                t if t == pb::SitePatched::TYPE => "site_patched",
+                t if t == pb::NodePatched::TYPE => "node_patched",
+                t if t == pb::RolloutCompleted::TYPE => "completed",
+                _ => "",
+            };
+            times.entry(kind).or_default().push(e.published);
+        }
+        if e.pending == 0 {
+            break;
+        }
+    }
+    let start = start.unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let at = |t: Option<&time::OffsetDateTime>| t.map_or(-1.0, |t| round((*t - start).as_seconds_f64(), 3));
+    let first = |k: &str| at(times.get(k).and_then(|v| v.first()));
+    let last = |k: &str| at(times.get(k).and_then(|v| v.last()));
+    let _ = nodes;
+    Ok(json!({
+        "planned": first("planned"),
+        "first_node_patched": first("node_patched"),
+        "first_site_reported": first("site_patched"),
+        "last_node_patched": last("node_patched"),
+        "last_site_reported": last("site_patched"),
+        "completed": last("completed"),
     }))
 }
 

@@ -41,6 +41,28 @@ pub struct UpArgs {
     /// Run simulated sites this many times faster than real ones.
     #[arg(long, default_value_t = DEFAULT_TIME_SCALE)]
     pub time_scale: f64,
+    /// Install every site at startup (InstallSite through the bus, all at once).
+    #[arg(long)]
+    pub install: bool,
+    /// A new host appears at one of the sites (in turn) this often; its gateway announces it
+    /// and the orchestrator joins it to the cluster. E.g. 30s, 5m.
+    #[arg(long, value_parser = crate::parse_duration)]
+    pub node_arrival_every: Option<Duration>,
+}
+
+/// The rollout strategy the demo packages' auto-rollout policy uses: one canary site, then
+/// waves of five sites, one node of a site at a time, halt past 10 % failed nodes, and a site
+/// that does not report within ten minutes counts as failed.
+pub fn demo_strategy() -> pb::RolloutStrategy {
+    pb::RolloutStrategy {
+        canary_sites: 1,
+        max_concurrent_sites: 5,
+        max_unavailable: "1".into(),
+        failure_threshold: "10%".into(),
+        wave_timeout_seconds: 600,
+        on_wave_timeout: pb::WaveTimeoutAction::Continue as i32,
+        ..Default::default()
+    }
 }
 
 /// The package set every simulated site runs.
@@ -111,7 +133,14 @@ async fn register_demo(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<()> 
         // Fixed ids: running `up` again does not register twice.
         let id =
             bus_schema::ids::derived_id("landfall-up", "register_package", Some(&format!("{}@{}", p.name, p.version)));
-        bus.publish_command(&pb::RegisterPackage { package: Some(p), auto_rollout: None }, &Envelope::root_with_id(id)).await?;
+        // Binaries roll out by themselves when a newer version is registered.
+        let auto_rollout = (p.kind == pb::PackageKind::Binary as i32).then(|| pb::AutoRollout {
+            enabled: true,
+            selector: None,
+            strategy: Some(demo_strategy()),
+        });
+        bus.publish_command(&pb::RegisterPackage { package: Some(p), auto_rollout }, &Envelope::root_with_id(id))
+            .await?;
     }
     for d in designs {
         let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(d)) };
@@ -162,11 +191,24 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
     services.spawn(consumers::run_kubeconfig(bus.clone(), key.clone(), shutdown.clone()));
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
+    let mut sims = Vec::new();
     for d in &designs {
-        let backend = Arc::new(SimSite::new(d.site.as_str(), &d.nodes, sim.clone()));
-        services.spawn(site_gateway::run_gateway(d.site.clone(), bus.clone(), backend, shutdown.clone()));
+        let backend = SimSite::new(d.site.as_str(), &d.nodes, sim.clone());
+        services.spawn(site_gateway::run_gateway(d.site.clone(), bus.clone(), Arc::new(backend.clone()), shutdown.clone()));
+        services.spawn(site_gateway::serve_sim_control(d.site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
+        sims.push(backend);
     }
     register_demo(&bus, &designs).await?;
+    if args.install {
+        for d in &designs {
+            let cmd = pb::InstallSite { site_id: d.site.to_string(), design_revision: 0 };
+            bus.publish_command(&cmd, &Envelope::root()).await?;
+        }
+        info!(sites = designs.len(), "installing every site");
+    }
+    if let Some(every) = args.node_arrival_every {
+        services.spawn(node_arrivals(sims, args.nodes, every, shutdown.clone()));
+    }
 
     print_banner(&args, &url, nats.as_ref(), &designs, key.id());
 
@@ -191,6 +233,38 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
+/// Every `every`, a new worker host appears at the next site in turn.
+async fn node_arrivals(
+    sims: Vec<SimSite>,
+    nodes: usize,
+    every: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    for n in 0usize.. {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let Some(sim) = sims.get(n % sims.len().max(1)) else { return Ok(()) };
+        let index = n % sims.len();
+        let number = nodes + 1 + n / sims.len();
+        let node = pb::NodeSpec {
+            name: format!("node-{number}"),
+            role: pb::Role::Worker as i32,
+            boot_mac: format!("52:54:01:{:02x}:{:02x}:{:02x}", index >> 8, index & 0xff, number & 0xff),
+            bmc_address: format!("ipmi://10.{}.{}.{}", 128 + (index >> 8), index & 0xff, (number + 10) & 0xff),
+            labels: Default::default(),
+        };
+        let node = bus_schema::domain::NodeDesign::try_from(node)?;
+        if sim.arrive(&node) {
+            info!(site = sim.site_id(), node = %node.name, "a new host appeared");
+        }
+    }
+    Ok(())
+}
+
 fn print_banner(args: &UpArgs, url: &str, nats: Option<&NatsChild>, designs: &[SiteDesign], key_id: &str) {
     let first = designs.first().map(|d| d.site.to_string()).unwrap_or_default();
     let last = designs.last().map(|d| d.site.to_string()).unwrap_or_default();
@@ -207,15 +281,20 @@ fn print_banner(args: &UpArgs, url: &str, nats: Option<&NatsChild>, designs: &[S
   data key   {key} ({keyfile})
 
 Try, in another shell:
-  landfall{url_hint} site install {first} --wait
+  landfall{url_hint} site install {first} --wait       (or start up with --install)
   landfall{url_hint} events --site {first}
   landfall{url_hint} status {first}
+  landfall{url_hint} package register --name kubelet --version 1.29.3 --kind binary --sha256 {sha} --size 111955968
+      a newer kubelet rolls out by itself to installed sites: landfall rollout list, landfall rollout show ID
+  landfall{url_hint} node add {first} --name node-{new} --role worker --mac 52:54:00:ff:00:01 --wait
 
 Ctrl-C stops everything.",
         n = designs.len(),
         nodes = args.nodes,
         scale = args.time_scale,
         key = key_id,
+        sha = Sha256::digest(b"kubelet@1.29.3").iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        new = args.nodes + 100,
         keyfile = args.data_dir.join("secret.key").display(),
     );
 }
