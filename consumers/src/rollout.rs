@@ -203,6 +203,9 @@ pub struct Rollouts {
     catalog: Mutex<HashMap<String, pb::Package>>,
     /// Site reports waiting to be counted, by rollout: counted together in one write.
     counting: Mutex<HashMap<String, Batch>>,
+    /// Rollouts this process is starting sites of: one dispatch at a time per rollout, or
+    /// every settle during a long dispatch would start the same sites again.
+    dispatching: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Site reports of one rollout waiting for the write that counts them.
@@ -238,6 +241,7 @@ impl Rollouts {
             chunks: Mutex::default(),
             catalog: Mutex::default(),
             counting: Mutex::default(),
+            dispatching: Mutex::default(),
         })
     }
 
@@ -432,34 +436,44 @@ impl Rollouts {
         Ok(())
     }
 
-    /// Starts every site of the current wave not started yet whose lease it can take.
+    /// Starts every site of the current wave not started yet whose lease it can take, marking
+    /// them started a slice at a time (other replicas and later ticks skip what is marked).
+    /// A dispatch already running in this process for the rollout covers this one.
     async fn dispatch(&self, r: pb::Rollout, _rev: u64) -> Result<(), HandlerError> {
         let range = wave_range(&r, r.wave);
         let pending: Vec<usize> = range.filter(|&i| !bit(&r.dispatched, i) && !bit(&r.done, i)).collect();
         if pending.is_empty() {
             return Ok(());
         }
-        let mut starts = Vec::with_capacity(pending.len());
-        for i in pending {
-            starts.push(Start { index: i, site: self.plan_site(&r, i).await? });
+        if !self.dispatching.lock().expect("dispatching lock").insert(r.rollout_id.clone()) {
+            return Ok(());
         }
-        let r = Arc::new(r);
-        let results: Vec<Result<Option<usize>, BusError>> = futures::stream::iter(starts)
-            .map(|s| {
-                let r = r.clone();
-                async move { self.start_site(&r, s).await }
-            })
-            .buffer_unordered(DISPATCH_PARALLEL)
-            .collect()
-            .await;
-        let mut started = Vec::new();
-        for res in results {
-            if let Some(i) = res? {
-                started.push(i);
+        let result = self.dispatch_sites(&r, pending).await;
+        self.dispatching.lock().expect("dispatching lock").remove(&r.rollout_id);
+        result
+    }
+
+    async fn dispatch_sites(&self, r: &pb::Rollout, pending: Vec<usize>) -> Result<(), HandlerError> {
+        const SLICE: usize = 1024;
+        for slice in pending.chunks(SLICE) {
+            let mut starts = Vec::with_capacity(slice.len());
+            for &i in slice {
+                starts.push(Start { index: i, site: self.plan_site(r, i).await? });
             }
-        }
-        if !started.is_empty() {
-            self.mark_dispatched(&r.rollout_id, &started).await?;
+            let results: Vec<Result<Option<usize>, BusError>> = futures::stream::iter(starts)
+                .map(|s| self.start_site(r, s))
+                .buffer_unordered(DISPATCH_PARALLEL)
+                .collect()
+                .await;
+            let mut started = Vec::new();
+            for res in results {
+                if let Some(i) = res? {
+                    started.push(i);
+                }
+            }
+            if !started.is_empty() {
+                self.mark_dispatched(&r.rollout_id, &started).await?;
+            }
         }
         Ok(())
     }
