@@ -21,6 +21,7 @@ use bus_schema::runtime::{Bus, Envelope, ReadEvent, Topology};
 use clap::Subcommand;
 use futures::StreamExt;
 use serde_json::json;
+use site_gateway::HostScope;
 use site_gateway::sim::{SimConfig, SimSite};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -53,9 +54,10 @@ pub enum BenchCommand {
         /// Messages published for the raw JetStream measurement.
         #[arg(long, default_value_t = 100_000)]
         raw_messages: usize,
-        /// Gateway processes, each serving a share of the sites on one durable consumer;
-        /// 0 runs one gateway (and one durable consumer) per site.
-        #[arg(long, default_value_t = 4)]
+        /// Gateway processes, each serving a share of the sites on one durable consumer (one
+        /// host takes every job subject; several filter by their sites); 0 runs one gateway,
+        /// and one durable consumer, per site.
+        #[arg(long, default_value_t = 1)]
         gateway_hosts: usize,
     },
     /// One site of N nodes installed with realistic durations divided by F, against the
@@ -328,9 +330,11 @@ async fn fanout(
             shares[i % gateway_hosts].push((d.site.clone(), Arc::new(sim.clone())));
         }
         let mut hosts = 0;
+        let scope = if gateway_hosts == 1 { HostScope::EverySite } else { HostScope::ItsSites };
         for (i, share) in shares.into_iter().enumerate().filter(|(_, s)| !s.is_empty()) {
             let durable = format!("gateway-host-{i}");
-            services.spawn(site_gateway::run_gateway_host(durable, share, gateway_buses[i].clone(), shutdown.clone()));
+            let bus = gateway_buses[i].clone();
+            services.spawn(site_gateway::run_gateway_host(durable, share, scope, bus, shutdown.clone()));
             hosts += 1;
         }
         hosts

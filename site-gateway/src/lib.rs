@@ -8,5 +8,5 @@ pub mod sim;
 pub mod sim_control;
 
 pub use backend::SiteBackend;
-pub use gateway::{Gateway, run_gateway, run_gateway_host};
+pub use gateway::{Gateway, HostScope, run_gateway, run_gateway_host};
 pub use sim_control::serve_sim_control;
