@@ -193,7 +193,10 @@ pub type ObservedVersions = BTreeMap<(String, String), Option<String>>;
 
 /// The versions of `package` that `landfall-observed` records, by (site, node): `None` for a
 /// node whose record does not mention the package.
-pub fn observed_versions<'a>(package: &str, records: impl IntoIterator<Item = &'a pb::NodeObserved>) -> ObservedVersions {
+pub fn observed_versions<'a>(
+    package: &str,
+    records: impl IntoIterator<Item = &'a pb::NodeObserved>,
+) -> ObservedVersions {
     records
         .into_iter()
         .map(|r| {
@@ -277,10 +280,8 @@ pub fn plan_with(
                 {
                     at_target += 1
                 }
-                Some(v) => nodes.push(PlannedNode {
-                    spec: pb::NodeSpec::from(node),
-                    from_version: v.clone().unwrap_or_default(),
-                }),
+                Some(v) => nodes
+                    .push(PlannedNode { spec: pb::NodeSpec::from(node), from_version: v.clone().unwrap_or_default() }),
             }
         }
         if !nodes.is_empty() {
@@ -294,7 +295,10 @@ pub fn plan_with(
         Canary::Sites(ids) => {
             let chosen: BTreeSet<&str> = selected.iter().map(|s| s.site.as_str()).collect();
             if let Some(id) = ids.iter().find(|id| !chosen.contains(id.as_str())) {
-                return Err(InvalidField::new("strategy.canary_site_ids", format!("{id} is not among the selected sites")));
+                return Err(InvalidField::new(
+                    "strategy.canary_site_ids",
+                    format!("{id} is not among the selected sites"),
+                ));
             }
             ids.iter().map(ToString::to_string).filter(|id| planned.iter().any(|p| &p.site == id)).collect()
         }
@@ -315,7 +319,8 @@ pub fn plan_with(
     if canary_count > 0 {
         wave_ends.push(canary_count as u32);
     }
-    let per_wave = if strategy.max_concurrent_sites == 0 { sites.len() } else { strategy.max_concurrent_sites as usize };
+    let per_wave =
+        if strategy.max_concurrent_sites == 0 { sites.len() } else { strategy.max_concurrent_sites as usize };
     let mut end = canary_count;
     while end < sites.len() {
         end = (end + per_wave.max(1)).min(sites.len());

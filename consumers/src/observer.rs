@@ -44,7 +44,13 @@ impl Observer {
         Ok(kind)
     }
 
-    async fn record(&self, d: &Delivery, site: &str, nodes: &[String], found: &[(String, String, i32)]) -> Result<(), HandlerError> {
+    async fn record(
+        &self,
+        d: &Delivery,
+        site: &str,
+        nodes: &[String],
+        found: &[(String, String, i32)],
+    ) -> Result<(), HandlerError> {
         let now = now_ms();
         let writes = nodes.iter().flat_map(|node| {
             found.iter().map(move |(name, version, kind)| {
@@ -87,11 +93,12 @@ impl Observer {
         } else if is(pb::ContainerPackagesApplied::AGGREGATE, pb::ContainerPackagesApplied::KIND) {
             // Container packages run on the cluster: every node of the site known so far runs them.
             let e: pb::ContainerPackagesApplied = d.decode()?;
-            let mut nodes: Vec<String> = runtime::observed_nodes(&self.observed, &keys::observed_site_prefix(&e.site_id))
-                .await?
-                .into_iter()
-                .map(|n| n.node)
-                .collect();
+            let mut nodes: Vec<String> =
+                runtime::observed_nodes(&self.observed, &keys::observed_site_prefix(&e.site_id))
+                    .await?
+                    .into_iter()
+                    .map(|n| n.node)
+                    .collect();
             nodes.dedup();
             let kind = pb::PackageKind::Container as i32;
             let found: Vec<_> = e.packages.into_iter().map(|p| (p.name, p.version, kind)).collect();

@@ -237,8 +237,12 @@ impl Orchestrator {
         match self.sagas.create(&saga_key, &new).await? {
             Cas::Written(rev) => {
                 info!(%site, saga = %d.envelope.id, nodes = design.nodes.len(), "install started");
-                let pointer =
-                    pb::SiteLease { site_id: site.clone(), saga_id: d.envelope.id.clone(), acquired_unix_ms: now_ms(), ..Default::default() };
+                let pointer = pb::SiteLease {
+                    site_id: site.clone(),
+                    saga_id: d.envelope.id.clone(),
+                    acquired_unix_ms: now_ms(),
+                    ..Default::default()
+                };
                 self.sagas.put(&keys::latest_install(&site), &pointer).await?;
                 self.settle(&saga_key, new, rev).await?;
             }

@@ -170,7 +170,14 @@ fn wave_started(r: &mut pb::Rollout) {
 }
 
 /// Counts one site's report; `None` when it was counted already.
-pub fn count_site(r: &pb::Rollout, index: usize, patched: u32, failed: u32, cause: &Envelope, now_ms: i64) -> Option<pb::Rollout> {
+pub fn count_site(
+    r: &pb::Rollout,
+    index: usize,
+    patched: u32,
+    failed: u32,
+    cause: &Envelope,
+    now_ms: i64,
+) -> Option<pb::Rollout> {
     if index >= r.sites as usize || bit(&r.done, index) {
         return None;
     }
@@ -263,7 +270,12 @@ impl Rollouts {
             return Ok(c.clone());
         }
         let chunk = self.sagas.get::<pb::RolloutPlanChunk>(&key).await?.map(|(c, _)| Arc::new(c)).ok_or_else(|| {
-            BusError::Kv { op: "get", bucket: self.sagas.bucket().to_string(), key: key.clone(), source: "plan chunk missing".into() }
+            BusError::Kv {
+                op: "get",
+                bucket: self.sagas.bucket().to_string(),
+                key: key.clone(),
+                source: "plan chunk missing".into(),
+            }
         })?;
         self.chunks.lock().expect("chunks lock").insert(key, chunk.clone());
         Ok(chunk)
@@ -284,7 +296,8 @@ impl Rollouts {
             self.settle(existing, rev).await?;
             return Ok(());
         }
-        let invalid = |e: bus_schema::domain::InvalidField| HandlerError::reject(pb::RejectCode::Invalid, e.to_string());
+        let invalid =
+            |e: bus_schema::domain::InvalidField| HandlerError::reject(pb::RejectCode::Invalid, e.to_string());
         let name = PackageName::try_from(cmd.name.as_str()).map_err(invalid)?;
         let version = Version::try_from(cmd.version.as_str()).map_err(invalid)?;
         let strategy = Strategy::try_from(&cmd.strategy.clone().unwrap_or_default()).map_err(invalid)?;
@@ -316,11 +329,12 @@ impl Rollouts {
             .map(|(_, v, _)| ((v.site_id, v.node), Some(v.version)))
             .collect();
         let direction = if cmd.only_older { Direction::OnlyOlder } else { Direction::Any };
-        let planned = plan::plan_with(&name, &version, direction, &selector, &strategy, &designs, &observed).map_err(|e| {
-            let code =
-                if e.field == "selector.site_ids" { pb::RejectCode::UnknownSite } else { pb::RejectCode::Invalid };
-            HandlerError::reject(code, e.to_string())
-        })?;
+        let planned =
+            plan::plan_with(&name, &version, direction, &selector, &strategy, &designs, &observed).map_err(|e| {
+                let code =
+                    if e.field == "selector.site_ids" { pb::RejectCode::UnknownSite } else { pb::RejectCode::Invalid };
+                HandlerError::reject(code, e.to_string())
+            })?;
 
         // The plan, in immutable chunks.
         let chunks: Vec<pb::RolloutPlanChunk> = planned
@@ -643,7 +657,9 @@ impl Rollouts {
                         let mut next: Option<pb::Rollout> = None;
                         for rep in &reports {
                             let current = next.as_ref().unwrap_or(r);
-                            if let Some(n) = count_site(current, rep.index, rep.patched, rep.failed, &rep.cause, now_ms()) {
+                            if let Some(n) =
+                                count_site(current, rep.index, rep.patched, rep.failed, &rep.cause, now_ms())
+                            {
                                 next = Some(n);
                             }
                         }
@@ -734,7 +750,8 @@ impl Rollouts {
                 let mut next = r.clone();
                 next.phase = pb::RolloutPhase::Cancelled as i32;
                 next.finished_unix_ms = now_ms();
-                next.reason = if cmd.reason.is_empty() { "cancelled by an operator".into() } else { cmd.reason.clone() };
+                next.reason =
+                    if cmd.reason.is_empty() { "cancelled by an operator".into() } else { cmd.reason.clone() };
                 let evt = pb::RolloutCancelled {
                     rollout_id: r.rollout_id.clone(),
                     reason: next.reason.clone(),
@@ -798,7 +815,8 @@ impl Rollouts {
         if !abort {
             // Each silent site says why it counts as failed, in its record, and lets go of its lease.
             for (i, s) in &late {
-                let reason = format!("no report within the wave timeout of {timeout}s (site offline?): counted as failed");
+                let reason =
+                    format!("no report within the wave timeout of {timeout}s (site offline?): counted as failed");
                 let record = pb::RolloutSite {
                     rollout_id: rollout_id.to_string(),
                     site_id: s.site_id.clone(),
@@ -862,7 +880,11 @@ impl Rollouts {
 fn not_now(r: &pb::Rollout, phase: pb::RolloutPhase, what: &str) -> HandlerError {
     HandlerError::reject(
         pb::RejectCode::Conflict,
-        format!("rollout {} is {} and cannot be {what}", r.rollout_id, phase.as_str_name().trim_start_matches("ROLLOUT_PHASE_").to_lowercase()),
+        format!(
+            "rollout {} is {} and cannot be {what}",
+            r.rollout_id,
+            phase.as_str_name().trim_start_matches("ROLLOUT_PHASE_").to_lowercase()
+        ),
     )
 }
 
@@ -916,7 +938,8 @@ mod tests {
         assert_eq!(r.phase, pb::RolloutPhase::Halted as i32);
         assert!(r.reason.contains("3 node(s) failed"), "{}", r.reason);
         assert_eq!(r.wave, 1, "a halted rollout starts no wave");
-        let mut resumed = pb::Rollout { outbox: vec![], phase: pb::RolloutPhase::Running as i32, failure_base: r.failed, ..r };
+        let mut resumed =
+            pb::Rollout { outbox: vec![], phase: pb::RolloutPhase::Running as i32, failure_base: r.failed, ..r };
         advance(&mut resumed, 3);
         assert_eq!(resumed.wave, 2);
         assert_eq!(failures_counted(&resumed), 0);
@@ -924,7 +947,8 @@ mod tests {
 
     #[test]
     fn an_empty_plan_completes_at_once() {
-        let mut r = pb::Rollout { wave_ends: vec![], sites: 0, phase: pb::RolloutPhase::Running as i32, ..Default::default() };
+        let mut r =
+            pb::Rollout { wave_ends: vec![], sites: 0, phase: pb::RolloutPhase::Running as i32, ..Default::default() };
         advance(&mut r, 5);
         assert_eq!(r.phase, pb::RolloutPhase::Completed as i32);
     }

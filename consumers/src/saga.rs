@@ -361,7 +361,12 @@ fn finish_join(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
     for n in &saga.nodes {
         let name = name_of(n).to_string();
         if n.step == NodeStep::BinariesInstalled as i32 {
-            let evt = pb::NodeReady { site_id: site.clone(), node: name.clone(), role: role_of(n), packages: packages.clone() };
+            let evt = pb::NodeReady {
+                site_id: site.clone(),
+                node: name.clone(),
+                role: role_of(n),
+                packages: packages.clone(),
+            };
             ready.push(outbox_entry(evt.subject(), &evt, &cause.derive("node_ready", Some(&name))));
         } else {
             let evt = pb::NodeJoinFailed {

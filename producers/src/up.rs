@@ -194,7 +194,12 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let mut sims = Vec::new();
     for d in &designs {
         let backend = SimSite::new(d.site.as_str(), &d.nodes, sim.clone());
-        services.spawn(site_gateway::run_gateway(d.site.clone(), bus.clone(), Arc::new(backend.clone()), shutdown.clone()));
+        services.spawn(site_gateway::run_gateway(
+            d.site.clone(),
+            bus.clone(),
+            Arc::new(backend.clone()),
+            shutdown.clone(),
+        ));
         services.spawn(site_gateway::serve_sim_control(d.site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
         sims.push(backend);
     }

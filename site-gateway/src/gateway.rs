@@ -566,11 +566,19 @@ impl<B: SiteBackend> runtime::Handler for Host<B> {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
         let site = match names::parse_subject(&d.subject) {
             Some(names::ParsedSubject::Job { site, .. }) => site,
-            _ => return Err(HandlerError::reject(pb::RejectCode::Malformed, format!("{} is not a job subject", d.subject))),
+            _ => {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Malformed,
+                    format!("{} is not a job subject", d.subject),
+                ));
+            }
         };
         match self.gateways.get(site) {
             Some(g) => runtime::Handler::handle(g, d).await,
-            None => Err(HandlerError::reject(pb::RejectCode::UnknownSite, format!("this gateway host does not serve {site}"))),
+            None => Err(HandlerError::reject(
+                pb::RejectCode::UnknownSite,
+                format!("this gateway host does not serve {site}"),
+            )),
         }
     }
 }

@@ -317,10 +317,10 @@ impl SimSite {
                 let set: Vec<&Package> = design.packages_for(node.role).iter().filter_map(find).collect();
                 let mut host = Host::new();
                 host.state.send_replace(S::Provisioned);
-                host.image = set.iter().find(|p| p.kind == PackageKind::OsImage).map(|p| Image {
-                    spec: ImageSpec::from_package(p),
-                    package: p.reference(),
-                });
+                host.image = set
+                    .iter()
+                    .find(|p| p.kind == PackageKind::OsImage)
+                    .map(|p| Image { spec: ImageSpec::from_package(p), package: p.reference() });
                 let binaries: Vec<Package> =
                     set.iter().filter(|p| p.kind == PackageKind::Binary).map(|p| (*p).clone()).collect();
                 host.binaries = Some(binary_set(&binaries));
