@@ -90,6 +90,15 @@ impl Observer {
             let p = e.package.unwrap_or_default();
             let kind = self.kind_of(&p.name, &p.version).await?;
             self.record(d, &e.site_id, &[e.node], &[(p.name, p.version, kind)]).await
+        } else if is(pb::NodeReady::AGGREGATE, pb::NodeReady::KIND) {
+            // A node that joined runs its role's whole set, the cluster's container packages included.
+            let e: pb::NodeReady = d.decode()?;
+            let mut found = Vec::with_capacity(e.packages.len());
+            for p in e.packages {
+                let kind = self.kind_of(&p.name, &p.version).await?;
+                found.push((p.name, p.version, kind));
+            }
+            self.record(d, &e.site_id, &[e.node], &found).await
         } else if is(pb::ContainerPackagesApplied::AGGREGATE, pb::ContainerPackagesApplied::KIND) {
             // Container packages run on the cluster: every node of the site known so far runs them.
             let e: pb::ContainerPackagesApplied = d.decode()?;
@@ -123,6 +132,7 @@ pub fn observed_event_filters() -> Vec<String> {
         pb::NodeOsProvisioned::filter(),
         pb::NodeBinariesInstalled::filter(),
         pb::NodePatched::filter(),
+        pb::NodeReady::filter(),
         pb::ContainerPackagesApplied::filter(),
     ]
 }

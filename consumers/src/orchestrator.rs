@@ -104,13 +104,16 @@ impl Orchestrator {
             return Ok(());
         };
         let Some(auto) = policy.auto_rollout.filter(|a| a.enabled) else { return Ok(()) };
-        let newest = runtime::package_refs(&self.packages)
+        let others: Vec<_> = runtime::package_refs(&self.packages)
             .await?
             .into_iter()
-            .filter(|r| r.name.as_str() == entry.name)
-            .all(|r| bus_schema::rollout::version_cmp(r.version.as_str(), &entry.version).is_le());
-        if !newest {
-            debug!(package = %entry.name, version = %entry.version, "not the newest version: no auto-rollout");
+            .filter(|r| r.name.as_str() == entry.name && r.version.as_str() != entry.version)
+            .collect();
+        let cmp =
+            |r: &bus_schema::domain::PackageRef| bus_schema::rollout::version_cmp(r.version.as_str(), &entry.version);
+        // Newer than every other version, and not the first: there are nodes it may replace.
+        if others.is_empty() || !others.iter().all(|r| cmp(r).is_lt()) {
+            debug!(package = %entry.name, version = %entry.version, "not a newer version: no auto-rollout");
             return Ok(());
         }
         let cmd = pb::PatchPackage {
