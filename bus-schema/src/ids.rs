@@ -37,6 +37,12 @@ pub fn traceparent(parent: Option<&str>, correlation: &str, span_from: &Uuid) ->
     format!("00-{trace_id}-{span}-01")
 }
 
+/// The id of the `NodeAdded` a gateway publishes for a host that appeared: the same host
+/// announced again (a gateway restart) gets the same id, so the command is carried out once.
+pub fn node_added_id(site: &str, node: &str, boot_mac: &str) -> Uuid {
+    derived_id(&format!("{site}/{node}/{boot_mac}"), "node_added", None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

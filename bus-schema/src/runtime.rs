@@ -840,10 +840,6 @@ pub struct ConsumerSpec {
     /// With `ordered_by_token`: the token value that orders against everything (for commands,
     /// `fleet`: a package registration stays ahead of the installs that need it).
     pub barrier_token: Option<String>,
-    /// When set, messages with the same correlation id (the same root command: one saga, one
-    /// rollout) are handled one after another in stream order. Takes the place of
-    /// `ordered_by_token`.
-    pub ordered_by_correlation: bool,
 }
 
 impl ConsumerSpec {
@@ -857,7 +853,6 @@ impl ConsumerSpec {
             reject_as,
             ordered_by_token: None,
             barrier_token: None,
-            ordered_by_correlation: false,
         }
     }
 
@@ -865,12 +860,6 @@ impl ConsumerSpec {
     pub fn ordered_by_token(mut self, index: usize, barrier: Option<&str>) -> Self {
         self.ordered_by_token = Some(index);
         self.barrier_token = barrier.map(str::to_owned);
-        self
-    }
-
-    /// Handle messages of one correlation id in order; see [`ConsumerSpec::ordered_by_correlation`].
-    pub fn ordered_by_correlation(mut self) -> Self {
-        self.ordered_by_correlation = true;
         self
     }
 
@@ -938,11 +927,7 @@ pub async fn consume<H: Handler>(
             match next {
                 Some(Ok(msg)) => {
                     let (bus, spec, handler) = (bus.clone(), spec.clone(), handler.clone());
-                    let key = if spec.ordered_by_correlation {
-                        msg.headers.as_ref().and_then(|h| h.get(headers::CORRELATION_ID)).map(|v| v.as_str().to_owned())
-                    } else {
-                        spec.ordered_by_token.and_then(|i| msg.subject.split('.').nth(i)).map(str::to_owned)
-                    };
+                    let key = spec.ordered_by_token.and_then(|i| msg.subject.split('.').nth(i)).map(str::to_owned);
                     let (before, done) = order.enqueue(key, spec.barrier_token.as_deref());
                     in_flight.spawn(async move {
                         // Messages ahead of this one are handled first (their senders drop then).

@@ -5,12 +5,13 @@
 //! holder is still at work, so a dead orchestrator blocks nothing (another replica, or the
 //! restarted one, carries the same saga on), and a lease whose holder has ended is taken over.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bus_schema::names::keys;
 use bus_schema::pb;
 use bus_schema::runtime::{BusError, Cas, HandlerError, Kv};
 
+use crate::now_ms;
 use crate::saga;
 
 /// How long a lease whose holder record does not exist yet is presumed to belong to a replica
@@ -18,10 +19,6 @@ use crate::saga;
 pub const LEASE_GRACE: Duration = Duration::from_secs(60);
 /// How many times a compare-and-set race on a lease is retried.
 const CAS_ATTEMPTS: usize = 64;
-
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
 
 /// Who wants a site's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

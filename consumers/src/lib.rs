@@ -18,3 +18,8 @@ pub mod secrets;
 pub use kubeconfig::run_kubeconfig;
 pub use observer::run_observer;
 pub use orchestrator::run_orchestrator;
+
+/// Milliseconds since the Unix epoch, as KV records store times.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
@@ -12,9 +11,7 @@ use bus_schema::runtime::{self, Bus, BusError, ConsumerSpec, Delivery, HandlerEr
 use futures::future::try_join_all;
 use tokio_util::sync::CancellationToken;
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
+use crate::now_ms;
 
 pub struct Observer {
     observed: Kv,
@@ -100,15 +97,14 @@ impl Observer {
             }
             self.record(d, &e.site_id, &[e.node], &found).await
         } else if is(pb::ContainerPackagesApplied::AGGREGATE, pb::ContainerPackagesApplied::KIND) {
-            // Container packages run on the cluster: every node of the site known so far runs them.
+            // Container packages run on the cluster: every node of the site known so far runs them
+            // (`observed_nodes` gives each node once).
             let e: pb::ContainerPackagesApplied = d.decode()?;
-            let mut nodes: Vec<String> =
-                runtime::observed_nodes(&self.observed, &keys::observed_site_prefix(&e.site_id))
-                    .await?
-                    .into_iter()
-                    .map(|n| n.node)
-                    .collect();
-            nodes.dedup();
+            let nodes: Vec<String> = runtime::observed_nodes(&self.observed, &keys::observed_site_prefix(&e.site_id))
+                .await?
+                .into_iter()
+                .map(|n| n.node)
+                .collect();
             let kind = pb::PackageKind::Container as i32;
             let found: Vec<_> = e.packages.into_iter().map(|p| (p.name, p.version, kind)).collect();
             self.record(d, &e.site_id, &nodes, &found).await

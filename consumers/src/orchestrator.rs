@@ -5,17 +5,18 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bus_schema::design;
 use bus_schema::domain::{InvalidField, Package, SiteDesign};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
-use bus_schema::runtime::{self, Bus, Cas, ConsumerSpec, Delivery, Envelope, HandlerError, Kv, RejectAs};
+use bus_schema::runtime::{self, Bus, Cas, ConsumerSpec, Delivery, HandlerError, Kv, RejectAs};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::lease::{self, Holder};
+use crate::now_ms;
 use crate::rollout::{self, Rollouts};
 use crate::saga::{self, Decision, Input};
 
@@ -23,10 +24,6 @@ use crate::saga::{self, Decision, Input};
 const LEASE_RETRY: Duration = Duration::from_secs(1);
 /// How many times a compare-and-set race is retried inside one delivery.
 const CAS_ATTEMPTS: usize = 64;
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
 
 fn invalid(e: InvalidField) -> HandlerError {
     HandlerError::reject(pb::RejectCode::Invalid, e.to_string())
@@ -38,6 +35,7 @@ pub struct Orchestrator {
     sites: Kv,
     packages: Kv,
     sagas: Kv,
+    observed: Kv,
     pub rollouts: Rollouts,
 }
 
@@ -47,6 +45,7 @@ impl Orchestrator {
             sites: bus.kv(names::SITES_BUCKET).await?,
             packages: bus.kv(names::PACKAGES_BUCKET).await?,
             sagas: bus.kv(names::SAGAS_BUCKET).await?,
+            observed: bus.kv(names::OBSERVED_BUCKET).await?,
             rollouts: Rollouts::new(bus.clone()).await?,
             bus,
         })
@@ -334,8 +333,7 @@ impl Orchestrator {
 
     /// Whether the node has reported running anything (`landfall-observed`).
     async fn runs_something(&self, site: &str, node: &str) -> Result<bool, HandlerError> {
-        let observed = self.bus.kv(names::OBSERVED_BUCKET).await?;
-        Ok(!observed.scan::<pb::ObservedVersion>(&keys::observed_node_prefix(site, node)).await?.is_empty())
+        Ok(!self.observed.scan::<pb::ObservedVersion>(&keys::observed_node_prefix(site, node)).await?.is_empty())
     }
 
     /// Whether the site's latest install ended with a cluster (success or partial success).
@@ -377,17 +375,7 @@ impl Orchestrator {
     async fn settle(&self, key: &str, mut saga: pb::InstallSaga, rev: u64) -> Result<(), HandlerError> {
         if !saga.outbox.is_empty() {
             crate::failpoint::hit("saga-written-outbox-unpublished");
-            for entry in &saga.outbox {
-                let env = Envelope {
-                    id: entry.message_id.clone(),
-                    correlation: saga.saga_id.clone(),
-                    causation: entry.causation_id.clone(),
-                    traceparent: entry.traceparent.clone(),
-                };
-                self.bus
-                    .publish_raw(entry.subject.clone(), &entry.message_type, entry.payload.clone().into(), &env)
-                    .await?;
-            }
+            self.bus.publish_all(saga::outgoing(&saga.outbox, &saga.saga_id)).await?;
             crate::failpoint::hit("outbox-published-not-cleared");
             saga.outbox.clear();
             if self.sagas.update(key, &saga, rev).await? == Cas::Conflict {

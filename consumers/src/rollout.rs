@@ -22,12 +22,13 @@ use bus_schema::domain::{PackageName, SiteDesign, Version};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusJob};
 use bus_schema::rollout::{self as plan, Direction, Strategy};
-use bus_schema::runtime::{Bus, BusError, Cas, Delivery, Envelope, HandlerError, Kv, Outgoing};
+use bus_schema::runtime::{Bus, BusError, Cas, Delivery, Envelope, HandlerError, Kv};
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
-use crate::lease::{self, Acquired, Holder, now_ms};
-use crate::saga::outbox_entry;
+use crate::lease::{self, Acquired, Holder};
+use crate::now_ms;
+use crate::saga::{self, outbox_entry};
 
 /// Sites per plan chunk: a chunk of 500 sites of 10 nodes is about 60 KB.
 const CHUNK_SIZE: u32 = 500;
@@ -418,34 +419,17 @@ impl Rollouts {
     /// Publishes the rollout's outbox and clears it, then starts the sites of the current wave
     /// that are not started yet (when it is running). Safe to repeat.
     pub async fn settle(&self, mut r: pb::Rollout, rev: u64) -> Result<(), HandlerError> {
-        let mut rev = rev;
         if !r.outbox.is_empty() {
             crate::failpoint::hit("rollout-written-outbox-unpublished");
-            let out: Vec<Outgoing> = r
-                .outbox
-                .iter()
-                .map(|e| Outgoing {
-                    subject: e.subject.clone(),
-                    type_name: e.message_type.clone(),
-                    payload: e.payload.clone().into(),
-                    envelope: Envelope {
-                        id: e.message_id.clone(),
-                        correlation: r.rollout_id.clone(),
-                        causation: e.causation_id.clone(),
-                        traceparent: e.traceparent.clone(),
-                    },
-                })
-                .collect();
-            self.bus.publish_all(out).await?;
+            self.bus.publish_all(saga::outgoing(&r.outbox, &r.rollout_id)).await?;
             r.outbox.clear();
-            match self.sagas.update(&keys::rollout(&r.rollout_id), &r, rev).await? {
-                Cas::Written(new) => rev = new,
+            if self.sagas.update(&keys::rollout(&r.rollout_id), &r, rev).await? == Cas::Conflict {
                 // Someone else changed it meanwhile; they (or the next tick) go on from here.
-                Cas::Conflict => return Ok(()),
+                return Ok(());
             }
         }
         if phase(&r) == pb::RolloutPhase::Running {
-            self.dispatch(r, rev).await?;
+            self.dispatch(r).await?;
         }
         Ok(())
     }
@@ -453,7 +437,7 @@ impl Rollouts {
     /// Starts every site of the current wave not started yet whose lease it can take, marking
     /// them started a slice at a time (other replicas and later ticks skip what is marked).
     /// A dispatch already running in this process for the rollout covers this one.
-    async fn dispatch(&self, r: pb::Rollout, _rev: u64) -> Result<(), HandlerError> {
+    async fn dispatch(&self, r: pb::Rollout) -> Result<(), HandlerError> {
         let range = wave_range(&r, r.wave);
         let pending: Vec<usize> = range.filter(|&i| !bit(&r.dispatched, i) && !bit(&r.done, i)).collect();
         if pending.is_empty() {

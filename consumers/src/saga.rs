@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use bus_schema::domain::{Package, Role, SiteDesign};
 use bus_schema::pb::{self, BusEvent, BusJob, BusMessage, InstallPhase, NodeStep};
-use bus_schema::runtime::Envelope;
+use bus_schema::runtime::{Envelope, Outgoing};
 
 /// A fact that moves an install forward.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,6 +108,25 @@ pub(crate) fn outbox_entry<M: BusMessage>(subject: String, msg: &M, env: &Envelo
         causation_id: env.causation.clone(),
         traceparent: env.traceparent.clone(),
     }
+}
+
+/// The messages of an outbox, ready to publish, with their recorded ids: publishing them
+/// again after a crash gives the same ids, and the stream drops the copies.
+pub(crate) fn outgoing(outbox: &[pb::OutboxEntry], correlation: &str) -> Vec<Outgoing> {
+    outbox
+        .iter()
+        .map(|e| Outgoing {
+            subject: e.subject.clone(),
+            type_name: e.message_type.clone(),
+            payload: e.payload.clone().into(),
+            envelope: Envelope {
+                id: e.message_id.clone(),
+                correlation: correlation.to_string(),
+                causation: e.causation_id.clone(),
+                traceparent: e.traceparent.clone(),
+            },
+        })
+        .collect()
 }
 
 fn push_event<E: BusEvent>(saga: &mut pb::InstallSaga, evt: &E, env: &Envelope) {

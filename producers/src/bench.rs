@@ -17,7 +17,7 @@ use async_nats::jetstream::{consumer::DeliverPolicy, stream};
 use bus_schema::domain::{Package, SiteDesign};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusMessage};
-use bus_schema::runtime::{Bus, Envelope, ReadEvent, Topology};
+use bus_schema::runtime::{Bus, Envelope, Topology};
 use clap::Subcommand;
 use futures::StreamExt;
 use serde_json::json;
@@ -201,9 +201,10 @@ fn target_package() -> pb::Package {
     p
 }
 
-/// Publishes commands pipelined and waits until the orchestrator applied the last one.
-async fn setup_fleet(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package]) -> anyhow::Result<()> {
-    // The catalog first (fleet scope: in order), then the sites; wait for the last of each.
+/// Registers the catalog and the sites, commands pipelined, and waits until the orchestrator
+/// applied every one of them.
+async fn register_fleet(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package]) -> anyhow::Result<()> {
+    // The catalog first (fleet scope: in order), then the sites.
     let mut events = bus
         .read_events(vec![pb::PackageRegistered::filter(), pb::SiteRegistered::filter()], DeliverPolicy::New)
         .await?;
@@ -220,17 +221,17 @@ async fn setup_fleet(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package])
     for chunk in out.chunks(2048) {
         bus.publish_all(chunk.to_vec()).await?;
     }
-    let mut seen = 0;
-    while seen < expected {
-        let e = tokio::time::timeout(Duration::from_secs(120), events.next())
+    for _ in 0..expected {
+        tokio::time::timeout(Duration::from_secs(120), events.next())
             .await
             .context("the orchestrator did not register the fleet within 120 s")?
             .context("event stream ended")??;
-        let _: &ReadEvent = &e;
-        seen += 1;
     }
+    Ok(())
+}
 
-    // The fleet runs its packages already: what an install would have reported.
+/// Writes what an install would have reported: every node runs its role's packages.
+async fn seed_observed(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package]) -> anyhow::Result<()> {
     let observed = bus.kv(names::OBSERVED_BUCKET).await?;
     let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
     let writes = designs.iter().flat_map(|d| {
@@ -311,7 +312,8 @@ async fn fanout(
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
     eprintln!("setting up {sites} installed sites x {nodes} nodes ...");
     let setup = Instant::now();
-    setup_fleet(&bus, &designs, &catalog).await?;
+    register_fleet(&bus, &designs, &catalog).await?;
+    seed_observed(&bus, &designs, &catalog).await?;
     let sims: Vec<SimSite> =
         designs.iter().map(|d| SimSite::installed(d, &domain_catalog, SimConfig::instant())).collect();
     let connections = if gateway_hosts == 0 { 4 } else { gateway_hosts };
@@ -377,7 +379,7 @@ async fn fanout(
     let patched_effects: u64 =
         sims.iter().map(|s| s.effects().patches.values().map(|&n| u64::from(n)).sum::<u64>()).sum();
 
-    let phases = rollout_phases(&bus, &env.id, completed.patched as usize).await?;
+    let phases = rollout_phases(&bus, &env.id).await?;
     shutdown.cancel();
     while services.join_next().await.is_some() {}
 
@@ -412,12 +414,11 @@ async fn fanout(
     }))
 }
 
-/// When the rollout's milestones were stored, in seconds after the command: planned, first and
-/// last site reports, the observer catching up with the last node, completed.
-async fn rollout_phases(bus: &Bus, rollout_id: &str, nodes: usize) -> anyhow::Result<serde_json::Value> {
+/// When the rollout's milestones were stored, in seconds after the command was: planned, first
+/// and last node patched, first and last site report, completed.
+async fn rollout_phases(bus: &Bus, rollout_id: &str) -> anyhow::Result<serde_json::Value> {
     let mut reader = bus.read_events(vec![names::EVENTS_ALL.to_string()], DeliverPolicy::All).await?;
     let mut times: std::collections::BTreeMap<&str, Vec<time::OffsetDateTime>> = Default::default();
-    let mut start = None;
     let commands = bus.jetstream().get_stream(names::COMMANDS_STREAM).await?;
     let last = commands
         .get_last_raw_message_by_subject(&names::command_subject(
@@ -425,7 +426,7 @@ async fn rollout_phases(bus: &Bus, rollout_id: &str, nodes: usize) -> anyhow::Re
             names::FLEET,
         ))
         .await?;
-    start.get_or_insert(last.time);
+    let start = last.time;
     while reader.pending_at_start > 0 {
         let Some(e) = reader.next().await else { break };
         let e = e?;
@@ -443,11 +444,9 @@ async fn rollout_phases(bus: &Bus, rollout_id: &str, nodes: usize) -> anyhow::Re
             break;
         }
     }
-    let start = start.unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     let at = |t: Option<&time::OffsetDateTime>| t.map_or(-1.0, |t| round((*t - start).as_seconds_f64(), 3));
     let first = |k: &str| at(times.get(k).and_then(|v| v.first()));
     let last = |k: &str| at(times.get(k).and_then(|v| v.last()));
-    let _ = nodes;
     Ok(json!({
         "planned": first("planned"),
         "first_node_patched": first("node_patched"),
@@ -488,7 +487,7 @@ async fn install(url: &str, nodes: usize, time_scale: f64) -> anyhow::Result<ser
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
     let key = Arc::new(consumers::secrets::StaticKey::from_hex(&"5a".repeat(32), "bench")?);
     services.spawn(consumers::run_kubeconfig(bus.clone(), key, shutdown.clone()));
-    setup_fleet_designs_only(&bus, std::slice::from_ref(&design), &catalog).await?;
+    register_fleet(&bus, std::slice::from_ref(&design), &catalog).await?;
     // The site's hosts are racked when the install is asked for: they register, inspect and
     // prepare as part of the install's critical path. The clock starts when they appear (a
     // little before the command is published), so the gateway's start-up counts against us.
@@ -542,20 +541,4 @@ async fn install(url: &str, nodes: usize, time_scale: f64) -> anyhow::Result<ser
             "container_applies": sim.effects().container_applies,
         },
     }))
-}
-
-/// Registers the catalog and the designs (no observed state: the install reports it).
-async fn setup_fleet_designs_only(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package]) -> anyhow::Result<()> {
-    let mut events = bus.read_events(vec![pb::SiteRegistered::filter()], DeliverPolicy::New).await?;
-    for p in catalog {
-        bus.publish_command(&pb::RegisterPackage { package: Some(p.clone()), auto_rollout: None }, &Envelope::root())
-            .await?;
-    }
-    for d in designs {
-        bus.publish_command(&pb::RegisterSite { design: Some(pb::SiteDesign::from(d)) }, &Envelope::root()).await?;
-    }
-    for _ in designs {
-        tokio::time::timeout(Duration::from_secs(60), events.next()).await.context("sites registered")?;
-    }
-    Ok(())
 }

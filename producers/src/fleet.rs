@@ -1147,12 +1147,11 @@ pub fn node_spec(args: &NodeAddArgs) -> anyhow::Result<NodeDesign> {
     })
 }
 
-/// The id of the `NodeAdded` with which the site's gateway announces this host: it depends on
-/// the host alone (see `site-gateway`'s `announce_arrivals`), so the join it starts (its
-/// correlation id) and its rejection can be told from any other.
+/// The id of the `NodeAdded` with which the site's gateway announces this host
+/// ([`ids::node_added_id`]), so the join it starts (its correlation id) and its rejection can
+/// be told from any other.
 pub fn node_added_id(site: &SiteId, node: &NodeDesign) -> String {
-    let host = format!("{site}/{}/{}", node.name, node.boot_mac);
-    ids::derived_id(&host, "node_added", None).to_string()
+    ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str()).to_string()
 }
 
 fn encode<M: BusMessage>(m: &M) -> Vec<u8> {

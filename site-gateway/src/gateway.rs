@@ -453,8 +453,8 @@ async fn announce_arrivals<B: SiteBackend>(site: SiteId, bus: Bus, backend: Arc<
             _ = shutdown.cancelled() => return,
             n = arrivals.recv() => match n { Some(n) => n, None => return },
         };
-        let host = format!("{site}/{}/{}", node.name, node.boot_mac);
-        let envelope = Envelope::root_with_id(ids::derived_id(&host, "node_added", None));
+        let id = ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str());
+        let envelope = Envelope::root_with_id(id);
         let cmd = pb::NodeAdded { site_id: site.to_string(), node: Some(pb::NodeSpec::from(&node)) };
         // A host nobody announces never joins the cluster: retry until the bus takes it.
         for attempt in 1.. {

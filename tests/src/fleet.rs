@@ -139,47 +139,20 @@ pub struct Fleet {
     tasks: JoinSet<anyhow::Result<()>>,
 }
 
-/// Everything one install command caused, in stream order.
-pub struct InstallRun {
+/// Everything one command caused (an install, a rollout), in stream order, up to its end.
+pub struct Run {
     pub events: Vec<ReadEvent>,
 }
 
-impl InstallRun {
-    /// The last event: `SiteInstalled`, `SiteInstallFailed` or `CommandRejected`.
+/// An install's events, ending with `SiteInstalled`, `SiteInstallFailed` or `CommandRejected`.
+pub type InstallRun = Run;
+/// A rollout's events, fleet and site, ending with the first of the types waited for.
+pub type RolloutRun = Run;
+
+impl Run {
+    /// The last event: the one the wait stopped at.
     pub fn terminal(&self) -> &ReadEvent {
-        self.events.last().expect("an install run has a terminal event")
-    }
-
-    pub fn of_type<M: BusMessage>(&self) -> Vec<M> {
-        self.events
-            .iter()
-            .filter(|e| e.delivery.type_name == M::TYPE)
-            .map(|e| e.delivery.decode::<M>().expect("events decode"))
-            .collect()
-    }
-
-    /// The types of the events about `node`, in stream order.
-    pub fn node_timeline(&self, node: &str) -> Vec<String> {
-        self.events
-            .iter()
-            .filter(|e| {
-                pb::decode_to_json(&e.delivery.type_name, &e.delivery.payload)
-                    .and_then(Result::ok)
-                    .is_some_and(|v| v["node"] == node)
-            })
-            .map(|e| e.delivery.type_name.trim_start_matches("landfall.v1.").to_string())
-            .collect()
-    }
-}
-
-/// Everything one rollout caused, in stream order, up to its end.
-pub struct RolloutRun {
-    pub events: Vec<ReadEvent>,
-}
-
-impl RolloutRun {
-    pub fn terminal(&self) -> &ReadEvent {
-        self.events.last().expect("a rollout run has a terminal event")
+        self.events.last().expect("a run has a terminal event")
     }
 
     pub fn of_type<M: BusMessage>(&self) -> Vec<M> {
@@ -192,12 +165,25 @@ impl RolloutRun {
 
     /// The type names, without the package, in stream order.
     pub fn kinds(&self) -> Vec<String> {
-        self.events.iter().map(|e| e.delivery.type_name.trim_start_matches("landfall.v1.").to_string()).collect()
+        self.events.iter().map(|e| short(&e.delivery.type_name)).collect()
+    }
+
+    /// The types of the events about `node`, in stream order.
+    pub fn node_timeline(&self, node: &str) -> Vec<String> {
+        self.events
+            .iter()
+            .filter(|e| {
+                pb::decode_to_json(&e.delivery.type_name, &e.delivery.payload)
+                    .and_then(Result::ok)
+                    .is_some_and(|v| v["node"] == node)
+            })
+            .map(|e| short(&e.delivery.type_name))
+            .collect()
     }
 }
 
-fn is_terminal(type_name: &str) -> bool {
-    [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE].contains(&type_name)
+fn short(type_name: &str) -> String {
+    type_name.trim_start_matches("landfall.v1.").to_string()
 }
 
 impl Fleet {
@@ -285,27 +271,8 @@ impl Fleet {
     pub async fn wait_install(&self, cmd: &Envelope) -> InstallRun {
         let scope = self.scopes.lock().expect("scopes lock").get(&cmd.id).cloned();
         let filter = scope.map_or_else(|| names::EVENTS_ALL.to_string(), |site| names::scope_events(&site));
-        let mut reader = self.bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
-        let mut events = Vec::new();
-        let result = tokio::time::timeout(INSTALL_TIMEOUT, async {
-            while let Some(e) = reader.next().await {
-                let e = e.unwrap();
-                if e.delivery.envelope.correlation != cmd.id {
-                    continue;
-                }
-                let done = is_terminal(&e.delivery.type_name);
-                events.push(e);
-                if done {
-                    return;
-                }
-            }
-        })
-        .await;
-        if result.is_err() {
-            let seen: Vec<_> = events.iter().map(|e| e.delivery.subject.clone()).collect();
-            panic!("install {} did not end within {INSTALL_TIMEOUT:?}; saw {seen:#?}", cmd.id);
-        }
-        InstallRun { events }
+        let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
+        self.collect(filter, "install", &cmd.id, &ends, INSTALL_TIMEOUT).await
     }
 
     /// Takes site `i`'s gateway off the bus (the site goes offline); its jobs wait in the stream.
@@ -346,12 +313,18 @@ impl Fleet {
 
     /// Every event of the rollout until the first of one of the `ends` types.
     pub async fn wait_rollout_until(&self, rollout_id: &str, ends: &[&str], timeout: Duration) -> RolloutRun {
-        let mut reader = self.bus.read_events(vec![names::EVENTS_ALL.to_string()], DeliverPolicy::All).await.unwrap();
+        self.collect(names::EVENTS_ALL.to_string(), "rollout", rollout_id, ends, timeout).await
+    }
+
+    /// Every event of `filter` correlated with `correlation`, from the start of the stream,
+    /// until the first of one of the `ends` types; panics, naming what it saw, after `timeout`.
+    async fn collect(&self, filter: String, what: &str, correlation: &str, ends: &[&str], timeout: Duration) -> Run {
+        let mut reader = self.bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
         let mut events = Vec::new();
         let result = tokio::time::timeout(timeout, async {
             while let Some(e) = reader.next().await {
                 let e = e.unwrap();
-                if e.delivery.envelope.correlation != rollout_id {
+                if e.delivery.envelope.correlation != correlation {
                     continue;
                 }
                 let done = ends.contains(&e.delivery.type_name.as_str());
@@ -363,10 +336,10 @@ impl Fleet {
         })
         .await;
         if result.is_err() {
-            let seen: Vec<_> = events.iter().map(|e| e.delivery.type_name.clone()).collect();
-            panic!("rollout {rollout_id} did not end within {timeout:?}; saw {seen:#?}");
+            let seen: Vec<_> = events.iter().map(|e| short(&e.delivery.type_name)).collect();
+            panic!("{what} {correlation} did not end within {timeout:?}; saw {seen:#?}");
         }
-        RolloutRun { events }
+        Run { events }
     }
 
     /// Stops every service and waits for them to drain.
