@@ -7,6 +7,7 @@ fn main() {
         "proto/landfall/v1/jobs.proto",
         "proto/landfall/v1/events.proto",
         "proto/landfall/v1/state.proto",
+        "proto/landfall/v1/services.proto",
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");

@@ -5,6 +5,8 @@
 //! - jobs: `landfall.job.<site>.<kind>`
 //! - events: `landfall.evt.<scope>.<aggregate>.<kind>`
 //! - request/reply to a gateway (never stored): `landfall.rpc.<site>.<kind>`
+//! - request/reply from a gateway to a hub service (never stored): `landfall.svc.<site>.<kind>`
+//! - request/reply from an operator to a hub service (never stored): `landfall.admin.<kind>`
 
 use std::time::Duration;
 
@@ -61,6 +63,8 @@ pub mod headers {
     pub const CAUSATION_ID: &str = "Landfall-Causation-Id";
     /// W3C trace context.
     pub const TRACEPARENT: &str = "traceparent";
+    /// On an artifact chunk: the sha256 of the chunk's bytes, taken where they were read.
+    pub const CHUNK_SHA256: &str = "Landfall-Chunk-Sha256";
     /// On a request/reply answer: the request failed, and this says why (the body is empty).
     pub const REPLY_ERROR: &str = "Landfall-Error";
     /// Set by JetStream KV on a delete or purge marker (`DEL`, `PURGE`).
@@ -108,6 +112,41 @@ pub fn kubeconfig_rpc(site: &str) -> String {
 pub fn sim_host_arrival_rpc(site: &str) -> String {
     format!("landfall.rpc.{site}.sim_host_arrival")
 }
+
+/// The queue group distribution service replicas share requests in.
+pub const DISTRIBUTION_GROUP: &str = "landfall-distribution";
+/// The queue group secrets service replicas share requests in.
+pub const SECRETS_GROUP: &str = "landfall-secrets";
+
+/// A gateway's artifact plan request to the distribution service.
+pub fn artifact_plan_svc(site: &str) -> String {
+    format!("landfall.svc.{site}.artifact_plan")
+}
+
+/// A gateway's request for one chunk of an artifact.
+pub fn artifact_chunk_svc(site: &str) -> String {
+    format!("landfall.svc.{site}.artifact_chunk")
+}
+
+/// A gateway's request for a host's BMC credentials, for the job that drives its BMC.
+pub fn bmc_credentials_svc(site: &str) -> String {
+    format!("landfall.svc.{site}.bmc_credentials")
+}
+
+/// One gateway service kind at every site, as the hub service subscribes to it.
+pub fn svc_every_site(kind: &str) -> String {
+    format!("landfall.svc.*.{kind}")
+}
+pub const ARTIFACT_PLAN: &str = "artifact_plan";
+pub const ARTIFACT_CHUNK: &str = "artifact_chunk";
+pub const BMC_CREDENTIALS: &str = "bmc_credentials";
+
+/// Operators: a site's kubeconfig, opened.
+pub const KUBECONFIG_GET_ADMIN: &str = "landfall.admin.kubeconfig_get";
+/// Operators: seal and store a host's BMC credentials.
+pub const BMC_CREDENTIALS_PUT_ADMIN: &str = "landfall.admin.bmc_credentials_put";
+/// Operators: seal every secret again under a new key.
+pub const ROTATE_KEY_ADMIN: &str = "landfall.admin.rotate_key";
 
 /// The parts of a landfall subject, parsed back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,6 +205,17 @@ pub mod keys {
     pub fn kubeconfig(site: &str) -> String {
         format!("kubeconfig.{site}")
     }
+    /// Every sealed kubeconfig (`landfall-kubeconfigs`).
+    pub const KUBECONFIG_PREFIX: &str = "kubeconfig.";
+    /// A host's sealed BMC credentials (`landfall-kubeconfigs`, the bucket of sealed secrets).
+    pub fn bmc_credentials(site: &str, node: &str) -> String {
+        format!("{BMC_PREFIX}{site}.{node}")
+    }
+    /// Every sealed BMC credential.
+    pub const BMC_PREFIX: &str = "bmc.";
+    /// Where the distribution service announces the artifact store it reads
+    /// (`landfall-packages`; the URL without credentials).
+    pub const ARTIFACT_STORE: &str = "artifact-store";
 
     /// Every observed-package key starts with this (`landfall-observed`).
     pub const OBSERVED_PREFIX: &str = "node.";

@@ -80,6 +80,18 @@ bus_message!(
     PatchNodes,
     KubeconfigRequest,
     SimulateHostArrival,
+    StageSite,
+    ArtifactPlanRequest,
+    ArtifactPlan,
+    ChunkRequest,
+    BmcCredentialsRequest,
+    KubeconfigGet,
+    PutBmcCredentials,
+    SecretStored,
+    RotateKey,
+    KeyRotated,
+    BmcCredentialsStored,
+    SecretKeyRotated,
     SiteRegistered,
     DesignApplied,
     DesignRevision,
@@ -121,6 +133,7 @@ bus_message!(
     Rollout,
     RolloutPlanChunk,
     RolloutSite,
+    ArtifactStoreInfo,
 );
 
 macro_rules! command {
@@ -139,6 +152,7 @@ command!(RegisterSite, "register_site", |m| m.design.as_ref().map_or("", |d| d.s
 command!(InstallSite, "install_site", |m| &m.site_id);
 command!(ApplyDesign, "apply_design", |m| &m.site_id);
 command!(NodeAdded, "node_added", |m| &m.site_id);
+command!(StageSite, "stage_site", |m| &m.site_id);
 command!(RegisterPackage, "register_package", |_m| names::FLEET);
 command!(PatchPackage, "patch_package", |_m| names::FLEET);
 command!(PauseRollout, "pause_rollout", |_m| names::FLEET);
@@ -193,6 +207,7 @@ event!(
     NodePatched => "node"."patched",
     NodePatchFailed => "node"."patch_failed",
     SitePatched => "rollout"."site_patched",
+    BmcCredentialsStored => "node"."bmc_credentials_stored",
 );
 
 macro_rules! fleet_event {
@@ -215,6 +230,7 @@ fleet_event!(
     RolloutResumed => "rollout"."resumed",
     RolloutCancelled => "rollout"."cancelled",
     RolloutCompleted => "rollout"."completed",
+    SecretKeyRotated => "secrets"."key_rotated",
 );
 
 /// Rejections are published in the scope of the subject they answer; see

@@ -1044,6 +1044,61 @@ async fn handle_one<H: Handler>(bus: &Bus, spec: &ConsumerSpec, handler: &H, msg
     }
 }
 
+/// The answer to a core request: headers and body.
+pub type Reply = (HeaderMap, Bytes);
+
+/// A failed request's answer: an empty body, and the reason in the `Landfall-Error` header.
+pub fn error_reply(reason: &str) -> Reply {
+    let mut h = HeaderMap::new();
+    h.insert(headers::REPLY_ERROR, reason);
+    (h, Bytes::new())
+}
+
+/// Answers the core requests on `subject` (a queue group `group` shared by the service's
+/// replicas), at most `concurrency` at once, until `shutdown`. `answer` gets the subject the
+/// request came on and its payload. Requests in hand when `shutdown` comes are answered first.
+pub async fn serve_requests<F, Fut>(
+    bus: &Bus,
+    subject: String,
+    group: &str,
+    concurrency: usize,
+    shutdown: CancellationToken,
+    answer: F,
+) -> Result<(), BusError>
+where
+    F: Fn(async_nats::Subject, Bytes) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
+    let mut sub = bus
+        .client()
+        .queue_subscribe(subject.clone(), group.to_string())
+        .await
+        .map_err(|e| BusError::Request { subject: subject.clone(), source: Box::new(e) })?;
+    let answer = Arc::new(answer);
+    let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+    let mut tasks = JoinSet::new();
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = sub.next() => match m { Some(m) => m, None => break },
+        };
+        let Some(reply) = msg.reply else { continue };
+        let Ok(permit) = permits.clone().acquire_owned().await else { break };
+        let (answer, client, subject) = (answer.clone(), bus.client().clone(), subject.clone());
+        tasks.spawn(async move {
+            let (headers, body) = answer(msg.subject, msg.payload).await;
+            if let Err(e) = client.publish_with_headers(reply, headers, body).await {
+                warn!(%subject, error = %e, "cannot answer request");
+            }
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    let _ = sub.unsubscribe().await;
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

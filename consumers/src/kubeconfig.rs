@@ -76,8 +76,11 @@ pub async fn read_kubeconfig(bus: &Bus, keys: &dyn KeyProvider, site: &str) -> a
     Ok(Some(secrets::open(keys, &purpose(site), &sealed)?))
 }
 
-/// Runs the kubeconfig consumer until `shutdown`.
+/// Runs the kubeconfig consumer until `shutdown`. It does not start when a stored record was
+/// sealed under a key `keys` does not hold (see [`crate::secrets_service::check_keys`]): a
+/// collector with the wrong key would go on sealing under it.
 pub async fn run_kubeconfig(bus: Bus, keys: Arc<dyn KeyProvider>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    crate::secrets_service::check_keys(&bus, keys.as_ref()).await?;
     let collector = Arc::new(KubeconfigCollector::new(bus.clone(), keys).await?);
     let spec = ConsumerSpec::new(
         names::EVENTS_STREAM,

@@ -58,7 +58,7 @@ pub enum Acquired {
 }
 
 /// Whether the holder named by `lease` is still at work on its site.
-async fn holder_busy(sagas: &Kv, lease: &pb::SiteLease) -> Result<bool, BusError> {
+pub(crate) async fn holder_busy(sagas: &Kv, lease: &pb::SiteLease) -> Result<bool, BusError> {
     let young = || now_ms().saturating_sub(lease.acquired_unix_ms) < LEASE_GRACE.as_millis() as i64;
     if lease.holder == pb::LeaseHolder::Rollout as i32 {
         let site = sagas.get::<pb::RolloutSite>(&keys::rollout_site(&lease.saga_id, &lease.site_id)).await?;

@@ -70,16 +70,28 @@ impl Orchestrator {
         match self.packages.create(&key, &entry).await? {
             Cas::Written(_) => info!(package = %pkg.name, version = %pkg.version, "package registered"),
             Cas::Conflict => {
-                // The same name and version twice: the same content is a no-op, other content a conflict.
-                let existing = self.packages.get::<pb::Package>(&key).await?.map(|(p, _)| p);
-                if existing.as_ref().is_some_and(|e| e.sha256 != entry.sha256 || e.kind != entry.kind) {
-                    return Err(HandlerError::reject(
-                        pb::RejectCode::Conflict,
-                        format!(
-                            "{}@{} is already registered with other content; publish a new version",
-                            pkg.name, pkg.version
-                        ),
-                    ));
+                // The same name and version twice: the same content is a no-op, other content a
+                // conflict. A version registered by its metadata alone takes the object key its
+                // upload brings.
+                let existing = self.packages.get::<pb::Package>(&key).await?;
+                if let Some((e, revision)) = existing {
+                    if e.sha256 != entry.sha256 || e.kind != entry.kind || e.size != entry.size {
+                        return Err(HandlerError::reject(
+                            pb::RejectCode::Conflict,
+                            format!(
+                                "{}@{} is already registered with other content (sha256:{}, {} bytes); publish a new \
+                                 version",
+                                pkg.name, pkg.version, e.sha256, e.size
+                            ),
+                        ));
+                    }
+                    if e.object_key.is_empty() && !entry.object_key.is_empty() {
+                        // A lost race with another replica leaves the same key: retried by NAK.
+                        if let Cas::Conflict = self.packages.update(&key, &entry, revision).await? {
+                            return Err(HandlerError::Transient(format!("{key} changed while registering")));
+                        }
+                        info!(package = %pkg.name, version = %pkg.version, "package bytes uploaded");
+                    }
                 }
             }
         }
@@ -210,27 +222,7 @@ impl Orchestrator {
             return Ok(());
         }
 
-        let design = if cmd.design_revision > 0 {
-            let key = keys::design_revision(&site, cmd.design_revision);
-            let Some((rev, _)) = self.sites.get::<pb::DesignRevision>(&key).await? else {
-                return Err(HandlerError::reject(
-                    pb::RejectCode::Invalid,
-                    format!("site {site} has no design revision {}", cmd.design_revision),
-                ));
-            };
-            rev.effective.unwrap_or_default()
-        } else {
-            let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(&site)).await? else {
-                return Err(HandlerError::reject(
-                    pb::RejectCode::UnknownSite,
-                    format!(
-                        "site {site} is not registered (landfall site register -f FILE, or landfall design apply -f FILE)"
-                    ),
-                ));
-            };
-            design
-        };
-        let design = SiteDesign::try_from(design).map_err(invalid)?;
+        let design = self.design_at(&site, cmd.design_revision).await?;
         let resolved = saga::resolve(&design, &self.catalog_for(&design).await?)
             .map_err(|r| HandlerError::reject(r.code, r.reason))?;
 
@@ -255,6 +247,46 @@ impl Orchestrator {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A site's design at `revision`, or its current one for 0.
+    async fn design_at(&self, site: &str, revision: u64) -> Result<SiteDesign, HandlerError> {
+        let design = if revision > 0 {
+            let key = keys::design_revision(site, revision);
+            let Some((rev, _)) = self.sites.get::<pb::DesignRevision>(&key).await? else {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Invalid,
+                    format!("site {site} has no design revision {revision}"),
+                ));
+            };
+            rev.effective.unwrap_or_default()
+        } else {
+            let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(site)).await? else {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::UnknownSite,
+                    format!(
+                        "site {site} is not registered (landfall site register -f FILE, or landfall design apply -f FILE)"
+                    ),
+                ));
+            };
+            design
+        };
+        SiteDesign::try_from(design).map_err(invalid)
+    }
+
+    /// Stages a site's artifacts into its gateway's cache, ahead of an install. It changes no
+    /// node, so it takes no site lease; the job's id comes from the command's, so a redelivered
+    /// command sends no second job.
+    async fn stage_site(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::StageSite = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id).map_err(invalid)?.to_string();
+        let design = self.design_at(&site, cmd.design_revision).await?;
+        let resolved = saga::resolve(&design, &self.catalog_for(&design).await?)
+            .map_err(|r| HandlerError::reject(r.code, r.reason))?;
+        let job = saga::stage_job(site.clone(), &resolved);
+        info!(%site, artifacts = job.artifacts.len(), "staging ahead of an install");
+        self.bus.publish_job(&job, &d.envelope.derive("stage_artifacts", None)).await?;
         Ok(())
     }
 
@@ -501,6 +533,7 @@ impl runtime::Handler for Commands {
             pb::RegisterSite::KIND => self.0.register_site(d).await,
             pb::RegisterPackage::KIND => self.0.register_package(d).await,
             pb::InstallSite::KIND => self.0.install_site(d).await,
+            pb::StageSite::KIND => self.0.stage_site(d).await,
             pb::ApplyDesign::KIND => self.0.apply_design(d).await,
             pb::PatchPackage::KIND => self.0.rollouts.patch_package(d).await,
             pb::PauseRollout::KIND => self.0.rollouts.pause(d).await,

@@ -155,6 +155,7 @@ fn name_of(n: &pb::NodeProgress) -> &str {
 pub fn start(cmd: &Envelope, design: &SiteDesign, resolved: Resolved, now_ms: i64) -> pb::InstallSaga {
     let design_pb = pb::SiteDesign::from(design);
     let site = design.site.to_string();
+    let stage = stage_job(site.clone(), &resolved);
     let mut saga = pb::InstallSaga {
         saga_id: cmd.id.clone(),
         site_id: site.clone(),
@@ -172,11 +173,16 @@ pub fn start(cmd: &Envelope, design: &SiteDesign, resolved: Resolved, now_ms: i6
     };
     let started = pb::SiteInstallStarted { site_id: site.clone(), nodes: design_pb.nodes };
     push_event(&mut saga, &started, &cmd.derive("install_started", None));
-    let mut artifacts: Vec<pb::Package> = saga.packages.values().cloned().collect();
+    push_job(&mut saga, &stage, &cmd.derive("stage_artifacts", None));
+    saga
+}
+
+/// The job that stages every artifact of a resolved design, each once.
+pub fn stage_job(site: String, resolved: &Resolved) -> pb::StageArtifacts {
+    let mut artifacts: Vec<pb::Package> = resolved.packages.values().cloned().collect();
     artifacts.sort_by(|a, b| a.sha256.cmp(&b.sha256));
     artifacts.dedup_by(|a, b| a.sha256 == b.sha256);
-    push_job(&mut saga, &pb::StageArtifacts { site_id: site, artifacts }, &cmd.derive("stage_artifacts", None));
-    saga
+    pb::StageArtifacts { site_id: site, artifacts }
 }
 
 /// The saga of a node joining an installed site's cluster (NodeAdded): `design` is the site's

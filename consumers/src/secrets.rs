@@ -3,13 +3,23 @@
 //! Only [`pb::SealedSecret`] (key id, fresh random nonce, ciphertext) is ever stored. The
 //! associated data binds a record to what it is for (e.g. `kubeconfig/edge-1`), so a
 //! ciphertext moved to another key opens nowhere.
+//!
+//! A [`KeyRing`] reads a key file of one or more keys, one per line (64 hex digits, `#`
+//! comments allowed): the first seals, the others only open. Rotation adds a key in front and,
+//! once every record is sealed again, retires the others. No key, and nothing that holds one,
+//! is ever printed: `Debug` shows key ids only.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError, RwLock};
+use std::time::SystemTime;
 
 use bus_schema::pb;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use sha2::{Digest, Sha256};
+use tracing::{info, warn};
 
 pub const ALGORITHM: &str = "xchacha20poly1305";
 
@@ -29,8 +39,20 @@ pub enum SecretError {
     },
     #[error("key from {from} is not 64 hex digits (32 bytes)")]
     BadKey { from: String },
-    #[error("secret was sealed under key {wanted}, which this key provider does not hold (it holds {held})")]
-    UnknownKey { wanted: String, held: String },
+    #[error("{from} holds no key")]
+    NoKeys { from: String },
+    #[error("secret was sealed under key {wanted}, which {from} does not hold (it holds {held})")]
+    UnknownKey { wanted: String, held: String, from: String },
+    #[error(
+        "key file {} does not exist, but {records} sealed record(s) need key(s) {needed}: restore that key \
+         file (a new key would open none of them); no key was created",
+        path.display()
+    )]
+    NoKeyFile { path: PathBuf, records: usize, needed: String },
+    #[error("the key from {from} cannot be rotated: rotation needs a key file (--secret-key-file)")]
+    RotationNeedsFile { from: String },
+    #[error("key file {} changed while it was being rotated (its current key is now {found}, not {expected})", path.display())]
+    RotatedElsewhere { path: PathBuf, expected: String, found: String },
     #[error("secret is sealed with {0}, not {ALGORITHM}")]
     Algorithm(String),
     #[error("secret does not open: wrong key, or the record was altered")]
@@ -48,18 +70,33 @@ pub trait KeyProvider: Send + Sync + 'static {
     fn current(&self) -> (String, [u8; 32]);
     /// A key by id, to open an older record.
     fn get(&self, key_id: &str) -> Result<[u8; 32], SecretError>;
+    /// The ids of every key held, the current one first.
+    fn key_ids(&self) -> Vec<String> {
+        vec![self.current().0]
+    }
+    /// Where the keys come from, for error messages (a key file's path, an environment variable).
+    fn source(&self) -> String {
+        "the key provider".into()
+    }
 }
 
-/// One static key, from a file or an environment variable (64 hex digits).
-pub struct StaticKey {
+/// One data key. Its `Debug` shows the id only.
+#[derive(Clone)]
+struct DataKey {
     id: String,
     key: [u8; 32],
 }
 
-impl StaticKey {
-    pub fn from_hex(hex: &str, from: &str) -> Result<Self, SecretError> {
+impl fmt::Debug for DataKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataKey").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl DataKey {
+    fn from_hex(hex: &str, from: &str) -> Result<Self, SecretError> {
         let hex = hex.trim();
-        if hex.len() != 64 {
+        if hex.len() != 64 || !hex.is_ascii() {
             return Err(SecretError::BadKey { from: from.to_string() });
         }
         let mut key = [0u8; 32];
@@ -67,10 +104,39 @@ impl StaticKey {
             *byte = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16)
                 .map_err(|_| SecretError::BadKey { from: from.to_string() })?;
         }
-        // The id names the key without revealing it.
-        let digest = Sha256::digest([b"landfall key id\0".as_slice(), &key].concat());
-        let id = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Self { id, key })
+        Ok(Self::new(key))
+    }
+
+    fn new(key: [u8; 32]) -> Self {
+        Self { id: key_id(&key), key }
+    }
+
+    fn hex(&self) -> String {
+        self.key.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The id that names a key without revealing it.
+fn key_id(key: &[u8; 32]) -> String {
+    let digest = Sha256::digest([b"landfall key id\0".as_slice(), key].concat());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One static key, from a file or an environment variable (64 hex digits).
+pub struct StaticKey {
+    key: DataKey,
+    from: String,
+}
+
+impl fmt::Debug for StaticKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticKey").field("id", &self.key.id).field("from", &self.from).finish()
+    }
+}
+
+impl StaticKey {
+    pub fn from_hex(hex: &str, from: &str) -> Result<Self, SecretError> {
+        Ok(Self { key: DataKey::from_hex(hex, from)?, from: from.to_string() })
     }
 
     pub fn from_file(path: &Path) -> Result<Self, SecretError> {
@@ -79,22 +145,311 @@ impl StaticKey {
         Self::from_hex(&text, &path.display().to_string())
     }
 
-    /// Reads the key file, creating it (mode 0600, a fresh random key) when it does not exist.
-    pub fn load_or_create(path: &Path) -> Result<Self, SecretError> {
+    pub fn id(&self) -> &str {
+        &self.key.id
+    }
+}
+
+impl KeyProvider for StaticKey {
+    fn current(&self) -> (String, [u8; 32]) {
+        (self.key.id.clone(), self.key.key)
+    }
+
+    fn get(&self, key_id: &str) -> Result<[u8; 32], SecretError> {
+        if key_id == self.key.id {
+            Ok(self.key.key)
+        } else {
+            Err(SecretError::UnknownKey {
+                wanted: key_id.to_string(),
+                held: self.key.id.clone(),
+                from: self.from.clone(),
+            })
+        }
+    }
+
+    fn source(&self) -> String {
+        self.from.clone()
+    }
+}
+
+/// Several keys: the first seals, the others only open. From a key file (one 64-hex key per
+/// line, `#` comments allowed; today's single-key file is a ring of one), or a single key from
+/// the environment, which cannot rotate.
+///
+/// A ring read from a file follows the file: a key id it does not hold makes it read the
+/// file again once (another replica may have rotated), and [`KeyProvider::current`] notices
+/// a file that changed, so a key another process rotated in seals from then on here too.
+pub struct KeyRing {
+    /// The key file, or where the single key came from.
+    origin: Origin,
+    loaded: RwLock<Loaded>,
+    /// Held while the file is rewritten, so two rotations in one process do not interleave.
+    writing: Mutex<()>,
+}
+
+enum Origin {
+    File(PathBuf),
+    Fixed(String),
+}
+
+#[derive(Debug)]
+struct Loaded {
+    /// Never empty; the first seals.
+    keys: Vec<DataKey>,
+    /// The file as it was when read: a different stamp means it changed.
+    stamp: Option<FileStamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    #[cfg(unix)]
+    inode: u64,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<Self> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some(Self {
+            modified: meta.modified().ok(),
+            len: meta.len(),
+            #[cfg(unix)]
+            inode: std::os::unix::fs::MetadataExt::ino(&meta),
+        })
+    }
+}
+
+impl fmt::Debug for KeyRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRing").field("source", &self.source()).field("key_ids", &self.key_ids()).finish()
+    }
+}
+
+/// The keys of a key file's text, in order, without repeats.
+fn parse_keys(text: &str, from: &str) -> Result<Vec<DataKey>, SecretError> {
+    let mut keys: Vec<DataKey> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let key = DataKey::from_hex(line, &format!("{from} line {}", n + 1))?;
+        if !keys.iter().any(|k| k.id == key.id) {
+            keys.push(key);
+        }
+    }
+    if keys.is_empty() {
+        return Err(SecretError::NoKeys { from: from.to_string() });
+    }
+    Ok(keys)
+}
+
+/// A key file's text: the keys, first the one that seals.
+fn render_keys(keys: &[DataKey]) -> String {
+    let mut text = String::from(
+        "# landfall data keys, 64 hex digits each: the first seals, the others only open.\n\
+         # Rotate with `landfall kubeconfig rotate-key`; do not edit while a rotation runs.\n",
+    );
+    for k in keys {
+        text.push_str(&k.hex());
+        text.push('\n');
+    }
+    text
+}
+
+impl KeyRing {
+    /// Reads a key file (one key or several).
+    ///
+    /// # Errors
+    /// When the file cannot be read, or a line is not a key, or it holds none.
+    pub fn from_file(path: &Path) -> Result<Self, SecretError> {
+        let loaded = Self::read(path)?;
+        Ok(Self { origin: Origin::File(path.to_path_buf()), loaded: RwLock::new(loaded), writing: Mutex::new(()) })
+    }
+
+    /// A ring of one key given as hex (e.g. from an environment variable). It cannot rotate.
+    pub fn from_hex(hex: &str, from: &str) -> Result<Self, SecretError> {
+        let key = DataKey::from_hex(hex, from)?;
+        Ok(Self {
+            origin: Origin::Fixed(from.to_string()),
+            loaded: RwLock::new(Loaded { keys: vec![key], stamp: None }),
+            writing: Mutex::new(()),
+        })
+    }
+
+    /// Reads the key file, creating it (mode 0600, one fresh random key) when it does not
+    /// exist and no sealed record does either. `sealed` counts the records in store by the id
+    /// of the key that sealed them.
+    ///
+    /// # Errors
+    /// [`SecretError::NoKeyFile`] when the file is missing but records are sealed: a new key
+    /// would open none of them, so none is created.
+    pub fn load_or_create(path: &Path, sealed: &BTreeMap<String, usize>) -> Result<Self, SecretError> {
         if !path.exists() {
-            let key = random::<32>()?;
-            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-            write_private(path, &hex).map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
+            if !sealed.is_empty() {
+                return Err(SecretError::NoKeyFile {
+                    path: path.to_path_buf(),
+                    records: sealed.values().sum(),
+                    needed: sealed.keys().cloned().collect::<Vec<_>>().join(", "),
+                });
+            }
+            let key = DataKey::new(random::<32>()?);
+            match write_new_private(path, &render_keys(std::slice::from_ref(&key))) {
+                Ok(()) => info!(path = %path.display(), key_id = %key.id, "data key created"),
+                // Another process created it first: use theirs.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(source) => return Err(SecretError::WriteKey { path: path.into(), source }),
+            }
         }
         Self::from_file(path)
     }
 
-    pub fn id(&self) -> &str {
-        &self.id
+    fn read(path: &Path) -> Result<Loaded, SecretError> {
+        let stamp = FileStamp::of(path);
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SecretError::ReadKey { path: path.into(), source })?;
+        Ok(Loaded { keys: parse_keys(&text, &path.display().to_string())?, stamp })
+    }
+
+    /// The key file, when the ring has one.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.origin {
+            Origin::File(p) => Some(p),
+            Origin::Fixed(_) => None,
+        }
+    }
+
+    /// The id of the key that seals.
+    pub fn current_id(&self) -> String {
+        self.current().0
+    }
+
+    /// Whether the ring holds the key (reading the file again once if it does not).
+    pub fn holds(&self, key_id: &str) -> bool {
+        self.get(key_id).is_ok()
+    }
+
+    fn lock_read(&self) -> std::sync::RwLockReadGuard<'_, Loaded> {
+        self.loaded.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reads the key file again. A ring without a file has nothing to read.
+    ///
+    /// # Errors
+    /// When the file cannot be read or parsed; the ring keeps what it held.
+    pub fn reload(&self) -> Result<(), SecretError> {
+        let Origin::File(path) = &self.origin else { return Ok(()) };
+        let loaded = Self::read(path)?;
+        *self.loaded.write().unwrap_or_else(PoisonError::into_inner) = loaded;
+        Ok(())
+    }
+
+    /// Reads the file again if it changed since it was read; a file that does not read now
+    /// leaves the ring as it was (with a warning).
+    fn refresh_if_changed(&self) {
+        let Origin::File(path) = &self.origin else { return };
+        let stamp = FileStamp::of(path);
+        if stamp.is_none() || self.lock_read().stamp == stamp {
+            return;
+        }
+        if let Err(e) = self.reload() {
+            warn!(path = %path.display(), error = %e, "key file changed but does not read: keeping the keys held");
+        }
+    }
+
+    fn file_for_rotation(&self) -> Result<&Path, SecretError> {
+        match &self.origin {
+            Origin::File(p) => Ok(p),
+            Origin::Fixed(from) => Err(SecretError::RotationNeedsFile { from: from.clone() }),
+        }
+    }
+
+    /// Adds a fresh random key in front of the file's keys (it seals from now on; the others
+    /// still open) and returns its id. The file is replaced atomically (mode 0600).
+    ///
+    /// # Errors
+    /// [`SecretError::RotationNeedsFile`] for a ring without a file; I/O errors.
+    pub fn rotate(&self) -> Result<String, SecretError> {
+        let path = self.file_for_rotation()?;
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut loaded = Self::read(path)?;
+        let key = DataKey::new(random::<32>()?);
+        let id = key.id.clone();
+        loaded.keys.insert(0, key);
+        write_atomic(path, &render_keys(&loaded.keys))
+            .map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
+        loaded.stamp = FileStamp::of(path);
+        *self.loaded.write().unwrap_or_else(PoisonError::into_inner) = loaded;
+        info!(path = %path.display(), key_id = %id, "data key added");
+        Ok(id)
+    }
+
+    /// Rewrites the file with only its current key, which must still be `current` (the key
+    /// every record was sealed again under), and returns the ids of the keys retired.
+    ///
+    /// # Errors
+    /// [`SecretError::RotatedElsewhere`] when the file's current key is another one by now.
+    pub fn retire(&self, current: &str) -> Result<Vec<String>, SecretError> {
+        let path = self.file_for_rotation()?;
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut loaded = Self::read(path)?;
+        if loaded.keys[0].id != current {
+            return Err(SecretError::RotatedElsewhere {
+                path: path.into(),
+                expected: current.to_string(),
+                found: loaded.keys[0].id.clone(),
+            });
+        }
+        let retired: Vec<String> = loaded.keys.drain(1..).map(|k| k.id).collect();
+        if !retired.is_empty() {
+            write_atomic(path, &render_keys(&loaded.keys))
+                .map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
+            info!(path = %path.display(), retired = %retired.join(", "), "data keys retired");
+        }
+        loaded.stamp = FileStamp::of(path);
+        *self.loaded.write().unwrap_or_else(PoisonError::into_inner) = loaded;
+        Ok(retired)
     }
 }
 
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+impl KeyProvider for KeyRing {
+    fn current(&self) -> (String, [u8; 32]) {
+        self.refresh_if_changed();
+        let loaded = self.lock_read();
+        (loaded.keys[0].id.clone(), loaded.keys[0].key)
+    }
+
+    fn get(&self, key_id: &str) -> Result<[u8; 32], SecretError> {
+        let find = |l: &Loaded| l.keys.iter().find(|k| k.id == key_id).map(|k| k.key);
+        if let Some(key) = find(&self.lock_read()) {
+            return Ok(key);
+        }
+        // Another replica may have rotated: read the file once more before giving up.
+        if let Err(e) = self.reload() {
+            warn!(source = %self.source(), error = %e, "cannot read the key file again");
+        }
+        find(&self.lock_read()).ok_or_else(|| SecretError::UnknownKey {
+            wanted: key_id.to_string(),
+            held: self.key_ids().join(", "),
+            from: self.source(),
+        })
+    }
+
+    fn key_ids(&self) -> Vec<String> {
+        self.lock_read().keys.iter().map(|k| k.id.clone()).collect()
+    }
+
+    fn source(&self) -> String {
+        match &self.origin {
+            Origin::File(p) => format!("key file {}", p.display()),
+            Origin::Fixed(from) => from.clone(),
+        }
+    }
+}
+
+/// Creates `path` (and its directory) with `text`, mode 0600; fails if it exists.
+fn write_new_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -103,21 +458,25 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     opts.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    opts.open(path)?.write_all(text.as_bytes())
+    let mut file = opts.open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
 }
 
-impl KeyProvider for StaticKey {
-    fn current(&self) -> (String, [u8; 32]) {
-        (self.id.clone(), self.key)
+/// Replaces `path` with `text` atomically: a private temporary file beside it, synced, then
+/// renamed over it. A reader sees the old file or the new one, never half of one.
+fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let suffix: String = random::<6>().unwrap_or_default().iter().map(|b| format!("{b:02x}")).collect();
+    let tmp = dir.join(format!(".{name}.tmp-{}-{suffix}", std::process::id()));
+    let result = write_new_private(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return result;
     }
-
-    fn get(&self, key_id: &str) -> Result<[u8; 32], SecretError> {
-        if key_id == self.id {
-            Ok(self.key)
-        } else {
-            Err(SecretError::UnknownKey { wanted: key_id.to_string(), held: self.id.clone() })
-        }
-    }
+    // The rename is durable once the directory is.
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).or(Ok(()))
 }
 
 /// Bytes from the operating system's random source.
@@ -157,6 +516,37 @@ mod tests {
     const K1: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
     const K2: &str = "ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!(
+                "landfall-{name}-{}-{}",
+                std::process::id(),
+                key_id(&random::<32>().unwrap())
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+        }
+        #[cfg(not(unix))]
+        0o600
+    }
+
     #[test]
     fn seals_and_opens_with_fresh_nonces() {
         let k = StaticKey::from_hex(K1, "test").unwrap();
@@ -178,17 +568,116 @@ mod tests {
     }
 
     #[test]
-    fn key_file_is_created_private_and_reused() {
-        let dir = std::env::temp_dir().join(format!("landfall-key-{}", std::process::id()));
-        let path = dir.join("secret.key");
-        let a = StaticKey::load_or_create(&path).unwrap();
-        let b = StaticKey::load_or_create(&path).unwrap();
-        assert_eq!(a.id(), b.id());
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    fn a_single_key_file_of_today_reads_as_a_ring_of_one() {
+        let dir = TempDir::new("ring-one");
+        let path = dir.0.join("secret.key");
+        std::fs::write(&path, K1).unwrap();
+        let ring = KeyRing::from_file(&path).unwrap();
+        let fixed = StaticKey::from_hex(K1, "test").unwrap();
+        assert_eq!(ring.key_ids(), vec![fixed.id().to_string()]);
+        let sealed = seal(&fixed, "p", b"x").unwrap();
+        assert_eq!(open(&ring, "p", &sealed).unwrap(), b"x");
+    }
+
+    #[test]
+    fn the_first_key_seals_and_every_key_opens() {
+        let dir = TempDir::new("ring-two");
+        let path = dir.0.join("secret.key");
+        std::fs::write(&path, format!("# new\n{K2}\n\n  # old\n{K1}\n{K1}\n")).unwrap();
+        let ring = KeyRing::from_file(&path).unwrap();
+        let (k1, k2) = (StaticKey::from_hex(K1, "t").unwrap(), StaticKey::from_hex(K2, "t").unwrap());
+        assert_eq!(ring.key_ids(), vec![k2.id().to_string(), k1.id().to_string()]);
+        assert_eq!(ring.current_id(), k2.id());
+        let old = seal(&k1, "p", b"old").unwrap();
+        assert_eq!(open(&ring, "p", &old).unwrap(), b"old");
+        assert_eq!(seal(&ring, "p", b"new").unwrap().key_id, k2.id());
+
+        std::fs::write(&path, format!("{K1}\nnot a key\n")).unwrap();
+        let err = KeyRing::from_file(&path).unwrap_err();
+        assert!(err.to_string().contains("line 2"), "{err}");
+        std::fs::write(&path, "# only a comment\n").unwrap();
+        assert!(matches!(KeyRing::from_file(&path), Err(SecretError::NoKeys { .. })));
+    }
+
+    #[test]
+    fn rotate_adds_a_key_in_front_and_retire_keeps_only_it() {
+        let dir = TempDir::new("ring-rotate");
+        let path = dir.0.join("secret.key");
+        let ring = KeyRing::load_or_create(&path, &BTreeMap::new()).unwrap();
+        let old = ring.current_id();
+        let sealed = seal(&ring, "p", b"before").unwrap();
+
+        let new = ring.rotate().unwrap();
+        assert_ne!(new, old);
+        assert_eq!(ring.key_ids(), vec![new.clone(), old.clone()]);
+        assert_eq!(mode(&path), 0o600);
+        // Another process reading the file sees both keys.
+        assert_eq!(KeyRing::from_file(&path).unwrap().key_ids(), vec![new.clone(), old.clone()]);
+        assert_eq!(open(&ring, "p", &sealed).unwrap(), b"before");
+
+        assert!(matches!(ring.retire(&old), Err(SecretError::RotatedElsewhere { .. })));
+        assert_eq!(ring.retire(&new).unwrap(), vec![old.clone()]);
+        assert_eq!(KeyRing::from_file(&path).unwrap().key_ids(), vec![new.clone()]);
+        assert_eq!(mode(&path), 0o600);
+        assert!(matches!(open(&ring, "p", &sealed), Err(SecretError::UnknownKey { .. })));
+        // No temporary file is left behind.
+        assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_ring_follows_a_rotation_made_by_another_process() {
+        let dir = TempDir::new("ring-follow");
+        let path = dir.0.join("secret.key");
+        let here = KeyRing::load_or_create(&path, &BTreeMap::new()).unwrap();
+        let elsewhere = KeyRing::from_file(&path).unwrap();
+        let new = elsewhere.rotate().unwrap();
+        let sealed = seal(&elsewhere, "p", b"x").unwrap();
+        // An unknown key id makes the ring read the file again.
+        assert_eq!(open(&here, "p", &sealed).unwrap(), b"x");
+        assert_eq!(here.current_id(), new);
+
+        let third = KeyRing::from_file(&path).unwrap();
+        let newer = elsewhere.rotate().unwrap();
+        // A changed file is noticed before sealing.
+        assert_eq!(seal(&third, "p", b"x").unwrap().key_id, newer);
+    }
+
+    #[test]
+    fn a_key_from_the_environment_does_not_rotate() {
+        let ring = KeyRing::from_hex(K1, "LANDFALL_SECRET_KEY").unwrap();
+        let err = ring.rotate().unwrap_err();
+        assert!(err.to_string().contains("needs a key file"), "{err}");
+        let err = ring.get("0000").unwrap_err();
+        assert!(err.to_string().contains("LANDFALL_SECRET_KEY"), "{err}");
+    }
+
+    #[test]
+    fn key_file_is_created_private_and_reused_but_not_when_records_exist() {
+        let dir = TempDir::new("ring-create");
+        let path = dir.0.join("sub").join("secret.key");
+        let sealed = BTreeMap::from([("0123456789abcdef".to_string(), 2)]);
+        let err = KeyRing::load_or_create(&path, &sealed).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("0123456789abcdef") && text.contains("2 sealed record"), "{text}");
+        assert!(!path.exists(), "no key may be created while records exist");
+
+        let a = KeyRing::load_or_create(&path, &BTreeMap::new()).unwrap();
+        let b = KeyRing::load_or_create(&path, &BTreeMap::new()).unwrap();
+        assert_eq!(a.key_ids(), b.key_ids());
+        assert_eq!(mode(&path), 0o600);
+        // With the file there, records under its key do not stop it from loading.
+        let sealed = BTreeMap::from([(a.current_id(), 1)]);
+        assert_eq!(KeyRing::load_or_create(&path, &sealed).unwrap().key_ids(), a.key_ids());
+    }
+
+    #[test]
+    fn debug_shows_key_ids_never_keys() {
+        let ring = KeyRing::from_hex(K1, "env").unwrap();
+        let fixed = StaticKey::from_hex(K1, "env").unwrap();
+        for text in [format!("{ring:?}"), format!("{fixed:?}"), format!("{:?}", ring.lock_read())] {
+            assert!(text.contains(fixed.id()), "{text}");
+            assert!(!text.contains(&K1[..16]), "{text}");
+            assert!(!text.contains("[0, 1, 2"), "{text}");
         }
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

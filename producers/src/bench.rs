@@ -21,8 +21,8 @@ use bus_schema::runtime::{Bus, Envelope, Topology};
 use clap::Subcommand;
 use futures::StreamExt;
 use serde_json::json;
-use site_gateway::HostScope;
 use site_gateway::sim::{SimConfig, SimSite};
+use site_gateway::{ArtifactCache, HostScope};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -60,6 +60,14 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         gateway_hosts: usize,
     },
+    /// An artifact of --size bytes uploaded to the artifact store, read back raw from it, and
+    /// staged into a site gateway's cache over the bus: MB/s of each, and peak RSS.
+    Transfer {
+        #[arg(long, default_value = "1GiB", value_parser = crate::bench_transfer::parse_size)]
+        size: u64,
+        #[command(flatten)]
+        store: crate::serve::StoreArgs,
+    },
     /// One site of N nodes installed with realistic durations divided by F, against the
     /// slowest node's chain (staging, OS, binaries, kubeconfig, container packages).
     Install {
@@ -94,6 +102,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
             let shape = Shape { orchestrators: orchestrators.max(1), gateway_hosts, raw_messages };
             fanout(&server.url, sites, nodes, strategy, shape).await
         }
+        BenchCommand::Transfer { size, store } => crate::bench_transfer::transfer(&server.url, size, &store).await,
         BenchCommand::Install { nodes, time_scale } => {
             anyhow::ensure!(nodes >= 1 && time_scale > 0.0, "--nodes must be at least 1 and --time-scale positive");
             install(&server.url, nodes, time_scale).await
@@ -103,6 +112,12 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
     let report = result?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where a benchmark's gateways keep their artifact caches (the benchmarks' packages are
+/// registered by metadata alone, so nothing is written there).
+fn scratch_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("landfall-bench-caches-{}", std::process::id()))
 }
 
 /// The server a benchmark runs on: the one NATS_URL names, or a fresh one with its own store.
@@ -321,10 +336,18 @@ async fn fanout(
     for i in 0..connections {
         gateway_buses.push(Bus::connect(url, &format!("landfall-bench-gateways-{i}")).await?);
     }
+    let scratch = scratch_dir();
     let consumers_expected = if gateway_hosts == 0 {
         for (i, (d, sim)) in designs.iter().zip(&sims).enumerate() {
             let gw_bus = gateway_buses[i % connections].clone();
-            services.spawn(site_gateway::run_gateway(d.site.clone(), gw_bus, Arc::new(sim.clone()), shutdown.clone()));
+            let cache = ArtifactCache::new(scratch.join(d.site.as_str()));
+            services.spawn(site_gateway::run_gateway(
+                d.site.clone(),
+                gw_bus,
+                Arc::new(sim.clone()),
+                cache,
+                shutdown.clone(),
+            ));
         }
         sites
     } else {
@@ -337,7 +360,8 @@ async fn fanout(
         for (i, share) in shares.into_iter().enumerate().filter(|(_, s)| !s.is_empty()) {
             let durable = format!("gateway-host-{i}");
             let bus = gateway_buses[i].clone();
-            services.spawn(site_gateway::run_gateway_host(durable, share, scope, bus, shutdown.clone()));
+            let host = site_gateway::run_gateway_host(durable, share, scope, scratch.clone(), bus, shutdown.clone());
+            services.spawn(host);
             hosts += 1;
         }
         hosts
@@ -485,8 +509,8 @@ async fn install(url: &str, nodes: usize, time_scale: f64) -> anyhow::Result<ser
     let mut services = JoinSet::new();
     services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
-    let key = Arc::new(consumers::secrets::StaticKey::from_hex(&"5a".repeat(32), "bench")?);
-    services.spawn(consumers::run_kubeconfig(bus.clone(), key, shutdown.clone()));
+    let key = Arc::new(consumers::secrets::KeyRing::from_hex(&"5a".repeat(32), "bench")?);
+    services.spawn(consumers::secrets_service::run_secrets(bus.clone(), key, shutdown.clone()));
     register_fleet(&bus, std::slice::from_ref(&design), &catalog).await?;
     // The site's hosts are racked when the install is asked for: they register, inspect and
     // prepare as part of the install's critical path. The clock starts when they appear (a
@@ -497,6 +521,7 @@ async fn install(url: &str, nodes: usize, time_scale: f64) -> anyhow::Result<ser
         design.site.clone(),
         bus.clone(),
         Arc::new(sim.clone()),
+        ArtifactCache::new(scratch_dir().join(design.site.as_str())),
         shutdown.clone(),
     ));
     wait_for_consumers(&bus, names::JOBS_STREAM, 1).await?;

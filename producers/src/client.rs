@@ -13,7 +13,7 @@ use bus_schema::runtime::{Bus, Envelope, ReadEvent, observed_nodes};
 use serde_json::json;
 
 use crate::output::{event_json, event_line, rfc3339_ms, summary};
-use crate::{EventsArgs, Format, InstallArgs, RegisterPackageArgs, StatusArgs};
+use crate::{EventsArgs, Format, InstallArgs, PackageIdArgs, RegisterPackageArgs, StatusArgs};
 
 /// Exit code when the command was rejected.
 pub(crate) const EXIT_REJECTED: u8 = 2;
@@ -40,23 +40,11 @@ pub async fn register_site(url: &str, file: &Path) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn register_package(url: &str, args: RegisterPackageArgs) -> anyhow::Result<ExitCode> {
-    let RegisterPackageArgs { name, version, kind, sha256, size, object_key, auto_rollout, no_auto_rollout, rollout } =
-        args;
+    let RegisterPackageArgs { package: PackageIdArgs { name, version, kind, policy }, sha256, size, object_key } = args;
     let kind: pb::PackageKind = kind.parse()?;
-    let object_key = if object_key.is_empty() { format!("{name}/{version}") } else { object_key };
     let pkg = pb::Package { name, version, kind: kind as i32, sha256, size, object_key };
     let checked = Package::try_from(pkg.clone()).context("invalid package")?;
-    let policy = match (auto_rollout, no_auto_rollout) {
-        (true, _) => Some(rollout.auto_rollout()?),
-        (false, true) if !rollout.is_empty() => {
-            bail!("--no-auto-rollout turns the policy off: it takes no selector or strategy flags")
-        }
-        (false, true) => Some(pb::AutoRollout { enabled: false, selector: None, strategy: None }),
-        (false, false) if !rollout.is_empty() => {
-            bail!("the selector and strategy flags set an auto-rollout policy: add --auto-rollout")
-        }
-        (false, false) => None,
-    };
+    let policy = policy.policy()?;
     let bus = connect(url).await?;
     let env = Envelope::root();
     let policy_text = match &policy {
@@ -67,6 +55,24 @@ pub async fn register_package(url: &str, args: RegisterPackageArgs) -> anyhow::R
     bus.publish_command(&pb::RegisterPackage { package: Some(pkg), auto_rollout: policy }, &env).await?;
     println!("RegisterPackage {}@{} published (id {}){policy_text}", checked.name, checked.version, env.id);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The auto-rollout policy the flags of `package register` / `package upload` set, if any.
+impl crate::PolicyArgs {
+    pub fn policy(&self) -> anyhow::Result<Option<pb::AutoRollout>> {
+        let (auto_rollout, no_auto_rollout, rollout) = (self.auto_rollout, self.no_auto_rollout, &self.rollout);
+        Ok(match (auto_rollout, no_auto_rollout) {
+            (true, _) => Some(rollout.auto_rollout()?),
+            (false, true) if !rollout.is_empty() => {
+                bail!("--no-auto-rollout turns the policy off: it takes no selector or strategy flags")
+            }
+            (false, true) => Some(pb::AutoRollout { enabled: false, selector: None, strategy: None }),
+            (false, false) if !rollout.is_empty() => {
+                bail!("the selector and strategy flags set an auto-rollout policy: add --auto-rollout")
+            }
+            (false, false) => None,
+        })
+    }
 }
 
 pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitCode> {

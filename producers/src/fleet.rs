@@ -1409,8 +1409,8 @@ mod tests {
         ])
         .unwrap();
         let Command::Package(PackageCommand::Register(r)) = cli.command else { panic!("not register") };
-        assert!(r.auto_rollout);
-        let policy = r.rollout.auto_rollout().unwrap();
+        assert!(r.package.policy.auto_rollout);
+        let policy = r.package.policy.rollout.auto_rollout().unwrap();
         assert!(policy.enabled);
         assert_eq!(policy.selector.unwrap().labels.len(), 1);
         assert_eq!(policy.strategy.unwrap().canary_sites, 1);

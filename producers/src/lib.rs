@@ -4,12 +4,15 @@
 //! The client commands ([`client`]) use only `bus-schema`; `up` and `serve` wire in the
 //! consumers and site gateways, which is why this crate depends on them.
 
+pub mod artifacts_cli;
 pub mod bench;
+pub mod bench_transfer;
 pub mod client;
 pub mod design;
 pub mod embedded;
 pub mod fleet;
 pub mod output;
+pub mod secrets_cli;
 pub mod serve;
 pub mod up;
 
@@ -59,6 +62,14 @@ pub enum Command {
     Events(EventsArgs),
     /// Show sites, their nodes, and the latest install.
     Status(StatusArgs),
+    /// Site kubeconfigs (opened by the secrets service), and rotation of the data key that
+    /// seals every stored secret.
+    #[command(subcommand)]
+    Kubeconfig(secrets_cli::KubeconfigCommand),
+    /// BMC credentials of hosts: stored sealed, handed to a gateway only for a job that
+    /// drives the BMC.
+    #[command(subcommand)]
+    Bmc(secrets_cli::BmcCommand),
     /// Run one service in this process (for deployments that run services apart).
     #[command(subcommand)]
     Serve(serve::ServeCommand),
@@ -77,6 +88,9 @@ pub enum SiteCommand {
     },
     /// Install a registered site: OS on every node, binaries, cluster, container packages.
     Install(InstallArgs),
+    /// Download a site's artifacts into its gateway's cache now (e.g. in a maintenance
+    /// window); the later install finds them there and transfers nothing.
+    Stage(artifacts_cli::StageArgs),
 }
 
 #[derive(Debug, Args)]
@@ -100,6 +114,9 @@ pub struct InstallArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum PackageCommand {
+    /// Upload an artifact into the artifact store (streamed, hashed on the way) and register it:
+    /// sites get its bytes from the distribution service, verified by sha256.
+    Upload(artifacts_cli::UploadArgs),
     /// Add a package version to the catalog (with --auto-rollout, also set this name's policy:
     /// each version registered that is the newest rolls out to the selected sites).
     Register(RegisterPackageArgs),
@@ -112,8 +129,9 @@ pub enum PackageCommand {
     Patch(PatchArgs),
 }
 
+/// A package version: what `package register` and `package upload` both name.
 #[derive(Debug, Args)]
-pub struct RegisterPackageArgs {
+pub struct PackageIdArgs {
     #[arg(long)]
     pub name: String,
     #[arg(long)]
@@ -121,14 +139,13 @@ pub struct RegisterPackageArgs {
     /// os-image, binary or container.
     #[arg(long)]
     pub kind: String,
-    /// Lowercase hex sha256 of the artifact.
-    #[arg(long)]
-    pub sha256: String,
-    #[arg(long)]
-    pub size: u64,
-    /// Where the artifact lives in the artifact store.
-    #[arg(long, default_value = "")]
-    pub object_key: String,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+/// A package name's auto-rollout policy, as `package register` and `package upload` set it.
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
     /// Set this name's auto-rollout policy: from this version on, a version registered that is
     /// the newest of its name patches the selected sites' nodes that run an older one, with
     /// the strategy given here (the selector and strategy flags below).
@@ -139,6 +156,21 @@ pub struct RegisterPackageArgs {
     pub no_auto_rollout: bool,
     #[command(flatten)]
     pub rollout: RolloutArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RegisterPackageArgs {
+    #[command(flatten)]
+    pub package: PackageIdArgs,
+    /// Lowercase hex sha256 of the artifact.
+    #[arg(long)]
+    pub sha256: String,
+    #[arg(long)]
+    pub size: u64,
+    /// The artifact's object in the artifact store (`package upload` sets it); without one the
+    /// package is registered by its metadata alone and sites get its bytes some other way.
+    #[arg(long, default_value = "")]
+    pub object_key: String,
 }
 
 /// Which sites a rollout covers and how it moves through them: shared by `package patch` and
@@ -356,6 +388,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Site(SiteCommand::Register { file }) => client::register_site(&url, &file).await,
         Command::Site(SiteCommand::Install(args)) => client::install_site(&url, &args).await,
         Command::Package(PackageCommand::Register(args)) => client::register_package(&url, args).await,
+        Command::Package(PackageCommand::Upload(args)) => artifacts_cli::upload(&url, args).await,
+        Command::Site(SiteCommand::Stage(args)) => artifacts_cli::stage(&url, &args).await,
         Command::Package(PackageCommand::List { output }) => fleet::package_list(&url, output).await,
         Command::Package(PackageCommand::Patch(args)) => fleet::patch(&url, &args).await,
         Command::Rollout(cmd) => fleet::rollout(&url, cmd).await,
@@ -364,6 +398,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Design(cmd) => design::run(&url, cmd).await,
         Command::Events(args) => client::events(&url, &args).await,
         Command::Status(args) => client::status(&url, &args).await,
+        Command::Kubeconfig(cmd) => secrets_cli::kubeconfig(&url, cmd).await,
+        Command::Bmc(cmd) => secrets_cli::bmc(&url, cmd).await,
     }
 }
 

@@ -11,14 +11,16 @@ use bus_schema::domain::SiteDesign;
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
-use consumers::secrets::StaticKey;
+use consumers::artifacts::ArtifactStore;
+use consumers::secrets_service::{self, KeySource};
 use sha2::{Digest, Sha256};
+use site_gateway::ArtifactCache;
 use site_gateway::sim::{SimConfig, SimSite};
 use tokio::task::JoinSet;
 use tracing::{error, info};
 
 use crate::embedded::{NatsChild, find_nats_server};
-use crate::serve::{connect_service, shutdown_on_signal};
+use crate::serve::{StoreArgs, connect_service, shutdown_on_signal};
 
 /// Simulated sites run this many times faster than real ones: an 8-minute OS provisioning
 /// takes 8 seconds.
@@ -48,7 +50,14 @@ pub struct UpArgs {
     /// and the orchestrator joins it to the cluster. E.g. 30s, 5m.
     #[arg(long, value_parser = crate::parse_duration)]
     pub node_arrival_every: Option<Duration>,
+    /// Where artifacts are kept (default: the data directory's `artifacts`).
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
+
+/// The demo packages' stand-in bytes `up` uploads are this many times smaller than the real
+/// packages (an 18 MiB OS image, a 0.9 MiB kubelet), so every install moves real bytes.
+pub const UP_SHRINK: u64 = 128;
 
 /// The rollout strategy the demo packages' auto-rollout policy uses: one canary site, then
 /// waves of five sites, one node of a site at a time, halt past 10 % failed nodes, and a site
@@ -74,7 +83,8 @@ const DEMO_PACKAGES: &[(&str, &str, pb::PackageKind, u64)] = &[
     ("cni-calico", "3.27.2", pb::PackageKind::Container, 1_048_576),
 ];
 
-/// The catalog entries of the demo packages (content digests of a stand-in content).
+/// The catalog entries of the demo packages, by their metadata alone (digests of a stand-in
+/// content, no bytes in the artifact store): what benchmarks and most tests register.
 pub fn demo_packages() -> Vec<pb::Package> {
     DEMO_PACKAGES
         .iter()
@@ -86,10 +96,39 @@ pub fn demo_packages() -> Vec<pb::Package> {
                 kind: *kind as i32,
                 sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
                 size: *size,
-                object_key: format!("{name}/{version}"),
+                object_key: String::new(),
             }
         })
         .collect()
+}
+
+/// Stand-in bytes for a demo package: `len` bytes, always the same for the same package.
+pub fn demo_content(name: &str, version: &str, len: usize) -> Vec<u8> {
+    let seed = Sha256::digest(format!("{name}@{version}").as_bytes());
+    let mut x = u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        // xorshift64: cheap, and no two packages share their bytes.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Uploads stand-in bytes for every demo package, each `1/shrink` of the real package's size,
+/// into `store`, and returns their catalog entries (real digests, sizes and object keys).
+pub async fn upload_demo_packages(store: &ArtifactStore, shrink: u64) -> anyhow::Result<Vec<pb::Package>> {
+    let mut out = Vec::new();
+    for mut p in demo_packages() {
+        let bytes = demo_content(&p.name, &p.version, (p.size / shrink.max(1)).max(1) as usize);
+        let stored = store.upload(bytes.as_slice()).await?;
+        (p.sha256, p.size, p.object_key) = (stored.sha256, stored.size, stored.object_key);
+        out.push(p);
+    }
+    Ok(out)
 }
 
 /// A simulated site's design: `nodes` nodes, the first (or first three) masters.
@@ -127,9 +166,9 @@ pub fn demo_site(index: usize, nodes: usize) -> SiteDesign {
 
 /// Registers the demo packages and sites through the bus, as any client would, and waits
 /// until the orchestrator has applied them.
-async fn register_demo(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<()> {
+async fn register_demo(bus: &Bus, catalog: Vec<pb::Package>, designs: &[SiteDesign]) -> anyhow::Result<()> {
     let mut reader = bus.read_events(vec![pb::SiteRegistered::filter()], DeliverPolicy::New).await?;
-    for p in demo_packages() {
+    for p in catalog {
         // Fixed ids: running `up` again does not register twice.
         let id =
             bus_schema::ids::derived_id("landfall-up", "register_package", Some(&format!("{}@{}", p.name, p.version)));
@@ -183,27 +222,33 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     };
 
     let bus = connect_service(&url, "landfall-up").await?;
-    let key = Arc::new(StaticKey::load_or_create(&args.data_dir.join("secret.key"))?);
+    let key = secrets_service::open_key_ring(&bus, KeySource::CreateFile(args.data_dir.join("secret.key"))).await?;
     let sim = SimConfig::realistic().time_scale(args.time_scale);
     let designs: Vec<SiteDesign> = (0..args.sites).map(|i| demo_site(i, args.nodes)).collect();
 
     let mut services = JoinSet::new();
     services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
-    services.spawn(consumers::run_kubeconfig(bus.clone(), key.clone(), shutdown.clone()));
+    services.spawn(secrets_service::run_secrets(bus.clone(), key.clone(), shutdown.clone()));
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
+    let default_store = args.data_dir.join("artifacts").display().to_string();
+    let store = args.store.open_or_default(Some(&default_store))?;
+    let catalog = upload_demo_packages(&store, UP_SHRINK).await.context("upload the demo packages")?;
+    services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
     let mut sims = Vec::new();
     for d in &designs {
         let backend = SimSite::new(d.site.as_str(), &d.nodes, sim.clone());
+        let cache = ArtifactCache::new(args.data_dir.join("gateways").join(d.site.as_str()).join("cache"));
         services.spawn(site_gateway::run_gateway(
             d.site.clone(),
             bus.clone(),
             Arc::new(backend.clone()),
+            cache,
             shutdown.clone(),
         ));
         services.spawn(site_gateway::serve_sim_control(d.site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
         sims.push(backend);
     }
-    register_demo(&bus, &designs).await?;
+    register_demo(&bus, catalog, &designs).await?;
     if args.install {
         for d in &designs {
             let cmd = pb::InstallSite { site_id: d.site.to_string(), design_revision: 0 };
@@ -215,7 +260,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         services.spawn(node_arrivals(sims, args.nodes, every, shutdown.clone()));
     }
 
-    print_banner(&args, &url, nats.as_ref(), &designs, key.id());
+    print_banner(&args, &url, nats.as_ref(), &designs, &key.current_id());
 
     tokio::select! {
         _ = shutdown.cancelled() => {}

@@ -9,6 +9,8 @@ use std::future::Future;
 use bus_schema::domain::{NodeDesign, Package, PackageRef, Role};
 use tokio::sync::mpsc;
 
+use crate::cache::CachedArtifact;
+
 /// `status.provisioning.state` of a Metal3 BareMetalHost (upstream state machine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProvisioningState {
@@ -72,6 +74,20 @@ impl ImageSpec {
     }
 }
 
+/// A host's BMC credentials, from the hub's secrets service for the job that drives the BMC.
+/// Its `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BmcCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl fmt::Debug for BmcCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BmcCredentials").field("username", &self.username).field("password", &"<redacted>").finish()
+    }
+}
+
 /// Provision one host's OS.
 #[derive(Debug, Clone)]
 pub struct HostRequest {
@@ -79,12 +95,14 @@ pub struct HostRequest {
     pub image: ImageSpec,
     /// The image's catalog identity, so the backend can say which version a host runs.
     pub package: PackageRef,
+    /// The credentials of the host's BMC, when the hub holds some for it.
+    pub bmc: Option<BmcCredentials>,
 }
 
 impl HostRequest {
     /// Provision `node` with the os-image `image`.
     pub fn new(node: NodeDesign, image: &Package) -> Self {
-        Self { node, image: ImageSpec::from_package(image), package: image.reference() }
+        Self { node, image: ImageSpec::from_package(image), package: image.reference(), bmc: None }
     }
 }
 
@@ -101,14 +119,6 @@ impl ClusterRequest {
     pub fn with_role(&self, role: Role) -> impl Iterator<Item = &NodeDesign> {
         self.nodes.iter().filter(move |n| n.role == role)
     }
-}
-
-/// What staging did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StageReport {
-    pub artifacts: u32,
-    pub bytes_transferred: u64,
-    pub bytes_present: u64,
 }
 
 /// One node's outcome of a binaries install.
@@ -158,8 +168,9 @@ pub enum BackendError {
 /// Every method is idempotent: asking for what is already so changes nothing and
 /// returns at once with the same result.
 pub trait SiteBackend: Send + Sync + 'static {
-    /// Puts into the site's content-addressed cache the artifacts it lacks.
-    fn stage_artifacts(&self, artifacts: &[Package]) -> impl Future<Output = Result<StageReport, BackendError>> + Send;
+    /// Hands the artifacts the gateway's cache holds, verified, to the site's provisioning
+    /// (the BPA's upload API at a real site), which keeps what it has already.
+    fn stage_artifacts(&self, artifacts: &[CachedArtifact]) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Provisions a host's OS and returns when it is `provisioned`, or with the host's error.
     /// Each state the host passes through is sent on `progress`.

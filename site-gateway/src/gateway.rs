@@ -16,17 +16,19 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::backend::{BackendError, ClusterRequest, HostRequest, PatchRequest, SiteBackend};
+use crate::cache::{ArtifactCache, CacheError, Staged};
 
 /// The gateway of one site.
 pub struct Gateway<B> {
     site: SiteId,
     bus: Bus,
     backend: Arc<B>,
+    cache: ArtifactCache,
 }
 
 impl<B: SiteBackend> Gateway<B> {
-    pub fn new(site: SiteId, bus: Bus, backend: Arc<B>) -> Self {
-        Self { site, bus, backend }
+    pub fn new(site: SiteId, bus: Bus, backend: Arc<B>, cache: ArtifactCache) -> Self {
+        Self { site, bus, backend, cache }
     }
 
     fn check_site<J: BusJob>(&self, job: &J) -> Result<(), HandlerError> {
@@ -58,18 +60,41 @@ impl<B: SiteBackend> Gateway<B> {
         self.publish(&evt, &d.envelope.derive("job_failed", None)).await
     }
 
+    /// Brings what the site lacks of `artifacts` into its cache, verified, and hands them to
+    /// the site's provisioning.
+    async fn stage_into_cache(&self, artifacts: &[Package]) -> Result<Staged, BackendError> {
+        let (staged, cached) =
+            self.cache.stage(&self.bus, self.site.as_str(), artifacts).await.map_err(|e| match e {
+                CacheError::Transient(e) => BackendError::Transient(e),
+                CacheError::Permanent(e) => BackendError::Permanent(e),
+            })?;
+        self.backend.stage_artifacts(&cached).await?;
+        Ok(staged)
+    }
+
     async fn stage(&self, d: &Delivery) -> Result<(), HandlerError> {
         let job: pb::StageArtifacts = d.decode()?;
         self.check_site(&job)?;
         let artifacts = packages(job.artifacts)?;
-        match self.backend.stage_artifacts(&artifacts).await {
-            Ok(report) => {
-                info!(site = %self.site, artifacts = report.artifacts, bytes = report.bytes_transferred, "artifacts staged");
+        match self.stage_into_cache(&artifacts).await {
+            Ok(s) => {
+                info!(
+                    site = %self.site,
+                    artifacts = s.artifacts,
+                    transferred = s.bytes_transferred,
+                    present = s.bytes_present,
+                    resumed = s.bytes_resumed,
+                    refetched = s.chunks_refetched,
+                    "artifacts staged"
+                );
                 let evt = pb::ArtifactsStaged {
                     site_id: self.site.to_string(),
-                    artifacts: report.artifacts,
-                    bytes_transferred: report.bytes_transferred,
-                    bytes_present: report.bytes_present,
+                    artifacts: s.artifacts,
+                    bytes_transferred: s.bytes_transferred,
+                    bytes_present: s.bytes_present,
+                    bytes_resumed: s.bytes_resumed,
+                    chunks_refetched: s.chunks_refetched,
+                    external: s.external,
                 };
                 self.publish(&evt, &d.envelope.derive("artifacts_staged", None)).await
             }
@@ -82,7 +107,11 @@ impl<B: SiteBackend> Gateway<B> {
         self.check_site(&job)?;
         let node = NodeDesign::try_from(job.node.unwrap_or_default()).map_err(invalid)?;
         let image = Package::try_from(job.image.unwrap_or_default()).map_err(invalid)?;
-        let req = HostRequest::new(node.clone(), &image);
+        let mut req = HostRequest::new(node.clone(), &image);
+        // Driving the host's BMC needs its credentials, which the hub hands out only for this job.
+        req.bmc =
+            crate::credentials::bmc_credentials(&self.bus, self.site.as_str(), node.name.as_str(), &d.envelope.id)
+                .await?;
         let image_name = req.package.key();
 
         // Every state the host passes through becomes an event, in order, while it provisions.
@@ -209,7 +238,17 @@ impl<B: SiteBackend> Gateway<B> {
             package: Some(pb::PackageRef::from(&package.reference())),
             ..Default::default()
         };
-        let mut run = PatchRun::new(nodes(job.nodes)?, job.max_unavailable, job.max_failures, site_patched);
+        let nodes = nodes(job.nodes)?;
+        // The package (and an os-image's reinstalled binaries) must be in the site's cache
+        // first; a site that cannot get them fails every node with the reason.
+        let mut needed = vec![package.clone()];
+        needed.extend(reinstall.values().flatten().cloned());
+        let staged = match self.stage_into_cache(&needed).await {
+            Ok(_) => None,
+            Err(BackendError::Transient(e)) => return Err(HandlerError::Transient(e)),
+            Err(e) => Some(e.to_string()),
+        };
+        let mut run = PatchRun::new(nodes, job.max_unavailable, job.max_failures, site_patched);
         loop {
             let batch = run.next_batch();
             if batch.is_empty() {
@@ -220,7 +259,7 @@ impl<B: SiteBackend> Gateway<B> {
             let patches = batch.iter().map(|node| {
                 let reinstall = reinstall.get(&node.role).cloned().unwrap_or_default();
                 let req = PatchRequest { node: node.clone(), package: package.clone(), reinstall };
-                self.patch_node(d, &job.rollout_id, req)
+                self.patch_node(d, &job.rollout_id, req, staged.clone())
             });
             for (node, failure) in batch.iter().zip(join_all(patches).await) {
                 run.record(node, failure?);
@@ -247,10 +286,15 @@ impl<B: SiteBackend> Gateway<B> {
         d: &Delivery,
         rollout_id: &str,
         req: PatchRequest,
+        unstaged: Option<String>,
     ) -> Result<Option<String>, HandlerError> {
         let node = req.node.name.as_str();
         let package = Some(pb::PackageRef::from(&req.package.reference()));
-        match self.backend.patch_node(&req).await {
+        let result = match unstaged {
+            Some(reason) => Err(BackendError::Permanent(format!("artifact not staged: {reason}"))),
+            None => self.backend.patch_node(&req).await,
+        };
+        match result {
             Ok(outcome) => {
                 let (changed, from) = (outcome.changed, outcome.from_version.as_deref());
                 debug!(site = %self.site, node, changed, from, "node patched");
@@ -487,6 +531,7 @@ pub async fn run_gateway<B: SiteBackend>(
     site: SiteId,
     bus: Bus,
     backend: Arc<B>,
+    cache: ArtifactCache,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let consumer = names::gateway_consumer(site.as_str());
@@ -498,7 +543,7 @@ pub async fn run_gateway<B: SiteBackend>(
         RejectAs::Message { consumer },
     )
     .concurrency(256);
-    let gateway = Arc::new(Gateway::new(site.clone(), bus.clone(), backend.clone()));
+    let gateway = Arc::new(Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
     info!(%site, "gateway running");
     let arrivals = tokio::spawn(announce_arrivals(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
     let rpc = tokio::spawn(serve_kubeconfig(site, bus.clone(), backend, shutdown.clone()));
@@ -526,17 +571,21 @@ pub enum HostScope {
 /// however many sites it serves. With [`HostScope::ItsSites`] the consumer carries one filter
 /// per site, which nats-server 2.10 also handles slowly by the thousand (a stream info took
 /// 5 s with 4 consumers of 2,500 filters each).
+///
+/// Each site's artifact cache is the directory named after it in `cache_root`.
 pub async fn run_gateway_host<B: SiteBackend>(
     durable: String,
     sites: Vec<(SiteId, Arc<B>)>,
     scope: HostScope,
+    cache_root: std::path::PathBuf,
     bus: Bus,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut gateways = std::collections::HashMap::new();
     let mut side = tokio::task::JoinSet::new();
     for (site, backend) in &sites {
-        gateways.insert(site.to_string(), Gateway::new(site.clone(), bus.clone(), backend.clone()));
+        let cache = ArtifactCache::new(cache_root.join(site.as_str()));
+        gateways.insert(site.to_string(), Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
         side.spawn(announce_arrivals(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
         let rpc = serve_kubeconfig(site.clone(), bus.clone(), backend.clone(), shutdown.clone());
         side.spawn(async move {

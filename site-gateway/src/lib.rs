@@ -3,10 +3,13 @@
 //! the hosts that arrive at the site, and answers the kubeconfig consumer's requests.
 
 pub mod backend;
+pub mod cache;
+pub mod credentials;
 pub mod gateway;
 pub mod sim;
 pub mod sim_control;
 
 pub use backend::SiteBackend;
+pub use cache::ArtifactCache;
 pub use gateway::{Gateway, HostScope, run_gateway, run_gateway_host};
 pub use sim_control::serve_sim_control;

@@ -18,8 +18,9 @@ use tracing::{debug, info, warn};
 
 use crate::backend::{
     BackendError, ClusterRequest, HostRequest, ImageSpec, NodeInstall, PatchOutcome, PatchRequest,
-    ProvisioningState as S, SiteBackend, StageReport,
+    ProvisioningState as S, SiteBackend,
 };
+use crate::cache::CachedArtifact;
 
 /// How long each step of the simulated site takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,12 +130,14 @@ pub struct SimEffects {
     pub kubeconfigs_generated: u32,
     /// Container package sets applied that changed the cluster.
     pub container_applies: u32,
-    /// Bytes copied into the site's artifact cache.
-    pub bytes_transferred: u64,
+    /// Bytes the gateway's cache handed to the site's provisioning (each artifact once).
+    pub bytes_handed: u64,
     /// Per node, the patches that changed it (a patch to the version it runs already does not count).
     pub patches: BTreeMap<String, u32>,
     /// Per node, the patches that failed (it kept its old version).
     pub patch_failures: BTreeMap<String, u32>,
+    /// Provisionings asked for with the host's BMC credentials (the BMC logged into).
+    pub bmc_logins: u32,
 }
 
 /// A simulated site (Metal3 + Ironic + BPA). Cloning gives another handle on the same site.
@@ -165,7 +168,7 @@ struct State {
     kubeconfig: Option<Vec<u8>>,
     /// Applied container packages, name to version.
     containers: BTreeMap<String, String>,
-    /// The artifact cache, by sha256.
+    /// The artifacts handed to provisioning, by sha256.
     cache: BTreeSet<String>,
     effects: SimEffects,
 }
@@ -543,29 +546,38 @@ impl State {
 }
 
 impl SiteBackend for SimSite {
-    async fn stage_artifacts(&self, artifacts: &[Package]) -> Result<StageReport, BackendError> {
-        let distinct: BTreeMap<&str, u64> = artifacts.iter().map(|a| (a.sha256.as_str(), a.size)).collect();
+    async fn stage_artifacts(&self, artifacts: &[CachedArtifact]) -> Result<(), BackendError> {
+        let distinct: BTreeMap<&str, &CachedArtifact> =
+            artifacts.iter().map(|a| (a.package.sha256.as_str(), a)).collect();
+        for a in distinct.values() {
+            if let Some(path) = &a.path
+                && !path.exists()
+            {
+                return Err(BackendError::Transient(format!("{} is gone from the artifact cache", path.display())));
+            }
+        }
         let missing = {
             let st = self.inner.lock();
             distinct.keys().filter(|sha| !st.cache.contains(**sha)).count()
         };
         pause(self.inner.config.stage_per_artifact.saturating_mul(count(missing))).await;
         let mut st = self.inner.lock();
-        let mut report = StageReport { artifacts: count(distinct.len()), ..StageReport::default() };
-        for (sha, size) in distinct {
+        let mut handed = 0;
+        for (sha, a) in distinct {
             if st.cache.insert(sha.to_string()) {
-                report.bytes_transferred += size;
-            } else {
-                report.bytes_present += size;
+                handed += a.package.size;
             }
         }
-        st.effects.bytes_transferred += report.bytes_transferred;
-        debug!(site = %self.inner.site, artifacts = report.artifacts, bytes = report.bytes_transferred, "staged");
-        Ok(report)
+        st.effects.bytes_handed += handed;
+        debug!(site = %self.inner.site, artifacts = artifacts.len(), bytes = handed, "artifacts handed to provisioning");
+        Ok(())
     }
 
     async fn provision_host(&self, req: &HostRequest, progress: mpsc::UnboundedSender<S>) -> Result<(), BackendError> {
         let host = req.node.name.as_str();
+        if req.bmc.is_some() {
+            self.inner.lock().effects.bmc_logins += 1;
+        }
         let _watcher = self.watch_host(host, progress);
         let image = Image::of(req);
         loop {
@@ -1175,14 +1187,15 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn staging_twice_transfers_nothing_the_second_time() {
+    async fn artifacts_are_handed_over_once() {
         let site = SimSite::new("edge-01", &[], SimConfig::fast());
-        let artifacts = [package("kubelet", '1', 100), package("kubeadm", '2', 50), package("kubelet", '1', 100)];
-        let first = site.stage_artifacts(&artifacts).await.unwrap();
-        assert_eq!(first, StageReport { artifacts: 2, bytes_transferred: 150, bytes_present: 0 });
-        let second = site.stage_artifacts(&artifacts).await.unwrap();
-        assert_eq!(second, StageReport { artifacts: 2, bytes_transferred: 0, bytes_present: 150 });
-        assert_eq!(site.effects().bytes_transferred, 150);
+        let artifacts = [package("kubelet", '1', 100), package("kubeadm", '2', 50), package("kubelet", '1', 100)]
+            .map(|package| CachedArtifact { package, path: None });
+        site.stage_artifacts(&artifacts).await.unwrap();
+        site.stage_artifacts(&artifacts).await.unwrap();
+        assert_eq!(site.effects().bytes_handed, 150);
+        let gone = CachedArtifact { package: package("kubelet", '3', 1), path: Some("/nonexistent/x".into()) };
+        assert!(matches!(site.stage_artifacts(&[gone]).await, Err(BackendError::Transient(_))));
     }
 
     #[test]

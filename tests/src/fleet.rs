@@ -16,14 +16,20 @@ use bus_schema::domain::SiteDesign;
 use bus_schema::names;
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Bus, Envelope, ReadEvent, Topology};
-use consumers::secrets::{KeyProvider, StaticKey};
+use consumers::artifacts::{ArtifactStore, S3Options};
+use consumers::distribution::DistributionConfig;
+use consumers::secrets::KeyProvider;
 use producers::up::{demo_packages, demo_site};
+use site_gateway::ArtifactCache;
 use site_gateway::sim::{SimConfig, SimSite};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// The data key tests seal kubeconfigs with.
 pub const TEST_KEY_HEX: &str = "6c616e6466616c6c2d746573742d6b65792d3030303030303030303030303031";
+
+/// Test fleets' stand-in artifacts are this many times smaller than the real packages.
+pub const TEST_SHRINK: u64 = 4096;
 
 /// How long a test waits for an install to end before it fails.
 pub const INSTALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -46,6 +52,8 @@ pub struct FleetBuilder {
     orchestrators: usize,
     failing_hosts: Vec<(usize, String)>,
     failing_binaries: Vec<(usize, String)>,
+    store: Option<(String, S3Options)>,
+    artifacts: bool,
 }
 
 impl FleetBuilder {
@@ -61,6 +69,21 @@ impl FleetBuilder {
 
     pub fn sim(mut self, config: SimConfig) -> Self {
         self.sim = config;
+        self
+    }
+
+    /// Register the demo packages with stand-in bytes in the artifact store (1/4096 of their
+    /// real sizes), so installs move them to the sites' caches; by default they are registered
+    /// by their metadata alone.
+    pub fn with_artifacts(mut self) -> Self {
+        self.artifacts = true;
+        self
+    }
+
+    /// Keep artifacts in this store (e.g. `s3://bucket` on an [`crate::s3::S3Server`]) instead of
+    /// a directory in the fleet's temporary directory.
+    pub fn store(mut self, location: &str, s3: S3Options) -> Self {
+        self.store = Some((location.to_string(), s3));
         self
     }
 
@@ -92,15 +115,28 @@ impl FleetBuilder {
         init_tracing();
         let bus = Bus::connect(&self.url, "landfall-test").await.expect("connect to the test nats-server");
         bus.ensure_topology(&Topology::default()).await.expect("create streams and buckets");
-        let keys: Arc<dyn KeyProvider> = Arc::new(StaticKey::from_hex(TEST_KEY_HEX, "test").expect("test key"));
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
         for i in 0..self.orchestrators {
             let replica = Bus::connect(&self.url, &format!("landfall-test-orchestrator-{i}")).await.expect("connect");
             tasks.spawn(consumers::run_orchestrator(replica, shutdown.clone()));
         }
-        tasks.spawn(consumers::run_kubeconfig(bus.clone(), keys.clone(), shutdown.clone()));
         tasks.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        // The kubeconfig collector and the secrets service, under a key file in `dir`.
+        let key_ring = crate::secrets::test_key_ring(dir.path());
+        tasks.spawn(consumers::secrets_service::run_secrets(bus.clone(), key_ring.clone(), shutdown.clone()));
+        let keys: Arc<dyn KeyProvider> = key_ring;
+        let store = match &self.store {
+            Some((location, s3)) => ArtifactStore::open(location, s3),
+            None => ArtifactStore::local(&dir.path().join("artifacts")),
+        }
+        .expect("open the artifact store");
+        let distribution = Distribution::start(&bus, &store, &shutdown);
+        let catalog = match self.artifacts {
+            true => producers::up::upload_demo_packages(&store, TEST_SHRINK).await.expect("upload the demo packages"),
+            false => demo_packages(),
+        };
 
         let mut sites = Vec::new();
         let mut gateways = Vec::new();
@@ -114,16 +150,92 @@ impl FleetBuilder {
                 backend.fail_binaries(host);
             }
             let gateway = shutdown.child_token();
-            tasks.spawn(site_gateway::run_gateway(design.site.clone(), bus.clone(), backend.clone(), gateway.clone()));
+            let cache = ArtifactCache::new(dir.path().join("caches").join(design.site.as_str()));
+            tasks.spawn(site_gateway::run_gateway(
+                design.site.clone(),
+                bus.clone(),
+                backend.clone(),
+                cache,
+                gateway.clone(),
+            ));
             let control =
                 site_gateway::serve_sim_control(design.site.clone(), bus.clone(), (*backend).clone(), gateway.clone());
             tasks.spawn(control);
             gateways.push(gateway);
             sites.push((design, backend));
         }
-        let fleet = Fleet { bus, scopes: Default::default(), keys, sites, gateways, shutdown, tasks };
+        let fleet = Fleet {
+            bus,
+            scopes: Default::default(),
+            keys,
+            sites,
+            gateways,
+            dir,
+            store,
+            distribution,
+            catalog,
+            shutdown,
+            tasks,
+        };
         fleet.register(self.orchestrators > 0).await;
         fleet
+    }
+}
+
+/// The fleet's distribution service, which a test can stop and start again, and damage.
+pub struct Distribution {
+    pub config: DistributionConfig,
+    bus: Bus,
+    store: ArtifactStore,
+    running: std::sync::Mutex<CancellationToken>,
+    shutdown: CancellationToken,
+}
+
+impl Distribution {
+    fn start(bus: &Bus, store: &ArtifactStore, shutdown: &CancellationToken) -> Self {
+        let d = Distribution {
+            config: DistributionConfig::default(),
+            bus: bus.clone(),
+            store: store.clone(),
+            running: std::sync::Mutex::new(shutdown.child_token()),
+            shutdown: shutdown.clone(),
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&self) {
+        let token = self.running.lock().unwrap().clone();
+        let run = consumers::run_distribution(self.bus.clone(), self.store.clone(), self.config.clone(), token);
+        tokio::spawn(async move {
+            if let Err(e) = run.await {
+                panic!("the distribution service failed: {e:#}");
+            }
+        });
+    }
+
+    /// Stops the service: requests go unanswered ("no responders") until [`Self::restart`].
+    pub fn stop(&self) {
+        self.running.lock().unwrap().cancel();
+    }
+
+    pub fn restart(&self) {
+        *self.running.lock().unwrap() = self.shutdown.child_token();
+        self.spawn();
+    }
+
+    /// The next `n` chunks leave the service with a byte flipped after their digest was taken.
+    pub fn damage_next_chunks(&self, n: u32) {
+        self.config.corrupt_chunks.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Chunk requests fail, as over a cut link, once `bytes` have been served; 0 mends it.
+    pub fn cut_after(&self, bytes: u64) {
+        self.config.cut_after_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn bytes_served(&self) -> u64 {
+        self.config.stats.bytes_served.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -135,6 +247,12 @@ pub struct Fleet {
     pub sites: Vec<(SiteDesign, Arc<SimSite>)>,
     /// Each site's gateway runs until its token is cancelled ([`Fleet::stop_gateway`]).
     gateways: Vec<CancellationToken>,
+    /// The artifact store (unless another was given), the sites' caches (`caches/<site>`).
+    pub dir: tempfile::TempDir,
+    pub store: ArtifactStore,
+    pub distribution: Distribution,
+    /// The packages the fleet registered.
+    pub catalog: Vec<pb::Package>,
     shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
 }
@@ -196,6 +314,8 @@ impl Fleet {
             orchestrators: 1,
             failing_hosts: Vec::new(),
             failing_binaries: Vec::new(),
+            store: None,
+            artifacts: false,
         }
     }
 
@@ -211,7 +331,7 @@ impl Fleet {
     /// they are applied when an orchestrator runs here.
     async fn register(&self, wait: bool) {
         let mut last_package = Envelope::root();
-        for p in demo_packages() {
+        for p in self.catalog.clone() {
             last_package = Envelope::root();
             self.bus
                 .publish_command(&pb::RegisterPackage { package: Some(p), auto_rollout: None }, &last_package)
@@ -278,6 +398,16 @@ impl Fleet {
     /// Takes site `i`'s gateway off the bus (the site goes offline); its jobs wait in the stream.
     pub fn stop_gateway(&self, i: usize) {
         self.gateways[i].cancel();
+    }
+
+    /// The artifact cache of a gateway a test runs itself for `site`.
+    pub fn cache_for(&self, site: &str) -> ArtifactCache {
+        ArtifactCache::new(self.dir.path().join("caches").join(site))
+    }
+
+    /// Site `i`'s artifact cache.
+    pub fn cache(&self, i: usize) -> ArtifactCache {
+        ArtifactCache::new(self.dir.path().join("caches").join(self.site_id(i)))
     }
 
     /// Installs every site and waits until each is installed.

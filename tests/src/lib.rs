@@ -4,3 +4,5 @@
 pub mod cli;
 pub mod fleet;
 pub mod nats;
+pub mod s3;
+pub mod secrets;

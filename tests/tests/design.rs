@@ -225,7 +225,13 @@ async fn an_install_uses_the_design_at_the_revision_it_names() {
     let (effective, _) = sites.get::<pb::SiteDesign>(&keys::site(SITE)).await.unwrap().unwrap();
     let effective = SiteDesign::try_from(effective).unwrap();
     let backend = Arc::new(SimSite::new(SITE, &effective.nodes, SimConfig::instant()));
-    tokio::spawn(site_gateway::run_gateway(effective.site.clone(), fleet.bus.clone(), backend, Default::default()));
+    tokio::spawn(site_gateway::run_gateway(
+        effective.site.clone(),
+        fleet.bus.clone(),
+        backend,
+        fleet.cache_for(effective.site.as_str()),
+        Default::default(),
+    ));
 
     let cmd = Envelope::root();
     let install = pb::InstallSite { site_id: SITE.into(), design_revision: 1 };

@@ -309,7 +309,13 @@ async fn register_then_install_at_once_runs_in_publish_order() {
             &design.nodes,
             site_gateway::sim::SimConfig::instant(),
         ));
-        tokio::spawn(site_gateway::run_gateway(design.site.clone(), bus.clone(), backend, Default::default()));
+        tokio::spawn(site_gateway::run_gateway(
+            design.site.clone(),
+            bus.clone(),
+            backend,
+            fleet.cache_for(design.site.as_str()),
+            Default::default(),
+        ));
         let mut extra = producers::up::demo_packages()[0].clone();
         extra.version = format!("22.04.{}", 10 + i);
         bus.publish_command(

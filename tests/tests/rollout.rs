@@ -23,7 +23,7 @@ fn kubelet(version: &str) -> pb::Package {
         kind: pb::PackageKind::Binary as i32,
         sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
         size: 111_955_968,
-        object_key: format!("kubelet/{version}"),
+        object_key: String::new(),
     }
 }
 

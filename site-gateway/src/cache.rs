@@ -1,0 +1,373 @@
+//! The site's artifact cache, content-addressed, and the transfers that fill it from the hub's
+//! distribution service.
+//!
+//! Layout under the cache directory:
+//! - `sha256/<hex>`: complete artifacts, each verified against its digest before it was moved
+//!   here; nothing else is ever handed to the site's provisioning.
+//! - `partial/<hex>`: a transfer in progress. Every chunk in it matched the digest the hub sent
+//!   with it; a transfer that was cut resumes at the file's length.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bus_schema::domain::Package;
+use bus_schema::names;
+use bus_schema::pb::{self, BusMessage};
+use bus_schema::runtime::Bus;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use prost::Message;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tracing::{debug, info, warn};
+
+/// Chunk requests in flight per transfer.
+pub const WINDOW: usize = 16;
+/// How long one chunk may take to arrive.
+const CHUNK_TIMEOUT: Duration = Duration::from_secs(20);
+/// How often a chunk that fails its digest is fetched again before the transfer gives up.
+const REFETCHES: u32 = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The hub is unreachable or busy, or the cache's disk failed: try again later; what
+    /// arrived so far is kept.
+    #[error("{0}")]
+    Transient(String),
+    /// Trying again will not help (the hub refused, or its copy is damaged).
+    #[error("{0}")]
+    Permanent(String),
+}
+
+/// What staging found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Staged {
+    pub artifacts: u32,
+    pub bytes_transferred: u64,
+    pub bytes_present: u64,
+    pub bytes_resumed: u64,
+    pub chunks_refetched: u32,
+    pub external: u32,
+}
+
+/// An artifact the site can use: its verified file in the cache, or `None` for a package not
+/// in the artifact store (the site's provisioning fetches it itself).
+#[derive(Debug, Clone)]
+pub struct CachedArtifact {
+    pub package: Package,
+    pub path: Option<PathBuf>,
+}
+
+/// One site's artifact cache.
+#[derive(Debug, Clone)]
+pub struct ArtifactCache {
+    dir: PathBuf,
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> CacheError {
+    CacheError::Transient(format!("artifact cache: {what} {}: {e}", path.display()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn is_digest(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl ArtifactCache {
+    /// The cache in `dir`; its directories are made when the first artifact arrives.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file of a complete artifact.
+    pub fn path(&self, sha256: &str) -> PathBuf {
+        self.dir.join("sha256").join(sha256)
+    }
+
+    fn partial(&self, sha256: &str) -> PathBuf {
+        self.dir.join("partial").join(sha256)
+    }
+
+    /// The digests of every complete artifact: what the site reports to the hub.
+    pub fn inventory(&self) -> BTreeSet<String> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("sha256")) else { return BTreeSet::new() };
+        entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| is_digest(n)).collect()
+    }
+
+    /// Bytes a cut transfer of this artifact has kept.
+    pub fn partial_len(&self, sha256: &str) -> u64 {
+        std::fs::metadata(self.partial(sha256)).map_or(0, |m| m.len())
+    }
+
+    /// Makes every artifact the cache lacks arrive from the distribution service, verified.
+    /// What each artifact is, and where its file is, comes back in order.
+    pub async fn stage(
+        &self,
+        bus: &Bus,
+        site: &str,
+        artifacts: &[Package],
+    ) -> Result<(Staged, Vec<CachedArtifact>), CacheError> {
+        let inventory = self.inventory();
+        let lacking = artifacts.iter().any(|p| !p.object_key.is_empty() && !inventory.contains(p.sha256.as_str()));
+        let mut staged = Staged::default();
+        // With nothing to fetch there is nothing to ask the hub.
+        let present: BTreeSet<String> = if lacking {
+            let req = pb::ArtifactPlanRequest {
+                site_id: site.to_string(),
+                inventory: inventory.iter().cloned().collect(),
+                wanted: artifacts.iter().map(pb::Package::from).collect(),
+            };
+            let plan: pb::ArtifactPlan =
+                decode(request(bus, names::artifact_plan_svc(site), req.encode_to_vec()).await?)?;
+            for t in &plan.transfers {
+                self.fetch(bus, site, t, &mut staged).await?;
+            }
+            plan.present.into_iter().collect()
+        } else {
+            inventory
+        };
+        let mut seen = BTreeSet::new();
+        let mut cached = Vec::with_capacity(artifacts.len());
+        for p in artifacts {
+            let sha = p.sha256.as_str();
+            let first = seen.insert(sha);
+            if p.object_key.is_empty() {
+                staged.external += u32::from(first);
+                cached.push(CachedArtifact { package: p.clone(), path: None });
+                continue;
+            }
+            let path = self.path(sha);
+            if !path.exists() {
+                return Err(CacheError::Transient(format!(
+                    "artifact {}@{} is not in the cache after staging",
+                    p.name, p.version
+                )));
+            }
+            if first && present.contains(sha) {
+                staged.bytes_present += p.size;
+            }
+            staged.artifacts += u32::from(first);
+            cached.push(CachedArtifact { package: p.clone(), path: Some(path) });
+        }
+        Ok((staged, cached))
+    }
+
+    /// Fetches one artifact into `partial/`, from where an earlier transfer stopped, then moves
+    /// it into place once its digest is right.
+    async fn fetch(
+        &self,
+        bus: &Bus,
+        site: &str,
+        t: &pb::ArtifactTransfer,
+        staged: &mut Staged,
+    ) -> Result<(), CacheError> {
+        if !is_digest(&t.sha256) || t.chunk_size == 0 {
+            return Err(CacheError::Permanent(format!("the hub's transfer plan is invalid for sha256:{}", t.sha256)));
+        }
+        for sub in ["sha256", "partial"] {
+            let dir = self.dir.join(sub);
+            tokio::fs::create_dir_all(&dir).await.map_err(|e| io_err("create", &dir, e))?;
+        }
+        let partial = self.partial(&t.sha256);
+        let mut hasher = Sha256::new();
+        let mut offset = resume(&partial, t.size, &mut hasher).await?;
+        staged.bytes_resumed += offset;
+        if offset > 0 {
+            info!(site, sha256 = %t.sha256, offset, size = t.size, "resuming a cut transfer");
+        }
+        let mut file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&partial)
+            .await
+            .map_err(|e| io_err("open", &partial, e))?;
+
+        let subject = names::artifact_chunk_svc(site);
+        let chunk = |offset: u64| {
+            let length = u64::from(t.chunk_size).min(t.size - offset) as u32;
+            let req = pb::ChunkRequest {
+                site_id: site.to_string(),
+                sha256: t.sha256.clone(),
+                object_key: t.object_key.clone(),
+                offset,
+                length,
+            };
+            let subject = subject.clone();
+            async move { (offset, length, request_chunk(bus, subject, req.encode_to_vec()).await) }
+        };
+        let mut next = offset;
+        let mut inflight = FuturesOrdered::new();
+        while inflight.len() < WINDOW && next < t.size {
+            inflight.push_back(chunk(next));
+            next += u64::from(t.chunk_size);
+        }
+        while let Some((at, length, mut got)) = inflight.next().await {
+            let mut attempts = 0;
+            let bytes = loop {
+                match got {
+                    Ok(bytes) if bytes.len() == length as usize => break bytes,
+                    Ok(bytes) => {
+                        let got_len = bytes.len();
+                        return Err(CacheError::Permanent(format!(
+                            "chunk at {at} of sha256:{} has {got_len} bytes, not {length}",
+                            t.sha256
+                        )));
+                    }
+                    Err(ChunkError::Damaged { expected, actual }) if attempts < REFETCHES => {
+                        attempts += 1;
+                        staged.chunks_refetched += 1;
+                        warn!(site, sha256 = %t.sha256, offset = at, %expected, %actual, attempts, "chunk failed its digest: fetching it again");
+                        got = chunk(at).await.2;
+                    }
+                    Err(ChunkError::Damaged { expected, actual }) => {
+                        return Err(CacheError::Transient(format!(
+                            "chunk at {at} of sha256:{} failed its digest {} times (sent {expected}, got {actual})",
+                            t.sha256,
+                            attempts + 1
+                        )));
+                    }
+                    Err(ChunkError::Failed(e)) => return Err(e),
+                }
+            };
+            file.write_all(&bytes).await.map_err(|e| io_err("write", &partial, e))?;
+            hasher.update(&bytes);
+            staged.bytes_transferred += bytes.len() as u64;
+            offset = at + bytes.len() as u64;
+            if next < t.size {
+                inflight.push_back(chunk(next));
+                next += u64::from(t.chunk_size);
+            }
+        }
+        file.sync_all().await.map_err(|e| io_err("sync", &partial, e))?;
+        drop(file);
+        let actual = hex(&hasher.finalize());
+        if offset != t.size || actual != t.sha256 {
+            // Every chunk matched what the hub read, so the hub's copy is what is damaged.
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(CacheError::Permanent(format!(
+                "artifact sha256:{} arrived as {offset} bytes with sha256:{actual}: the artifact store's copy ({}) is \
+                 damaged; it was not put in the cache",
+                t.sha256, t.object_key
+            )));
+        }
+        let target = self.path(&t.sha256);
+        tokio::fs::rename(&partial, &target).await.map_err(|e| io_err("move into place", &target, e))?;
+        debug!(site, sha256 = %t.sha256, size = t.size, "artifact cached");
+        Ok(())
+    }
+}
+
+/// Reads back a partial file into the digest and says where to go on; a file longer than the
+/// artifact starts over.
+async fn resume(partial: &Path, size: u64, hasher: &mut Sha256) -> Result<u64, CacheError> {
+    let mut file = match tokio::fs::File::open(partial).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err("open", partial, e)),
+    };
+    let len = file.metadata().await.map_err(|e| io_err("stat", partial, e))?.len();
+    if len > size {
+        drop(file);
+        tokio::fs::remove_file(partial).await.map_err(|e| io_err("remove", partial, e))?;
+        return Ok(0);
+    }
+    let mut buf = vec![0u8; 1024 * 1024];
+    loop {
+        let n = file.read(&mut buf).await.map_err(|e| io_err("read", partial, e))?;
+        if n == 0 {
+            return Ok(len);
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+enum ChunkError {
+    Damaged { expected: String, actual: String },
+    Failed(CacheError),
+}
+
+/// Asks the distribution service. Its refusal is permanent for a plan (the catalog or the store
+/// says no) and transient for a chunk (the plan found the object; reading it failed this time).
+async fn request(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<async_nats::Message, CacheError> {
+    let reply = tokio::time::timeout(CHUNK_TIMEOUT, bus.client().request(subject.clone(), payload.into()))
+        .await
+        .map_err(|_| CacheError::Transient(format!("no answer on {subject} within {CHUNK_TIMEOUT:?}")))?
+        .map_err(|e| {
+            CacheError::Transient(format!(
+                "{subject}: {e} (is the distribution service running? `landfall serve distribution`)"
+            ))
+        })?;
+    if let Some(reason) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
+        let reason = format!("distribution service: {}", reason.as_str());
+        return Err(match subject.ends_with(names::ARTIFACT_CHUNK) {
+            true => CacheError::Transient(reason),
+            false => CacheError::Permanent(reason),
+        });
+    }
+    Ok(reply)
+}
+
+async fn request_chunk(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<Bytes, ChunkError> {
+    let reply = request(bus, subject, payload).await.map_err(ChunkError::Failed)?;
+    let expected = reply
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(names::headers::CHUNK_SHA256))
+        .map(|v| v.as_str().to_string())
+        .unwrap_or_default();
+    let actual = hex(&Sha256::digest(&reply.payload));
+    if actual != expected {
+        return Err(ChunkError::Damaged { expected, actual });
+    }
+    Ok(reply.payload)
+}
+
+fn decode<M: Message + Default + BusMessage>(reply: async_nats::Message) -> Result<M, CacheError> {
+    M::decode(reply.payload).map_err(|e| CacheError::Permanent(format!("the hub's answer is not a {}: {e}", M::TYPE)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn inventory_lists_complete_artifacts_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ArtifactCache::new(dir.path());
+        std::fs::create_dir_all(dir.path().join("sha256")).unwrap();
+        std::fs::create_dir_all(dir.path().join("partial")).unwrap();
+        let a = "a".repeat(64);
+        std::fs::write(cache.path(&a), b"x").unwrap();
+        std::fs::write(cache.partial(&"b".repeat(64)), b"half").unwrap();
+        std::fs::write(cache.dir().join("sha256").join("junk"), b"").unwrap();
+        assert_eq!(cache.inventory().into_iter().collect::<Vec<_>>(), [a]);
+        assert_eq!(cache.partial_len(&"b".repeat(64)), 4);
+    }
+
+    #[tokio::test]
+    async fn resume_rehashes_the_partial_and_drops_an_overlong_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p");
+        std::fs::write(&path, b"hello").unwrap();
+        let mut h = Sha256::new();
+        assert_eq!(resume(&path, 10, &mut h).await.unwrap(), 5);
+        h.update(b" world");
+        assert_eq!(hex(&h.finalize()), hex(&Sha256::digest(b"hello world")));
+        let mut h = Sha256::new();
+        assert_eq!(resume(&path, 3, &mut h).await.unwrap(), 0);
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,88 @@
+//! A host's BMC credentials, asked of the hub's secrets service for the job that drives the
+//! host's BMC (core request/reply on `landfall.svc.<site>.bmc_credentials`, never stored in a
+//! stream). The gateway holds them only for that job, and never logs them.
+
+use std::time::Duration;
+
+use bus_schema::names;
+use bus_schema::pb;
+use bus_schema::runtime::Bus;
+use bus_schema::runtime::HandlerError;
+use prost::Message;
+use tracing::warn;
+
+use crate::backend::BmcCredentials;
+
+/// How long the secrets service has to answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How the secrets service's refusal for a host with no credentials stored starts
+/// (`consumers::secrets_service::NO_BMC_CREDENTIALS`): that host is driven without any.
+pub const NONE_STORED: &str = "no BMC credentials stored";
+/// How its refusal starts when the site's lease is not held
+/// (`consumers::secrets_service::NO_BMC_JOB`): the job is a redelivery after its saga ended,
+/// and the backend, finding the host as the job wants it, needs no BMC.
+pub const NO_JOB: &str = "no job drives the BMCs of site";
+
+/// The BMC credentials of `node` at `site` for the job `job_id` (its `Nats-Msg-Id`), or `None`
+/// when the hub holds none for the host, or hands none out because no job of the site holds
+/// its lease (a job redelivered after its saga ended).
+///
+/// # Errors
+/// [`HandlerError::Transient`] when no secrets service answers, or it refuses for another
+/// reason (e.g. a record under a key it lacks): the job is tried again later.
+pub async fn bmc_credentials(
+    bus: &Bus,
+    site: &str,
+    node: &str,
+    job_id: &str,
+) -> Result<Option<BmcCredentials>, HandlerError> {
+    let subject = names::bmc_credentials_svc(site);
+    let request =
+        pb::BmcCredentialsRequest { site_id: site.to_string(), node: node.to_string(), job_id: job_id.to_string() };
+    let reply =
+        tokio::time::timeout(REQUEST_TIMEOUT, bus.client().request(subject.clone(), request.encode_to_vec().into()))
+            .await
+            .map_err(|_| {
+                HandlerError::Transient(format!("no secrets service answered on {subject} within {REQUEST_TIMEOUT:?}"))
+            })?
+            .map_err(|e| HandlerError::Transient(format!("bmc credentials of {node} at {site}: {e}")))?;
+    if let Some(err) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
+        return match answer_error(err.as_str()) {
+            None => {
+                if err.as_str().starts_with(NO_JOB) {
+                    warn!(%site, %node, job_id, reason = %err.as_str(), "provisioning without BMC credentials");
+                }
+                Ok(None)
+            }
+            Some(reason) => Err(HandlerError::Transient(format!("bmc credentials of {node} at {site}: {reason}"))),
+        };
+    }
+    let creds = pb::BmcCredentials::decode(reply.payload)
+        .map_err(|e| HandlerError::Transient(format!("bmc credentials of {node} at {site} do not decode: {e}")))?;
+    Ok(Some(BmcCredentials { username: creds.username, password: creds.password }))
+}
+
+/// `None` when the refusal means "no credentials for this job"; the reason otherwise.
+fn answer_error(reason: &str) -> Option<&str> {
+    if reason.starts_with(NONE_STORED) || reason.starts_with(NO_JOB) { None } else { Some(reason) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn none_stored_is_no_credentials_and_anything_else_an_error() {
+        assert_eq!(answer_error("no BMC credentials stored for node n-1 of site edge-01"), None);
+        assert_eq!(answer_error("no job drives the BMCs of site edge-01 (its lease is not held)"), None);
+        let key = "open the BMC credentials of node n-1 of site edge-01 (sealed under key ab): ...";
+        assert_eq!(answer_error(key), Some(key));
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let creds = BmcCredentials { username: "admin".into(), password: "hunter2-secret".into() };
+        let text = format!("{creds:?}");
+        assert!(text.contains("admin") && !text.contains("hunter2"), "{text}");
+    }
+}
