@@ -25,6 +25,11 @@ pub const EVENTS_ALL: &str = "landfall.evt.>";
 pub const BENCH_STREAM: &str = "LANDFALL_BENCH_RAW";
 pub const BENCH_SUBJECT: &str = "landfall.bench.raw";
 
+/// A scratch subject `landfall bench transfer` measures raw request/reply on.
+pub fn bench_echo(id: &str) -> String {
+    format!("landfall.bench.echo.{id}")
+}
+
 /// How long a command or event is kept.
 pub const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The window in which a repeated `Nats-Msg-Id` is recognised and dropped.

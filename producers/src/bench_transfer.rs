@@ -131,9 +131,14 @@ async fn run(url: &str, size: u64, store_args: &StoreArgs, scratch: &Path) -> an
     let raw_took = started.elapsed();
     eprintln!("raw store read: {:.1} MiB/s", rate(size, raw_took));
 
-    // 3. Staging: a site gateway fetches it over the bus from the distribution service.
+    // 3. The bus alone: the same number of chunk-sized replies, with the gateway's window of
+    //    requests in flight, from a responder that only hands back a buffer.
     let bus = Bus::connect(url, "landfall-bench").await?;
     bus.ensure_topology(&Topology::default()).await?;
+    let bus_took = raw_request_reply(&bus, size, chunk).await?;
+    eprintln!("raw NATS request/reply: {:.1} MiB/s", rate(size, bus_took));
+
+    // 4. Staging: a site gateway fetches it over the bus from the distribution service.
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
     services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
@@ -183,6 +188,8 @@ async fn run(url: &str, size: u64, store_args: &StoreArgs, scratch: &Path) -> an
         "store": store.url(),
         "upload_mib_s": rate(size, upload_took),
         "raw_store_read_mib_s": raw,
+        "raw_nats_request_reply_mib_s": rate(size, bus_took),
+        "staging_vs_raw_request_reply": (rate(size, stage_took) / rate(size, bus_took) * 1000.0).round() / 1000.0,
         "site_staging_mib_s": rate(size, stage_took),
         "staging_vs_raw_read": (rate(size, stage_took) / raw * 1000.0).round() / 1000.0,
         "upload_peak_rss_growth_mib": (mib(upload_peak.saturating_sub(rss_before)) * 10.0).round() / 10.0,
@@ -190,6 +197,37 @@ async fn run(url: &str, size: u64, store_args: &StoreArgs, scratch: &Path) -> an
         "staging_peak_rss_mib": (mib(stage_peak) * 10.0).round() / 10.0,
         "cached_artifact_verified": true,
     }))
+}
+
+/// `size` bytes of replies of `chunk` bytes, [`site_gateway::cache::WINDOW`] requests in flight.
+async fn raw_request_reply(bus: &Bus, size: u64, chunk: u64) -> anyhow::Result<Duration> {
+    use futures::StreamExt;
+    let subject = names::bench_echo(&uuid::Uuid::now_v7().simple().to_string());
+    let mut sub = bus.client().subscribe(subject.clone()).await?;
+    let client = bus.client().clone();
+    let body = bytes::Bytes::from(vec![7u8; chunk as usize]);
+    let responder = tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            if let Some(reply) = m.reply {
+                let _ = client.publish(reply, body.clone()).await;
+            }
+        }
+    });
+    let started = Instant::now();
+    let requests = size.div_ceil(chunk);
+    let mut inflight = futures::stream::FuturesOrdered::new();
+    for _ in 0..requests {
+        inflight.push_back(bus.client().request(subject.clone(), bytes::Bytes::new()));
+        while inflight.len() >= site_gateway::cache::WINDOW {
+            inflight.next().await.context("reply")??;
+        }
+    }
+    while let Some(r) = inflight.next().await {
+        r?;
+    }
+    let took = started.elapsed();
+    responder.abort();
+    Ok(took)
 }
 
 /// The next event of `filter` correlated with `correlation`.

@@ -260,7 +260,9 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         services.spawn(node_arrivals(sims, args.nodes, every, shutdown.clone()));
     }
 
-    print_banner(&args, &url, nats.as_ref(), &designs, &key.current_id());
+    let banner =
+        Banner { url: &url, nats: nats.as_ref(), designs: &designs, key_id: &key.current_id(), store_url: store.url() };
+    print_banner(&args, banner);
 
     tokio::select! {
         _ = shutdown.cancelled() => {}
@@ -315,7 +317,17 @@ async fn node_arrivals(
     Ok(())
 }
 
-fn print_banner(args: &UpArgs, url: &str, nats: Option<&NatsChild>, designs: &[SiteDesign], key_id: &str) {
+/// What the banner reports of a running `up`.
+struct Banner<'a> {
+    url: &'a str,
+    nats: Option<&'a NatsChild>,
+    designs: &'a [SiteDesign],
+    key_id: &'a str,
+    store_url: &'a str,
+}
+
+fn print_banner(args: &UpArgs, banner: Banner<'_>) {
+    let Banner { url, nats, designs, key_id, store_url } = banner;
     let first = designs.first().map(|d| d.site.to_string()).unwrap_or_default();
     let last = designs.last().map(|d| d.site.to_string()).unwrap_or_default();
     let nats_line = match nats {
@@ -326,7 +338,8 @@ fn print_banner(args: &UpArgs, url: &str, nats: Option<&NatsChild>, designs: &[S
     println!(
         "\nlandfall is up
   nats       {nats_line}
-  services   orchestrator, kubeconfig collector, observer, {n} site gateways
+  services   orchestrator, kubeconfig collector + secrets, observer, distribution, {n} site gateways
+  artifacts  {store}
   sites      {first} .. {last}: {nodes} nodes each, simulated Metal3 + BPA ({scale}x real time)
   data key   {key} ({keyfile})
 
@@ -337,6 +350,9 @@ Try, in another shell:
   landfall{url_hint} package register --name kubelet --version 1.29.3 --kind binary --sha256 {sha} --size 111955968
       a newer kubelet rolls out by itself to installed sites: landfall rollout list, landfall rollout show ID
   landfall{url_hint} node add {first} --name node-{new} --role worker --mac 52:54:00:ff:00:01 --wait
+  landfall{url_hint} package upload FILE --name ubuntu --version 22.04.5 --kind os-image
+  landfall{url_hint} site stage {first} --wait          (artifacts into the site's cache ahead of an install)
+  landfall{url_hint} kubeconfig get {first}             (once the site is installed)
 
 Ctrl-C stops everything.",
         n = designs.len(),
@@ -346,6 +362,7 @@ Ctrl-C stops everything.",
         sha = Sha256::digest(b"kubelet@1.29.3").iter().map(|b| format!("{b:02x}")).collect::<String>(),
         new = args.nodes + 100,
         keyfile = args.data_dir.join("secret.key").display(),
+        store = store_url,
     );
 }
 

@@ -290,3 +290,112 @@ async fn a_package_not_in_the_store_or_catalog_is_refused_with_the_reason() {
     assert!(err.as_deref().is_some_and(|e| e.contains("not the object key")), "{err:?}");
     fleet.stop().await;
 }
+
+/// The peak resident memory of a running process, read from /proc until it exits.
+async fn run_watching_rss(mut cmd: tokio::process::Command) -> (std::process::Output, u64) {
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let status = format!("/proc/{}/status", child.id().unwrap());
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let watcher = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            while let Ok(text) = std::fs::read_to_string(&status) {
+                let hwm = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+                if let Some(kb) = hwm {
+                    peak.fetch_max(kb * 1024, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let out = child.wait_with_output().await.unwrap();
+    watcher.abort();
+    (out, peak.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+fn upload_cmd(url: &str, file: &std::path::Path, version: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(landfall_tests::cli::binary());
+    cmd.args(["package", "upload"]).arg(file).args(["--name", "bundle", "--version", version, "--kind", "binary"]);
+    cmd.env("NATS_URL", url).env_remove("RUST_LOG");
+    cmd
+}
+
+/// `landfall package upload` streams: a 512 MiB upload grows the process by far less than 64 MiB
+/// over a 1 KiB one. The same file again is a no-op; other bytes under that version are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_streams_in_bounded_memory_and_versions_are_immutable() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(0).start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small");
+    std::fs::write(&small, producers::up::demo_content("small", "1", 1024)).unwrap();
+    let big = dir.path().join("big");
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
+        let block = producers::up::demo_content("big", "1", 1 << 20);
+        for i in 0..512u32 {
+            f.write_all(&i.to_le_bytes()).unwrap();
+            f.write_all(&block[4..]).unwrap();
+        }
+    }
+
+    let (out, small_peak) = run_watching_rss(upload_cmd(&server.url(), &small, "1")).await;
+    assert!(out.status.success(), "{}", landfall_tests::cli::text(&out.stderr));
+    let (out, big_peak) = run_watching_rss(upload_cmd(&server.url(), &big, "2")).await;
+    assert!(out.status.success(), "{}", landfall_tests::cli::text(&out.stderr));
+    let growth = big_peak.saturating_sub(small_peak);
+    assert!(growth < 64 << 20, "a 512 MiB upload peaked {} MiB above a 1 KiB one", growth >> 20);
+    let (sha, size) = artifacts::hash_file(&big).await.unwrap();
+    assert_eq!(fleet.store.size(&artifacts::object_key(&sha)).await.unwrap(), Some(size));
+
+    // Again: nothing to do, nothing uploaded.
+    let out = landfall_tests::cli::landfall(
+        &server.url(),
+        &["package", "upload", big.to_str().unwrap(), "--name", "bundle", "--version", "2", "--kind", "binary"],
+    )
+    .await;
+    assert!(out.status.success());
+    assert!(
+        landfall_tests::cli::text(&out.stdout).contains("uploaded already"),
+        "{}",
+        landfall_tests::cli::text(&out.stdout)
+    );
+    // Other bytes under version 2: refused, naming both digests, before anything is sent.
+    let out = landfall_tests::cli::landfall(
+        &server.url(),
+        &["package", "upload", small.to_str().unwrap(), "--name", "bundle", "--version", "2", "--kind", "binary"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = landfall_tests::cli::text(&out.stderr);
+    assert!(err.contains("refused") && err.contains(&sha) && err.contains("new version"), "{err}");
+    fleet.stop().await;
+}
+
+/// `landfall site stage --wait` fills the cache; the install after it moves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn site_stage_cli_downloads_ahead_of_the_install() {
+    let server = NatsServer::start();
+    let fleet =
+        Fleet::builder(&server.url()).sites(1).nodes(2).sim(SimConfig::instant()).with_artifacts().start().await;
+    let (want, _) = distributable(&fleet);
+    let out = landfall_tests::cli::landfall(&server.url(), &["site", "stage", &fleet.site_id(0), "--wait"]).await;
+    assert!(out.status.success(), "{}", landfall_tests::cli::text(&out.stderr));
+    assert!(
+        landfall_tests::cli::text(&out.stdout).contains("5 artifacts in the cache"),
+        "{}",
+        landfall_tests::cli::text(&out.stdout)
+    );
+    assert_cache_verified(&fleet, 0, &want);
+    let s = staged(&install_ok(&fleet, 0).await);
+    assert_eq!(s.bytes_transferred, 0);
+    let out =
+        landfall_tests::cli::landfall(&server.url(), &["site", "stage", "no-such-site", "--wait", "--timeout", "20s"])
+            .await;
+    assert_eq!(out.status.code(), Some(2), "{}", landfall_tests::cli::text(&out.stderr));
+    fleet.stop().await;
+}

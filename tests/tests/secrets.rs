@@ -386,7 +386,10 @@ async fn bmc_credentials_go_only_to_the_site_in_the_subject_while_its_lease_is_h
 async fn no_plaintext_on_disk() {
     let logs = capture_logs();
     let server = NatsServer::start();
-    let fleet = Fleet::builder(&server.url()).nodes(2).start().await;
+    // Real artifacts, so the artifact store and the site's cache hold files to scan too.
+    let mut fleet = Fleet::builder(&server.url()).nodes(2).with_artifacts().start().await;
+    // Kept past the fleet's stop: the artifact store, the site caches, the key file.
+    let fleet_dir = std::mem::replace(&mut fleet.dir, tempfile::tempdir().unwrap());
     let url = server.url();
     let site = fleet.site_id(0);
     let password = format!("bmc-pw-{}", uuid::Uuid::new_v4().simple());
@@ -416,8 +419,11 @@ async fn no_plaintext_on_disk() {
         ("the kubeconfig's CA", &ca.as_bytes()[ca.len() / 2..ca.len() / 2 + 48]),
         ("the BMC password", password.as_bytes()),
     ];
-    // The nats-server's directory (its JetStream store and its log), and every log written.
+    // The nats-server's directory (its JetStream store and its log), the artifact store, the
+    // site's artifact cache, and every log written.
     let server_dir = server.store_dir().parent().expect("the server's directory");
     assert!(std::fs::read_dir(logs).unwrap().count() >= 4, "the CLI's logs are there");
-    assert_nowhere_on_disk(&[server_dir, logs], &needles);
+    let staged = fleet_dir.path().join("caches").join(&site).join("sha256");
+    assert_eq!(std::fs::read_dir(&staged).unwrap().count(), 5, "the site's cache holds the artifacts");
+    assert_nowhere_on_disk(&[server_dir, logs, fleet_dir.path()], &needles);
 }
