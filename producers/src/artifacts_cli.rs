@@ -14,7 +14,7 @@ use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
 use consumers::artifacts::{ArtifactStore, hash_file};
 
-use crate::client::{EXIT_REJECTED, EXIT_TIMEOUT, connect};
+use crate::client::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow};
 use crate::serve::StoreArgs;
 use crate::{PackageIdArgs, parse_duration};
 
@@ -113,32 +113,26 @@ pub async fn upload(url: &str, args: UploadArgs) -> anyhow::Result<ExitCode> {
     let mut reader = bus.read_events(vec![names::scope_events(names::FLEET)], DeliverPolicy::New).await?;
     let env = Envelope::root();
     bus.publish_command(&pb::RegisterPackage { package: Some(pkg), auto_rollout: policy }, &env).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let e = match tokio::time::timeout_at(deadline, reader.next()).await {
-            Err(_) => {
-                eprintln!("registered {what} is not confirmed after 60 s; is the orchestrator running?");
-                return Ok(ExitCode::from(EXIT_TIMEOUT));
-            }
-            Ok(None) => bail!("the event stream ended"),
-            Ok(Some(e)) => e?,
-        };
-        if e.delivery.envelope.correlation != env.id {
-            continue;
-        }
-        match e.delivery.type_name.as_str() {
+    let verdict = follow(&mut reader, &env.id, Duration::from_secs(60), |e| {
+        let d = &e.delivery;
+        Ok(match d.type_name.as_str() {
             pb::PackageRegistered::TYPE => {
                 println!("{what} registered (command {})", env.id);
-                return Ok(ExitCode::SUCCESS);
+                Some(ExitCode::SUCCESS)
             }
             pb::CommandRejected::TYPE => {
-                let r: pb::CommandRejected = e.delivery.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
+                let r: pb::CommandRejected = d.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
                 eprintln!("refused: {}", r.reason);
-                return Ok(ExitCode::from(EXIT_REJECTED));
+                Some(ExitCode::from(EXIT_REJECTED))
             }
-            _ => {}
-        }
-    }
+            _ => None,
+        })
+    })
+    .await?;
+    Ok(verdict.unwrap_or_else(|| {
+        eprintln!("registered {what} is not confirmed after 60 s; is the orchestrator running?");
+        ExitCode::from(EXIT_TIMEOUT)
+    }))
 }
 
 pub async fn stage(url: &str, args: &StageArgs) -> anyhow::Result<ExitCode> {
@@ -153,22 +147,10 @@ pub async fn stage(url: &str, args: &StageArgs) -> anyhow::Result<ExitCode> {
     bus.publish_command(&cmd, &env).await?;
     eprintln!("StageSite {site} published as {}", env.id);
     let Some(reader) = reader.as_mut() else { return Ok(ExitCode::SUCCESS) };
-    let deadline = tokio::time::Instant::now() + args.timeout;
-    loop {
-        let e = match tokio::time::timeout_at(deadline, reader.next()).await {
-            Err(_) => {
-                eprintln!("gave up waiting after {:?}; staging goes on (landfall events --site {site})", args.timeout);
-                return Ok(ExitCode::from(EXIT_TIMEOUT));
-            }
-            Ok(None) => bail!("the event stream ended"),
-            Ok(Some(e)) => e?,
-        };
+    let verdict = follow(reader, &env.id, args.timeout, |e| {
         let d = &e.delivery;
-        if d.envelope.correlation != env.id {
-            continue;
-        }
         let decode_err = |e| anyhow::anyhow!("{e}");
-        match d.type_name.as_str() {
+        Ok(match d.type_name.as_str() {
             pb::ArtifactsStaged::TYPE => {
                 let s: pb::ArtifactsStaged = d.decode().map_err(decode_err)?;
                 println!(
@@ -183,19 +165,24 @@ pub async fn stage(url: &str, args: &StageArgs) -> anyhow::Result<ExitCode> {
                         n => format!("; {n} not in the artifact store (the site fetches them)"),
                     }
                 );
-                return Ok(ExitCode::SUCCESS);
+                Some(ExitCode::SUCCESS)
             }
             pb::JobFailed::TYPE => {
                 let f: pb::JobFailed = d.decode().map_err(decode_err)?;
                 eprintln!("staging failed: {}", f.reason);
-                return Ok(ExitCode::FAILURE);
+                Some(ExitCode::FAILURE)
             }
             pb::CommandRejected::TYPE => {
                 let r: pb::CommandRejected = d.decode().map_err(decode_err)?;
                 eprintln!("rejected: {}", r.reason);
-                return Ok(ExitCode::from(EXIT_REJECTED));
+                Some(ExitCode::from(EXIT_REJECTED))
             }
-            _ => {}
-        }
-    }
+            _ => None,
+        })
+    })
+    .await?;
+    Ok(verdict.unwrap_or_else(|| {
+        eprintln!("gave up waiting after {:?}; staging goes on (landfall events --site {site})", args.timeout);
+        ExitCode::from(EXIT_TIMEOUT)
+    }))
 }

@@ -40,23 +40,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(factor).ok_or_else(|| format!("{s} is too large"))
 }
 
-/// The process's peak resident set since the last [`reset_peak_rss`], in bytes.
-fn peak_rss() -> u64 {
+/// A memory figure of this process from /proc/self/status (`VmHWM`, `VmRSS`), in bytes.
+fn proc_status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The process's peak resident set since the last [`reset_peak_rss`].
+fn peak_rss() -> u64 {
+    proc_status_bytes("VmHWM")
+}
+
 fn current_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    proc_status_bytes("VmRSS")
 }
 
 /// Starts a new peak: Linux resets VmHWM to the current RSS when 5 is written to clear_refs.

@@ -9,7 +9,7 @@ use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::domain::{Package, SiteDesign, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusCommand, BusMessage};
-use bus_schema::runtime::{Bus, Envelope, ReadEvent, observed_nodes};
+use bus_schema::runtime::{Bus, Envelope, EventReader, ReadEvent, observed_nodes};
 use serde_json::json;
 
 use crate::output::{event_json, event_line, rfc3339_ms, summary};
@@ -94,26 +94,40 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
     }
     let Some(reader) = reader.as_mut() else { return Ok(ExitCode::SUCCESS) };
 
-    let deadline = tokio::time::Instant::now() + args.timeout;
+    let verdict = follow(reader, &env.id, args.timeout, |next| {
+        match args.output {
+            Format::Json => println!("{}", event_json(next)),
+            Format::Text => eprintln!("{}", event_line(next)),
+        }
+        install_verdict(next)
+    })
+    .await?;
+    Ok(verdict.unwrap_or_else(|| {
+        eprintln!("gave up waiting after {:?}; the install goes on (landfall status {site})", args.timeout);
+        ExitCode::from(EXIT_TIMEOUT)
+    }))
+}
+
+/// Reads events until `verdict` ends the wait with an exit code on one correlated with
+/// `correlation`; `None` when `timeout` runs out first.
+pub(crate) async fn follow(
+    reader: &mut EventReader,
+    correlation: &str,
+    timeout: std::time::Duration,
+    mut verdict: impl FnMut(&ReadEvent) -> anyhow::Result<Option<ExitCode>>,
+) -> anyhow::Result<Option<ExitCode>> {
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let next = match tokio::time::timeout_at(deadline, reader.next()).await {
-            Err(_) => {
-                eprintln!("gave up waiting after {:?}; the install goes on (landfall status {site})", args.timeout);
-                return Ok(ExitCode::from(EXIT_TIMEOUT));
-            }
+            Err(_) => return Ok(None),
             Ok(None) => bail!("the event stream ended"),
             Ok(Some(e)) => e?,
         };
-        let d = &next.delivery;
-        if d.envelope.correlation != env.id {
+        if next.delivery.envelope.correlation != correlation {
             continue;
         }
-        match args.output {
-            Format::Json => println!("{}", event_json(&next)),
-            Format::Text => eprintln!("{}", event_line(&next)),
-        }
-        if let Some(code) = install_verdict(&next)? {
-            return Ok(code);
+        if let Some(code) = verdict(&next)? {
+            return Ok(Some(code));
         }
     }
 }
