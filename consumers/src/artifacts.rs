@@ -48,6 +48,10 @@ pub enum StoreError {
     },
     #[error("read the file to upload")]
     Read(#[source] std::io::Error),
+    #[error(
+        "the file changed while it was uploaded (sha256 {before} when hashed, {after} when sent); nothing was kept"
+    )]
+    Changed { before: String, after: String },
     #[error("{key} is not an artifact object key (sha256/<64 hex digits>)")]
     BadKey { key: String },
 }
@@ -81,6 +85,8 @@ impl std::fmt::Debug for S3Options {
 pub struct ArtifactStore {
     store: Arc<dyn ObjectStore>,
     url: String,
+    /// S3 renames by CopyObject, which stops at 5 GiB: files are uploaded straight to their key.
+    copy_limited: bool,
 }
 
 impl std::fmt::Debug for ArtifactStore {
@@ -148,7 +154,7 @@ impl ArtifactStore {
             let prefix = prefix.trim_matches('/');
             let store: Arc<dyn ObjectStore> =
                 if prefix.is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix)) };
-            return Ok(Self { store, url });
+            return Ok(Self { store, url, copy_limited: true });
         }
         let path = match location.strip_prefix("file://") {
             Some(p) => PathBuf::from(p),
@@ -165,7 +171,7 @@ impl ArtifactStore {
         let url = format!("file://{}", dir.display());
         let fs =
             LocalFileSystem::new_with_prefix(&dir).map_err(|source| StoreError::Store { url: url.clone(), source })?;
-        Ok(Self { store: Arc::new(fs), url })
+        Ok(Self { store: Arc::new(fs), url, copy_limited: false })
     }
 
     /// The store's location, without credentials.
@@ -177,10 +183,57 @@ impl ArtifactStore {
         StoreError::Store { url: self.url.clone(), source }
     }
 
+    /// Uploads a file. Into a directory it streams once (as [`Self::upload`]); into S3, whose
+    /// copy stops at 5 GiB, it hashes the file first and streams it straight to its key,
+    /// checking the digest again on the way (a file that changed in between is not kept).
+    pub async fn upload_file(&self, path: &Path) -> Result<Stored, StoreError> {
+        let open = || async { tokio::fs::File::open(path).await.map_err(StoreError::Read) };
+        if !self.copy_limited {
+            return self.upload(tokio::io::BufReader::with_capacity(READ_SIZE, open().await?)).await;
+        }
+        let (sha256, size) = hash_file(path).await.map_err(StoreError::Read)?;
+        let key = object_key(&sha256);
+        let target = ObjectPath::from(key.as_str());
+        match self.store.head(&target).await {
+            Ok(_) => return Ok(Stored { sha256, size, object_key: key, new: false }),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(self.err(e)),
+        }
+        let (after, sent) = self.stream(open().await?, &target).await?;
+        if after != sha256 || sent != size {
+            let _ = self.store.delete(&target).await;
+            return Err(StoreError::Changed { before: sha256, after });
+        }
+        Ok(Stored { sha256, size, object_key: key, new: true })
+    }
+
     /// Streams `reader` into the store, hashing as it goes, and files it under its digest.
-    pub async fn upload(&self, mut reader: impl AsyncRead + Unpin) -> Result<Stored, StoreError> {
+    pub async fn upload(&self, reader: impl AsyncRead + Unpin) -> Result<Stored, StoreError> {
         let scratch = ObjectPath::from(format!("{SCRATCH_PREFIX}/{}", uuid::Uuid::new_v4()));
-        let upload = self.store.put_multipart(&scratch).await.map_err(|e| self.err(e))?;
+        let (sha256, size) = self.stream(reader, &scratch).await?;
+        let key = object_key(&sha256);
+        let target = ObjectPath::from(key.as_str());
+        let new = match self.store.head(&target).await {
+            Ok(_) => {
+                self.store.delete(&scratch).await.map_err(|e| self.err(e))?;
+                false
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                self.store.rename(&scratch, &target).await.map_err(|e| self.err(e))?;
+                true
+            }
+            Err(e) => return Err(self.err(e)),
+        };
+        Ok(Stored { sha256, size, object_key: key, new })
+    }
+
+    /// Writes `reader` to `location` in parts, hashing it; its digest and size.
+    async fn stream(
+        &self,
+        mut reader: impl AsyncRead + Unpin,
+        location: &ObjectPath,
+    ) -> Result<(String, u64), StoreError> {
+        let upload = self.store.put_multipart(location).await.map_err(|e| self.err(e))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
         let mut hasher = Sha256::new();
         let mut size = 0u64;
@@ -203,21 +256,7 @@ impl ArtifactStore {
             return Err(e);
         }
         writer.finish().await.map_err(|e| self.err(e))?;
-        let sha256 = hex(&hasher.finalize());
-        let key = object_key(&sha256);
-        let target = ObjectPath::from(key.as_str());
-        let new = match self.store.head(&target).await {
-            Ok(_) => {
-                self.store.delete(&scratch).await.map_err(|e| self.err(e))?;
-                false
-            }
-            Err(object_store::Error::NotFound { .. }) => {
-                self.store.rename(&scratch, &target).await.map_err(|e| self.err(e))?;
-                true
-            }
-            Err(e) => return Err(self.err(e)),
-        };
-        Ok(Stored { sha256, size, object_key: key, new })
+        Ok((hex(&hasher.finalize()), size))
     }
 
     /// The object's size, or `None` when the store does not hold it.

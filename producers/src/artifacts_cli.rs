@@ -91,7 +91,8 @@ pub async fn upload(url: &str, args: UploadArgs) -> anyhow::Result<ExitCode> {
     }
 
     let started = Instant::now();
-    let stored = store.upload(tokio::io::BufReader::with_capacity(1 << 20, file)).await?;
+    drop(file);
+    let stored = store.upload_file(&args.file).await?;
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
         "{} {:.1} MiB into {} in {secs:.1} s ({:.0} MiB/s), sha256:{}",
