@@ -313,9 +313,17 @@ async fn a_host_that_appears_joins_the_cluster_with_the_sites_current_versions()
     assert_eq!(effects.provisions.get("node-9"), Some(&1));
     assert_eq!(effects.binary_installs.get("node-9"), Some(&1));
 
+    // The observer writes what NodeReady reports a moment after it is published.
     let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
-    let nodes = runtime::observed_nodes(&observed, &keys::observed_site_prefix("edge-01")).await.unwrap();
-    let new = nodes.iter().find(|n| n.node == "node-9").expect("node-9 observed");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let new = loop {
+        let nodes = runtime::observed_nodes(&observed, &keys::observed_site_prefix("edge-01")).await.unwrap();
+        if let Some(n) = nodes.into_iter().find(|n| n.node == "node-9") {
+            break n;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "node-9 not observed within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert!(new.packages.iter().any(|p| p.name == "kubelet" && p.version == "1.30.0"));
     let sites = fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
     let (design, _) = sites.get::<pb::SiteDesign>(&keys::site("edge-01")).await.unwrap().unwrap();
