@@ -7,8 +7,9 @@
 //! - `partial/<hex>`: a transfer in progress. Every chunk in it matched the digest the hub sent
 //!   with it; a transfer that was cut resumes at the file's length.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bus_schema::domain::Package;
@@ -60,10 +61,12 @@ pub struct CachedArtifact {
     pub path: Option<PathBuf>,
 }
 
-/// One site's artifact cache.
+/// One site's artifact cache. Clones share it: two jobs that need the same artifact at once
+/// (a `site stage` and an install) fetch it once, the second waiting for the first.
 #[derive(Debug, Clone)]
 pub struct ArtifactCache {
     dir: PathBuf,
+    fetching: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> CacheError {
@@ -85,7 +88,14 @@ fn is_digest(s: &str) -> bool {
 impl ArtifactCache {
     /// The cache in `dir`; its directories are made when the first artifact arrives.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self { dir: dir.into(), fetching: Default::default() }
+    }
+
+    /// The lock one artifact's transfer holds, so only one writes its partial file.
+    fn transfer_lock(&self, sha256: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut fetching = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+        fetching.retain(|_, lock| Arc::strong_count(lock) > 1);
+        fetching.entry(sha256.to_string()).or_default().clone()
     }
 
     pub fn dir(&self) -> &Path {
@@ -176,6 +186,13 @@ impl ArtifactCache {
     ) -> Result<(), CacheError> {
         if !is_digest(&t.sha256) || t.chunk_size == 0 {
             return Err(CacheError::Permanent(format!("the hub's transfer plan is invalid for sha256:{}", t.sha256)));
+        }
+        let lock = self.transfer_lock(&t.sha256);
+        let _transfer = lock.lock().await;
+        if self.path(&t.sha256).exists() {
+            // Another job of this site fetched it meanwhile.
+            staged.bytes_present += t.size;
+            return Ok(());
         }
         for sub in ["sha256", "partial"] {
             let dir = self.dir.join(sub);

@@ -39,13 +39,19 @@ pub async fn bmc_credentials(
     let subject = names::bmc_credentials_svc(site);
     let request =
         pb::BmcCredentialsRequest { site_id: site.to_string(), node: node.to_string(), job_id: job_id.to_string() };
-    let reply =
-        tokio::time::timeout(REQUEST_TIMEOUT, bus.client().request(subject.clone(), request.encode_to_vec().into()))
-            .await
-            .map_err(|_| {
-                HandlerError::Transient(format!("no secrets service answered on {subject} within {REQUEST_TIMEOUT:?}"))
-            })?
-            .map_err(|e| HandlerError::Transient(format!("bmc credentials of {node} at {site}: {e}")))?;
+    let reply = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        bus.client().request(subject.clone(), request.encode_to_vec().into()),
+    )
+    .await
+    .map_err(|_| {
+        HandlerError::Transient(format!("no secrets service answered on {subject} within {REQUEST_TIMEOUT:?}"))
+    })?
+    .map_err(|e| {
+        HandlerError::Transient(format!(
+            "bmc credentials of {node} at {site}: {e} (is the secrets service running? `landfall serve kubeconfig`)"
+        ))
+    })?;
     if let Some(err) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
         return match answer_error(err.as_str()) {
             None => {
