@@ -147,6 +147,17 @@ validated_string!(
     }
 );
 
+impl Sha256 {
+    /// The digest's bytes as lowercase hex (what this type holds).
+    pub fn hex(digest: &[u8]) -> String {
+        use std::fmt::Write;
+        digest.iter().fold(String::with_capacity(digest.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+}
+
 /// A boot MAC address, kept in lowercase colon form.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(try_from = "String")]

@@ -156,9 +156,24 @@ pub const ROTATE_KEY_ADMIN: &str = "landfall.admin.rotate_key";
 /// The parts of a landfall subject, parsed back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParsedSubject<'a> {
-    Command { kind: &'a str, scope: &'a str },
-    Job { site: &'a str, kind: &'a str },
-    Event { scope: &'a str, aggregate: &'a str, kind: &'a str },
+    Command {
+        kind: &'a str,
+        scope: &'a str,
+    },
+    Job {
+        site: &'a str,
+        kind: &'a str,
+    },
+    Event {
+        scope: &'a str,
+        aggregate: &'a str,
+        kind: &'a str,
+    },
+    /// A gateway's request to a hub service: `landfall.svc.<site>.<kind>`.
+    Service {
+        site: &'a str,
+        kind: &'a str,
+    },
 }
 
 pub fn parse_subject(subject: &str) -> Option<ParsedSubject<'_>> {
@@ -167,6 +182,7 @@ pub fn parse_subject(subject: &str) -> Option<ParsedSubject<'_>> {
         ["landfall", "cmd", kind, scope] => Some(ParsedSubject::Command { kind, scope }),
         ["landfall", "job", site, kind] => Some(ParsedSubject::Job { site, kind }),
         ["landfall", "evt", scope, aggregate, kind] => Some(ParsedSubject::Event { scope, aggregate, kind }),
+        ["landfall", "svc", site, kind] => Some(ParsedSubject::Service { site, kind }),
         _ => None,
     }
 }
@@ -299,6 +315,10 @@ mod tests {
             Some(ParsedSubject::Event { scope: "edge-1", aggregate: "node", kind: "os_provisioned" })
         );
         assert_eq!(parse_subject("landfall.job.a.b"), Some(ParsedSubject::Job { site: "a", kind: "b" }));
+        assert_eq!(
+            parse_subject(&artifact_chunk_svc("edge-1")),
+            Some(ParsedSubject::Service { site: "edge-1", kind: ARTIFACT_CHUNK })
+        );
         assert_eq!(parse_subject("landfall.cmd.x"), None);
     }
 

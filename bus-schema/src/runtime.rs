@@ -439,6 +439,7 @@ impl Bus {
             Some(names::ParsedSubject::Command { scope, .. }) => scope,
             Some(names::ParsedSubject::Job { site, .. }) => site,
             Some(names::ParsedSubject::Event { scope, .. }) => scope,
+            Some(names::ParsedSubject::Service { site, .. }) => site,
             None => names::FLEET,
         };
         // A scope that is not a valid token (garbage on a wildcard) is answered in the fleet scope.

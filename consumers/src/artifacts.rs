@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bus_schema::domain::Sha256 as Sha256Digest;
 use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
@@ -112,8 +113,7 @@ pub fn object_key(sha256: &str) -> String {
 
 /// Whether `key` is an artifact's object key (the only objects the store hands out).
 pub fn is_object_key(key: &str) -> bool {
-    key.strip_prefix(OBJECT_PREFIX)
-        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    key.strip_prefix(OBJECT_PREFIX).is_some_and(|hex| Sha256Digest::try_from(hex).is_ok())
 }
 
 /// Makes ring rustls's process-wide crypto provider (the S3 client's TLS asks for it).
@@ -256,7 +256,7 @@ impl ArtifactStore {
             return Err(e);
         }
         writer.finish().await.map_err(|e| self.err(e))?;
-        Ok((hex(&hasher.finalize()), size))
+        Ok((Sha256Digest::hex(&hasher.finalize()), size))
     }
 
     /// The object's size, or `None` when the store does not hold it.
@@ -291,18 +291,9 @@ impl ArtifactStore {
     }
 }
 
-/// Lowercase hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
 /// The sha256 of `bytes`, in lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
+    Sha256Digest::hex(&Sha256::digest(bytes))
 }
 
 /// The sha256 and size of a local file, read in pieces.
@@ -314,7 +305,7 @@ pub async fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
     loop {
         let n = file.read(&mut buf).await?;
         if n == 0 {
-            return Ok((hex(&hasher.finalize()), size));
+            return Ok((Sha256Digest::hex(&hasher.finalize()), size));
         }
         hasher.update(&buf[..n]);
         size += n as u64;

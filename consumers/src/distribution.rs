@@ -111,18 +111,16 @@ pub async fn run_distribution(
     Ok(())
 }
 
-/// The site a `landfall.svc.<site>.<kind>` subject names.
-fn site_of(subject: &str) -> &str {
-    subject.split('.').nth(2).unwrap_or_default()
-}
-
 fn decode<M: Message + Default + BusMessage>(
     subject: &str,
     payload: &[u8],
     site_id: impl Fn(&M) -> &str,
 ) -> Result<M, String> {
     let msg = M::decode(payload).map_err(|e| format!("not a {}: {e}", M::TYPE))?;
-    let site = site_of(subject);
+    let site = match names::parse_subject(subject) {
+        Some(names::ParsedSubject::Service { site, .. }) => site,
+        _ => return Err(format!("{subject} is not a service subject")),
+    };
     if site_id(&msg) != site {
         return Err(format!("request for site {:?} came on the subject of {site}", site_id(&msg)));
     }

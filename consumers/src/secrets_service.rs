@@ -328,7 +328,10 @@ impl SecretsService {
         let req: pb::BmcCredentialsRequest = decode(payload)?;
         // landfall.svc.<site>.bmc_credentials: the subject says which site asks (and what its
         // credentials on the bus allow it to ask for).
-        let asking = subject.split('.').nth(2).unwrap_or_default();
+        let asking = match names::parse_subject(subject) {
+            Some(names::ParsedSubject::Service { site, .. }) => site,
+            _ => "",
+        };
         if req.site_id != asking {
             return Err(refused(format!("request for site {:?} came on the subject of site {asking:?}", req.site_id)));
         }

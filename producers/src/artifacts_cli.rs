@@ -14,7 +14,7 @@ use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
 use consumers::artifacts::{ArtifactStore, hash_file};
 
-use crate::client::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow};
+use crate::client::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow, rejected};
 use crate::serve::StoreArgs;
 use crate::{PackageIdArgs, parse_duration};
 
@@ -121,11 +121,7 @@ pub async fn upload(url: &str, args: UploadArgs) -> anyhow::Result<ExitCode> {
                 println!("{what} registered (command {})", env.id);
                 Some(ExitCode::SUCCESS)
             }
-            pb::CommandRejected::TYPE => {
-                let r: pb::CommandRejected = d.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
-                eprintln!("refused: {}", r.reason);
-                Some(ExitCode::from(EXIT_REJECTED))
-            }
+            pb::CommandRejected::TYPE => Some(rejected(d)?),
             _ => None,
         })
     })
@@ -173,11 +169,7 @@ pub async fn stage(url: &str, args: &StageArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("staging failed: {}", f.reason);
                 Some(ExitCode::FAILURE)
             }
-            pb::CommandRejected::TYPE => {
-                let r: pb::CommandRejected = d.decode().map_err(decode_err)?;
-                eprintln!("rejected: {}", r.reason);
-                Some(ExitCode::from(EXIT_REJECTED))
-            }
+            pb::CommandRejected::TYPE => Some(rejected(d)?),
             _ => None,
         })
     })

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bus_schema::domain::SiteId;
 use bus_schema::names;
-use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::pb::{self, BusMessage};
 use bus_schema::runtime::{Bus, Envelope, Topology};
 use consumers::artifacts::hash_file;
 use serde_json::json;
@@ -40,14 +40,19 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(factor).ok_or_else(|| format!("{s} is too large"))
 }
 
-/// A memory figure of this process from /proc/self/status (`VmHWM`, `VmRSS`), in bytes.
-fn proc_status_bytes(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// A memory figure (`VmHWM`, `VmRSS`) of a /proc/<pid>/status text, in bytes.
+pub fn status_bytes(status: &str, field: &str) -> Option<u64> {
     status
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+        .map(|kb| kb * 1024)
+}
+
+/// A memory figure of this process, in bytes.
+fn proc_status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status_bytes(&status, field).unwrap_or(0)
 }
 
 /// The process's peak resident set since the last [`reset_peak_rss`].
@@ -154,7 +159,7 @@ async fn run(url: &str, size: u64, store_args: &StoreArgs, scratch: &Path) -> an
     let mut events = bus.read_events(vec![names::EVENTS_ALL.to_string()], Default::default()).await?;
     let register = Envelope::root();
     bus.publish_command(&pb::RegisterPackage { package: Some(pkg.clone()), auto_rollout: None }, &register).await?;
-    wait_for(&mut events, &register.id, pb::PackageRegistered::filter()).await?;
+    wait_for::<pb::PackageRegistered>(&mut events, &register.id).await?;
 
     let site = SiteId::try_from("bench-site")?;
     let cache = ArtifactCache::new(scratch.join("cache"));
@@ -170,7 +175,7 @@ async fn run(url: &str, size: u64, store_args: &StoreArgs, scratch: &Path) -> an
     reset_peak_rss();
     let started = Instant::now();
     bus.publish_job(&pb::StageArtifacts { site_id: site.to_string(), artifacts: vec![pkg] }, &job_env).await?;
-    let staged = wait_for(&mut events, &job_env.id, pb::ArtifactsStaged::filter()).await?;
+    let staged = wait_for::<pb::ArtifactsStaged>(&mut events, &job_env.id).await?;
     let stage_took = started.elapsed();
     let stage_peak = peak_rss();
     shutdown.cancel();
@@ -230,29 +235,21 @@ async fn raw_request_reply(bus: &Bus, size: u64, chunk: u64) -> anyhow::Result<D
     Ok(took)
 }
 
-/// The next event of `filter` correlated with `correlation`.
-async fn wait_for(
+/// The event of type `M` correlated with `correlation`; an error on a rejection or failed job.
+async fn wait_for<M: BusMessage>(
     events: &mut bus_schema::runtime::EventReader,
     correlation: &str,
-    filter: String,
 ) -> anyhow::Result<bus_schema::runtime::Delivery> {
-    let kind = filter.rsplit('.').next().unwrap_or_default().to_string();
-    loop {
-        let e = tokio::time::timeout(Duration::from_secs(3600), events.next())
-            .await
-            .context("no event within an hour")?
-            .context("the event stream ended")??;
-        let d = e.delivery;
-        if d.envelope.correlation == correlation {
-            if d.subject.ends_with(&format!(".{kind}")) {
-                return Ok(d);
-            }
-            if d.type_name == pb::JobFailed::TYPE || d.type_name == pb::CommandRejected::TYPE {
-                let v = pb::decode_to_json(&d.type_name, &d.payload);
-                anyhow::bail!("{}: {v:?}", d.type_name);
-            }
+    let found = crate::client::follow(events, correlation, Duration::from_secs(3600), |e| {
+        let d = &e.delivery;
+        if d.type_name == pb::JobFailed::TYPE || d.type_name == pb::CommandRejected::TYPE {
+            let v = pb::decode_to_json(&d.type_name, &d.payload);
+            anyhow::bail!("{}: {v:?}", d.type_name);
         }
-    }
+        Ok((d.type_name == M::TYPE).then(|| d.clone()))
+    })
+    .await?;
+    found.context("no such event within an hour")
 }
 
 #[cfg(test)]

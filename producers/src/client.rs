@@ -108,14 +108,14 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
     }))
 }
 
-/// Reads events until `verdict` ends the wait with an exit code on one correlated with
+/// Reads events until `verdict` ends the wait (with an exit code, say) on one correlated with
 /// `correlation`; `None` when `timeout` runs out first.
-pub(crate) async fn follow(
+pub(crate) async fn follow<T>(
     reader: &mut EventReader,
     correlation: &str,
     timeout: std::time::Duration,
-    mut verdict: impl FnMut(&ReadEvent) -> anyhow::Result<Option<ExitCode>>,
-) -> anyhow::Result<Option<ExitCode>> {
+    mut verdict: impl FnMut(&ReadEvent) -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<Option<T>> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let next = match tokio::time::timeout_at(deadline, reader.next()).await {
@@ -151,13 +151,16 @@ fn install_verdict(e: &ReadEvent) -> anyhow::Result<Option<ExitCode>> {
             eprintln!("  {ok} of {} nodes installed", failed.results.len());
             Some(ExitCode::FAILURE)
         }
-        pb::CommandRejected::TYPE => {
-            let r: pb::CommandRejected = d.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
-            eprintln!("rejected: {}", r.reason);
-            Some(ExitCode::from(EXIT_REJECTED))
-        }
+        pb::CommandRejected::TYPE => Some(rejected(d)?),
         _ => None,
     })
+}
+
+/// Says why a command was rejected; the exit code for it.
+pub(crate) fn rejected(d: &bus_schema::runtime::Delivery) -> anyhow::Result<ExitCode> {
+    let r: pb::CommandRejected = d.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
+    eprintln!("rejected: {}", r.reason);
+    Ok(ExitCode::from(EXIT_REJECTED))
 }
 
 pub async fn events(url: &str, args: &EventsArgs) -> anyhow::Result<ExitCode> {

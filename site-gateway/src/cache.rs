@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bus_schema::domain::Package;
+use bus_schema::domain::{Package, Sha256 as Sha256Digest};
 use bus_schema::names;
 use bus_schema::pb::{self, BusMessage};
 use bus_schema::runtime::Bus;
@@ -73,16 +73,12 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> CacheError {
     CacheError::Transient(format!("artifact cache: {what} {}: {e}", path.display()))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+fn hex(digest: &[u8]) -> String {
+    Sha256Digest::hex(digest)
 }
 
 fn is_digest(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    Sha256Digest::try_from(s).is_ok()
 }
 
 impl ArtifactCache {
@@ -140,8 +136,10 @@ impl ArtifactCache {
                 inventory: inventory.iter().cloned().collect(),
                 wanted: artifacts.iter().map(pb::Package::from).collect(),
             };
-            let plan: pb::ArtifactPlan =
-                decode(request(bus, names::artifact_plan_svc(site), req.encode_to_vec()).await?)?;
+            // The catalog or the store saying no will say it again: permanent.
+            let reply =
+                request(bus, names::artifact_plan_svc(site), req.encode_to_vec(), CacheError::Permanent).await?;
+            let plan: pb::ArtifactPlan = decode(reply)?;
             for t in &plan.transfers {
                 self.fetch(bus, site, t, &mut staged).await?;
             }
@@ -316,9 +314,13 @@ enum ChunkError {
     Failed(CacheError),
 }
 
-/// Asks the distribution service. Its refusal is permanent for a plan (the catalog or the store
-/// says no) and transient for a chunk (the plan found the object; reading it failed this time).
-async fn request(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<async_nats::Message, CacheError> {
+/// Asks the distribution service; its refusal becomes the error `refused` makes of it.
+async fn request(
+    bus: &Bus,
+    subject: String,
+    payload: Vec<u8>,
+    refused: fn(String) -> CacheError,
+) -> Result<async_nats::Message, CacheError> {
     let reply = tokio::time::timeout(CHUNK_TIMEOUT, bus.client().request(subject.clone(), payload.into()))
         .await
         .map_err(|_| CacheError::Transient(format!("no answer on {subject} within {CHUNK_TIMEOUT:?}")))?
@@ -328,17 +330,14 @@ async fn request(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<async_n
             ))
         })?;
     if let Some(reason) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
-        let reason = format!("distribution service: {}", reason.as_str());
-        return Err(match subject.ends_with(names::ARTIFACT_CHUNK) {
-            true => CacheError::Transient(reason),
-            false => CacheError::Permanent(reason),
-        });
+        return Err(refused(format!("distribution service: {}", reason.as_str())));
     }
     Ok(reply)
 }
 
 async fn request_chunk(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<Bytes, ChunkError> {
-    let reply = request(bus, subject, payload).await.map_err(ChunkError::Failed)?;
+    // The plan found the object, so a chunk refused is a read that failed this time: transient.
+    let reply = request(bus, subject, payload, CacheError::Transient).await.map_err(ChunkError::Failed)?;
     let expected = reply
         .headers
         .as_ref()

@@ -342,12 +342,8 @@ async fn run_watching_rss(mut cmd: tokio::process::Command) -> (std::process::Ou
         let peak = peak.clone();
         tokio::spawn(async move {
             while let Ok(text) = std::fs::read_to_string(&status) {
-                let hwm = text
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmHWM:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-                if let Some(kb) = hwm {
-                    peak.fetch_max(kb * 1024, std::sync::atomic::Ordering::Relaxed);
+                if let Some(hwm) = producers::bench_transfer::status_bytes(&text, "VmHWM") {
+                    peak.fetch_max(hwm, std::sync::atomic::Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
