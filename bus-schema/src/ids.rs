@@ -43,6 +43,12 @@ pub fn node_added_id(site: &str, node: &str, boot_mac: &str) -> Uuid {
     derived_id(&format!("{site}/{node}/{boot_mac}"), "node_added", None)
 }
 
+/// The id of the `NodeRemoved` a gateway publishes for a host that was deleted, the same
+/// for every announcement of that host's removal.
+pub fn node_removed_id(site: &str, node: &str, boot_mac: &str) -> Uuid {
+    derived_id(&format!("{site}/{node}/{boot_mac}"), "node_removed", None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,6 +67,7 @@ bus_message!(
     RegisterSite,
     InstallSite,
     NodeAdded,
+    NodeRemoved,
     RegisterPackage,
     PatchPackage,
     PauseRollout,
@@ -109,6 +110,7 @@ bus_message!(
     SiteInstalled,
     SiteInstallFailed,
     NodeAccepted,
+    NodeLeft,
     NodeReady,
     NodeJoinFailed,
     RolloutPlanned,
@@ -152,6 +154,7 @@ command!(RegisterSite, "register_site", |m| m.design.as_ref().map_or("", |d| d.s
 command!(InstallSite, "install_site", |m| &m.site_id);
 command!(ApplyDesign, "apply_design", |m| &m.site_id);
 command!(NodeAdded, "node_added", |m| &m.site_id);
+command!(NodeRemoved, "node_removed", |m| &m.site_id);
 command!(StageSite, "stage_site", |m| &m.site_id);
 command!(RegisterPackage, "register_package", |_m| names::FLEET);
 command!(PatchPackage, "patch_package", |_m| names::FLEET);
@@ -202,6 +205,7 @@ event!(
     SiteInstalled => "site"."installed",
     SiteInstallFailed => "site"."install_failed",
     NodeAccepted => "node"."accepted",
+    NodeLeft => "node"."left",
     NodeReady => "node"."ready",
     NodeJoinFailed => "node"."join_failed",
     NodePatched => "node"."patched",

@@ -116,8 +116,8 @@ pub fn is_object_key(key: &str) -> bool {
     key.strip_prefix(OBJECT_PREFIX).is_some_and(|hex| Sha256Digest::try_from(hex).is_ok())
 }
 
-/// Makes ring rustls's process-wide crypto provider (the S3 client's TLS asks for it).
-fn install_tls_provider() {
+/// Makes ring rustls's process-wide crypto provider (the S3 and Kubernetes clients' TLS ask for it).
+pub fn install_tls_provider() {
     // An error means a provider is installed already, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -108,6 +108,13 @@ impl Observer {
             let kind = pb::PackageKind::Container as i32;
             let found: Vec<_> = e.packages.into_iter().map(|p| (p.name, p.version, kind)).collect();
             self.record(d, &e.site_id, &nodes, &found).await
+        } else if is(pb::NodeLeft::AGGREGATE, pb::NodeLeft::KIND) {
+            // A node that left the site runs nothing of it any more.
+            let e: pb::NodeLeft = d.decode()?;
+            let prefix = keys::observed_node_prefix(&e.site_id, &e.node);
+            let entries = self.observed.scan::<pb::ObservedVersion>(&prefix).await?;
+            try_join_all(entries.iter().map(|(key, _, rev)| self.observed.delete_if(key, *rev))).await?;
+            Ok(())
         } else {
             Ok(())
         }
@@ -130,6 +137,7 @@ pub fn observed_event_filters() -> Vec<String> {
         pb::NodePatched::filter(),
         pb::NodeReady::filter(),
         pb::ContainerPackagesApplied::filter(),
+        pb::NodeLeft::filter(),
     ]
 }
 

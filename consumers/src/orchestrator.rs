@@ -336,7 +336,12 @@ impl Orchestrator {
         if !self.site_installed(&site).await? {
             // Not installed yet: the node is in the design, and the install brings it up.
             lease::release(&self.sagas, &site, Holder::Saga(&d.envelope.id)).await?;
-            let evt = pb::NodeAccepted { site_id: site.clone(), node: Some(pb::NodeSpec::from(&node)), joining: false };
+            let evt = pb::NodeAccepted {
+                site_id: site.clone(),
+                node: Some(pb::NodeSpec::from(&node)),
+                joining: false,
+                hardware: cmd.hardware.clone(),
+            };
             self.bus.publish_event(&evt, &d.envelope.derive("node_accepted", None)).await?;
             info!(%site, node = %name, "node added to the design; the site's install will bring it up");
             return Ok(());
@@ -348,7 +353,7 @@ impl Orchestrator {
                 return Err(HandlerError::reject(r.code, r.reason));
             }
         };
-        let new = saga::start_join(&d.envelope, &design, &name, resolved, now_ms());
+        let new = saga::start_join(&d.envelope, &design, &name, cmd.hardware, resolved, now_ms());
         match self.sagas.create(&saga_key, &new).await? {
             Cas::Written(rev) => {
                 info!(%site, node = %name, saga = %d.envelope.id, "node joining");
@@ -383,6 +388,69 @@ impl Orchestrator {
     }
 
     /// Puts the node into the site's design (compare-and-set); returns the design with it.
+    /// Takes a node out of its site's design, under the site's lease (a saga or rollout working
+    /// on the site finishes first), and says so with `NodeLeft`.
+    ///
+    /// The event goes out before the design is written, with an id derived from the command: a
+    /// redelivery after a crash between the two publishes it again (dropped as a copy) and
+    /// writes the design. A node already gone is a redelivery of a removal that finished, or a
+    /// host that never joined: either way there is nothing left to do, and it is logged.
+    async fn node_removed(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::NodeRemoved = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id.clone()).map_err(invalid)?.to_string();
+        let key = keys::site(&site);
+        if self.sites.get::<pb::SiteDesign>(&key).await?.is_none() {
+            return Err(HandlerError::reject(
+                pb::RejectCode::UnknownSite,
+                format!("site {site} is not registered; no node can leave it"),
+            ));
+        }
+        lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
+        let removed = self.remove_node(&key, &cmd, d).await;
+        lease::release(&self.sagas, &site, Holder::Saga(&d.envelope.id)).await?;
+        removed
+    }
+
+    async fn remove_node(&self, key: &str, cmd: &pb::NodeRemoved, d: &Delivery) -> Result<(), HandlerError> {
+        let (site, name) = (cmd.site_id.as_str(), cmd.node.as_str());
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((current, rev)) = self.sites.get::<pb::SiteDesign>(key).await? else {
+                return Err(HandlerError::Transient(format!("site {site} vanished")));
+            };
+            let mut design = SiteDesign::try_from(current).map_err(invalid)?;
+            let Some(known) = design.node(name) else {
+                info!(%site, node = %name, "node removal: not in the design (already removed, or never joined)");
+                return Ok(());
+            };
+            if !cmd.boot_mac.is_empty() && !known.boot_mac.as_str().eq_ignore_ascii_case(&cmd.boot_mac) {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Conflict,
+                    format!(
+                        "node {name} of {site} has boot MAC {}, not {}: the host removed is another one",
+                        known.boot_mac, cmd.boot_mac
+                    ),
+                ));
+            }
+            let boot_mac = known.boot_mac.to_string();
+            design.nodes.retain(|n| n.name.as_str() != name);
+            let design = design.validate().map_err(|e| {
+                HandlerError::reject(pb::RejectCode::Conflict, format!("{site} without node {name}: {e}"))
+            })?;
+            let evt = pb::NodeLeft {
+                site_id: site.to_string(),
+                node: name.to_string(),
+                boot_mac,
+                reason: cmd.reason.clone(),
+            };
+            self.bus.publish_event(&evt, &d.envelope.derive("node_left", None)).await?;
+            if let Cas::Written(_) = self.sites.update(key, &pb::SiteDesign::from(&design), rev).await? {
+                info!(%site, node = %name, reason = %cmd.reason, "node left the site");
+                return Ok(());
+            }
+        }
+        Err(HandlerError::Transient(format!("site {site} design kept changing")))
+    }
+
     async fn add_node(&self, site: &str, node: &bus_schema::domain::NodeDesign) -> Result<SiteDesign, HandlerError> {
         let key = keys::site(site);
         for _ in 0..CAS_ATTEMPTS {
@@ -540,6 +608,7 @@ impl runtime::Handler for Commands {
             pb::ResumeRollout::KIND => self.0.rollouts.resume(d).await,
             pb::CancelRollout::KIND => self.0.rollouts.cancel(d).await,
             pb::NodeAdded::KIND => self.0.node_added(d).await,
+            pb::NodeRemoved::KIND => self.0.node_removed(d).await,
             other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such command {other:?}"))),
         }
     }

@@ -188,12 +188,20 @@ pub fn stage_job(site: String, resolved: &Resolved) -> pb::StageArtifacts {
 /// The saga of a node joining an installed site's cluster (NodeAdded): `design` is the site's
 /// design with the node in it. Its outbox holds `NodeAccepted` and the `StageArtifacts` job;
 /// then the node's OS, its binaries joining the running cluster, and `NodeReady`.
-pub fn start_join(cmd: &Envelope, design: &SiteDesign, node: &str, resolved: Resolved, now_ms: i64) -> pb::InstallSaga {
+/// `hardware` is what the host's inspection found, passed on in `NodeAccepted`.
+pub fn start_join(
+    cmd: &Envelope,
+    design: &SiteDesign,
+    node: &str,
+    hardware: Option<pb::HostHardware>,
+    resolved: Resolved,
+    now_ms: i64,
+) -> pb::InstallSaga {
     let mut saga = start(cmd, design, resolved, now_ms);
     saga.join = true;
     saga.nodes.retain(|n| name_of(n) == node);
     let spec = saga.nodes.first().and_then(|n| n.node.clone());
-    let accepted = pb::NodeAccepted { site_id: saga.site_id.clone(), node: spec, joining: true };
+    let accepted = pb::NodeAccepted { site_id: saga.site_id.clone(), node: spec, joining: true, hardware };
     saga.outbox[0] = outbox_entry(accepted.subject(), &accepted, &cmd.derive("node_accepted", None));
     saga
 }
@@ -664,7 +672,7 @@ mod tests {
     #[test]
     fn a_joining_worker_gets_os_and_binaries_then_node_ready() {
         let d = design(3);
-        let saga = start_join(&Envelope::root(), &d, "n2", resolve(&d, &catalog()).unwrap(), 0);
+        let saga = start_join(&Envelope::root(), &d, "n2", None, resolve(&d, &catalog()).unwrap(), 0);
         assert!(saga.join);
         let kinds: Vec<_> = saga.outbox.iter().map(|o| o.message_type.as_str()).collect();
         assert_eq!(kinds, [pb::NodeAccepted::TYPE, pb::StageArtifacts::TYPE]);
@@ -690,7 +698,7 @@ mod tests {
     #[test]
     fn a_joining_node_that_fails_says_where() {
         let d = design(2);
-        let saga = start_join(&Envelope::root(), &d, "n1", resolve(&d, &catalog()).unwrap(), 0);
+        let saga = start_join(&Envelope::root(), &d, "n1", None, resolve(&d, &catalog()).unwrap(), 0);
         let s = apply(&pb::InstallSaga { outbox: vec![], ..saga }, Input::Staged);
         let fail = Input::NodeFailed { node: "n1".into(), step: "provision_os".into(), reason: "bad disk".into() };
         let Decision::Apply(s) = decide(&s, &fail, &Envelope::root(), 1) else { panic!() };

@@ -1827,6 +1827,7 @@ failure threshold  1  (the rollout halts when more than 1 node fail)
             site_id: "edge-01".into(),
             node: Some(pb::NodeSpec { name: "node-4".into(), ..Default::default() }),
             joining,
+            hardware: None,
         };
         assert_eq!(verdict(delivery(&accepted(true), "x")), None, "joining: wait for ready");
         assert_eq!(verdict(delivery(&accepted(false), "x")).map(|v| v.0), Some(0));

@@ -361,6 +361,31 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let service = matches!(cli.command, Command::Up(_) | Command::Serve(_));
     init_tracing(if service { "info,async_nats=warn" } else { "warn" });
+    block_on(run(cli))
+}
+
+/// `landfall-gateway`: one site's gateway as a program of its own (what `landfall serve
+/// gateway` runs), for a site's bootstrap machine or a pod there.
+#[derive(Debug, Parser)]
+#[command(name = "landfall-gateway", version, about = "One site's gateway: the site's jobs in, its events out.")]
+pub struct GatewayCli {
+    /// NATS server (the hub, or the site's leaf node).
+    #[arg(long, env = "NATS_URL", default_value = DEFAULT_NATS_URL)]
+    pub nats_url: String,
+    #[command(flatten)]
+    pub gateway: serve::GatewayArgs,
+}
+
+pub fn gateway_main() -> ExitCode {
+    let cli = GatewayCli::parse();
+    init_tracing("info,async_nats=warn");
+    block_on(async move {
+        serve::gateway(cli.gateway, &cli.nats_url, serve::shutdown_on_signal()).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn block_on(work: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -368,7 +393,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(work) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

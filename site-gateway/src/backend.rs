@@ -7,7 +7,8 @@ use std::fmt;
 use std::future::Future;
 
 use bus_schema::domain::{NodeDesign, Package, PackageRef, Role};
-use tokio::sync::mpsc;
+use bus_schema::pb;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::CachedArtifact;
 
@@ -28,6 +29,25 @@ pub enum ProvisioningState {
 }
 
 impl ProvisioningState {
+    const ALL: [Self; 11] = [
+        Self::Unmanaged,
+        Self::Registering,
+        Self::Inspecting,
+        Self::Preparing,
+        Self::Available,
+        Self::Provisioning,
+        Self::Provisioned,
+        Self::Deprovisioning,
+        Self::ExternallyProvisioned,
+        Self::PoweringOffBeforeDelete,
+        Self::Deleting,
+    ];
+
+    /// The state Metal3 wrote as `s`; `None` for an empty or unknown one.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+
     /// The string Metal3 writes in `status.provisioning.state`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -204,8 +224,42 @@ pub trait SiteBackend: Send + Sync + 'static {
     /// take it now (e.g. no cluster for a container).
     fn patch_node(&self, req: &PatchRequest) -> impl Future<Output = Result<PatchOutcome, BackendError>> + Send;
 
-    /// Hosts that appeared at the site after the backend started (a new BareMetalHost): every
-    /// one so far, then each new one as it appears. A subscriber that comes back after a restart
-    /// hears them all again, so whoever announces them must do so idempotently.
-    fn host_arrivals(&self) -> mpsc::UnboundedReceiver<NodeDesign>;
+    /// Hosts the site gained (a new BareMetalHost) or lost (one deleted), for the gateway to
+    /// announce: every change not yet announced, then each new one as it happens. A change
+    /// whose [`HostNotice::announced`] is told is not heard again, not even after a restart
+    /// where the backend can remember that (a real site marks the host itself); the simulation
+    /// forgets, so whoever announces must do so idempotently.
+    fn host_changes(&self) -> mpsc::UnboundedReceiver<HostNotice>;
+}
+
+/// A host the site gained or lost.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostChange {
+    /// A host appeared that the site's design may not have: announced as `NodeAdded`.
+    Arrived { node: NodeDesign, hardware: Option<pb::HostHardware> },
+    /// A host was deleted: announced as `NodeRemoved`.
+    Departed { node: String, boot_mac: String, reason: String },
+}
+
+/// A [`HostChange`] to announce, and who to tell once the bus holds the announcement.
+#[derive(Debug)]
+pub struct HostNotice {
+    pub change: HostChange,
+    /// Told once the announcement is on the bus (never when it could not be made).
+    pub announced: Option<oneshot::Sender<()>>,
+}
+
+impl HostNotice {
+    /// A host arrival nobody needs to hear back about.
+    pub fn arrived(node: NodeDesign) -> Self {
+        Self { change: HostChange::Arrived { node, hardware: None }, announced: None }
+    }
+
+    /// The node that arrived, when this is an arrival.
+    pub fn into_arrival(self) -> Option<NodeDesign> {
+        match self.change {
+            HostChange::Arrived { node, .. } => Some(node),
+            HostChange::Departed { .. } => None,
+        }
+    }
 }

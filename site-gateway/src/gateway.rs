@@ -1,4 +1,4 @@
-//! Jobs in, events out; host arrivals out as `NodeAdded` commands.
+//! Jobs in, events out; hosts the site gains or loses out as `NodeAdded` / `NodeRemoved`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::backend::{BackendError, ClusterRequest, HostRequest, PatchRequest, SiteBackend};
+use crate::backend::{BackendError, ClusterRequest, HostChange, HostRequest, PatchRequest, SiteBackend};
 use crate::cache::{ArtifactCache, CacheError, Staged};
 
 /// The gateway of one site.
@@ -486,43 +486,77 @@ pub(crate) fn error_reply(reason: &str) -> Reply {
     (h, Vec::new())
 }
 
-/// Announces each host that arrives at the site as a `NodeAdded` command, until `shutdown`.
+/// Announces each host the site gains as a `NodeAdded` command and each it loses as a
+/// `NodeRemoved`, until `shutdown`; the backend hears back once the bus holds each.
 ///
-/// The command's id depends only on the host (site, name, boot MAC): the arrivals a restarted
-/// gateway hears again are published with the ids they had, and the stream drops the copies.
-async fn announce_arrivals<B: SiteBackend>(site: SiteId, bus: Bus, backend: Arc<B>, shutdown: CancellationToken) {
-    let mut arrivals = backend.host_arrivals();
+/// A command's id depends only on the host (site, name, boot MAC): a change a restarted gateway
+/// hears again is published with the id it had, and the stream drops the copy.
+async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: Arc<B>, shutdown: CancellationToken) {
+    let mut changes = backend.host_changes();
     loop {
-        let node = tokio::select! {
+        let notice = tokio::select! {
             _ = shutdown.cancelled() => return,
-            n = arrivals.recv() => match n { Some(n) => n, None => return },
+            n = changes.recv() => match n { Some(n) => n, None => return },
         };
-        let id = ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str());
-        let envelope = Envelope::root_with_id(id);
-        let cmd = pb::NodeAdded { site_id: site.to_string(), node: Some(pb::NodeSpec::from(&node)) };
-        // A host nobody announces never joins the cluster: retry until the bus takes it.
-        for attempt in 1.. {
-            match bus.publish_command(&cmd, &envelope).await {
-                Ok(_) => {
-                    info!(%site, node = %node.name, mac = %node.boot_mac, id = %envelope.id, "host arrival announced");
-                    break;
-                }
-                Err(e) if e.kind() == ErrorKind::Reject => {
-                    let error = format!("{:#}", anyhow::Error::from(e));
-                    error!(%site, node = %node.name, %error, "cannot announce host arrival");
-                    break;
-                }
-                Err(e) => {
-                    let error = format!("{:#}", anyhow::Error::from(e));
-                    warn!(%site, node = %node.name, attempt, %error, "cannot announce host arrival yet");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(runtime::retry_delay(attempt)) => {}
-                    }
+        let published = match &notice.change {
+            HostChange::Arrived { node, hardware } => {
+                let id = ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str());
+                let cmd = pb::NodeAdded {
+                    site_id: site.to_string(),
+                    node: Some(pb::NodeSpec::from(node)),
+                    hardware: hardware.clone(),
+                };
+                announce(&bus, &site, node.name.as_str(), &cmd, Envelope::root_with_id(id), &shutdown).await
+            }
+            HostChange::Departed { node, boot_mac, reason } => {
+                let id = ids::node_removed_id(site.as_str(), node, boot_mac);
+                let cmd = pb::NodeRemoved {
+                    site_id: site.to_string(),
+                    node: node.clone(),
+                    boot_mac: boot_mac.clone(),
+                    reason: reason.clone(),
+                };
+                announce(&bus, &site, node, &cmd, Envelope::root_with_id(id), &shutdown).await
+            }
+        };
+        if published && let Some(tell) = notice.announced {
+            let _ = tell.send(());
+        }
+    }
+}
+
+/// Publishes one host change, retrying until the bus takes it (a host nobody announces never
+/// joins the cluster, nor leaves the design): `false` when it was refused or the gateway stops.
+async fn announce<C: pb::BusCommand>(
+    bus: &Bus,
+    site: &SiteId,
+    node: &str,
+    cmd: &C,
+    envelope: Envelope,
+    shutdown: &CancellationToken,
+) -> bool {
+    for attempt in 1.. {
+        match bus.publish_command(cmd, &envelope).await {
+            Ok(_) => {
+                info!(%site, node, kind = C::KIND, id = %envelope.id, "host change announced");
+                return true;
+            }
+            Err(e) if e.kind() == ErrorKind::Reject => {
+                let error = format!("{:#}", anyhow::Error::from(e));
+                error!(%site, node, kind = C::KIND, %error, "cannot announce host change");
+                return false;
+            }
+            Err(e) => {
+                let error = format!("{:#}", anyhow::Error::from(e));
+                warn!(%site, node, kind = C::KIND, attempt, %error, "cannot announce host change yet");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(runtime::retry_delay(attempt)) => {}
                 }
             }
         }
     }
+    false
 }
 
 /// Runs a site's gateway until `shutdown`: its jobs consumer, its kubeconfig responder, and the
@@ -545,7 +579,7 @@ pub async fn run_gateway<B: SiteBackend>(
     .concurrency(256);
     let gateway = Arc::new(Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
     info!(%site, "gateway running");
-    let arrivals = tokio::spawn(announce_arrivals(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
+    let arrivals = tokio::spawn(announce_host_changes(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
     let rpc = tokio::spawn(serve_kubeconfig(site, bus.clone(), backend, shutdown.clone()));
     runtime::consume(bus, spec, gateway, shutdown).await?;
     rpc.await??;
@@ -586,7 +620,7 @@ pub async fn run_gateway_host<B: SiteBackend>(
     for (site, backend) in &sites {
         let cache = ArtifactCache::new(cache_root.join(site.as_str()));
         gateways.insert(site.to_string(), Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
-        side.spawn(announce_arrivals(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
+        side.spawn(announce_host_changes(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
         let rpc = serve_kubeconfig(site.clone(), bus.clone(), backend.clone(), shutdown.clone());
         side.spawn(async move {
             if let Err(e) = rpc.await {

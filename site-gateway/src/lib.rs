@@ -6,6 +6,7 @@ pub mod backend;
 pub mod cache;
 pub mod credentials;
 pub mod gateway;
+pub mod kube_site;
 pub mod sim;
 pub mod sim_control;
 

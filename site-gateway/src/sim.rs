@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::backend::{
-    BackendError, ClusterRequest, HostRequest, ImageSpec, NodeInstall, PatchOutcome, PatchRequest,
+    BackendError, ClusterRequest, HostNotice, HostRequest, ImageSpec, NodeInstall, PatchOutcome, PatchRequest,
     ProvisioningState as S, SiteBackend,
 };
 use crate::cache::CachedArtifact;
@@ -162,7 +162,7 @@ struct State {
     /// The hosts that arrived after the start, in order: what a new arrivals subscriber hears first.
     arrived: Vec<NodeDesign>,
     /// The arrivals subscribers, told of each new host.
-    arrival_watchers: Vec<mpsc::UnboundedSender<NodeDesign>>,
+    arrival_watchers: Vec<mpsc::UnboundedSender<HostNotice>>,
     /// The first master whose binaries installed: the cluster exists once it is set.
     cluster_master: Option<String>,
     kubeconfig: Option<Vec<u8>>,
@@ -347,7 +347,7 @@ impl SimSite {
     }
 
     /// A new host appears at the site (racked and cabled after the install): it registers as
-    /// [`SimSite::add_host`] does, and is announced to every [`SiteBackend::host_arrivals`]
+    /// [`SimSite::add_host`] does, and is announced to every [`SiteBackend::host_changes`]
     /// subscriber. Returns `false`, and announces nothing, when the site has a host of that name.
     pub fn arrive(&self, node: &NodeDesign) -> bool {
         let mut st = self.inner.lock();
@@ -357,7 +357,7 @@ impl SimSite {
         self.ensure_host(&mut st, node.name.as_str());
         info!(site = %self.inner.site, host = %node.name, mac = %node.boot_mac, "host arrived");
         st.arrived.push(node.clone());
-        st.arrival_watchers.retain(|w| w.send(node.clone()).is_ok());
+        st.arrival_watchers.retain(|w| w.send(HostNotice::arrived(node.clone())).is_ok());
         true
     }
 
@@ -666,11 +666,11 @@ impl SiteBackend for SimSite {
         result
     }
 
-    fn host_arrivals(&self) -> mpsc::UnboundedReceiver<NodeDesign> {
+    fn host_changes(&self) -> mpsc::UnboundedReceiver<HostNotice> {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut st = self.inner.lock();
         // Under the lock, so no arrival is missed between the backlog and the subscription.
-        if st.arrived.iter().try_for_each(|n| tx.send(n.clone())).is_ok() {
+        if st.arrived.iter().all(|n| tx.send(HostNotice::arrived(n.clone())).is_ok()) {
             st.arrival_watchers.push(tx);
         }
         rx
@@ -1172,14 +1172,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_arrival_is_announced_once_to_every_subscriber() {
         let (site, n1) = one_host();
-        let mut early = site.host_arrivals();
+        let mut early = site.host_changes();
         let w9 = node("w-9", Role::Worker);
         assert!(site.arrive(&w9));
         assert!(!site.arrive(&w9), "a host the site has is not announced again");
         assert!(!site.arrive(&n1), "nor is a host it started with");
-        let mut late = site.host_arrivals();
+        let mut late = site.host_changes();
         for arrivals in [&mut early, &mut late] {
-            assert_eq!(arrivals.recv().await, Some(w9.clone()));
+            assert_eq!(arrivals.recv().await.and_then(HostNotice::into_arrival), Some(w9.clone()));
             assert!(arrivals.try_recv().is_err());
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

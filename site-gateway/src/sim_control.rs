@@ -75,7 +75,7 @@ mod tests {
     async fn a_valid_arrival_is_announced_once_and_bad_ones_say_why() {
         let site = SiteId::try_from("edge-01").unwrap();
         let sim = SimSite::new("edge-01", &[], SimConfig::instant());
-        let mut arrivals = sim.host_arrivals();
+        let mut arrivals = sim.host_changes();
 
         let garbage = host_arrival(&site, &sim, b"\xff\xff\xff").unwrap_err();
         assert!(garbage.contains(pb::SimulateHostArrival::TYPE), "{garbage}");
@@ -89,7 +89,7 @@ mod tests {
 
         host_arrival(&site, &sim, &request("edge-01", "w-9", "52:54:00:00:09:09")).unwrap();
         host_arrival(&site, &sim, &request("edge-01", "w-9", "52:54:00:00:09:09")).unwrap();
-        let arrived = arrivals.recv().await.unwrap();
+        let arrived = arrivals.recv().await.and_then(crate::backend::HostNotice::into_arrival).unwrap();
         assert_eq!((arrived.name.as_str(), arrived.role), ("w-9", Role::Worker));
         assert!(arrivals.try_recv().is_err(), "announced twice");
         assert_eq!(sim.hosts().len(), 1);

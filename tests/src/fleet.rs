@@ -44,6 +44,23 @@ pub fn init_tracing() {
     });
 }
 
+/// Waits for an event of `filter` correlated with `correlation`, reading the stream from its start.
+pub async fn wait_for(bus: &Bus, filter: String, correlation: &str, timeout: Duration) -> Option<ReadEvent> {
+    let mut reader = bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
+    tokio::time::timeout(timeout, async {
+        while let Some(e) = reader.next().await {
+            let e = e.unwrap();
+            if e.delivery.envelope.correlation == correlation {
+                return Some(e);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
 pub struct FleetBuilder {
     url: String,
     sites: usize,
@@ -357,19 +374,7 @@ impl Fleet {
 
     /// Waits for an event of `filter` correlated with `correlation`.
     pub async fn wait_for(&self, filter: String, correlation: &str, timeout: Duration) -> Option<ReadEvent> {
-        let mut reader = self.bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
-        tokio::time::timeout(timeout, async {
-            while let Some(e) = reader.next().await {
-                let e = e.unwrap();
-                if e.delivery.envelope.correlation == correlation {
-                    return Some(e);
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
+        wait_for(&self.bus, filter, correlation, timeout).await
     }
 
     /// Publishes InstallSite for a site and returns its envelope.

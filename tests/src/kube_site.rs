@@ -1,0 +1,434 @@
+//! A site on a real Kubernetes API server, for the gateway's kube backend: the hub's services
+//! in this process on a real nats-server, the real `landfall-gateway` program with
+//! `--backend kube`, and stand-ins for what the API server alone does not run (Metal3's
+//! operator moving hosts along the upstream state machine, and the BPA writing the cluster's
+//! admin.conf once it has a `Provisioning`).
+//!
+//! ```text
+//! let mut site = KubeSiteRig::start().await;
+//! site.start_gateway();
+//! site.create_host("m-1", "master", MAC, "10.0.0.11").await;
+//! ```
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bus_schema::domain::SiteDesign;
+use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::runtime::{Bus, Envelope, ReadEvent, Topology};
+use consumers::artifacts::ArtifactStore;
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use site_gateway::kube_site::metal3::BareMetalHost;
+use tempfile::TempDir;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::kube::KubeApiServer;
+use crate::nats::NatsServer;
+
+pub const SITE: &str = "edge-k1";
+pub const NAMESPACE: &str = "metal3";
+/// The application cluster's namespace for container packages.
+pub const APPS: &str = "apps";
+
+/// A kind for container packages' manifests (the API server serves custom resources only).
+pub const WIDGET_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.apps.landfall.test
+spec:
+  group: apps.landfall.test
+  scope: Namespaced
+  names: {kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              replicas: {type: integer}
+              image: {type: string}
+"#;
+
+/// The manifests of the rig's container package `edge-apps`.
+pub fn widget_manifests(names: &[&str], replicas: u32) -> String {
+    names
+        .iter()
+        .map(|n| {
+            format!(
+                "apiVersion: apps.landfall.test/v1\nkind: Widget\nmetadata:\n  name: {n}\n  namespace: {APPS}\nspec:\n  replicas: {replicas}\n  image: registry.local/{n}:1\n"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+pub struct KubeSiteRig {
+    pub nats: NatsServer,
+    pub kube: KubeApiServer,
+    pub bus: Bus,
+    pub client: kube::Client,
+    pub dir: TempDir,
+    pub store: ArtifactStore,
+    /// Hosts the Metal3 stand-in fails while provisioning: name → errorMessage.
+    pub failing: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
+    gateway: Option<Child>,
+    shutdown: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+impl KubeSiteRig {
+    /// The hub (orchestrator, observer, secrets, distribution), the catalog (demo OS and
+    /// binaries by metadata, the container package `edge-apps` with real manifests) and site
+    /// [`SITE`] registered with one master, `m-1`; the Metal3 and BPA stand-ins running.
+    pub async fn start() -> Self {
+        crate::fleet::init_tracing();
+        consumers::artifacts::install_tls_provider();
+        let nats = NatsServer::start();
+        let kube = KubeApiServer::start().await;
+        kube.install_crd(WIDGET_CRD).await;
+        let client = kube.client().await;
+        let bus = Bus::connect(&nats.url(), "landfall-test").await.expect("connect");
+        bus.ensure_topology(&Topology::default()).await.expect("topology");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let shutdown = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let mut spawn = |f: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>| {
+            tasks.spawn(async move {
+                if let Err(e) = f.await {
+                    tracing::warn!(error = %e, "a hub service stopped");
+                }
+            });
+        };
+        spawn(Box::pin(consumers::run_orchestrator(bus.clone(), shutdown.clone())));
+        spawn(Box::pin(consumers::run_observer(bus.clone(), shutdown.clone())));
+        let ring = crate::secrets::test_key_ring(dir.path());
+        spawn(Box::pin(consumers::secrets_service::run_secrets(bus.clone(), ring, shutdown.clone())));
+        let store = ArtifactStore::local(&dir.path().join("artifacts")).expect("store");
+        let dist = consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone());
+        spawn(Box::pin(dist));
+
+        let mut rig =
+            Self { nats, kube, bus, client, dir, store, failing: Default::default(), gateway: None, shutdown, tasks };
+        rig.register().await;
+        rig.tasks.spawn(metal3_operator(rig.client.clone(), rig.failing.clone(), rig.shutdown.clone()));
+        rig.tasks.spawn(bpa_stand_in(
+            rig.client.clone(),
+            rig.kube.kubeconfig_path().to_path_buf(),
+            rig.admin_conf(),
+            rig.shutdown.clone(),
+        ));
+        rig
+    }
+
+    /// Where the BPA stand-in writes the application cluster's kubeconfig.
+    pub fn admin_conf(&self) -> PathBuf {
+        self.dir.path().join("bpa").join("admin.conf")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("gateway-state")
+    }
+
+    pub fn hosts_ini(&self) -> String {
+        std::fs::read_to_string(self.state_dir().join(SITE).join("hosts.ini")).unwrap_or_default()
+    }
+
+    async fn register(&self) {
+        let mut catalog: Vec<pb::Package> = producers::up::demo_packages()
+            .into_iter()
+            .filter(|p| p.kind != pb::PackageKind::Container as i32)
+            .collect();
+        catalog.push(self.upload_container("edge-apps", "1.0.0", &widget_manifests(&["alpha", "beta"], 2)).await);
+        let mut last = Envelope::root();
+        for p in &catalog {
+            last = Envelope::root();
+            let cmd = pb::RegisterPackage { package: Some(p.clone()), auto_rollout: None };
+            self.bus.publish_command(&cmd, &last).await.unwrap();
+        }
+        self.wait_for(pb::PackageRegistered::filter(), &last.id).await.expect("catalog registered");
+        let set: Vec<pb::PackageRef> =
+            catalog.iter().map(|p| pb::PackageRef { name: p.name.clone(), version: p.version.clone() }).collect();
+        let design = pb::SiteDesign {
+            site_id: SITE.into(),
+            labels: Default::default(),
+            nodes: vec![node_spec("m-1", pb::Role::Master, &mac(1))],
+            packages: [pb::Role::Master, pb::Role::Worker]
+                .into_iter()
+                .map(|role| pb::RolePackages { role: role as i32, packages: set.clone() })
+                .collect(),
+        };
+        SiteDesign::try_from(design.clone()).expect("a valid design");
+        let env = Envelope::root();
+        self.bus.publish_command(&pb::RegisterSite { design: Some(design) }, &env).await.unwrap();
+        self.wait_for(pb::SiteRegistered::filter(), &env.id).await.expect("site registered");
+    }
+
+    /// Uploads a container package's manifests to the artifact store: its catalog entry.
+    pub async fn upload_container(&self, name: &str, version: &str, manifests: &str) -> pb::Package {
+        let stored = self.store.upload(manifests.as_bytes()).await.expect("upload manifests");
+        pb::Package {
+            name: name.into(),
+            version: version.into(),
+            kind: pb::PackageKind::Container as i32,
+            sha256: stored.sha256,
+            size: stored.size,
+            object_key: stored.object_key,
+        }
+    }
+
+    /// Starts the real `landfall-gateway --backend kube` for [`SITE`].
+    pub fn start_gateway(&mut self) {
+        assert!(self.gateway.is_none(), "a gateway is running already");
+        let binary = crate::cli::binary().with_file_name("landfall-gateway-cli");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("gateway.log"))
+            .expect("gateway log");
+        let child = Command::new(binary)
+            .args(["--site", SITE, "--backend", "kube", "--namespace", NAMESPACE])
+            .arg("--kubeconfig")
+            .arg(self.kube.kubeconfig_path())
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--cluster-kubeconfig-file")
+            .arg(self.admin_conf())
+            .args(["--user-data-secret", "edge-user-data", "--image-base-url", "http://10.0.0.2:8080/"])
+            .args(["--kud-plugin", "emco", "--provision-timeout", "60s", "--install-timeout", "60s"])
+            .env("NATS_URL", self.nats.url())
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start landfall-gateway");
+        self.gateway = Some(child);
+    }
+
+    /// Kills the gateway (SIGKILL) and waits for it.
+    pub fn kill_gateway(&mut self) {
+        if let Some(mut child) = self.gateway.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn gateway_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    pub fn hosts(&self) -> Api<BareMetalHost> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    /// Creates a BareMetalHost as an operator would (BMC, boot MAC, role label) and walks it,
+    /// as Metal3 does, through registering and inspecting to available, with hardware details
+    /// whose boot NIC has `ip`.
+    pub async fn create_host(&self, name: &str, role: &str, mac: &str, ip: &str) {
+        let host: BareMetalHost = serde_json::from_value(json!({
+            "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"landfall.io/role": role}},
+            "spec": {"online": true, "bootMACAddress": mac,
+                     "bmc": {"address": format!("redfish://10.9.0.{}/redfish/v1/Systems/1", ip.rsplit('.').next().unwrap_or("1")),
+                             "credentialsName": format!("{name}-bmc-secret")}}
+        }))
+        .unwrap();
+        self.hosts().create(&PostParams::default(), &host).await.expect("create the BareMetalHost");
+        for state in ["registering", "inspecting"] {
+            set_status(&self.hosts(), name, status(state, None, None)).await;
+        }
+        let hardware = json!({
+            "cpu": {"arch": "x86_64", "model": "Intel Xeon Gold 6230", "clockMegahertz": 2100.0, "count": 40, "flags": []},
+            "ramMebibytes": 196608,
+            "systemVendor": {"manufacturer": "Dell Inc.", "productName": "PowerEdge R640", "serialNumber": format!("SN-{name}")},
+            "nics": [{"name": "eno1", "mac": mac, "ip": ip, "speedGbps": 25, "model": "0x8086 0x1572", "pxe": true},
+                     {"name": "eno2", "mac": "52:54:00:ff:ff:01", "ip": "", "speedGbps": 25, "model": "0x8086 0x1572", "pxe": false}],
+            "storage": [], "hostname": name,
+            "firmware": {"bios": {"date": "01/01/2024", "vendor": "Dell Inc.", "version": "2.19.1"}}
+        });
+        set_status(&self.hosts(), name, status("available", Some(hardware), None)).await;
+    }
+
+    /// Waits for an event of `filter` correlated with `correlation`.
+    pub async fn wait_for(&self, filter: String, correlation: &str) -> Option<ReadEvent> {
+        crate::fleet::wait_for(&self.bus, filter, correlation, Duration::from_secs(30)).await
+    }
+
+    /// Every command on the bus of type `M` so far.
+    pub async fn commands<M: BusMessage + prost::Message + Default>(&self) -> Vec<M> {
+        let stream = self.bus.jetstream().get_stream(bus_schema::names::COMMANDS_STREAM).await.unwrap();
+        let info = stream.get_info().await.unwrap();
+        let mut out = Vec::new();
+        for seq in 1..=info.state.last_sequence {
+            let Ok(msg) = stream.get_raw_message(seq).await else { continue };
+            let ty = msg.headers.get(bus_schema::names::headers::TYPE).map(|v| v.as_str().to_string());
+            if ty.as_deref() == Some(M::TYPE) {
+                out.push(M::decode(msg.payload).unwrap());
+            }
+        }
+        out
+    }
+
+    /// The site's design as the orchestrator holds it: its node names.
+    pub async fn design_nodes(&self) -> BTreeSet<String> {
+        let sites = self.bus.kv(bus_schema::names::SITES_BUCKET).await.unwrap();
+        let (design, _) = sites.get::<pb::SiteDesign>(&bus_schema::names::keys::site(SITE)).await.unwrap().unwrap();
+        design.nodes.into_iter().map(|n| n.name).collect()
+    }
+
+    /// Waits until `check` holds of the design's nodes.
+    pub async fn wait_design(&self, check: impl Fn(&BTreeSet<String>) -> bool) -> BTreeSet<String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let nodes = self.design_nodes().await;
+            if check(&nodes) || tokio::time::Instant::now() > deadline {
+                return nodes;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for KubeSiteRig {
+    fn drop(&mut self) {
+        self.kill_gateway();
+        self.shutdown.cancel();
+        if std::thread::panicking() {
+            let log = self.gateway_log();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- landfall-gateway log (last lines) ---");
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// `52:54:00:10:00:NN`
+pub fn mac(i: u8) -> String {
+    format!("52:54:00:10:00:{i:02x}")
+}
+
+pub fn node_spec(name: &str, role: pb::Role, mac: &str) -> pb::NodeSpec {
+    pb::NodeSpec {
+        name: name.into(),
+        role: role as i32,
+        boot_mac: mac.into(),
+        bmc_address: "redfish://10.9.0.1/redfish/v1/Systems/1".into(),
+        labels: Default::default(),
+    }
+}
+
+/// A whole BareMetalHost status as Metal3 writes it (the CRD requires these fields).
+pub fn status(state: &str, hardware: Option<Value>, image: Option<Value>) -> Value {
+    let mut s = json!({
+        "operationalStatus": "OK", "errorCount": 0, "errorMessage": "", "poweredOn": state == "provisioned",
+        "provisioningFailCount": 0, "goodCredentials": {}, "triedCredentials": {},
+        "provisioning": {"ID": "ironic-node-id", "state": state, "bootMode": "UEFI"},
+        "lastUpdated": "2026-01-01T00:00:00Z"
+    });
+    if let Some(hw) = hardware {
+        s["hardware"] = hw;
+    }
+    if let Some(image) = image {
+        s["provisioning"]["image"] = image;
+    }
+    s
+}
+
+/// Replaces the host's status (keeping its hardware when `status` has none).
+pub async fn set_status(hosts: &Api<BareMetalHost>, name: &str, mut status: Value) {
+    if status.get("hardware").is_none()
+        && let Ok(h) = hosts.get(name).await
+        && let Some(hw) = h.status.as_ref().and_then(|s| s.hardware.as_ref())
+    {
+        status["hardware"] = serde_json::to_value(hw).unwrap();
+    }
+    let patch = json!({"status": status});
+    hosts.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("write the host's status");
+}
+
+/// Metal3's part, as its state machine has it: a host given an image while `available` goes
+/// `provisioning` → `provisioned` (or, for a failing host, `provisioning` → error, then
+/// `deprovisioning`); a provisioned host whose image is taken away goes `deprovisioning` →
+/// `available`.
+async fn metal3_operator(
+    client: kube::Client,
+    failing: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
+    shutdown: CancellationToken,
+) {
+    let hosts: Api<BareMetalHost> = Api::namespaced(client, NAMESPACE);
+    let mut events =
+        watcher::watcher(hosts.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    loop {
+        let host = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            h = events.next() => match h { Some(Ok(h)) => h, Some(Err(_)) => continue, None => return },
+        };
+        let name = host.metadata.name.clone().unwrap_or_default();
+        let state = host.status.as_ref().map(|s| s.provisioning.state.clone()).unwrap_or_default();
+        let image = host.spec.image.clone().filter(|i| !i.url.is_empty());
+        let has_error = host.status.as_ref().is_some_and(|s| !s.error_type.is_empty());
+        match (state.as_str(), image) {
+            ("available", Some(image)) if !has_error => {
+                set_status(&hosts, &name, status("provisioning", None, None)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let failure = failing.lock().unwrap().get(&name).cloned();
+                match failure {
+                    Some(message) => {
+                        let mut s = status("deprovisioning", None, None);
+                        s["operationalStatus"] = json!("error");
+                        s["errorType"] = json!("provisioning error");
+                        s["errorMessage"] = json!(message);
+                        s["errorCount"] = json!(1);
+                        set_status(&hosts, &name, s).await;
+                    }
+                    None => {
+                        let image = serde_json::to_value(&image).unwrap();
+                        set_status(&hosts, &name, status("provisioned", None, Some(image))).await;
+                    }
+                }
+            }
+            ("provisioned", None) => {
+                set_status(&hosts, &name, status("deprovisioning", None, None)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                set_status(&hosts, &name, status("available", None, None)).await;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The BPA's part: once the cluster has a `Provisioning`, its kubespray run "builds" the
+/// cluster, whose admin.conf appears (here: a kubeconfig of the same API server).
+async fn bpa_stand_in(client: kube::Client, kubeconfig: PathBuf, admin_conf: PathBuf, shutdown: CancellationToken) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client, NAMESPACE, &site_gateway::kube_site::bpa::provisioning_resource());
+    loop {
+        if api.get_opt(SITE).await.ok().flatten().is_some() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            std::fs::create_dir_all(admin_conf.parent().unwrap()).unwrap();
+            std::fs::copy(&kubeconfig, &admin_conf).unwrap();
+            return;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The gateway's kube backend against a real Kubernetes API server with the upstream Metal3 and
+//! BPA CRDs: the real `landfall-gateway --backend kube`, the real hub on a real nats-server,
+//! and stand-ins only for Metal3's operator and the BPA's cluster build.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bus_schema::pb::{self, BusMessage};
+use bus_schema::runtime::Envelope;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, DynamicObject};
+use landfall_tests::kube_site::{APPS, KubeSiteRig, NAMESPACE, SITE, mac};
+use serde_json::json;
+use site_gateway::kube_site::{FIELD_MANAGER, bpa, marks};
+
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Installs the site and returns every event of the install, in order, up to its end.
+async fn install(rig: &KubeSiteRig) -> Vec<bus_schema::runtime::ReadEvent> {
+    let env = Envelope::root();
+    let mut reader = rig
+        .bus
+        .read_events(vec![bus_schema::names::scope_events(SITE)], async_nats::jetstream::consumer::DeliverPolicy::New)
+        .await
+        .unwrap();
+    rig.bus.publish_command(&pb::InstallSite { site_id: SITE.into(), design_revision: 0 }, &env).await.unwrap();
+    let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
+    let mut events = Vec::new();
+    let collected = tokio::time::timeout(INSTALL_TIMEOUT, async {
+        while let Some(e) = reader.next().await {
+            let e = e.unwrap();
+            if e.delivery.envelope.correlation != env.id {
+                continue;
+            }
+            let end = ends.contains(&e.delivery.type_name.as_str());
+            events.push(e);
+            if end {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(collected.is_ok(), "the install did not end within {INSTALL_TIMEOUT:?}:\n{}", rig.gateway_log());
+    events
+}
+
+fn types(events: &[bus_schema::runtime::ReadEvent]) -> Vec<String> {
+    events.iter().map(|e| e.delivery.type_name.clone()).collect()
+}
+
+/// Waits until the commands stream holds `n` commands of type `M`.
+async fn wait_commands<M: pb::BusMessage + prost::Message + Default>(rig: &KubeSiteRig, n: usize) -> Vec<M> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = rig.commands::<M>().await;
+        if found.len() >= n || tokio::time::Instant::now() > deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn resource_versions(rig: &KubeSiteRig) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for h in rig.hosts().list(&Default::default()).await.unwrap() {
+        out.insert(format!("BareMetalHost/{}", h.name_any()), h.resource_version().unwrap());
+    }
+    for (kind, res) in [("Provisioning", bpa::provisioning_resource()), ("Software", bpa::software_resource())] {
+        let api: Api<DynamicObject> = Api::namespaced_with(rig.client.clone(), NAMESPACE, &res);
+        for o in api.list(&Default::default()).await.unwrap() {
+            out.insert(format!("{kind}/{}", o.name_any()), o.resource_version().unwrap());
+        }
+    }
+    for w in widgets(rig).list(&Default::default()).await.unwrap() {
+        out.insert(format!("Widget/{}", w.name_any()), w.resource_version().unwrap());
+    }
+    out
+}
+
+fn widgets(rig: &KubeSiteRig) -> Api<DynamicObject> {
+    let res = kube::api::ApiResource {
+        group: "apps.landfall.test".into(),
+        version: "v1".into(),
+        api_version: "apps.landfall.test/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    Api::namespaced_with(rig.client.clone(), APPS, &res)
+}
+
+/// Three hosts appear and are announced with their hardware, the site installs through Metal3
+/// and the BPA, every host's spec and the BPA's resources and inventory say what the design
+/// says, and installing again changes no object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_new_hosts_are_announced_and_the_site_installs_through_metal3_and_the_bpa() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.start_gateway();
+    let hosts =
+        [("m-1", "master", 1, "10.1.0.11"), ("w-1", "worker", 2, "10.1.0.21"), ("w-2", "worker", 3, "10.1.0.22")];
+    for (name, role, i, ip) in hosts {
+        rig.create_host(name, role, &mac(i), ip).await;
+    }
+
+    // Every host becomes a NodeAdded carrying its boot MAC, BMC and inspected hardware.
+    let added = wait_commands::<pb::NodeAdded>(&rig, 3).await;
+    assert_eq!(added.len(), 3, "NodeAdded commands: {added:?}\n{}", rig.gateway_log());
+    for (name, role, i, ip) in hosts {
+        let cmd = added.iter().find(|c| c.node.as_ref().unwrap().name == name).expect("announced");
+        let node = cmd.node.as_ref().unwrap();
+        assert_eq!(node.boot_mac, mac(i));
+        let want_role = if role == "master" { pb::Role::Master } else { pb::Role::Worker };
+        assert_eq!(node.role, want_role as i32);
+        assert!(node.bmc_address.starts_with("redfish://10.9.0."), "{}", node.bmc_address);
+        let hw = cmd.hardware.as_ref().expect("hardware");
+        assert_eq!((hw.cpu_count, hw.ram_mib, hw.manufacturer.as_str()), (40, 196608, "Dell Inc."));
+        assert_eq!(hw.nics.iter().find(|n| n.mac == mac(i)).map(|n| n.ip.as_str()), Some(ip));
+    }
+    let design = rig.wait_design(|n| n.len() == 3).await;
+    assert_eq!(design.into_iter().collect::<Vec<_>>(), ["m-1", "w-1", "w-2"]);
+
+    let events = install(&rig).await;
+    let kinds = types(&events);
+    assert_eq!(kinds.last().map(String::as_str), Some(pb::SiteInstalled::TYPE), "{kinds:?}\n{}", rig.gateway_log());
+    // Metal3's states reached the bus, in order, for every host.
+    for (name, ..) in hosts {
+        let states: Vec<String> = events
+            .iter()
+            .filter(|e| e.delivery.type_name == pb::NodeOsProvisioning::TYPE)
+            .map(|e| e.delivery.decode::<pb::NodeOsProvisioning>().unwrap())
+            .filter(|e| e.node == name)
+            .map(|e| e.state)
+            .collect();
+        assert_eq!(states.first().map(String::as_str), Some("available"), "{name}: {states:?}");
+        assert!(states.ends_with(&["provisioning".to_string(), "provisioned".to_string()]), "{name}: {states:?}");
+    }
+
+    // Every host's spec as the gateway set it, beside what the operator set.
+    let ubuntu = producers::up::demo_packages().into_iter().find(|p| p.name == "ubuntu").unwrap();
+    for (name, ..) in hosts {
+        let host = rig.hosts().get(name).await.unwrap();
+        assert!(host.spec.online, "{name} online");
+        let image = host.spec.image.as_ref().expect("image");
+        assert_eq!(image.url, format!("http://10.0.0.2:8080/sha256/{}", ubuntu.sha256));
+        assert_eq!(image.checksum.as_deref(), Some(ubuntu.sha256.as_str()));
+        assert_eq!((image.checksum_type.as_deref(), image.format.as_deref()), (Some("sha256"), Some("raw")));
+        let user_data = host.spec.user_data.as_ref().expect("userData");
+        assert_eq!((user_data.name.as_str(), user_data.namespace.as_deref()), ("edge-user-data", Some(NAMESPACE)));
+        assert_eq!(
+            host.spec.bmc.as_ref().unwrap().credentials_name,
+            format!("{name}-bmc-secret"),
+            "not ours to change"
+        );
+        assert_eq!(host.annotations().get(&marks::package("ubuntu")).map(String::as_str), Some("22.04.4"));
+        assert!(host.finalizers().iter().any(|f| f == marks::FINALIZER));
+        let ours: Vec<_> = host.managed_fields().iter().filter_map(|m| m.manager.clone()).collect();
+        assert!(ours.iter().any(|m| m == FIELD_MANAGER), "{ours:?}");
+    }
+
+    // The BPA's Provisioning: masters and workers by MAC, the plugins and pod subnet.
+    let provisionings: Api<DynamicObject> =
+        Api::namespaced_with(rig.client.clone(), NAMESPACE, &bpa::provisioning_resource());
+    let p = provisionings.get(SITE).await.unwrap();
+    assert_eq!(p.data["spec"]["masters"], json!([{"m-1": {"mac-address": mac(1)}}]));
+    assert_eq!(p.data["spec"]["workers"], json!([{"w-1": {"mac-address": mac(2)}}, {"w-2": {"mac-address": mac(3)}}]));
+    assert_eq!(p.data["spec"]["KUDPlugins"], json!(["emco"]));
+    assert_eq!(p.data["spec"]["PodSubnet"], json!("10.244.64.0/18"));
+    assert_eq!(p.labels().get("cluster").map(String::as_str), Some(SITE));
+    let softwares: Api<DynamicObject> = Api::namespaced_with(rig.client.clone(), NAMESPACE, &bpa::software_resource());
+    let software = softwares.get(&format!("{SITE}-software")).await.unwrap();
+    let versions = bpa::software_versions(&software.data);
+    assert_eq!(versions[&bus_schema::domain::Role::Worker]["kubelet"], "1.29.2");
+
+    // hosts.ini from the roles and the addresses inspection saw on each boot MAC.
+    assert_eq!(
+        rig.hosts_ini(),
+        "[all]\nm-1 ansible_ssh_host=10.1.0.11 ip=10.1.0.11\nw-1 ansible_ssh_host=10.1.0.21 ip=10.1.0.21\n\
+         w-2 ansible_ssh_host=10.1.0.22 ip=10.1.0.22\n\n[kube-master]\nm-1\n\n[kube-node]\nm-1\nw-1\nw-2\n\n\
+         [etcd]\nm-1\n\n[k8s-cluster:children]\nkube-node\nkube-master\n"
+    );
+    // The container package's manifests are in the application cluster.
+    let names: Vec<String> =
+        widgets(&rig).list(&Default::default()).await.unwrap().iter().map(|w| w.name_any()).collect();
+    assert_eq!(names, ["alpha", "beta"]);
+
+    // Installing again writes nothing: no object gets a new resourceVersion.
+    let before = resource_versions(&rig).await;
+    let again = install(&rig).await;
+    assert_eq!(types(&again).last().map(String::as_str), Some(pb::SiteInstalled::TYPE));
+    assert_eq!(resource_versions(&rig).await, before, "a second install changed objects");
+}
+
+/// A host announced once stays announced across a gateway restart; deleting it gives
+/// NodeRemoved, the node leaves the design, and the host goes once the gateway lets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_announces_nothing_again_and_a_deleted_host_leaves_the_design() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.start_gateway();
+    rig.create_host("w-9", "worker", &mac(9), "10.1.0.99").await;
+    assert_eq!(wait_commands::<pb::NodeAdded>(&rig, 1).await.len(), 1);
+    rig.wait_design(|n| n.contains("w-9")).await;
+    // Wait for the mark, then restart.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !rig.hosts().get("w-9").await.unwrap().annotations().contains_key(marks::ANNOUNCED) {
+        assert!(tokio::time::Instant::now() < deadline, "the host was not marked announced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rig.kill_gateway();
+    rig.start_gateway();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let announced = rig.gateway_log().matches("host change announced").count();
+    assert_eq!(announced, 1, "announced again after the restart:\n{}", rig.gateway_log());
+
+    rig.hosts().delete("w-9", &DeleteParams::default()).await.unwrap();
+    let removed = wait_commands::<pb::NodeRemoved>(&rig, 1).await;
+    assert_eq!(removed.len(), 1, "{}", rig.gateway_log());
+    assert_eq!((removed[0].node.as_str(), removed[0].boot_mac.as_str()), ("w-9", mac(9).as_str()));
+    let design = rig.wait_design(|n| !n.contains("w-9")).await;
+    assert!(!design.contains("w-9"), "{design:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while rig.hosts().get_opt("w-9").await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "the gateway's finalizer held the host");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Metal3's error for a host reaches the bus as NodeFailed with its errorType and errorMessage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_metal3_fails_gives_node_failed_with_its_error_message() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.failing.lock().unwrap().insert("m-1".into(), "Image checksum mismatch: deploy failed".into());
+    rig.start_gateway();
+    rig.create_host("m-1", "master", &mac(1), "10.1.0.11").await;
+    let events = install(&rig).await;
+    let kinds = types(&events);
+    assert_eq!(kinds.last().map(String::as_str), Some(pb::SiteInstallFailed::TYPE), "{kinds:?}");
+    let failed: Vec<pb::NodeFailed> = events
+        .iter()
+        .filter(|e| e.delivery.type_name == pb::NodeFailed::TYPE)
+        .map(|e| e.delivery.decode().unwrap())
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].node, "m-1");
+    assert_eq!(failed[0].error_type, "provisioning error");
+    assert_eq!(failed[0].reason, "Image checksum mismatch: deploy failed");
+}
