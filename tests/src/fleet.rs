@@ -61,6 +61,39 @@ pub async fn wait_for(bus: &Bus, filter: String, correlation: &str, timeout: Dur
     .flatten()
 }
 
+/// Every event of `filter` correlated with `correlation`, from the start of the stream, until
+/// the first of one of the `ends` types; panics, naming what it saw, after `timeout`.
+pub async fn collect(
+    bus: &Bus,
+    filter: String,
+    what: &str,
+    correlation: &str,
+    ends: &[&str],
+    timeout: Duration,
+) -> Run {
+    let mut reader = bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
+    let mut events = Vec::new();
+    let result = tokio::time::timeout(timeout, async {
+        while let Some(e) = reader.next().await {
+            let e = e.unwrap();
+            if e.delivery.envelope.correlation != correlation {
+                continue;
+            }
+            let done = ends.contains(&e.delivery.type_name.as_str());
+            events.push(e);
+            if done {
+                return;
+            }
+        }
+    })
+    .await;
+    if result.is_err() {
+        let seen: Vec<_> = events.iter().map(|e| short(&e.delivery.type_name)).collect();
+        panic!("{what} {correlation} did not end within {timeout:?}; saw {seen:#?}");
+    }
+    Run { events }
+}
+
 pub struct FleetBuilder {
     url: String,
     sites: usize,
@@ -451,30 +484,8 @@ impl Fleet {
         self.collect(names::EVENTS_ALL.to_string(), "rollout", rollout_id, ends, timeout).await
     }
 
-    /// Every event of `filter` correlated with `correlation`, from the start of the stream,
-    /// until the first of one of the `ends` types; panics, naming what it saw, after `timeout`.
     async fn collect(&self, filter: String, what: &str, correlation: &str, ends: &[&str], timeout: Duration) -> Run {
-        let mut reader = self.bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
-        let mut events = Vec::new();
-        let result = tokio::time::timeout(timeout, async {
-            while let Some(e) = reader.next().await {
-                let e = e.unwrap();
-                if e.delivery.envelope.correlation != correlation {
-                    continue;
-                }
-                let done = ends.contains(&e.delivery.type_name.as_str());
-                events.push(e);
-                if done {
-                    return;
-                }
-            }
-        })
-        .await;
-        if result.is_err() {
-            let seen: Vec<_> = events.iter().map(|e| short(&e.delivery.type_name)).collect();
-            panic!("{what} {correlation} did not end within {timeout:?}; saw {seen:#?}");
-        }
-        Run { events }
+        collect(&self.bus, filter, what, correlation, ends, timeout).await
     }
 
     /// Stops every service and waits for them to drain.

@@ -85,6 +85,8 @@ pub struct KubeSiteRig {
     pub store: ArtifactStore,
     /// Hosts the Metal3 stand-in fails while provisioning: name → errorMessage.
     pub failing: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
+    /// The BPA REST API the gateway hands staged artifacts to, when set before it starts.
+    pub bpa_url: Option<String>,
     gateway: Option<Child>,
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
@@ -121,8 +123,19 @@ impl KubeSiteRig {
         let dist = consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone());
         spawn(Box::pin(dist));
 
-        let mut rig =
-            Self { nats, kube, bus, client, dir, store, failing: Default::default(), gateway: None, shutdown, tasks };
+        let mut rig = Self {
+            nats,
+            kube,
+            bus,
+            client,
+            dir,
+            store,
+            failing: Default::default(),
+            bpa_url: None,
+            gateway: None,
+            shutdown,
+            tasks,
+        };
         rig.register().await;
         rig.tasks.spawn(metal3_operator(rig.client.clone(), rig.failing.clone(), rig.shutdown.clone()));
         rig.tasks.spawn(bpa_stand_in(
@@ -199,7 +212,11 @@ impl KubeSiteRig {
             .append(true)
             .open(self.dir.path().join("gateway.log"))
             .expect("gateway log");
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        if let Some(url) = &self.bpa_url {
+            command.args(["--bpa-url", url]);
+        }
+        let child = command
             .args(["--site", SITE, "--backend", "kube", "--namespace", NAMESPACE])
             .arg("--kubeconfig")
             .arg(self.kube.kubeconfig_path())

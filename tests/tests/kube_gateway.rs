@@ -5,10 +5,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bus_schema::pb::{self, BusMessage};
-use bus_schema::runtime::Envelope;
+use bus_schema::names;
+use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::runtime::{Envelope, ReadEvent};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject};
+use landfall_tests::bpa_rest::BpaRest;
+use landfall_tests::fleet;
 use landfall_tests::kube_site::{APPS, KubeSiteRig, NAMESPACE, SITE, mac};
 use serde_json::json;
 use site_gateway::kube_site::{FIELD_MANAGER, bpa, marks};
@@ -16,35 +19,31 @@ use site_gateway::kube_site::{FIELD_MANAGER, bpa, marks};
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Installs the site and returns every event of the install, in order, up to its end.
-async fn install(rig: &KubeSiteRig) -> Vec<bus_schema::runtime::ReadEvent> {
+async fn install(rig: &KubeSiteRig) -> Vec<ReadEvent> {
     let env = Envelope::root();
-    let mut reader = rig
-        .bus
-        .read_events(vec![bus_schema::names::scope_events(SITE)], async_nats::jetstream::consumer::DeliverPolicy::New)
-        .await
-        .unwrap();
     rig.bus.publish_command(&pb::InstallSite { site_id: SITE.into(), design_revision: 0 }, &env).await.unwrap();
     let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
-    let mut events = Vec::new();
-    let collected = tokio::time::timeout(INSTALL_TIMEOUT, async {
-        while let Some(e) = reader.next().await {
-            let e = e.unwrap();
-            if e.delivery.envelope.correlation != env.id {
-                continue;
-            }
-            let end = ends.contains(&e.delivery.type_name.as_str());
-            events.push(e);
-            if end {
-                return;
-            }
-        }
-    })
-    .await;
-    assert!(collected.is_ok(), "the install did not end within {INSTALL_TIMEOUT:?}:\n{}", rig.gateway_log());
-    events
+    fleet::collect(&rig.bus, names::scope_events(SITE), "install", &env.id, &ends, INSTALL_TIMEOUT).await.events
 }
 
-fn types(events: &[bus_schema::runtime::ReadEvent]) -> Vec<String> {
+/// Registers `package` and rolls every node of the site to it; the rollout's events.
+async fn patch(rig: &KubeSiteRig, package: pb::Package) -> Vec<ReadEvent> {
+    let registered = Envelope::root();
+    let cmd = pb::RegisterPackage { package: Some(package.clone()), auto_rollout: None };
+    rig.bus.publish_command(&cmd, &registered).await.unwrap();
+    rig.wait_for(pb::PackageRegistered::filter(), &registered.id).await.expect("registered");
+    let env = Envelope::root();
+    let cmd = pb::PatchPackage { name: package.name, version: package.version, ..Default::default() };
+    rig.bus.publish_command(&cmd, &env).await.unwrap();
+    let ends = [pb::RolloutCompleted::TYPE, pb::RolloutHalted::TYPE, pb::CommandRejected::TYPE];
+    fleet::collect(&rig.bus, names::EVENTS_ALL.into(), "rollout", &env.id, &ends, INSTALL_TIMEOUT).await.events
+}
+
+fn of_type<M: BusMessage>(events: &[ReadEvent]) -> Vec<M> {
+    events.iter().filter(|e| e.delivery.type_name == M::TYPE).map(|e| e.delivery.decode().unwrap()).collect()
+}
+
+fn types(events: &[ReadEvent]) -> Vec<String> {
     events.iter().map(|e| e.delivery.type_name.clone()).collect()
 }
 
@@ -94,6 +93,8 @@ fn widgets(rig: &KubeSiteRig) -> Api<DynamicObject> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_new_hosts_are_announced_and_the_site_installs_through_metal3_and_the_bpa() {
     let mut rig = KubeSiteRig::start().await;
+    let bpa_rest = BpaRest::start().await;
+    rig.bpa_url = Some(bpa_rest.url());
     rig.start_gateway();
     let hosts =
         [("m-1", "master", 1, "10.1.0.11"), ("w-1", "worker", 2, "10.1.0.21"), ("w-2", "worker", 3, "10.1.0.22")];
@@ -181,12 +182,92 @@ async fn three_new_hosts_are_announced_and_the_site_installs_through_metal3_and_
     let names: Vec<String> =
         widgets(&rig).list(&Default::default()).await.unwrap().iter().map(|w| w.name_any()).collect();
     assert_eq!(names, ["alpha", "beta"]);
+    // The staged container package went to the BPA's upload API, whole.
+    let (record, bytes) = bpa_rest.image("container_images", "edge-apps-1.0.0").expect("uploaded to the BPA");
+    assert_eq!(record["upload_complete"], json!(true));
+    assert_eq!(bytes, landfall_tests::kube_site::widget_manifests(&["alpha", "beta"], 2).into_bytes());
 
     // Installing again writes nothing: no object gets a new resourceVersion.
     let before = resource_versions(&rig).await;
+    let received = bpa_rest.bytes_received();
     let again = install(&rig).await;
     assert_eq!(types(&again).last().map(String::as_str), Some(pb::SiteInstalled::TYPE));
     assert_eq!(resource_versions(&rig).await, before, "a second install changed objects");
+    assert_eq!(bpa_rest.bytes_received(), received, "the BPA was sent an image it has");
+}
+
+/// A binary patch moves the role's entry in the BPA's Software and each node's record; an
+/// os-image patch reimages each host through Metal3 (deprovisioned, then provisioned with the
+/// new image). Each node reports the version it ran before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.start_gateway();
+    rig.create_host("m-1", "master", &mac(1), "10.1.0.11").await;
+    rig.create_host("w-1", "worker", &mac(2), "10.1.0.21").await;
+    rig.wait_design(|n| n.len() == 2).await;
+    let installed = install(&rig).await;
+    assert_eq!(types(&installed).last().map(String::as_str), Some(pb::SiteInstalled::TYPE), "{}", rig.gateway_log());
+    let demo = producers::up::demo_packages();
+
+    let kubelet =
+        pb::Package { version: "1.29.3".into(), ..demo.iter().find(|p| p.name == "kubelet").unwrap().clone() };
+    let rollout = patch(&rig, kubelet).await;
+    assert_eq!(types(&rollout).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{:?}", types(&rollout));
+    let patched: Vec<pb::NodePatched> = of_type(&rollout);
+    assert_eq!(patched.len(), 2, "{patched:?}");
+    assert!(patched.iter().all(|p| p.from_version == "1.29.2"), "{patched:?}");
+    let softwares: Api<DynamicObject> = Api::namespaced_with(rig.client.clone(), NAMESPACE, &bpa::software_resource());
+    let software = bpa::software_versions(&softwares.get(&format!("{SITE}-software")).await.unwrap().data);
+    for role in [bus_schema::domain::Role::Master, bus_schema::domain::Role::Worker] {
+        assert_eq!(software[&role]["kubelet"], "1.29.3");
+        assert_eq!(software[&role]["containerd"], "1.7.13", "other entries are kept");
+    }
+    for name in ["m-1", "w-1"] {
+        let host = rig.hosts().get(name).await.unwrap();
+        assert_eq!(host.annotations().get(&marks::package("kubelet")).map(String::as_str), Some("1.29.3"));
+    }
+
+    let ubuntu = pb::Package {
+        version: "22.04.5".into(),
+        sha256: "5".repeat(64),
+        ..demo.iter().find(|p| p.name == "ubuntu").unwrap().clone()
+    };
+    let rollout = patch(&rig, ubuntu).await;
+    assert_eq!(types(&rollout).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{}", rig.gateway_log());
+    let patched: Vec<pb::NodePatched> = of_type(&rollout);
+    assert_eq!(patched.len(), 2, "{patched:?}");
+    assert!(patched.iter().all(|p| p.from_version == "22.04.4"), "{patched:?}");
+    for name in ["m-1", "w-1"] {
+        let host = rig.hosts().get(name).await.unwrap();
+        assert_eq!(host.state(), Some(site_gateway::backend::ProvisioningState::Provisioned));
+        assert_eq!(host.provisioned_image().unwrap().url, format!("http://10.0.0.2:8080/sha256/{}", "5".repeat(64)));
+        assert_eq!(host.annotations().get(&marks::package("ubuntu")).map(String::as_str), Some("22.04.5"));
+    }
+}
+
+/// A field another manager owns with another value is not taken over: the job fails, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_field_another_manager_owns_is_never_taken_over() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.start_gateway();
+    rig.create_host("m-1", "master", &mac(1), "10.1.0.11").await;
+    rig.wait_design(|n| n.contains("m-1")).await;
+    // An operator holds the host offline.
+    let offline = json!({"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost", "spec": {"online": false}});
+    let params = kube::api::PatchParams::apply("site-operator").force();
+    rig.hosts().patch("m-1", &params, &kube::api::Patch::Apply(&offline)).await.unwrap();
+    let events = install(&rig).await;
+    let failed: Vec<pb::NodeFailed> = of_type(&events);
+    assert_eq!(failed.len(), 1, "{:?}", types(&events));
+    assert!(
+        failed[0].reason.contains("site-operator") && failed[0].reason.contains(".spec.online"),
+        "{}",
+        failed[0].reason
+    );
+    let host = rig.hosts().get("m-1").await.unwrap();
+    assert!(!host.spec.online, "the operator's value stands");
+    assert!(host.spec.image.is_none(), "nothing of the job was applied");
 }
 
 /// A host announced once stays announced across a gateway restart; deleting it gives
@@ -233,11 +314,7 @@ async fn a_host_metal3_fails_gives_node_failed_with_its_error_message() {
     let events = install(&rig).await;
     let kinds = types(&events);
     assert_eq!(kinds.last().map(String::as_str), Some(pb::SiteInstallFailed::TYPE), "{kinds:?}");
-    let failed: Vec<pb::NodeFailed> = events
-        .iter()
-        .filter(|e| e.delivery.type_name == pb::NodeFailed::TYPE)
-        .map(|e| e.delivery.decode().unwrap())
-        .collect();
+    let failed: Vec<pb::NodeFailed> = of_type(&events);
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0].node, "m-1");
     assert_eq!(failed[0].error_type, "provisioning error");
