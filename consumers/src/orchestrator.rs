@@ -387,14 +387,13 @@ impl Orchestrator {
         }))
     }
 
-    /// Puts the node into the site's design (compare-and-set); returns the design with it.
     /// Takes a node out of its site's design, under the site's lease (a saga or rollout working
     /// on the site finishes first), and says so with `NodeLeft`.
     ///
     /// The event goes out before the design is written, with an id derived from the command: a
     /// redelivery after a crash between the two publishes it again (dropped as a copy) and
-    /// writes the design. A node already gone is a redelivery of a removal that finished, or a
-    /// host that never joined: either way there is nothing left to do, and it is logged.
+    /// writes the design. A node the design does not have is refused with the reason, unless
+    /// this is a redelivery: then it is the removal that finished before the crash.
     async fn node_removed(&self, d: &Delivery) -> Result<(), HandlerError> {
         let cmd: pb::NodeRemoved = d.decode()?;
         let site = bus_schema::domain::SiteId::try_from(cmd.site_id.clone()).map_err(invalid)?.to_string();
@@ -419,8 +418,14 @@ impl Orchestrator {
             };
             let mut design = SiteDesign::try_from(current).map_err(invalid)?;
             let Some(known) = design.node(name) else {
-                info!(%site, node = %name, "node removal: not in the design (already removed, or never joined)");
-                return Ok(());
+                if d.delivered > 1 {
+                    info!(%site, node = %name, "node removal redelivered: the node has left already");
+                    return Ok(());
+                }
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Invalid,
+                    format!("{site} has no node {name} in its design"),
+                ));
             };
             if !cmd.boot_mac.is_empty() && !known.boot_mac.as_str().eq_ignore_ascii_case(&cmd.boot_mac) {
                 return Err(HandlerError::reject(
@@ -451,6 +456,7 @@ impl Orchestrator {
         Err(HandlerError::Transient(format!("site {site} design kept changing")))
     }
 
+    /// Puts the node into the site's design (compare-and-set); returns the design with it.
     async fn add_node(&self, site: &str, node: &bus_schema::domain::NodeDesign) -> Result<SiteDesign, HandlerError> {
         let key = keys::site(site);
         for _ in 0..CAS_ATTEMPTS {
