@@ -38,7 +38,8 @@ pub const NAMESPACE: &str = "metal3";
 /// The application cluster's namespace for container packages.
 pub const APPS: &str = "apps";
 
-/// A kind for container packages' manifests (the API server serves custom resources only).
+/// A kind for container packages' manifests (the API server serves custom resources only):
+/// namespaced, with a typed `spec` the schema checks.
 pub const WIDGET_CRD: &str = r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
@@ -59,7 +60,7 @@ spec:
           spec:
             type: object
             properties:
-              replicas: {type: integer}
+              replicas: {type: integer, minimum: 0}
               image: {type: string}
 "#;
 

@@ -10,6 +10,7 @@ use std::path::Path;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use landfall_tests::kube::KubeApiServer;
+use landfall_tests::kube_site::WIDGET_CRD;
 use serde_json::json;
 use site_gateway::backend::BackendError;
 use site_gateway::kube_site::FIELD_MANAGER;
@@ -19,29 +20,6 @@ use tempfile::TempDir;
 const PACKAGE: &str = "web";
 const LABEL: &str = "landfall.io/package";
 const ANNOTATION: &str = "landfall.io/package-version";
-
-const WIDGET_CRD: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: widgets.apps.landfall.test}
-spec:
-  group: apps.landfall.test
-  scope: Namespaced
-  names: {plural: widgets, singular: widget, kind: Widget, listKind: WidgetList}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            properties:
-              replicas: {type: integer, minimum: 0}
-              image: {type: string}
-"#;
 
 const GADGET_CRD: &str = r#"
 apiVersion: apiextensions.k8s.io/v1

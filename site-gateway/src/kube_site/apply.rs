@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info};
 
-use super::FIELD_MANAGER;
+use super::{FIELD_MANAGER, kube_error};
 use crate::backend::BackendError;
 
 /// The label that says which package an object belongs to; its value is the package's name.
@@ -119,11 +119,11 @@ impl ManifestApplier {
         for p in plan {
             let id = p.target.id();
             let api = p.api(&self.client);
-            let before = api.get_opt(&p.target.name).await.map_err(|e| classify(&format!("read {id}"), e))?;
+            let before = api.get_opt(&p.target.name).await.map_err(|e| kube_error(&format!("read {id}"), e))?;
             let after = api
                 .patch(&p.target.name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&p.object))
                 .await
-                .map_err(|e| classify(&format!("apply {id} ({})", p.doc), e))?;
+                .map_err(|e| kube_error(&format!("apply {id} ({})", p.doc), e))?;
             let rv = |o: &DynamicObject| o.metadata.resource_version.clone();
             if before.is_some_and(|b| rv(&b).is_some() && rv(&b) == rv(&after)) {
                 summary.unchanged.push(id);
@@ -210,7 +210,7 @@ impl ManifestApplier {
             return Ok(None);
         };
         let api = api_for(&self.client, &resource, object.namespace.as_deref());
-        let Some(current) = api.get_opt(&object.name).await.map_err(|e| classify(&format!("read {id}"), e))? else {
+        let Some(current) = api.get_opt(&object.name).await.map_err(|e| kube_error(&format!("read {id}"), e))? else {
             return Ok(None);
         };
         let owner = current.metadata.labels.as_ref().and_then(|l| l.get(PACKAGE_LABEL));
@@ -235,7 +235,7 @@ impl ManifestApplier {
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 Err(BackendError::Transient(format!("prune {id}: it changed while being pruned: {}", status.message)))
             }
-            Err(e) => Err(classify(&format!("prune {id}"), e)),
+            Err(e) => Err(kube_error(&format!("prune {id}"), e)),
         }
     }
 
@@ -299,33 +299,6 @@ fn prefixed(context: &str, e: BackendError) -> BackendError {
     }
 }
 
-/// How the API server's server-side apply begins the message of an applied object that does not
-/// fit the kind's schema.
-const TYPED_PATCH_FAILED: &str = "failed to create typed patch object";
-
-/// Whether trying again may help: the server rejecting an object (schema, conflict with another
-/// field manager, forbidden, not found) will not; an unreachable, overloaded or failing one may.
-fn classify(context: &str, e: kube::Error) -> BackendError {
-    match e {
-        kube::Error::Api(status) => {
-            let message = if status.message.is_empty() { status.reason.clone() } else { status.message.clone() };
-            let message = format!("{context}: {message}");
-            match status.code {
-                // The server cannot make the applied object fit its schema (a string where an
-                // integer belongs, a field the schema does not declare), but says so with a 500:
-                // kubernetes/kubernetes#139253.
-                500 if status.message.contains(TYPED_PATCH_FAILED) => BackendError::Permanent(message),
-                408 | 429 | 500..=599 => BackendError::Transient(message),
-                _ => BackendError::Permanent(message),
-            }
-        }
-        e @ (kube::Error::BuildRequest(_) | kube::Error::HttpError(_)) => {
-            BackendError::Permanent(format!("{context}: {e}"))
-        }
-        e => BackendError::Transient(format!("{context}: {e}")),
-    }
-}
-
 fn api_for(client: &kube::Client, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
     match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
@@ -354,7 +327,7 @@ impl<'a> Kinds<'a> {
             Ok((resource, caps)) => Some((resource, caps.scope)),
             Err(kube::Error::Discovery(_)) => None,
             Err(kube::Error::Api(status)) if status.code == 404 => None,
-            Err(e) => return Err(classify(&format!("look up kind {} in {}", gvk.kind, gvk.api_version()), e)),
+            Err(e) => return Err(kube_error(&format!("look up kind {} in {}", gvk.kind, gvk.api_version()), e)),
         };
         self.resolved.insert(gvk.clone(), found.clone());
         Ok(found)
@@ -662,18 +635,18 @@ mod tests {
     #[test]
     fn rejections_are_permanent_and_outages_transient() {
         for code in [400, 403, 404, 409, 422] {
-            let e = classify("apply A/ns/a", api_error(code, "nope"));
+            let e = kube_error("apply A/ns/a", api_error(code, "nope"));
             assert_eq!(e, BackendError::Permanent("apply A/ns/a: nope".into()), "{code}");
         }
         for code in [408, 429, 500, 503] {
-            assert!(matches!(classify("x", api_error(code, "busy")), BackendError::Transient(_)), "{code}");
+            assert!(matches!(kube_error("x", api_error(code, "busy")), BackendError::Transient(_)), "{code}");
         }
         let typed = "failed to create typed patch object (default/a; a.test/v1, Kind=A): .spec.replicas: \
                      expected numeric (int or float), got string";
         assert!(
-            matches!(classify("x", api_error(500, typed)), BackendError::Permanent(m) if m.ends_with("got string"))
+            matches!(kube_error("x", api_error(500, typed)), BackendError::Permanent(m) if m.ends_with("got string"))
         );
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert!(matches!(classify("x", kube::Error::Service(Box::new(io))), BackendError::Transient(_)));
+        assert!(matches!(kube_error("x", kube::Error::Service(Box::new(io))), BackendError::Transient(_)));
     }
 }

@@ -628,18 +628,30 @@ fn add_finalizer(intent: &mut Value) {
     }
 }
 
-/// What a kube error means for a job: the API server refusing the request for good (invalid,
-/// forbidden, a field conflict with another manager) is permanent; anything else may pass.
-pub(crate) fn kube_error(what: &str, e: kube::Error) -> BackendError {
+/// How the API server's server-side apply begins the message of an applied object that does not
+/// fit the kind's schema.
+const TYPED_PATCH_FAILED: &str = "failed to create typed patch object";
+
+/// Whether trying again may help: the server rejecting an object (schema, conflict with another
+/// field manager, forbidden, not found) will not; an unreachable, overloaded or failing one may.
+pub(crate) fn kube_error(context: &str, e: kube::Error) -> BackendError {
     match e {
         kube::Error::Api(status) => {
-            let msg = format!("{what}: {} ({} {})", status.message, status.code, status.reason);
+            let message = if status.message.is_empty() { status.reason.clone() } else { status.message.clone() };
+            let message = format!("{context}: {message}");
             match status.code {
-                429 | 500..=599 => BackendError::Transient(msg),
-                _ => BackendError::Permanent(msg),
+                // The server cannot make the applied object fit its schema (a string where an
+                // integer belongs, a field the schema does not declare), but says so with a 500:
+                // kubernetes/kubernetes#139253.
+                500 if status.message.contains(TYPED_PATCH_FAILED) => BackendError::Permanent(message),
+                408 | 429 | 500..=599 => BackendError::Transient(message),
+                _ => BackendError::Permanent(message),
             }
         }
-        other => BackendError::Transient(format!("{what}: {other}")),
+        e @ (kube::Error::BuildRequest(_) | kube::Error::HttpError(_)) => {
+            BackendError::Permanent(format!("{context}: {e}"))
+        }
+        e => BackendError::Transient(format!("{context}: {e}")),
     }
 }
 
