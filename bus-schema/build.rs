@@ -1,5 +1,7 @@
 use std::path::PathBuf;
 
+use prost_build::Config;
+
 fn main() {
     let protos = [
         "proto/landfall/v1/common.proto",
@@ -19,35 +21,40 @@ fn main() {
     let protoc = std::env::var_os("PROTOC").map(PathBuf::from).unwrap_or_else(|| {
         protoc_bin_vendored::protoc_bin_path().expect("no vendored protoc for this platform; set PROTOC")
     });
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
 
-    let mut config = prost_build::Config::new();
+    let mut config = Config::new();
     config.protoc_executable(protoc);
-    config.type_attribute(".", "#[derive(serde::Serialize)]");
-    for (field, with) in [
-        ("landfall.v1.NodeSpec.role", "role"),
-        ("landfall.v1.RolePackages.role", "role"),
-        ("landfall.v1.NodeResult.role", "role"),
-        ("landfall.v1.Package.kind", "package_kind"),
-        ("landfall.v1.NodeResult.outcome", "node_outcome"),
-        ("landfall.v1.SiteInstalled.outcome", "install_outcome"),
-        ("landfall.v1.SiteInstallFailed.outcome", "install_outcome"),
-        ("landfall.v1.InstallSaga.outcome", "install_outcome"),
-        ("landfall.v1.InstallSaga.phase", "install_phase"),
-        ("landfall.v1.NodeProgress.step", "node_step"),
-        ("landfall.v1.CommandRejected.code", "reject_code"),
-        ("landfall.v1.MessageRejected.code", "reject_code"),
-        ("landfall.v1.RolloutStrategy.on_wave_timeout", "wave_timeout_action"),
-        ("landfall.v1.ResolvedStrategy.on_wave_timeout", "wave_timeout_action"),
-        ("landfall.v1.Rollout.phase", "rollout_phase"),
-        ("landfall.v1.RolloutSite.state", "rollout_site_state"),
-        ("landfall.v1.SiteLease.holder", "lease_holder"),
-        ("landfall.v1.NodeObserved.role", "role"),
-        ("landfall.v1.NodeReady.role", "role"),
-        ("landfall.v1.ObservedPackage.kind", "package_kind"),
-        ("landfall.v1.ObservedVersion.kind", "package_kind"),
-        ("landfall.v1.RoleArtifacts.role", "role"),
-    ] {
-        config.field_attribute(field, format!("#[serde(serialize_with = \"crate::pb::json::{with}\")]"));
+    // The descriptors (with the .proto comments) are kept: the HTTP API's OpenAPI document is
+    // generated from them, so it cannot drift from the messages.
+    config.file_descriptor_set_path(out.join("landfall.fds"));
+    // JSON that maps one-to-one onto the messages: proto field names, absent fields default,
+    // an unknown field is an error (a typo must not be silently ignored).
+    config.enum_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]");
+    config.message_attribute(
+        ".",
+        "#[derive(serde::Serialize, serde::Deserialize)]\n#[serde(default, deny_unknown_fields)]",
+    );
+    let fds = config.load_fds(&protos, &["proto"]).expect("run protoc on the landfall protos");
+
+    // Every enum field reads and writes its value by name (see `pb::json`).
+    for file in &fds.file {
+        let package = file.package();
+        for message in &file.message_type {
+            for field in &message.field {
+                if field.r#type() != prost_types::field_descriptor_proto::Type::Enum {
+                    continue;
+                }
+                let rust_enum = field.type_name().rsplit('.').next().expect("a type name");
+                config.field_attribute(
+                    format!("{package}.{}.{}", message.name(), field.name()),
+                    format!(
+                        "#[serde(serialize_with = \"crate::pb::json::ser::<{rust_enum}, _>\", \
+                         deserialize_with = \"crate::pb::json::de::<{rust_enum}, _>\")]"
+                    ),
+                );
+            }
+        }
     }
-    config.compile_protos(&protos, &["proto"]).expect("compile landfall protos");
+    config.compile_fds(fds).expect("compile landfall protos");
 }

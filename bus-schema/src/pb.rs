@@ -179,6 +179,34 @@ job!(
     PatchNodes => "patch_nodes",
 );
 
+/// An event type as its subject and `Landfall-Type` header name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventType {
+    /// The protobuf full name, e.g. `landfall.v1.SiteInstalled`.
+    pub type_name: &'static str,
+    pub aggregate: &'static str,
+    pub kind: &'static str,
+    /// Published in the fleet scope rather than a site's.
+    pub fleet: bool,
+}
+
+impl EventType {
+    /// The message name alone, e.g. `SiteInstalled`.
+    pub fn short_name(&self) -> &'static str {
+        self.type_name.rsplit('.').next().unwrap_or(self.type_name)
+    }
+
+    /// The type `name` stands for: a full or short message name (`SiteInstalled`), or
+    /// `<aggregate>.<kind>` as in subjects (`site.installed`).
+    pub fn find(name: &str) -> Option<&'static EventType> {
+        EVENT_TYPES.iter().find(|t| {
+            t.type_name == name
+                || t.short_name() == name
+                || name.split_once('.').is_some_and(|(a, k)| a == t.aggregate && k == t.kind)
+        })
+    }
+}
+
 macro_rules! event {
     ($($ty:ident => $agg:literal . $kind:literal),* $(,)?) => {
         $(impl BusEvent for $ty {
@@ -186,6 +214,9 @@ macro_rules! event {
             const KIND: &'static str = $kind;
             fn scope(&self) -> &str { &self.site_id }
         })*
+        const SITE_EVENT_TYPES: &[EventType] = &[$(EventType {
+            type_name: <$ty as BusMessage>::TYPE, aggregate: $agg, kind: $kind, fleet: false,
+        }),*];
     };
 }
 
@@ -221,6 +252,9 @@ macro_rules! fleet_event {
             const KIND: &'static str = $kind;
             fn scope(&self) -> &str { names::FLEET }
         })*
+        const FLEET_EVENT_TYPES: &[EventType] = &[$(EventType {
+            type_name: <$ty as BusMessage>::TYPE, aggregate: $agg, kind: $kind, fleet: true,
+        }),*];
     };
 }
 
@@ -236,6 +270,17 @@ fleet_event!(
     RolloutCompleted => "rollout"."completed",
     SecretKeyRotated => "secrets"."key_rotated",
 );
+
+/// Every event type: site events, fleet events, then the two rejections (published in the
+/// scope of what they answer).
+pub static EVENT_TYPES: std::sync::LazyLock<Vec<EventType>> = std::sync::LazyLock::new(|| {
+    let rejections = [
+        (<CommandRejected as BusMessage>::TYPE, rejection::COMMAND_AGGREGATE),
+        (<MessageRejected as BusMessage>::TYPE, rejection::MESSAGE_AGGREGATE),
+    ]
+    .map(|(type_name, aggregate)| EventType { type_name, aggregate, kind: rejection::KIND, fleet: false });
+    SITE_EVENT_TYPES.iter().chain(FLEET_EVENT_TYPES).copied().chain(rejections).collect()
+});
 
 /// Rejections are published in the scope of the subject they answer; see
 /// [`crate::names::parse_subject`]. The `scope` here is filled in by the publisher.
@@ -266,49 +311,110 @@ impl PackageKind {
     }
 }
 
-/// Serializers that print enum fields by name in JSON output.
-pub(crate) mod json {
+/// Enum fields in JSON: written by name, read by name (or by number).
+///
+/// Every enum field of every message uses these (the build script attaches them), so the JSON
+/// of a message maps one-to-one onto it: `"role": "master"`, `"outcome": "NODE_OUTCOME_FAILED"`.
+pub mod json {
     use super::*;
+    use serde::de::{self, Visitor};
 
-    fn by_name<S: serde::Serializer, E: TryFrom<i32>>(
-        value: &i32,
-        s: S,
-        name: impl Fn(E) -> &'static str,
-    ) -> Result<S::Ok, S::Error> {
-        match E::try_from(*value) {
-            Ok(e) => s.serialize_str(name(e)),
-            Err(_) => s.serialize_i32(*value),
+    /// A protobuf enum as JSON names it.
+    pub trait Named: Copy + Into<i32> + TryFrom<i32> + 'static {
+        /// The name JSON writes.
+        fn json_name(self) -> &'static str;
+        /// The name in the .proto file, e.g. `ROLE_MASTER`.
+        fn proto_name(self) -> &'static str;
+
+        /// Every value, in number order (the numbers of landfall enums are small).
+        fn values() -> impl Iterator<Item = Self> {
+            (0..=255).filter_map(|n| Self::try_from(n).ok())
+        }
+
+        /// Reads a name: the JSON name, the .proto name, or the .proto name without the enum's
+        /// prefix, in any case, `-` standing for `_` (`master`, `ROLE_MASTER`, `os-image`).
+        fn from_name(name: &str) -> Option<Self> {
+            let wanted = name.trim().to_ascii_uppercase().replace('-', "_");
+            let unspecified = Self::values().next().map_or("", |v| v.proto_name());
+            let prefix = unspecified.trim_end_matches("UNSPECIFIED");
+            Self::values().find(|v| {
+                v.json_name().eq_ignore_ascii_case(name.trim())
+                    || v.proto_name() == wanted
+                    || v.proto_name().strip_prefix(prefix) == Some(wanted.as_str())
+            })
         }
     }
 
     macro_rules! named {
-        ($($fn:ident: $ty:ty),* $(,)?) => {
-            $(pub fn $fn<S: serde::Serializer>(v: &i32, s: S) -> Result<S::Ok, S::Error> {
-                by_name::<S, $ty>(v, s, |e| e.as_str_name())
+        ($($ty:ident => $name:ident),* $(,)?) => {
+            $(impl Named for $ty {
+                fn json_name(self) -> &'static str {
+                    self.$name()
+                }
+                fn proto_name(self) -> &'static str {
+                    self.as_str_name()
+                }
             })*
         };
     }
 
     named!(
-        node_outcome: NodeOutcome,
-        install_outcome: InstallOutcome,
-        install_phase: InstallPhase,
-        node_step: NodeStep,
-        reject_code: RejectCode,
-        wave_timeout_action: WaveTimeoutAction,
-        rollout_phase: RolloutPhase,
-        rollout_site_state: RolloutSiteState,
-        lease_holder: LeaseHolder,
+        Role => label,
+        PackageKind => label,
+        NodeOutcome => as_str_name,
+        InstallOutcome => as_str_name,
+        InstallPhase => as_str_name,
+        NodeStep => as_str_name,
+        RejectCode => as_str_name,
+        WaveTimeoutAction => as_str_name,
+        RolloutPhase => as_str_name,
+        RolloutSiteState => as_str_name,
+        LeaseHolder => as_str_name,
     );
 
-    pub fn role<S: serde::Serializer>(v: &i32, s: S) -> Result<S::Ok, S::Error> {
-        by_name::<S, Role>(v, s, Role::label)
+    /// Writes an enum field by name (a number no value has, as the number).
+    pub fn ser<E: Named, S: serde::Serializer>(value: &i32, s: S) -> Result<S::Ok, S::Error> {
+        match E::try_from(*value) {
+            Ok(e) => s.serialize_str(e.json_name()),
+            Err(_) => s.serialize_i32(*value),
+        }
     }
 
-    pub fn package_kind<S: serde::Serializer>(v: &i32, s: S) -> Result<S::Ok, S::Error> {
-        by_name::<S, PackageKind>(v, s, PackageKind::label)
+    /// Reads an enum field from a name [`Named::from_name`] knows, or from a value's number.
+    pub fn de<'de, E: Named, D: serde::Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+        struct ByName<E>(std::marker::PhantomData<E>);
+        impl<E: Named> ByName<E> {
+            fn names() -> String {
+                E::values().map(|v| v.json_name()).collect::<Vec<_>>().join(", ")
+            }
+        }
+        impl<E: Named> Visitor<'_> for ByName<E> {
+            type Value = i32;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "one of {}", Self::names())
+            }
+            fn visit_str<Er: de::Error>(self, v: &str) -> Result<i32, Er> {
+                E::from_name(v)
+                    .map(Into::into)
+                    .ok_or_else(|| Er::custom(format!("unknown value {v:?}, expected one of {}", Self::names())))
+            }
+            fn visit_i64<Er: de::Error>(self, v: i64) -> Result<i32, Er> {
+                i32::try_from(v)
+                    .ok()
+                    .filter(|n| E::try_from(*n).is_ok())
+                    .ok_or_else(|| Er::custom(format!("unknown value {v}, expected one of {}", Self::names())))
+            }
+            fn visit_u64<Er: de::Error>(self, v: u64) -> Result<i32, Er> {
+                self.visit_i64(i64::try_from(v).unwrap_or(i64::MAX))
+            }
+        }
+        d.deserialize_any(ByName::<E>(std::marker::PhantomData))
     }
 }
+
+/// The descriptors of every landfall message, with the comments of the .proto files
+/// (a serialized `google.protobuf.FileDescriptorSet`).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/landfall.fds"));
 
 #[cfg(test)]
 mod tests {
@@ -324,6 +430,39 @@ mod tests {
         assert_eq!(NodeOsProvisioned::filter(), "landfall.evt.*.node.os_provisioned");
         let job = ProvisionOs { site_id: "edge-1".into(), ..Default::default() };
         assert_eq!(job.subject(), "landfall.job.edge-1.provision_os");
+    }
+
+    #[test]
+    fn json_reads_back_what_it_writes() {
+        let cmd = PatchPackage {
+            name: "kubelet".into(),
+            version: "1.30.0".into(),
+            strategy: Some(RolloutStrategy {
+                on_wave_timeout: WaveTimeoutAction::Continue as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&cmd).unwrap();
+        assert_eq!(serde_json::from_str::<PatchPackage>(&text).unwrap(), cmd);
+
+        // Absent fields default; enums by any of their names or by number.
+        let node: NodeSpec = serde_json::from_str(r#"{"name": "n1", "role": "MASTER"}"#).unwrap();
+        assert_eq!(node.role, Role::Master as i32);
+        for role in [r#""worker""#, r#""ROLE_WORKER""#, "2"] {
+            let n: NodeSpec = serde_json::from_str(&format!(r#"{{"role": {role}}}"#)).unwrap();
+            assert_eq!(n.role, Role::Worker as i32, "{role}");
+        }
+        let p: Package = serde_json::from_str(r#"{"kind": "os-image"}"#).unwrap();
+        assert_eq!(p.kind, PackageKind::OsImage as i32);
+
+        // A typo, an unknown enum value, a wrong type: errors that say what was wrong.
+        let e = serde_json::from_str::<InstallSite>(r#"{"site": "edge-01"}"#).unwrap_err().to_string();
+        assert!(e.contains("unknown field `site`"), "{e}");
+        let e = serde_json::from_str::<NodeSpec>(r#"{"role": "boss"}"#).unwrap_err().to_string();
+        assert!(e.contains("unknown value \"boss\", expected one of unspecified, master, worker"), "{e}");
+        assert!(serde_json::from_str::<NodeSpec>(r#"{"role": 9}"#).is_err());
+        assert!(serde_json::from_str::<InstallSite>(r#"{"design_revision": "x"}"#).is_err());
     }
 
     #[test]
