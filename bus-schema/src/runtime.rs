@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 use uuid::Uuid;
 
 use crate::names::{self, headers};
@@ -171,6 +171,11 @@ impl Envelope {
         }
     }
 
+    /// The trace id of this envelope's `traceparent`, when it has one (see [`trace_id`]).
+    pub fn trace_id(&self) -> Option<&str> {
+        trace_id(&self.traceparent)
+    }
+
     /// The headers every landfall message carries, for this envelope and payload type.
     pub fn headers(&self, type_name: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -180,6 +185,31 @@ impl Envelope {
         h.insert(headers::CAUSATION_ID, self.causation.as_str());
         h.insert(headers::TRACEPARENT, self.traceparent.as_str());
         h
+    }
+}
+
+/// The trace id (32 hex digits) of a W3C `traceparent` (`00-<trace id>-<parent id>-<flags>`),
+/// or `None` when it is not one. A trace id accepted here is one [`crate::ids::traceparent`]
+/// carries on to the messages derived from it; the all-zero id is invalid.
+pub fn trace_id(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.trim().split('-');
+    let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    // Version ff is forbidden; version 00 has exactly four fields, later versions may add more.
+    let valid = hex(version, 2)
+        && !version.eq_ignore_ascii_case("ff")
+        && (version != "00" || parts.next().is_none())
+        && hex(trace, 32)
+        && trace.bytes().any(|b| b != b'0')
+        && hex(parent, 16)
+        && hex(flags, 2);
+    valid.then_some(trace)
+}
+
+/// Counts an event stored by the stream (a copy dropped by dedup is not a new event).
+fn count_published(subject: &str, type_name: &str, ack: &jetstream::publish::PublishAck) {
+    if !ack.duplicate && matches!(names::parse_subject(subject), Some(names::ParsedSubject::Event { .. })) {
+        metrics::counter!("landfall_events_published_total", "type" => type_name.to_string()).increment(1);
     }
 }
 
@@ -375,6 +405,7 @@ impl Bus {
             .await
             .map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
         let ack = ack.await.map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
+        count_published(&subject, type_name, &ack);
         if ack.duplicate {
             debug!(%subject, id = %envelope.id, "duplicate publish dropped by the stream");
         }
@@ -394,7 +425,11 @@ impl Bus {
                 .publish_with_headers(m.subject.clone(), m.envelope.headers(&m.type_name), m.payload)
                 .await
                 .map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
-            acks.push(async move { ack.await.map_err(|e| BusError::Publish { subject: m.subject, source: boxed(e) }) });
+            acks.push(async move {
+                let ack = ack.await.map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
+                count_published(&m.subject, &m.type_name, &ack);
+                Ok::<_, BusError>(ack)
+            });
         }
         futures::future::try_join_all(acks).await?;
         Ok(())
@@ -534,6 +569,16 @@ pub struct Kv {
     bucket: String,
 }
 
+/// One key's new value as a watch sees it ([`Kv::watch_latest`]).
+#[derive(Debug, Clone)]
+pub struct KvChange {
+    pub key: String,
+    /// The encoded value; `None` when the key was deleted or purged.
+    pub value: Option<Bytes>,
+    pub revision: u64,
+    pub caught_up: bool,
+}
+
 /// The result of a compare-and-set write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cas {
@@ -650,6 +695,36 @@ impl Kv {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    /// The latest value of every key matching one of `patterns` (KV key patterns, `*` and `>`
+    /// as in subjects), then every change as it happens. `caught_up` is set on the change that
+    /// brings the reader up to date with the bucket, and on every change after it.
+    ///
+    /// # Errors
+    /// When the watch cannot be created; a broken watch ends its stream (watch again).
+    pub async fn watch_latest(
+        &self,
+        patterns: Vec<String>,
+    ) -> Result<impl futures::Stream<Item = Result<KvChange, BusError>> + use<>, BusError> {
+        let label = patterns.join(",");
+        let watch =
+            self.store.watch_many_with_history(patterns).await.map_err(|e| self.err("watch", &label, boxed(e)))?;
+        let bucket = self.bucket.clone();
+        Ok(watch.map(move |entry| {
+            let entry = entry.map_err(|e| BusError::Kv {
+                op: "watch",
+                bucket: bucket.clone(),
+                key: label.clone(),
+                source: boxed(e),
+            })?;
+            Ok(KvChange {
+                value: (entry.operation == kv::Operation::Put).then_some(entry.value),
+                key: entry.key,
+                revision: entry.revision,
+                caught_up: entry.seen_current || entry.delta == 0,
+            })
+        }))
     }
 
     /// Every live key starting with `prefix`.
@@ -788,6 +863,20 @@ pub enum HandlerError {
 impl HandlerError {
     pub fn reject(code: pb::RejectCode, reason: impl Into<String>) -> Self {
         HandlerError::Reject(Rejection { code, reason: reason.into() })
+    }
+}
+
+/// A reject code as a metric label gives it: `unknown_site`.
+pub fn reject_code_label(code: pb::RejectCode) -> &'static str {
+    match code {
+        pb::RejectCode::Unspecified => "unspecified",
+        pb::RejectCode::Malformed => "malformed",
+        pb::RejectCode::Invalid => "invalid",
+        pb::RejectCode::UnknownSite => "unknown_site",
+        pb::RejectCode::UnknownPackage => "unknown_package",
+        pb::RejectCode::Conflict => "conflict",
+        pb::RejectCode::TooLarge => "too_large",
+        pb::RejectCode::Unsupported => "unsupported",
     }
 }
 
@@ -995,6 +1084,30 @@ impl KeyedOrder {
 async fn handle_one<H: Handler>(bus: &Bus, spec: &ConsumerSpec, handler: &H, msg: jetstream::Message) {
     let (seq, delivered) = msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 1));
     let delivery = Delivery::from_parts(&msg.message, spec.stream, seq, delivered);
+    if delivered > 1 {
+        metrics::counter!("landfall_redeliveries_total", "consumer" => spec.durable.clone()).increment(1);
+    }
+    // Every log line of this message's work, in every service, carries its trace id. The span
+    // is at ERROR level so that it is there whenever any of those lines is logged at all.
+    let span = tracing::error_span!(
+        "handle",
+        consumer = %spec.durable,
+        subject = %delivery.subject,
+        msg_id = %delivery.envelope.id,
+        trace_id = delivery.envelope.trace_id().unwrap_or_default(),
+    );
+    settle_one(bus, spec, handler, msg, delivery).instrument(span).await;
+}
+
+/// Runs the handler on one delivery, then acks, NAKs or rejects it by what the handler returned.
+async fn settle_one<H: Handler>(
+    bus: &Bus,
+    spec: &ConsumerSpec,
+    handler: &H,
+    msg: jetstream::Message,
+    delivery: Delivery,
+) {
+    let delivered = delivery.delivered;
 
     // Keep the delivery ours while the handler works, however long that takes.
     let outcome = {
@@ -1086,13 +1199,26 @@ where
         let Some(reply) = msg.reply else { continue };
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
         let (answer, client, subject) = (answer.clone(), bus.client().clone(), subject.clone());
-        tasks.spawn(async move {
-            let (headers, body) = answer(msg.subject, msg.payload).await;
-            if let Err(e) = client.publish_with_headers(reply, headers, body).await {
-                warn!(%subject, error = %e, "cannot answer request");
+        // A request's span has the fields of a consumed message's, those its headers give.
+        let header = |name: &str| msg.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+        let (msg_id, traceparent) = (header(headers::MSG_ID), header(headers::TRACEPARENT));
+        let span = tracing::error_span!(
+            "handle",
+            consumer = group,
+            subject = %msg.subject,
+            msg_id = msg_id.as_deref(),
+            trace_id = traceparent.as_deref().and_then(trace_id),
+        );
+        tasks.spawn(
+            async move {
+                let (headers, body) = answer(msg.subject, msg.payload).await;
+                if let Err(e) = client.publish_with_headers(reply, headers, body).await {
+                    warn!(%subject, error = %e, "cannot answer request");
+                }
+                drop(permit);
             }
-            drop(permit);
-        });
+            .instrument(span),
+        );
         while tasks.try_join_next().is_some() {}
     }
     let _ = sub.unsubscribe().await;
@@ -1150,5 +1276,65 @@ mod tests {
         let grandchild = child.derive("provision_os", Some("n1"));
         assert_eq!(grandchild.correlation, root.id);
         assert_eq!(grandchild.causation, child.id);
+    }
+
+    #[test]
+    fn derived_envelopes_continue_the_trace_with_a_span_of_their_own() {
+        let root = Envelope::root();
+        let trace = root.trace_id().expect("a root starts a trace").to_string();
+        assert_eq!(trace, Uuid::parse_str(&root.id).unwrap().simple().to_string(), "the root's id is the trace id");
+        let child = root.derive("stage", None);
+        let grandchild = child.derive("provision_os", Some("n1"));
+        assert_eq!(child.trace_id(), Some(trace.as_str()));
+        assert_eq!(grandchild.trace_id(), Some(trace.as_str()));
+        let parent = |e: &Envelope| e.traceparent.split('-').nth(2).unwrap().to_string();
+        assert_ne!(parent(&child), parent(&root));
+        assert_ne!(parent(&grandchild), parent(&child));
+        // Derived again (a redelivery, another replica): the same traceparent.
+        assert_eq!(root.derive("stage", None).traceparent, child.traceparent);
+    }
+
+    #[test]
+    fn trace_ids_parse_from_w3c_traceparents_only() {
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        assert_eq!(trace_id(&format!("00-{id}-00f067aa0ba902b7-01")), Some(id));
+        assert_eq!(trace_id(&format!(" 00-{id}-00f067aa0ba902b7-00 ")), Some(id), "surrounding blanks");
+        let later = format!("01-{id}-00f067aa0ba902b7-01-future");
+        assert_eq!(trace_id(&later), Some(id), "a later version may add fields");
+        for bad in [
+            String::new(),
+            "garbage".to_string(),
+            format!("00-{id}-00f067aa0ba902b7-01-extra"),
+            format!("ff-{id}-00f067aa0ba902b7-01"),
+            format!("0-{id}-00f067aa0ba902b7-01"),
+            format!("00-{}-00f067aa0ba902b7-01", &id[..31]),
+            format!("00-{id}x-00f067aa0ba902b7-01"),
+            format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32)),
+            format!("00-{}-00f067aa0ba902b7-01", "g".repeat(32)),
+            format!("00-{id}-00f067aa0ba902b-01"),
+            format!("00-{id}-00f067aa0ba902b7-1"),
+            format!("00-{id}-00f067aa0ba902b7"),
+        ] {
+            assert_eq!(trace_id(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_delivery_without_a_traceparent_gets_one_from_its_correlation() {
+        let mut headers = HeaderMap::new();
+        let correlation = "01890a5d-ac96-774b-bcce-b302099a8057";
+        headers.insert(headers::MSG_ID, "01890a5d-ac96-774b-bcce-b302099a8058");
+        headers.insert(headers::CORRELATION_ID, correlation);
+        let msg = async_nats::Message {
+            subject: "landfall.evt.edge-01.site.installed".into(),
+            reply: None,
+            payload: Bytes::new(),
+            headers: Some(headers),
+            status: None,
+            description: None,
+            length: 0,
+        };
+        let d = Delivery::from_parts(&msg, names::EVENTS_STREAM, 7, 1);
+        assert_eq!(d.envelope.trace_id(), Some("01890a5dac96774bbcceb302099a8057"));
     }
 }

@@ -533,6 +533,7 @@ impl Orchestrator {
                 }
                 Decision::Apply(next) => match self.sagas.update(&key, next.as_ref(), rev).await? {
                     Cas::Written(new_rev) => {
+                        observe_saga(&current, &next);
                         if saga::is_terminal(&next) {
                             info!(site = %next.site_id, saga = %next.saga_id, outcome = next.outcome, "install finished");
                         }
@@ -543,6 +544,24 @@ impl Orchestrator {
             }
         }
         Err(HandlerError::Transient(format!("saga {key} kept changing under {}", d.type_name)))
+    }
+}
+
+/// Records how long the saga spent in the phase it has just left and, once it has ended, in all.
+/// Only the write that moved it counts, so each is observed once whatever the replicas.
+fn observe_saga(before: &pb::InstallSaga, after: &pb::InstallSaga) {
+    if let Some((step, seconds)) = saga::phase_left(before, after) {
+        metrics::histogram!("landfall_saga_step_seconds", "step" => step).record(seconds);
+    }
+    if saga::is_terminal(after) && !saga::is_terminal(before) {
+        let kind = if after.join { "join" } else { "install" };
+        let outcome = match pb::InstallOutcome::try_from(after.outcome) {
+            Ok(pb::InstallOutcome::Success) => "success",
+            Ok(pb::InstallOutcome::PartialSuccess) => "partial_success",
+            _ => "failure",
+        };
+        let seconds = (after.finished_unix_ms - after.started_unix_ms).max(0) as f64 / 1000.0;
+        metrics::histogram!("landfall_saga_seconds", "kind" => kind, "outcome" => outcome).record(seconds);
     }
 }
 
@@ -602,6 +621,51 @@ struct Events(Arc<Orchestrator>);
 
 impl runtime::Handler for Commands {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let result = self.dispatch(d).await;
+        count_command(d, &result);
+        result
+    }
+}
+
+/// The command types the orchestrator carries out, by subject kind.
+const COMMAND_TYPES: &[(&str, &str)] = {
+    use pb::{BusCommand, BusMessage};
+    &[
+        (pb::RegisterSite::KIND, pb::RegisterSite::TYPE),
+        (pb::RegisterPackage::KIND, pb::RegisterPackage::TYPE),
+        (pb::InstallSite::KIND, pb::InstallSite::TYPE),
+        (pb::StageSite::KIND, pb::StageSite::TYPE),
+        (pb::ApplyDesign::KIND, pb::ApplyDesign::TYPE),
+        (pb::PatchPackage::KIND, pb::PatchPackage::TYPE),
+        (pb::PauseRollout::KIND, pb::PauseRollout::TYPE),
+        (pb::ResumeRollout::KIND, pb::ResumeRollout::TYPE),
+        (pb::CancelRollout::KIND, pb::CancelRollout::TYPE),
+        (pb::NodeAdded::KIND, pb::NodeAdded::TYPE),
+        (pb::NodeRemoved::KIND, pb::NodeRemoved::TYPE),
+    ]
+};
+
+/// Counts a command the orchestrator accepted or rejected, by type (`unknown` for a subject
+/// naming no command, so a stray publisher cannot grow the label set). A command that will be
+/// tried again (transient, or waiting for its site) is counted when it is settled.
+fn count_command(d: &Delivery, result: &Result<(), HandlerError>) {
+    let kind = d.kind().unwrap_or_default();
+    let type_name = COMMAND_TYPES.iter().find(|(k, _)| *k == kind).map_or("unknown", |(_, t)| t);
+    match result {
+        Ok(()) => {
+            metrics::counter!("landfall_commands_total", "type" => type_name, "outcome" => "accepted").increment(1);
+        }
+        Err(HandlerError::Reject(r)) => {
+            let code = runtime::reject_code_label(r.code);
+            metrics::counter!("landfall_commands_total", "type" => type_name, "outcome" => "rejected", "code" => code)
+                .increment(1);
+        }
+        Err(HandlerError::Transient(_) | HandlerError::Wait { .. }) => {}
+    }
+}
+
+impl Commands {
+    async fn dispatch(&self, d: &Delivery) -> Result<(), HandlerError> {
         use pb::BusCommand;
         match d.kind()? {
             pb::RegisterSite::KIND => self.0.register_site(d).await,
@@ -701,6 +765,15 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
 mod tests {
     use super::*;
     use bus_schema::pb::BusMessage;
+
+    #[test]
+    fn every_command_kind_has_its_type() {
+        let kinds: std::collections::BTreeSet<_> = COMMAND_TYPES.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds.len(), COMMAND_TYPES.len());
+        for (kind, type_name) in COMMAND_TYPES {
+            assert!(type_name.starts_with("landfall.v1."), "{kind}: {type_name}");
+        }
+    }
 
     #[test]
     fn every_filter_is_an_event_subject() {

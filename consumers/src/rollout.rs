@@ -68,6 +68,26 @@ fn push<E: BusEvent>(r: &mut pb::Rollout, evt: &E, env: &Envelope) {
     r.outbox.push(outbox_entry(evt.subject(), evt, env));
 }
 
+/// Sets the rollout's node gauges from its record, as it was just written (or read by a tick).
+fn gauge_nodes(r: &pb::Rollout) {
+    for (state, n) in [("planned", r.planned_nodes), ("patched", r.patched), ("failed", r.failed)] {
+        metrics::gauge!("landfall_rollout_nodes", "rollout" => r.rollout_id.clone(), "state" => state)
+            .set(f64::from(n));
+    }
+}
+
+/// A rollout phase as metrics give it: `running`.
+fn phase_label(p: pb::RolloutPhase) -> &'static str {
+    match p {
+        pb::RolloutPhase::Unspecified => "unspecified",
+        pb::RolloutPhase::Running => "running",
+        pb::RolloutPhase::Paused => "paused",
+        pb::RolloutPhase::Halted => "halted",
+        pb::RolloutPhase::Completed => "completed",
+        pb::RolloutPhase::Cancelled => "cancelled",
+    }
+}
+
 fn phase(r: &pb::Rollout) -> pb::RolloutPhase {
     pb::RolloutPhase::try_from(r.phase).unwrap_or(pb::RolloutPhase::Unspecified)
 }
@@ -406,7 +426,10 @@ impl Rollouts {
         advance(&mut r, now);
         info!(rollout = %id, package = %name, %version, sites = r.sites, nodes = r.planned_nodes, waves = r.wave_ends.len(), trigger = %r.trigger, "rollout planned");
         match self.sagas.create(&keys::rollout(&id), &r).await? {
-            Cas::Written(rev) => self.settle(r, rev).await?,
+            Cas::Written(rev) => {
+                gauge_nodes(&r);
+                self.settle(r, rev).await?;
+            }
             Cas::Conflict => {
                 if let Some((existing, rev)) = self.sagas.get::<pb::Rollout>(&keys::rollout(&id)).await? {
                     self.settle(existing, rev).await?;
@@ -568,7 +591,10 @@ impl Rollouts {
                 return self.settle(current, rev).await;
             };
             match self.sagas.update(&key, &next, rev).await? {
-                Cas::Written(new) => return self.settle(next, new).await,
+                Cas::Written(new) => {
+                    gauge_nodes(&next);
+                    return self.settle(next, new).await;
+                }
                 Cas::Conflict => continue,
             }
         }
@@ -753,6 +779,22 @@ impl Rollouts {
     /// start sites that were busy, and end waves that ran out of time. Runs on every replica.
     pub async fn tick(&self) -> Result<(), HandlerError> {
         let rollouts = self.sagas.scan_matching::<pb::Rollout>(&keys::every_rollout()).await?;
+        // Every replica's gauges follow the records, whichever replica wrote them.
+        let mut phases: HashMap<pb::RolloutPhase, u32> = HashMap::new();
+        for (_, r, _) in &rollouts {
+            *phases.entry(phase(r)).or_default() += 1;
+            gauge_nodes(r);
+        }
+        for p in [
+            pb::RolloutPhase::Running,
+            pb::RolloutPhase::Paused,
+            pb::RolloutPhase::Halted,
+            pb::RolloutPhase::Completed,
+            pb::RolloutPhase::Cancelled,
+        ] {
+            let n = phases.get(&p).copied().unwrap_or_default();
+            metrics::gauge!("landfall_rollouts", "phase" => phase_label(p)).set(f64::from(n));
+        }
         for (_, r, rev) in rollouts {
             if is_terminal(&r) && r.outbox.is_empty() {
                 continue;

@@ -167,6 +167,7 @@ pub fn start(cmd: &Envelope, design: &SiteDesign, resolved: Resolved, now_ms: i6
             .collect(),
         packages: resolved.packages.into_iter().collect(),
         started_unix_ms: now_ms,
+        phase_started_unix_ms: now_ms,
         traceparent: cmd.traceparent.clone(),
         design: Some(design_pb.clone()),
         ..Default::default()
@@ -325,7 +326,42 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
             true
         }
     };
-    if changed { Decision::Apply(Box::new(next)) } else { Decision::Ignore }
+    if !changed {
+        return Decision::Ignore;
+    }
+    if next.phase != saga.phase {
+        next.phase_started_unix_ms = now_ms;
+    }
+    Decision::Apply(Box::new(next))
+}
+
+/// A phase's name as metrics and logs give it: `provisioning_os`.
+pub fn phase_name(phase: i32) -> &'static str {
+    match InstallPhase::try_from(phase).unwrap_or(InstallPhase::Unspecified) {
+        InstallPhase::Unspecified => "unspecified",
+        InstallPhase::Staging => "staging",
+        InstallPhase::ProvisioningOs => "provisioning_os",
+        InstallPhase::InstallingBinaries => "installing_binaries",
+        InstallPhase::CollectingKubeconfig => "collecting_kubeconfig",
+        InstallPhase::ApplyingContainers => "applying_containers",
+        InstallPhase::Succeeded => "succeeded",
+        InstallPhase::Failed => "failed",
+    }
+}
+
+/// The phase `before` left to become `after`, and the seconds it spent there; `None` when the
+/// phase did not change, or when its start is not recorded (a saga written before phases were
+/// timed).
+pub fn phase_left(before: &pb::InstallSaga, after: &pb::InstallSaga) -> Option<(&'static str, f64)> {
+    if before.phase == after.phase {
+        return None;
+    }
+    let began = match before.phase_started_unix_ms {
+        0 if before.phase == InstallPhase::Staging as i32 => before.started_unix_ms,
+        t => t,
+    };
+    let ended = after.phase_started_unix_ms;
+    (began > 0 && ended >= began).then(|| (phase_name(before.phase), (ended - began) as f64 / 1000.0))
 }
 
 fn find<'a>(saga: &'a mut pb::InstallSaga, node: &str) -> Option<&'a mut pb::NodeProgress> {
@@ -605,6 +641,23 @@ mod tests {
         let done = pb::SiteInstalled::decode(s.outbox[0].payload.as_slice()).unwrap();
         assert!(done.results.iter().all(|r| r.outcome == pb::NodeOutcome::Succeeded as i32));
         assert_eq!(decide(&s, &Input::ContainersApplied, &cause, 1), Decision::Ignore);
+    }
+
+    #[test]
+    fn each_phase_is_timed_from_when_the_saga_entered_it() {
+        let saga = start(&Envelope::root(), &design(2), resolve(&design(2), &catalog()).unwrap(), 1_000);
+        assert_eq!(saga.phase_started_unix_ms, 1_000);
+        let cause = Envelope::root();
+        let Decision::Apply(s) = decide(&saga, &Input::Staged, &cause, 3_500) else { panic!("staged applies") };
+        assert_eq!(s.phase_started_unix_ms, 3_500);
+        assert_eq!(phase_left(&saga, &s), Some(("staging", 2.5)));
+        let inspecting = Input::OsState { node: "n0".into(), state: "inspecting".into() };
+        let Decision::Apply(t) = decide(&s, &inspecting, &cause, 4_000) else { panic!("a new Metal3 state applies") };
+        assert_eq!((t.phase_started_unix_ms, phase_left(&s, &t)), (3_500, None), "same phase: nothing left");
+        let old = pb::InstallSaga { phase_started_unix_ms: 0, ..(*t).clone() };
+        let next = pb::InstallSaga { phase: InstallPhase::Failed as i32, phase_started_unix_ms: 9_000, ..(*t).clone() };
+        assert_eq!(phase_left(&old, &next), None, "a saga from before phases were timed");
+        assert_eq!(phase_left(&t, &next), Some(("provisioning_os", 5.5)));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! The client commands ([`client`]) use only `bus-schema`; `up` and `serve` wire in the
 //! consumers and site gateways, which is why this crate depends on them.
 
+pub mod api;
 pub mod artifacts_cli;
 pub mod bench;
 pub mod bench_transfer;
@@ -12,8 +13,10 @@ pub mod design;
 pub mod embedded;
 pub mod fleet;
 pub mod output;
+pub mod progress;
 pub mod secrets_cli;
 pub mod serve;
+pub mod telemetry;
 pub mod up;
 
 use std::path::PathBuf;
@@ -24,8 +27,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Brings up and patches fleets of bare-metal edge sites, event-driven on NATS JetStream.
 ///
-/// Start here: `landfall up` runs everything on this machine (a nats-server, the consumers,
-/// and simulated sites); then, from another shell, `landfall site install edge-01 --wait`.
+/// Start here: `landfall up` runs everything on this machine (a nats-server, every service,
+/// simulated sites, and the HTTP API with its live dashboard; it prints the URL and tokens) and
+/// installs the sites one by one so there is something to watch. Then, from another shell:
+/// `landfall status`, `landfall events -f`, `landfall site install edge-01 --wait`.
+///
+/// Every command takes `--help`; `-o json|yaml` prints what a command reads for programs.
 #[derive(Debug, Parser)]
 #[command(name = "landfall", version)]
 pub struct Cli {
@@ -33,6 +40,8 @@ pub struct Cli {
     /// instead of starting one.
     #[arg(long, global = true, env = "NATS_URL")]
     pub nats_url: Option<String>,
+    #[command(flatten)]
+    pub telemetry: telemetry::TelemetryArgs,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -40,7 +49,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the whole system on this machine: nats-server (unless NATS_URL is set), every
-    /// consumer, and simulated sites. Ctrl-C stops it.
+    /// service, simulated sites, and the HTTP API and dashboard. Ctrl-C stops it.
     Up(up::UpArgs),
     /// Register and install sites.
     #[command(subcommand)]
@@ -76,6 +85,12 @@ pub enum Command {
     /// Measure landfall against raw JetStream on a real nats-server.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Print a shell completion script, e.g. `landfall completions bash > /etc/bash_completion.d/landfall`
+    /// (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -108,7 +123,7 @@ pub struct InstallArgs {
     /// Install this design revision (see `landfall design apply`) instead of the latest.
     #[arg(long)]
     pub revision: Option<u64>,
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
 
@@ -122,7 +137,7 @@ pub enum PackageCommand {
     Register(RegisterPackageArgs),
     /// Every catalog entry, and whether its name has an auto-rollout policy.
     List {
-        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
     /// Move every selected node that runs NAME to VERSION, site by site in waves.
@@ -240,7 +255,7 @@ pub struct PatchArgs {
     /// starts the rollout once.
     #[arg(long)]
     pub id: Option<uuid::Uuid>,
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
 
@@ -248,13 +263,13 @@ pub struct PatchArgs {
 pub enum RolloutCommand {
     /// Every rollout, newest first.
     List {
-        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
     /// One rollout: its state, and every site and node of its plan with what happened to it.
     Show {
         id: String,
-        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
     /// Start no more sites; sites already patching finish.
@@ -300,7 +315,7 @@ pub struct NodeAddArgs {
     /// How long --wait waits.
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     pub timeout: Duration,
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
 
@@ -318,21 +333,27 @@ pub struct EventsArgs {
     /// Keep printing new events as they happen.
     #[arg(long, short = 'f')]
     pub follow: bool,
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     pub site: Option<String>,
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
 
+/// How a command prints what it reads: `-o table|json|yaml`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    Text,
+    /// For people: tables and lines (`text` is accepted too).
+    #[value(alias = "text")]
+    Table,
+    /// For programs: JSON (one object per line when following events).
     Json,
+    /// For people and programs: YAML (one document per event when following events).
+    Yaml,
 }
 
 /// Parses `90s`, `5m`, `2h`, `1500ms` or plain seconds.
@@ -350,17 +371,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-fn init_tracing(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-}
-
 /// The `landfall` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let service = matches!(cli.command, Command::Up(_) | Command::Serve(_));
-    init_tracing(if service { "info,async_nats=warn" } else { "warn" });
+    telemetry::init_logs(cli.telemetry.log_format, if service { "info,async_nats=warn" } else { "warn" });
     block_on(run(cli))
 }
 
@@ -374,12 +389,15 @@ pub struct GatewayCli {
     pub nats_url: String,
     #[command(flatten)]
     pub gateway: serve::GatewayArgs,
+    #[command(flatten)]
+    pub telemetry: telemetry::TelemetryArgs,
 }
 
 pub fn gateway_main() -> ExitCode {
     let cli = GatewayCli::parse();
-    init_tracing("info,async_nats=warn");
+    telemetry::init_logs(cli.telemetry.log_format, "info,async_nats=warn");
     block_on(async move {
+        let _metrics = telemetry::start(&cli.telemetry).await?;
         serve::gateway(cli.gateway, &cli.nats_url, serve::shutdown_on_signal()).await?;
         Ok(ExitCode::SUCCESS)
     })
@@ -407,6 +425,11 @@ pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let url = cli.nats_url.clone().unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
+    // Services serve their metrics while they run; the client commands have none to serve.
+    let _metrics = match cli.command {
+        Command::Up(_) | Command::Serve(_) => telemetry::start(&cli.telemetry).await?,
+        _ => None,
+    };
     match cli.command {
         Command::Up(args) => up::run(args, cli.nats_url).await,
         Command::Serve(cmd) => serve::run(cmd, &url).await,
@@ -425,6 +448,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => client::status(&url, &args).await,
         Command::Kubeconfig(cmd) => secrets_cli::kubeconfig(&url, cmd).await,
         Command::Bmc(cmd) => secrets_cli::bmc(&url, cmd).await,
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "landfall", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -445,5 +473,6 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+        GatewayCli::command().debug_assert();
     }
 }

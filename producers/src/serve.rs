@@ -27,6 +27,8 @@ pub enum ServeCommand {
     Kubeconfig(KeyArgs),
     /// The distribution service: sends artifacts from the artifact store to site gateways.
     Distribution(StoreArgs),
+    /// The HTTP API and dashboard: commands as JSON, read models, events as Server-Sent Events.
+    Api(crate::api::ApiArgs),
     /// A site gateway: over a simulated site built from the site's registered design
     /// (`--backend sim`), or over the site's Metal3 and BPA (`--backend kube`).
     Gateway(Box<GatewayArgs>),
@@ -299,6 +301,17 @@ pub async fn run(cmd: ServeCommand, url: &str) -> anyhow::Result<ExitCode> {
             consumers::run_distribution(bus, store, Default::default(), shutdown).await?;
         }
         ServeCommand::Gateway(args) => gateway(*args, url, shutdown).await?,
+        ServeCommand::Api(args) => {
+            let tokens = match &args.tokens {
+                Some(path) => crate::api::auth::Tokens::from_file(path)?,
+                None => anyhow::bail!("no tokens: pass --api-tokens FILE (or set LANDFALL_API_TOKENS_FILE)"),
+            };
+            let bus = connect_service(url, "landfall-api").await?;
+            let metrics = crate::telemetry::prometheus()?;
+            let render: crate::api::MetricsRender = Arc::new(move || crate::telemetry::render(&metrics));
+            let (_, task) = crate::api::serve(bus, tokens, args.listen, Some(render), shutdown).await?;
+            task.await??;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

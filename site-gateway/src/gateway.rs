@@ -346,14 +346,63 @@ impl<B: SiteBackend> runtime::Handler for Gateway<B> {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
         let kind = d.kind()?;
         debug!(site = %self.site, kind, id = %d.envelope.id, delivered = d.delivered, "job");
-        match kind {
+        let Some(kind) = JOB_KINDS.iter().copied().find(|k| *k == kind) else {
+            return Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such job kind {kind:?}")));
+        };
+        let timer = JobTimer::start(&self.site, kind);
+        let result = match kind {
             pb::StageArtifacts::KIND => self.stage(d).await,
             pb::ProvisionOs::KIND => self.provision(d).await,
             pb::InstallBinaries::KIND => self.install_binaries(d).await,
             pb::ApplyContainerPackages::KIND => self.apply_containers(d).await,
             pb::PatchNodes::KIND => self.patch(d).await,
-            other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such job kind {other:?}"))),
-        }
+            other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no handler for {other:?} jobs"))),
+        };
+        timer.finish(&result);
+        result
+    }
+}
+
+/// The job kinds a gateway carries out.
+const JOB_KINDS: [&str; 5] = [
+    pb::StageArtifacts::KIND,
+    pb::ProvisionOs::KIND,
+    pb::InstallBinaries::KIND,
+    pb::ApplyContainerPackages::KIND,
+    pb::PatchNodes::KIND,
+];
+
+/// A job in hand: counted in its site's jobs in flight until it is finished or dropped, and
+/// timed by kind and outcome.
+struct JobTimer {
+    site: String,
+    kind: &'static str,
+    started: std::time::Instant,
+}
+
+impl JobTimer {
+    fn start(site: &SiteId, kind: &'static str) -> Self {
+        let site = site.to_string();
+        metrics::gauge!("landfall_gateway_jobs_in_flight", "site" => site.clone()).increment(1.0);
+        Self { site, kind, started: std::time::Instant::now() }
+    }
+
+    /// Records the job's time: `done` when the handler settled it (its events, a `JobFailed`
+    /// included, are out), `retried` when it goes back for redelivery, `rejected` when refused.
+    fn finish(self, result: &Result<(), HandlerError>) {
+        let outcome = match result {
+            Ok(()) => "done",
+            Err(HandlerError::Transient(_) | HandlerError::Wait { .. }) => "retried",
+            Err(HandlerError::Reject(_)) => "rejected",
+        };
+        let seconds = self.started.elapsed().as_secs_f64();
+        metrics::histogram!("landfall_gateway_job_seconds", "kind" => self.kind, "outcome" => outcome).record(seconds);
+    }
+}
+
+impl Drop for JobTimer {
+    fn drop(&mut self) {
+        metrics::gauge!("landfall_gateway_jobs_in_flight", "site" => std::mem::take(&mut self.site)).decrement(1.0);
     }
 }
 
