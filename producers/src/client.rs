@@ -94,10 +94,12 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
     }
     let Some(reader) = reader.as_mut() else { return Ok(ExitCode::SUCCESS) };
 
+    let mut bars = crate::progress::wanted(args.output).then(|| crate::progress::InstallBars::new(site.as_str()));
     let verdict = follow(reader, &env.id, args.timeout, |next| {
-        match args.output {
-            Format::Json => println!("{}", event_json(next)),
-            Format::Text => eprintln!("{}", event_line(next)),
+        match (args.output, bars.as_mut()) {
+            (Format::Table, Some(bars)) => bars.on_event(next),
+            (Format::Table, None) => eprintln!("{}", event_line(next)),
+            (format, _) => crate::output::emit_line(format, &event_json(next))?,
         }
         install_verdict(next)
     })
@@ -176,8 +178,8 @@ pub async fn events(url: &str, args: &EventsArgs) -> anyhow::Result<ExitCode> {
     while let Some(e) = reader.next().await {
         let e = e?;
         match args.output {
-            Format::Json => println!("{}", event_json(&e)),
-            Format::Text => println!("{}", event_line(&e)),
+            Format::Json | Format::Yaml => crate::output::emit_line(args.output, &event_json(&e))?,
+            Format::Table => println!("{}", event_line(&e)),
         }
         if !args.follow && e.pending == 0 {
             break;
@@ -307,8 +309,8 @@ pub async fn status(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
         }
     }
     match args.output {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&all)?),
-        Format::Text => print_status(&all, args.site.is_some()),
+        Format::Json | Format::Yaml => crate::output::emit(args.output, &serde_json::to_value(&all)?)?,
+        Format::Table => print_status(&all, args.site.is_some()),
     }
     Ok(ExitCode::SUCCESS)
 }

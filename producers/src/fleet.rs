@@ -224,8 +224,8 @@ pub async fn package_list(url: &str, output: Format) -> anyhow::Result<ExitCode>
         kv.scan::<pb::PackagePolicy>(keys::POLICY_PREFIX).await?.into_iter().map(|(_, p, _)| p).collect();
     let rows = catalog_rows(packages, &policies);
     match output {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&catalog_json(&rows))?),
-        Format::Text => print!("{}", catalog_text(&rows)),
+        Format::Json | Format::Yaml => crate::output::emit(output, &catalog_json(&rows))?,
+        Format::Table => print!("{}", catalog_text(&rows)),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -368,10 +368,8 @@ async fn dry_run(
         eprintln!("note: no registered site matches the selector");
     }
     match output {
-        Format::Json => {
-            println!("{}", serde_json::to_string_pretty(&plan_json(name.as_str(), version.as_str(), &plan))?)
-        }
-        Format::Text => print!("{}", plan_text(name.as_str(), version.as_str(), &plan)),
+        Format::Json | Format::Yaml => crate::output::emit(output, &plan_json(name.as_str(), version.as_str(), &plan))?,
+        Format::Table => print!("{}", plan_text(name.as_str(), version.as_str(), &plan)),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -407,11 +405,11 @@ pub async fn patch(url: &str, args: &PatchArgs) -> anyhow::Result<ExitCode> {
     let dup = if ack.duplicate { " (duplicate id: already published)" } else { "" };
     eprintln!("PatchPackage {name}@{version} published on {}{dup}; the rollout id is its id", cmd.subject());
     match args.output {
-        Format::Json => println!(
-            "{}",
-            json!({ "rollout_id": env.id, "subject": cmd.subject(), "duplicate": ack.duplicate, "seq": ack.sequence })
-        ),
-        Format::Text => println!("{}", env.id),
+        Format::Json | Format::Yaml => crate::output::emit_line(
+            args.output,
+            &json!({ "rollout_id": env.id, "subject": cmd.subject(), "duplicate": ack.duplicate, "seq": ack.sequence }),
+        )?,
+        Format::Table => println!("{}", env.id),
     }
     if ack.duplicate && reader.is_some() {
         // The rollout started with the first publish: follow it from the start.
@@ -430,6 +428,7 @@ async fn follow_rollout(
     let deadline = tokio::time::Instant::now() + timeout;
     // The plan says which sites each wave has (RolloutWaveStarted does not list them).
     let mut planned: Option<pb::RolloutPlanned> = None;
+    let mut bars = crate::progress::wanted(output).then(|| crate::progress::RolloutBars::new(id));
     loop {
         let next = match tokio::time::timeout_at(deadline, reader.next()).await {
             Err(_) => {
@@ -440,9 +439,10 @@ async fn follow_rollout(
             Ok(Some(e)) => e?,
         };
         let Some(event) = RolloutEvent::of(&next.delivery, id) else { continue };
-        match output {
-            Format::Json => println!("{}", event_json(&next)),
-            Format::Text => eprintln!("{}", event.line(planned.as_ref())),
+        match (output, bars.as_mut()) {
+            (Format::Table, Some(bars)) => bars.on_event(&event),
+            (Format::Table, None) => eprintln!("{}", event.line(planned.as_ref())),
+            (format, _) => crate::output::emit_line(format, &event_json(&next))?,
         }
         if let RolloutEvent::Planned(p) = &event {
             planned = Some(p.clone());
@@ -608,7 +608,7 @@ pub async fn rollout(url: &str, cmd: RolloutCommand) -> anyhow::Result<ExitCode>
 }
 
 /// A rollout id as given on the command line: a UUID.
-fn rollout_id(id: &str) -> anyhow::Result<String> {
+pub(crate) fn rollout_id(id: &str) -> anyhow::Result<String> {
     let id = uuid::Uuid::parse_str(id.trim())
         .map_err(|_| anyhow!("{id:?} is not a rollout id (a UUID, as `landfall rollout list` shows)"))?;
     Ok(id.to_string())
@@ -721,11 +721,10 @@ async fn rollout_list(url: &str, output: Format) -> anyhow::Result<ExitCode> {
         .collect();
     sort_newest_first(&mut rollouts);
     match output {
-        Format::Json => {
-            let all: Vec<Value> = rollouts.iter().map(rollout_summary_json).collect();
-            println!("{}", serde_json::to_string_pretty(&all)?);
+        Format::Json | Format::Yaml => {
+            crate::output::emit(output, &Value::Array(rollouts.iter().map(rollout_summary_json).collect()))?
         }
-        Format::Text => print!("{}", rollouts_text(&rollouts)),
+        Format::Table => print!("{}", rollouts_text(&rollouts)),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -1045,31 +1044,40 @@ pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
     out
 }
 
-async fn rollout_show(url: &str, id: &str, output: Format) -> anyhow::Result<ExitCode> {
-    let id = rollout_id(id)?;
-    let bus = connect(url).await?;
+/// A rollout and every site and node of its plan with what happened to it; `None` when there
+/// is no such rollout. `id` must be a rollout id (see [`rollout_id`]).
+pub async fn rollout_detail(bus: &Bus, id: &str) -> anyhow::Result<Option<(pb::Rollout, Vec<SiteView>)>> {
     let sagas = bus.kv(names::SAGAS_BUCKET).await?;
-    let r = get_rollout(&sagas, &id).await?;
+    let Some((r, _)) = sagas.get::<pb::Rollout>(&keys::rollout(id)).await? else { return Ok(None) };
     let mut plan = Vec::new();
     for chunk in 0..r.plan_chunks {
-        let Some((c, _)) = sagas.get::<pb::RolloutPlanChunk>(&keys::rollout_plan(&id, chunk)).await? else {
-            eprintln!("warning: plan chunk {chunk} of rollout {id} is missing");
+        let Some((c, _)) = sagas.get::<pb::RolloutPlanChunk>(&keys::rollout_plan(id, chunk)).await? else {
+            tracing::warn!(rollout = id, chunk, "a plan chunk of the rollout is missing");
             continue;
         };
         plan.extend(c.sites.into_iter().enumerate().map(|(i, s)| (c.first_index + i as u32, s)));
     }
     let records: BTreeMap<String, pb::RolloutSite> = sagas
-        .scan::<pb::RolloutSite>(&keys::rollout_sites_prefix(&id))
+        .scan::<pb::RolloutSite>(&keys::rollout_sites_prefix(id))
         .await?
         .into_iter()
         .map(|(_, s, _)| (s.site_id.clone(), s))
         .collect();
     let (name, _) = package_of(&r);
-    let observed = observed_package(&bus, &name).await?;
+    let observed = observed_package(bus, &name).await?;
     let sites = rollout_sites(&r, &plan, &records, &observed);
+    Ok(Some((r, sites)))
+}
+
+async fn rollout_show(url: &str, id: &str, output: Format) -> anyhow::Result<ExitCode> {
+    let id = rollout_id(id)?;
+    let bus = connect(url).await?;
+    let Some((r, sites)) = rollout_detail(&bus, &id).await? else {
+        bail!("there is no rollout {id} (landfall rollout list shows them all)")
+    };
     match output {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&rollout_show_json(&r, &sites))?),
-        Format::Text => print!("{}", rollout_show_text(&r, &sites)),
+        Format::Json | Format::Yaml => crate::output::emit(output, &rollout_show_json(&r, &sites))?,
+        Format::Table => print!("{}", rollout_show_text(&r, &sites)),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -1187,18 +1195,18 @@ pub async fn node_add(url: &str, args: &NodeAddArgs) -> anyhow::Result<ExitCode>
         bail!("simulated site {site} refused the host: {}", err.as_str());
     }
     match args.output {
-        Format::Json => println!(
-            "{}",
-            json!({
+        Format::Json | Format::Yaml => crate::output::emit_line(
+            args.output,
+            &json!({
                 "site": site.as_str(),
                 "node": node.name.as_str(),
                 "role": node.role.as_str(),
                 "boot_mac": node.boot_mac.as_str(),
                 "bmc_address": node.bmc_address.as_str(),
                 "appeared": true,
-            })
-        ),
-        Format::Text => println!(
+            }),
+        )?,
+        Format::Table => println!(
             "host {} ({}, {}) appeared at {site}; its gateway announces it (NodeAdded), then the orchestrator \
              provisions it and joins it to the cluster",
             node.name,
@@ -1222,8 +1230,8 @@ pub async fn node_add(url: &str, args: &NodeAddArgs) -> anyhow::Result<ExitCode>
             continue;
         }
         match args.output {
-            Format::Json => println!("{}", event_json(&next)),
-            Format::Text => eprintln!("{}", event_line(&next)),
+            Format::Json | Format::Yaml => crate::output::emit_line(args.output, &event_json(&next))?,
+            Format::Table => eprintln!("{}", event_line(&next)),
         }
         if let Some((code, message)) = host.join_verdict(&next.delivery) {
             eprintln!("{message}");

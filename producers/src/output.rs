@@ -4,6 +4,30 @@ use bus_schema::pb;
 use bus_schema::runtime::ReadEvent;
 use serde_json::{Value, json};
 
+/// Prints a document as `-o json` (pretty) or `-o yaml` asks.
+///
+/// # Errors
+/// When the value cannot be written as YAML (it always can be as JSON).
+pub fn emit(format: crate::Format, v: &Value) -> anyhow::Result<()> {
+    match format {
+        crate::Format::Yaml => print!("{}", serde_yaml::to_string(v)?),
+        _ => println!("{}", serde_json::to_string_pretty(v)?),
+    }
+    Ok(())
+}
+
+/// Prints one item of a stream: a JSON line, or a YAML document of its own.
+///
+/// # Errors
+/// As [`emit`].
+pub fn emit_line(format: crate::Format, v: &Value) -> anyhow::Result<()> {
+    match format {
+        crate::Format::Yaml => print!("---\n{}", serde_yaml::to_string(v)?),
+        _ => println!("{v}"),
+    }
+    Ok(())
+}
+
 /// One event as a JSON object: where it sits in the stream, its headers, and its payload.
 pub fn event_json(e: &ReadEvent) -> Value {
     let d = &e.delivery;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::consumer::DeliverPolicy;
-use bus_schema::domain::SiteDesign;
+use bus_schema::domain::{SiteDesign, SiteId};
+use bus_schema::names;
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
@@ -43,9 +44,14 @@ pub struct UpArgs {
     /// Run simulated sites this many times faster than real ones.
     #[arg(long, default_value_t = DEFAULT_TIME_SCALE)]
     pub time_scale: f64,
-    /// Install every site at startup (InstallSite through the bus, all at once).
-    #[arg(long)]
-    pub install: bool,
+    /// Which sites to install at startup (through the bus, as any client would): `one-by-one`
+    /// installs each site that was never installed, the next once the one before has ended,
+    /// so there is an install to watch on the dashboard; `all` installs them at once; `first`
+    /// only the first; `none` waits for you. A site installed before is left alone.
+    #[arg(long, value_enum, default_value = "one-by-one", num_args = 0..=1, default_missing_value = "all")]
+    pub install: InstallAtStart,
+    #[command(flatten)]
+    pub api: crate::api::ApiArgs,
     /// A new host appears at one of the sites (in turn) this often; its gateway announces it
     /// and the orchestrator joins it to the cluster. E.g. 30s, 5m.
     #[arg(long, value_parser = crate::parse_duration)]
@@ -53,6 +59,14 @@ pub struct UpArgs {
     /// Where artifacts are kept (default: the data directory's `artifacts`).
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InstallAtStart {
+    None,
+    First,
+    OneByOne,
+    All,
 }
 
 /// The demo packages' stand-in bytes `up` uploads are this many times smaller than the real
@@ -249,19 +263,45 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         sims.push(backend);
     }
     register_demo(&bus, catalog, &designs).await?;
-    if args.install {
-        for d in &designs {
-            let cmd = pb::InstallSite { site_id: d.site.to_string(), design_revision: 0 };
-            bus.publish_command(&cmd, &Envelope::root()).await?;
-        }
-        info!(sites = designs.len(), "installing every site");
+    let never_installed = never_installed(&bus, &designs).await?;
+    let to_install: Vec<SiteId> = match args.install {
+        InstallAtStart::None => Vec::new(),
+        InstallAtStart::First => never_installed.into_iter().take(1).collect(),
+        InstallAtStart::OneByOne | InstallAtStart::All => never_installed,
+    };
+    if !to_install.is_empty() {
+        info!(sites = to_install.len(), one_by_one = args.install == InstallAtStart::OneByOne, "installing");
+        services.spawn(install_at_start(
+            bus.clone(),
+            to_install,
+            args.install == InstallAtStart::OneByOne,
+            shutdown.clone(),
+        ));
     }
+
+    let (tokens, operator_token, viewer_token) = match &args.api.tokens {
+        Some(path) => (crate::api::auth::Tokens::from_file(path)?, String::new(), String::new()),
+        None => crate::api::auth::local_tokens(&args.data_dir)?,
+    };
+    let metrics = crate::telemetry::prometheus()?;
+    let render: crate::api::MetricsRender = Arc::new(move || crate::telemetry::render(&metrics));
+    let (api_addr, api_task) =
+        crate::api::serve(bus.clone(), tokens, args.api.listen, Some(render), shutdown.clone()).await?;
+    services.spawn(async move { api_task.await? });
     if let Some(every) = args.node_arrival_every {
         services.spawn(node_arrivals(sims, args.nodes, every, shutdown.clone()));
     }
 
-    let banner =
-        Banner { url: &url, nats: nats.as_ref(), designs: &designs, key_id: &key.current_id(), store_url: store.url() };
+    let banner = Banner {
+        url: &url,
+        nats: nats.as_ref(),
+        designs: &designs,
+        key_id: &key.current_id(),
+        store_url: store.url(),
+        api: api_addr,
+        operator_token: &operator_token,
+        viewer_token: &viewer_token,
+    };
     print_banner(&args, banner);
 
     tokio::select! {
@@ -283,6 +323,57 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     }
     println!("landfall stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The demo sites that no install has ever started on.
+async fn never_installed(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<Vec<SiteId>> {
+    let sagas = bus.kv(names::SAGAS_BUCKET).await?;
+    let mut out = Vec::new();
+    for d in designs {
+        if sagas.get::<pb::SiteLease>(&names::keys::latest_install(d.site.as_str())).await?.is_none() {
+            out.push(d.site.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Installs `sites` through the bus: all at once, or one after the other (the next once the
+/// one before has ended, however it ended).
+async fn install_at_start(
+    bus: Bus,
+    sites: Vec<SiteId>,
+    one_by_one: bool,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let ends = vec![
+        pb::SiteInstalled::filter(),
+        pb::SiteInstallFailed::filter(),
+        names::events_of_kind("command", "rejected"),
+    ];
+    for site in sites {
+        let env = Envelope::root();
+        let mut reader = bus.read_events(ends.clone(), DeliverPolicy::New).await?;
+        let cmd = pb::InstallSite { site_id: site.to_string(), design_revision: 0 };
+        bus.publish_command(&cmd, &env).await?;
+        if !one_by_one {
+            continue;
+        }
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                n = reader.next() => n,
+            };
+            match next {
+                Some(Ok(e)) if e.delivery.envelope.correlation == env.id => break,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.into()),
+                None => break,
+            }
+        }
+    }
+    // Done: wait for the others, as every service does.
+    shutdown.cancelled().await;
+    Ok(())
 }
 
 /// Every `every`, a new worker host appears at the next site in turn.
@@ -324,10 +415,28 @@ struct Banner<'a> {
     designs: &'a [SiteDesign],
     key_id: &'a str,
     store_url: &'a str,
+    api: std::net::SocketAddr,
+    operator_token: &'a str,
+    viewer_token: &'a str,
 }
 
 fn print_banner(args: &UpArgs, banner: Banner<'_>) {
-    let Banner { url, nats, designs, key_id, store_url } = banner;
+    let Banner { url, nats, designs, key_id, store_url, api, operator_token, viewer_token } = banner;
+    let web = format!("http://{api}");
+    let (dashboard, tokens) = if operator_token.is_empty() {
+        (
+            format!("{web}/"),
+            format!("from {}", args.api.tokens.as_ref().map(|p| p.display().to_string()).unwrap_or_default()),
+        )
+    } else {
+        (
+            format!("{web}/#token={operator_token}"),
+            format!(
+                "operator {operator_token}\n             viewer   {viewer_token}   ({})",
+                args.data_dir.join("api-tokens.yaml").display()
+            ),
+        )
+    };
     let first = designs.first().map(|d| d.site.to_string()).unwrap_or_default();
     let last = designs.last().map(|d| d.site.to_string()).unwrap_or_default();
     let nats_line = match nats {
@@ -342,9 +451,13 @@ fn print_banner(args: &UpArgs, banner: Banner<'_>) {
   artifacts  {store}
   sites      {first} .. {last}: {nodes} nodes each, simulated Metal3 + BPA ({scale}x real time)
   data key   {key} ({keyfile})
+  dashboard  {dashboard}
+  HTTP API   {web}/v1 (OpenAPI: {web}/openapi.json)
+  tokens     {tokens}
 
 Try, in another shell:
-  landfall{url_hint} site install {first} --wait       (or start up with --install)
+  curl -H \"Authorization: Bearer {viewer}\" {web}/v1/sites
+  landfall{url_hint} site install {first} --wait       (up --install none leaves installs to you)
   landfall{url_hint} events --site {first}
   landfall{url_hint} status {first}
   landfall{url_hint} package register --name kubelet --version 1.29.3 --kind binary --sha256 {sha} --size 111955968
@@ -363,6 +476,7 @@ Ctrl-C stops everything.",
         new = args.nodes + 100,
         keyfile = args.data_dir.join("secret.key").display(),
         store = store_url,
+        viewer = if viewer_token.is_empty() { "TOKEN" } else { viewer_token },
     );
 }
 

@@ -1,6 +1,7 @@
 //! Test support: a real nats-server per test ([`nats`]) and a running landfall over
 //! simulated sites ([`fleet`]).
 
+pub mod api;
 pub mod bpa_rest;
 pub mod cli;
 pub mod fleet;

@@ -102,3 +102,28 @@ packages:
     assert!(err.contains("bmc_address") && err.contains("telnet"), "{err}");
     fleet.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_formats_agree_and_completions_cover_every_command() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(1).start().await;
+    let json_out = landfall(&server.url(), &["package", "list", "-o", "json"]).await;
+    let yaml_out = landfall(&server.url(), &["package", "list", "-o", "yaml"]).await;
+    assert!(json_out.status.success() && yaml_out.status.success(), "{}", text(&yaml_out.stderr));
+    let from_json: serde_json::Value = serde_json::from_slice(&json_out.stdout).unwrap();
+    let from_yaml: serde_json::Value = serde_yaml::from_slice(&yaml_out.stdout).unwrap();
+    assert_eq!(from_json, from_yaml);
+    assert_eq!(from_json.as_array().unwrap().len(), fleet.catalog.len());
+    // `text` is still understood, as `table`.
+    let table = landfall(&server.url(), &["package", "list", "-o", "text"]).await;
+    assert!(table.status.success() && text(&table.stdout).contains("kubelet"), "{}", text(&table.stderr));
+
+    let bash = landfall(&server.url(), &["completions", "bash"]).await;
+    let script = text(&bash.stdout);
+    assert!(bash.status.success() && script.contains("complete -F"), "{script}");
+    for sub in ["site", "package", "rollout", "node", "events", "status", "kubeconfig", "serve", "up"] {
+        assert!(script.contains(sub), "completions lack {sub}");
+    }
+    let help = landfall(&server.url(), &["--help"]).await;
+    assert!(text(&help.stdout).contains("landfall up"), "{}", text(&help.stdout));
+}

@@ -1,0 +1,235 @@
+//! `POST /v1/commands/<kind>`: a command as JSON (the protobuf message's fields by their
+//! .proto names), checked, encoded and published on the bus like any other client's.
+//!
+//! The answer is 202 once JetStream has stored the command; what it leads to is told by the
+//! events correlated with its id (`GET /v1/events?correlation=<id>`). A command the API can
+//! tell is wrong is refused with 422 before it reaches the bus; one only the orchestrator can
+//! judge (an unknown site, a conflict) is refused there, with a `CommandRejected` event.
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::routing::post;
+use bus_schema::domain::{self, MacAddress, SiteId};
+use bus_schema::names;
+use bus_schema::pb::{self, BusCommand, BusMessage};
+use bus_schema::runtime::Envelope;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::{ApiError, ApiState};
+
+/// The header whose UUID becomes the command id: sending the same request again with the same
+/// key publishes the command once (JetStream's dedup window).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// What the API checks of a command before publishing it.
+trait Check {
+    fn check(&self) -> Result<(), String>;
+}
+
+fn site(id: &str) -> Result<(), String> {
+    SiteId::try_from(id).map(|_| ()).map_err(|e| e.to_string())
+}
+
+fn rollout_id(id: &str) -> Result<(), String> {
+    Uuid::parse_str(id).map(|_| ()).map_err(|_| format!("rollout_id {id:?} is not a rollout id (a UUID)"))
+}
+
+fn required<T>(field: &str, value: &Option<T>) -> Result<(), String> {
+    value.as_ref().map(|_| ()).ok_or_else(|| format!("{field} is required"))
+}
+
+impl Check for pb::RegisterSite {
+    fn check(&self) -> Result<(), String> {
+        required("design", &self.design)?;
+        domain::SiteDesign::try_from(self.design.clone().unwrap_or_default()).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+impl Check for pb::InstallSite {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)
+    }
+}
+
+impl Check for pb::StageSite {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)
+    }
+}
+
+impl Check for pb::ApplyDesign {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)?;
+        if self.sources.is_empty() {
+            return Err("sources: at least one design document is required".into());
+        }
+        Ok(())
+    }
+}
+
+impl Check for pb::NodeAdded {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)?;
+        required("node", &self.node)?;
+        domain::NodeDesign::try_from(self.node.clone().unwrap_or_default()).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+impl Check for pb::NodeRemoved {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)?;
+        domain::NodeName::try_from(self.node.as_str()).map_err(|e| e.to_string())?;
+        if !self.boot_mac.is_empty() {
+            MacAddress::try_from(self.boot_mac.clone()).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+impl Check for pb::RegisterPackage {
+    fn check(&self) -> Result<(), String> {
+        required("package", &self.package)?;
+        domain::Package::try_from(self.package.clone().unwrap_or_default()).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+impl Check for pb::PatchPackage {
+    fn check(&self) -> Result<(), String> {
+        domain::PackageName::try_from(self.name.as_str()).map_err(|e| e.to_string())?;
+        domain::Version::try_from(self.version.as_str()).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+impl Check for pb::PauseRollout {
+    fn check(&self) -> Result<(), String> {
+        rollout_id(&self.rollout_id)
+    }
+}
+
+impl Check for pb::ResumeRollout {
+    fn check(&self) -> Result<(), String> {
+        rollout_id(&self.rollout_id)
+    }
+}
+
+impl Check for pb::CancelRollout {
+    fn check(&self) -> Result<(), String> {
+        rollout_id(&self.rollout_id)
+    }
+}
+
+/// A command the API publishes: its kind (the path), protobuf type and scope.
+pub struct Documented {
+    pub kind: &'static str,
+    pub type_name: &'static str,
+    /// Whether the subject's scope is a site (else the fleet).
+    pub site_scoped: bool,
+}
+
+macro_rules! commands {
+    ($($ty:ident: $site:literal),* $(,)?) => {
+        /// Every command route.
+        pub(super) fn routes() -> Router<ApiState> {
+            Router::new()$(.route(&format!("/v1/commands/{}", <pb::$ty as BusCommand>::KIND), post(publish::<pb::$ty>)))*
+        }
+
+        /// Every command the API publishes, for the OpenAPI document.
+        pub const COMMANDS: &[Documented] = &[$(Documented {
+            kind: <pb::$ty as BusCommand>::KIND,
+            type_name: <pb::$ty as BusMessage>::TYPE,
+            site_scoped: $site,
+        }),*];
+    };
+}
+
+commands!(
+    RegisterSite: true,
+    ApplyDesign: true,
+    InstallSite: true,
+    StageSite: true,
+    NodeAdded: true,
+    NodeRemoved: true,
+    RegisterPackage: false,
+    PatchPackage: false,
+    PauseRollout: false,
+    ResumeRollout: false,
+    CancelRollout: false,
+);
+
+/// The command's envelope: its id from `Idempotency-Key` (else a new one), continuing the
+/// caller's trace when it sent a `traceparent`.
+fn envelope(headers: &HeaderMap) -> Result<Envelope, ApiError> {
+    let id = match headers.get(IDEMPOTENCY_KEY) {
+        None => bus_schema::ids::new_id(),
+        Some(v) => v.to_str().ok().and_then(|s| Uuid::parse_str(s.trim()).ok()).ok_or_else(|| {
+            ApiError::bad_request("Idempotency-Key must be a UUID (it becomes the command id)".to_string())
+        })?,
+    };
+    let mut env = Envelope::root_with_id(id);
+    if let Some(parent) = headers.get(names::headers::TRACEPARENT).and_then(|v| v.to_str().ok()) {
+        env.traceparent = bus_schema::ids::traceparent(Some(parent), &env.correlation, &id);
+    }
+    Ok(env)
+}
+
+fn json_content(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers.get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap_or("")) {
+        None => Ok(()),
+        Some(ct) if ct.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")) => Ok(()),
+        Some(ct) => Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("commands are JSON: send Content-Type: application/json (this request said {ct:?})"),
+        )),
+    }
+}
+
+async fn publish<C>(
+    State(api): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, axum::Json<serde_json::Value>), ApiError>
+where
+    C: BusCommand + DeserializeOwned + Check,
+{
+    json_content(&headers)?;
+    let body = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the body is larger than the {} MiB a command may take", super::MAX_BODY >> 20),
+        ),
+        status => ApiError::new(status, "bad_request", e.body_text()),
+    })?;
+    let cmd: C = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a valid {} as JSON: {e}", C::TYPE)))?;
+    let env = envelope(&headers)?;
+    let size = prost::Message::encoded_len(&cmd);
+    if size > names::MAX_PAYLOAD {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the command is {size} bytes as protobuf; the bus takes at most {}", names::MAX_PAYLOAD),
+        ));
+    }
+    cmd.check().map_err(|reason| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", reason))?;
+    let ack = api.bus.publish_command(&cmd, &env).await.map_err(|e| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("the command was not stored: {e}"))
+    })?;
+    tracing::info!(command = C::TYPE, id = %env.id, duplicate = ack.duplicate, "command published");
+    let body = json!({
+        "id": env.id,
+        "correlation_id": env.correlation,
+        "type": C::TYPE,
+        "subject": cmd.subject(),
+        "stream_sequence": ack.sequence,
+        "duplicate": ack.duplicate,
+        "events": format!("/v1/events?correlation={}", env.id),
+    });
+    Ok((StatusCode::ACCEPTED, axum::Json(body)))
+}

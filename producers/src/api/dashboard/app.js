@@ -1,0 +1,1492 @@
+// The landfall dashboard: one page over the HTTP API, live over Server-Sent Events.
+//
+// Reads go to /v1/*, the operator's commands to /v1/commands/*, both with the bearer token.
+// Events come from /v1/events, read with fetch() (EventSource cannot send a header) and
+// parsed here. An event marks its site dirty; only the dirty sites of the page on screen are
+// fetched again (in one batched request), and the overview and rollouts at most once a
+// second, so a fleet of thousands of sites costs one page of rows per refresh.
+'use strict';
+
+(() => {
+  const PAGE_SIZE = 50;
+  const SITE_STATES = ['registered', 'installing', 'installed', 'degraded', 'failed'];
+  const ROLLOUT_PHASES = ['running', 'paused', 'halted', 'completed', 'cancelled'];
+  const FEED_MAX = 200;
+  const TIMELINE_MAX = 150;
+  const HISTORY_MS = 15 * 60 * 1000;
+  const SITE_HISTORY_MS = 24 * 60 * 60 * 1000;
+  // Refresh pacing: dirty rows at most this often, the overview and rollouts at most this often,
+  // and once more this long after the last event (the read model may trail the event a little).
+  const ROWS_EVERY_MS = 600;
+  const SUMMARY_EVERY_MS = 1000;
+  const SETTLE_MS = 2000;
+  const SAFETY_REFRESH_MS = 30000;
+  const STALL_MS = 45000;
+  const TOKEN_KEY = 'landfall.token';
+
+  // ---------------------------------------------------------------- small helpers
+
+  /** Creates an element: h('a', {href, class, dataset: {...}}, child, 'text', ...). */
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === 'class') el.className = v;
+      else if (k === 'dataset') Object.assign(el.dataset, v);
+      else if (k === 'style') Object.assign(el.style, v);
+      else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else if (k === 'text') el.textContent = v;
+      else el.setAttribute(k, v === true ? '' : String(v));
+    }
+    append(el, children);
+    return el;
+  }
+
+  /** Replaces an element's children (nested arrays flattened, null and false skipped). */
+  function fill(el, ...children) {
+    el.replaceChildren();
+    return append(el, children);
+  }
+
+  function append(el, children) {
+    for (const c of children.flat(Infinity)) {
+      if (c === undefined || c === null || c === false) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+
+  const num = (n) => Number(n || 0).toLocaleString('en-US');
+  const $ = (sel, root = document) => root.querySelector(sel);
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  const label = (s) => String(s || '').replace(/_/g, ' ');
+  const shortId = (id) => String(id || '').slice(0, 8);
+  const plural = (n, word) => `${num(n)} ${word}${Number(n) === 1 ? '' : 's'}`;
+
+  function relTime(iso) {
+    if (!iso) return '';
+    const t = Date.parse(iso);
+    if (Number.isNaN(t)) return '';
+    const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+    if (s < 5) return 'just now';
+    if (s < 60) return `${s}s ago`;
+    if (s < 3600) return `${Math.floor(s / 60)}m ago`;
+    if (s < 86400) return `${Math.floor(s / 3600)}h ago`;
+    return `${Math.floor(s / 86400)}d ago`;
+  }
+
+  function clock(iso) {
+    const d = new Date(iso);
+    return Number.isNaN(d.getTime()) ? '' : d.toLocaleTimeString('en-GB', { hour12: false });
+  }
+
+  function fullTime(iso) {
+    const d = new Date(iso);
+    return iso && !Number.isNaN(d.getTime()) ? d.toLocaleString('en-GB', { hour12: false }) : '';
+  }
+
+  function duration(fromIso, toIso) {
+    const a = Date.parse(fromIso);
+    const b = toIso ? Date.parse(toIso) : Date.now();
+    if (Number.isNaN(a) || Number.isNaN(b)) return '';
+    const s = Math.max(0, Math.round((b - a) / 1000));
+    if (s < 60) return `${s}s`;
+    if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+    return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  }
+
+  /** A <time> whose text says how long ago; refreshed by the clock tick. */
+  function ago(iso) {
+    if (!iso) return h('span', { class: 'muted' }, '—');
+    return h('time', { datetime: iso, title: fullTime(iso), dataset: { rel: iso } }, relTime(iso));
+  }
+
+  function bytes(n) {
+    const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let v = Number(n || 0);
+    let i = 0;
+    while (v >= 1024 && i < units.length - 1) {
+      v /= 1024;
+      i += 1;
+    }
+    return `${v >= 10 || i === 0 ? Math.round(v) : v.toFixed(1)} ${units[i]}`;
+  }
+
+  function badge(kind, value, extra) {
+    return h('span', { class: `badge ${kind}-${value}`, dataset: { [kind]: value } }, label(value), extra);
+  }
+
+  function toast(message, kind = 'info') {
+    const el = h('div', { class: `toast toast-${kind}` }, message);
+    $('#toasts').append(el);
+    setTimeout(() => el.classList.add('toast-out'), kind === 'error' ? 9000 : 5000);
+    setTimeout(() => el.remove(), kind === 'error' ? 9500 : 5500);
+  }
+
+  // ---------------------------------------------------------------- auth and the API
+
+  const auth = { token: sessionStorage.getItem(TOKEN_KEY) || '', who: null };
+
+  /** Takes `token=…` from the URL fragment into this tab's session storage, and out of the address bar. */
+  function takeTokenFromUrl() {
+    const m = location.hash.match(/(^#|[#&?])token=([^&]*)/);
+    if (!m) return;
+    const token = decodeURIComponent(m[2]).trim();
+    if (token) {
+      auth.token = token;
+      sessionStorage.setItem(TOKEN_KEY, token);
+    }
+    let rest = location.hash.replace(/[#&?]?token=[^&]*/, '').replace(/^#?&/, '#');
+    if (!rest || rest === '#') rest = '#/';
+    history.replaceState(null, '', location.pathname + location.search + rest);
+  }
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  async function api(path, { method = 'GET', body, signal } = {}) {
+    const headers = { Authorization: `Bearer ${auth.token}`, Accept: 'application/json' };
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    const res = await fetch(path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal,
+      cache: 'no-store',
+    });
+    const text = await res.text();
+    let json = null;
+    try {
+      json = text ? JSON.parse(text) : null;
+    } catch {
+      json = null;
+    }
+    if (res.status === 401) {
+      signOut('The token was refused: sign in again.');
+      throw new ApiError(401, 'unauthorized', (json && json.message) || 'unauthorized');
+    }
+    if (!res.ok) {
+      throw new ApiError(res.status, (json && json.error) || 'error', (json && json.message) || `${res.status} ${res.statusText}`);
+    }
+    return json;
+  }
+
+  /** Commands this tab sent, so a CommandRejected for one of them is told to its sender. */
+  const sentCommands = new Map();
+
+  async function command(kind, body, what) {
+    try {
+      const res = await api(`/v1/commands/${kind}`, { method: 'POST', body });
+      sentCommands.set(res.id, what);
+      toast(`${what}: accepted (command ${shortId(res.id)})`, 'ok');
+      return res;
+    } catch (e) {
+      if (e.status !== 401) toast(`${what}: ${e.message}`, 'error');
+      return null;
+    }
+  }
+
+  const isOperator = () => auth.who && auth.who.role === 'operator';
+
+  // ---------------------------------------------------------------- the events stream
+
+  /**
+   * Reads /v1/events with fetch() and parses the Server-Sent Events frames. Reconnects with
+   * Last-Event-ID (the server resumes right after it), and when nothing arrives, not even the
+   * keep-alive comments, for STALL_MS.
+   */
+  class EventStream {
+    constructor(params, since, onEvent, onState) {
+      this.params = params;
+      this.since = since;
+      this.onEvent = onEvent;
+      this.onState = onState || (() => {});
+      this.lastId = null;
+      this.stopped = false;
+      this.ctrl = null;
+      this.stall = null;
+    }
+
+    start() {
+      this.run();
+      return this;
+    }
+
+    stop() {
+      this.stopped = true;
+      clearTimeout(this.stall);
+      if (this.ctrl) this.ctrl.abort();
+    }
+
+    async run() {
+      let delay = 1000;
+      let connectedOnce = false;
+      while (!this.stopped) {
+        this.ctrl = new AbortController();
+        try {
+          const q = new URLSearchParams(this.params);
+          const headers = { Authorization: `Bearer ${auth.token}`, Accept: 'text/event-stream' };
+          if (this.lastId !== null) headers['Last-Event-ID'] = String(this.lastId);
+          else if (this.since) q.set('since', this.since);
+          const res = await fetch(`/v1/events?${q}`, { headers, signal: this.ctrl.signal, cache: 'no-store' });
+          if (res.status === 401) {
+            signOut('The token was refused: sign in again.');
+            return;
+          }
+          if (!res.ok || !res.body) throw new Error(`HTTP ${res.status}`);
+          this.onState('live', connectedOnce);
+          connectedOnce = true;
+          delay = 1000;
+          await this.consume(res.body);
+        } catch {
+          // Reconnect below.
+        }
+        clearTimeout(this.stall);
+        if (this.stopped) return;
+        this.onState('reconnecting');
+        await sleep(delay);
+        delay = Math.min(delay * 2, 10000);
+      }
+    }
+
+    armStall() {
+      clearTimeout(this.stall);
+      this.stall = setTimeout(() => this.ctrl && this.ctrl.abort(), STALL_MS);
+    }
+
+    async consume(body) {
+      const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = '';
+      this.armStall();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        this.armStall();
+        buf = (buf + value).replace(/\r\n/g, '\n');
+        let end;
+        while ((end = buf.indexOf('\n\n')) >= 0) {
+          const frame = buf.slice(0, end);
+          buf = buf.slice(end + 2);
+          this.frame(frame);
+        }
+      }
+    }
+
+    frame(text) {
+      let id = null;
+      let name = 'message';
+      const data = [];
+      for (const line of text.split('\n')) {
+        if (!line || line[0] === ':') continue;
+        const colon = line.indexOf(':');
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let value = colon < 0 ? '' : line.slice(colon + 1);
+        if (value[0] === ' ') value = value.slice(1);
+        if (field === 'id') id = value;
+        else if (field === 'event') name = value;
+        else if (field === 'data') data.push(value);
+      }
+      if (name === 'error' || !data.length) return;
+      if (id !== null && id !== '') {
+        const seq = Number(id);
+        if (this.lastId !== null && seq <= this.lastId) return;
+        if (Number.isFinite(seq)) this.lastId = seq;
+      }
+      let e;
+      try {
+        e = JSON.parse(data.join('\n'));
+      } catch {
+        return;
+      }
+      e.name = name;
+      try {
+        this.onEvent(e);
+      } catch (err) {
+        console.error('event handler', err);
+      }
+    }
+  }
+
+  function setConn(state) {
+    const el = $('#conn');
+    el.dataset.conn = state;
+    $('.conn-text', el).textContent = state;
+    el.title = state === 'live' ? 'Receiving events as they happen' : 'The events stream is down; retrying';
+  }
+
+  // ---------------------------------------------------------------- what an event says
+
+  function severity(type) {
+    if (/Failed|Rejected|Halted/.test(type)) return 'bad';
+    if (/Paused|Cancelled|NodeLeft/.test(type)) return 'warn';
+    if (/Installed$|Ready$|Completed$|Patched$|Provisioned$|Applied$|Stored$|Staged$/.test(type)) return 'good';
+    return 'info';
+  }
+
+  const pkg = (p) => (p && p.name ? `${p.name}@${p.version}` : '');
+
+  function summarize(type, ev) {
+    const e = ev || {};
+    switch (type) {
+      case 'SiteRegistered':
+        return plural(e.nodes, 'node');
+      case 'SiteInstallStarted':
+        return `install of ${plural((e.nodes || []).length, 'node')}`;
+      case 'NodeOsProvisioning':
+        return `${e.node}: ${e.state}`;
+      case 'NodeOsProvisioned':
+        return `${e.node}: OS ${e.image || ''}`;
+      case 'NodeBinariesInstalled':
+        return `${e.node}: ${(e.binaries || []).map(pkg).join(', ')}`;
+      case 'NodeFailed':
+      case 'NodeJoinFailed':
+        return `${e.node} at ${e.step}: ${e.reason}`;
+      case 'NodeReady':
+        return `${e.node} ready`;
+      case 'ClusterReady':
+        return `${(e.masters || []).length} masters, ${(e.workers || []).length} workers`;
+      case 'SiteInstalled':
+        return `outcome ${label(String(e.outcome || '').replace(/^INSTALL_OUTCOME_/, '').toLowerCase())}`;
+      case 'SiteInstallFailed':
+        return e.reason || 'failed';
+      case 'PackageRegistered':
+        return pkg(e.package);
+      case 'NodePatched':
+        return `${e.node}: ${e.from_version} → ${pkg(e.package)}`;
+      case 'NodePatchFailed':
+        return `${e.node}: ${pkg(e.package)}: ${e.reason}`;
+      case 'SitePatched':
+        return `${(e.patched || []).length} patched, ${(e.failed || []).length} failed`;
+      case 'RolloutPlanned':
+        return `${pkg(e.package)} to ${e.planned_nodes} nodes in ${e.waves} waves`;
+      case 'RolloutWaveStarted':
+        return `wave ${(e.wave || 0) + 1}: ${(e.site_ids || []).length} sites${e.canary ? ' (canary)' : ''}`;
+      case 'ContainerPackagesApplied':
+        return (e.packages || []).map(pkg).join(', ');
+      case 'KubeconfigStored':
+        return `sealed with key ${e.key_id}`;
+      case 'ArtifactsStaged':
+        return `${e.artifacts || 0} artifacts, ${bytes(e.bytes_transferred)} moved, ${bytes(e.bytes_present)} cached`;
+      case 'RolloutProgress':
+        return `${e.patched || 0}/${e.planned_nodes || 0} patched, ${e.failed || 0} failed`;
+      case 'RolloutHalted':
+      case 'RolloutPaused':
+      case 'RolloutCancelled':
+        return e.reason || '';
+      case 'RolloutCompleted':
+        return `${pkg(e.package)}: ${e.patched || 0} patched, ${e.failed || 0} failed`;
+      case 'CommandRejected':
+      case 'MessageRejected':
+        return `${String(e.command_type || e.message_type || '').replace(/^landfall\.v1\./, '')}: ${e.reason}`;
+      default:
+        break;
+    }
+    const parts = [];
+    for (const [k, v] of Object.entries(e)) {
+      if (k === 'site_id' || v === '' || v === null || v === 0 || v === false) continue;
+      if (Array.isArray(v)) {
+        if (v.length) parts.push(`${label(k)} ${v.length}`);
+      } else if (typeof v === 'object') {
+        if (v.name && v.version) parts.push(pkg(v));
+      } else if (k === 'rollout_id') {
+        parts.push(`rollout ${shortId(v)}`);
+      } else {
+        parts.push(`${label(k)} ${v}`);
+      }
+    }
+    return parts.slice(0, 4).join(', ');
+  }
+
+  function eventItem(e, withSite) {
+    const type = e.name || String(e.type || '').split('.').pop();
+    const site = e.site && e.site !== 'fleet' ? e.site : null;
+    const rollout = e.event && e.event.rollout_id;
+    return h(
+      'li',
+      { class: `ev ev-${severity(type)}`, dataset: { seq: e.seq, type, site: e.site || '' } },
+      h('time', { class: 'ev-time', datetime: e.time, title: fullTime(e.time) }, clock(e.time)),
+      h(
+        'div',
+        { class: 'ev-body' },
+        h(
+          'div',
+          { class: 'ev-head' },
+          h('span', { class: 'ev-type' }, type),
+          withSite && site ? h('a', { class: 'ev-site', href: `#/sites/${encodeURIComponent(site)}` }, site) : null,
+          !site && rollout ? h('a', { class: 'ev-site', href: `#/rollouts/${rollout}` }, `rollout ${shortId(rollout)}`) : null,
+        ),
+        h('div', { class: 'ev-summary' }, summarize(type, e.event)),
+      ),
+    );
+  }
+
+  // ---------------------------------------------------------------- the live feed
+
+  const feed = {
+    queue: [],
+    scheduled: false,
+    total: 0,
+    push(e) {
+      this.total += 1;
+      this.queue.push(e);
+      if (this.queue.length > FEED_MAX) this.queue.splice(0, this.queue.length - FEED_MAX);
+      if (!this.scheduled) {
+        this.scheduled = true;
+        setTimeout(() => requestAnimationFrame(() => this.render()), 200);
+      }
+    },
+    render() {
+      this.scheduled = false;
+      const list = $('#feed');
+      const items = this.queue.splice(0).reverse().map((e) => eventItem(e, true));
+      list.prepend(...items);
+      while (list.childElementCount > FEED_MAX) list.lastElementChild.remove();
+      const empty = $('.feed-empty', list);
+      if (empty && list.childElementCount > 1) empty.remove();
+      $('#feed-count').textContent = `${num(this.total)} events`;
+    },
+  };
+
+  // ---------------------------------------------------------------- live refresh
+
+  /** What the events made stale, fetched again by `flush` at a measured pace. */
+  const stale = {
+    sites: new Set(),
+    page: false,
+    overview: false,
+    rollouts: false,
+    packages: false,
+    timer: null,
+    settleTimer: null,
+    lastRows: 0,
+    lastSummary: 0,
+    running: false,
+  };
+
+  function scheduleFlush() {
+    if (stale.timer) return;
+    const wait = Math.max(0, stale.lastRows + ROWS_EVERY_MS - Date.now());
+    stale.timer = setTimeout(flush, wait);
+  }
+
+  function markAll() {
+    stale.page = true;
+    stale.overview = true;
+    stale.rollouts = true;
+    stale.packages = true;
+    if (view && view.site) stale.sites.add(view.site);
+    scheduleFlush();
+  }
+
+  async function flush() {
+    stale.timer = null;
+    if (stale.running) {
+      scheduleFlush();
+      return;
+    }
+    stale.running = true;
+    stale.lastRows = Date.now();
+    const jobs = [];
+    try {
+      if (view && view.refreshSites) {
+        const sites = stale.sites;
+        stale.sites = new Set();
+        const page = stale.page;
+        stale.page = false;
+        jobs.push(view.refreshSites(sites, page));
+      } else {
+        stale.sites.clear();
+        stale.page = false;
+      }
+      const now = Date.now();
+      if (now - stale.lastSummary >= SUMMARY_EVERY_MS) {
+        stale.lastSummary = now;
+        if (stale.overview && view && view.refreshOverview) {
+          stale.overview = false;
+          jobs.push(view.refreshOverview());
+        }
+        if (stale.rollouts && view && view.refreshRollouts) {
+          stale.rollouts = false;
+          jobs.push(view.refreshRollouts());
+        }
+        if (stale.packages && view && view.refreshPackages) {
+          stale.packages = false;
+          jobs.push(view.refreshPackages());
+        }
+      }
+      await Promise.allSettled(jobs);
+    } finally {
+      stale.running = false;
+    }
+    const pending =
+      stale.sites.size || stale.page || (view && ((stale.overview && view.refreshOverview) || (stale.rollouts && view.refreshRollouts)));
+    if (pending) scheduleFlush();
+  }
+
+  const ROLLOUT_TYPES = /^Rollout|^NodePatch|^SitePatched$/;
+  const MEMBERSHIP_TYPES = /^(SiteRegistered|DesignApplied|NodeAccepted|NodeLeft)$/;
+  const STATE_TYPES = /^(SiteInstallStarted|SiteInstalled|SiteInstallFailed)$/;
+
+  function onEvent(e) {
+    feed.push(e);
+    const type = e.name;
+    const site = e.site && e.site !== 'fleet' ? e.site : null;
+    if (site) stale.sites.add(site);
+    if (MEMBERSHIP_TYPES.test(type) && view && view.pageHas && !view.pageHas(site)) stale.page = true;
+    if (STATE_TYPES.test(type) && view && view.filtered && view.filtered()) stale.page = true;
+    stale.overview = true;
+    if (ROLLOUT_TYPES.test(type)) stale.rollouts = true;
+    if (type === 'PackageRegistered') stale.packages = true;
+    if (type === 'CommandRejected' && e.event) {
+      const what = sentCommands.get(e.correlation_id) || sentCommands.get(e.event.command_id);
+      if (what) toast(`${what}: rejected: ${e.event.reason}`, 'error');
+    }
+    scheduleFlush();
+    // Once the events stop, everything on screen is read once more: the read model trails the
+    // events it is built from by a little, and this catches its last writes.
+    clearTimeout(stale.settleTimer);
+    stale.settleTimer = setTimeout(markAll, SETTLE_MS);
+  }
+
+  // ---------------------------------------------------------------- views
+
+  let view = null;
+
+  function mount(next) {
+    if (view && view.unmount) view.unmount();
+    view = next;
+    const root = $('#view');
+    fill(root, view.el);
+    document.title = view.title ? `${view.title} · landfall` : 'landfall';
+    for (const a of document.querySelectorAll('[data-nav]')) {
+      if (a.dataset.nav === view.nav) a.setAttribute('aria-current', 'page');
+      else a.removeAttribute('aria-current');
+    }
+  }
+
+  function errorBox(e) {
+    return h('div', { class: 'notice notice-error', role: 'alert' }, e.message || String(e));
+  }
+
+  function progressBar(done, failed, total, labelText) {
+    const t = Math.max(Number(total) || 0, 1);
+    const ok = Math.min(100, (100 * (Number(done) || 0)) / t);
+    const bad = Math.min(100 - ok, (100 * (Number(failed) || 0)) / t);
+    return h(
+      'div',
+      {
+        class: 'progress',
+        role: 'progressbar',
+        'aria-label': labelText,
+        'aria-valuemin': 0,
+        'aria-valuemax': total || 0,
+        'aria-valuenow': done || 0,
+      },
+      h('span', { class: 'progress-ok', style: { width: `${ok}%` } }),
+      h('span', { class: 'progress-bad', style: { width: `${bad}%` } }),
+    );
+  }
+
+  function versionChips(versions) {
+    const names = Object.keys(versions || {});
+    if (!names.length) return h('span', { class: 'muted' }, '—');
+    return h(
+      'div',
+      { class: 'chips' },
+      names.map((name) => {
+        const vs = versions[name] || [];
+        const mixed = vs.length > 1;
+        return h(
+          'span',
+          { class: mixed ? 'chip chip-mixed' : 'chip', title: mixed ? `${name}: nodes run ${vs.join(', ')}` : `${name} ${vs[0] || ''}`, dataset: { pkg: name } },
+          h('span', { class: 'chip-name' }, name),
+          ' ',
+          vs.join(' / '),
+        );
+      }),
+    );
+  }
+
+  // ------------------------------------------------ the fleet: overview tiles and the sites table
+
+  const fleetQuery = { state: '', q: '', offset: 0 };
+
+  function fleetView() {
+    const tiles = h('section', { class: 'tiles', id: 'overview', 'aria-label': 'Fleet overview' });
+    const rolloutsCard = h('section', { class: 'card', id: 'rollouts-card', 'aria-labelledby': 'rollouts-card-title', hidden: true });
+    const search = h('input', {
+      id: 'site-search',
+      type: 'search',
+      placeholder: 'Search sites…',
+      value: fleetQuery.q,
+      autocomplete: 'off',
+      spellcheck: 'false',
+    });
+    const stateSelect = h(
+      'select',
+      { id: 'state-filter' },
+      h('option', { value: '' }, 'All states'),
+      SITE_STATES.map((s) => h('option', { value: s, selected: fleetQuery.state === s }, label(s))),
+    );
+    const pageInfo = h('span', { id: 'page-info', class: 'page-info', 'aria-live': 'polite' });
+    const prev = h('button', { class: 'btn btn-small', type: 'button', id: 'page-prev', 'aria-label': 'Previous page' }, '‹ Prev');
+    const next = h('button', { class: 'btn btn-small', type: 'button', id: 'page-next', 'aria-label': 'Next page' }, 'Next ›');
+    const tbody = h('tbody');
+    const table = h(
+      'table',
+      { class: 'table sites', id: 'sites-table' },
+      h('caption', { class: 'sr-only' }, 'Sites, one page at a time'),
+      h(
+        'thead',
+        {},
+        h(
+          'tr',
+          {},
+          ['Site', 'State', 'Nodes ready', 'Failed', 'Versions', 'Busy', 'Last event'].map((t) => h('th', { scope: 'col' }, t)),
+        ),
+      ),
+      tbody,
+    );
+    const status = h('div', { class: 'table-status', id: 'sites-status' });
+    const el = h(
+      'div',
+      { class: 'fleet' },
+      h('div', { class: 'page-head' }, h('h1', {}, 'Fleet'), h('span', { id: 'model-state', class: 'muted small' })),
+      tiles,
+      rolloutsCard,
+      h(
+        'section',
+        { class: 'card', 'aria-labelledby': 'sites-title' },
+        h(
+          'div',
+          { class: 'card-head toolbar' },
+          h('h2', { id: 'sites-title' }, 'Sites'),
+          h('label', { class: 'sr-only', for: 'site-search' }, 'Search sites by id'),
+          search,
+          h('label', { class: 'sr-only', for: 'state-filter' }, 'Filter by state'),
+          stateSelect,
+          h('div', { class: 'pager' }, pageInfo, prev, next),
+        ),
+        h('div', { class: 'table-wrap' }, table),
+        status,
+      ),
+    );
+
+    const rows = new Map();
+    let page = { total: 0, offset: 0, items: [] };
+    let seq = 0;
+    let searchTimer = null;
+
+    function siteRow(s) {
+      const installing = s.install && s.state === 'installing' ? s.install.phase : '';
+      const failedReason = s.install && s.install.reason && (s.state === 'failed' || s.state === 'degraded') ? s.install.reason : '';
+      const le = s.last_event;
+      return h(
+        'tr',
+        { dataset: { site: s.site, state: s.state, busy: s.busy || '' } },
+        h(
+          'th',
+          { scope: 'row' },
+          h('a', { href: `#/sites/${encodeURIComponent(s.site)}`, class: 'site-link' }, s.site),
+          Object.keys(s.labels || {}).length
+            ? h('div', { class: 'labels' }, Object.entries(s.labels).map(([k, v]) => h('span', { class: 'label' }, `${k}=${v}`)))
+            : null,
+        ),
+        h(
+          'td',
+          { dataset: { field: 'state' } },
+          badge('state', s.state),
+          installing ? h('div', { class: 'sub' }, label(installing)) : null,
+          failedReason ? h('div', { class: 'sub sub-bad', title: failedReason }, failedReason) : null,
+        ),
+        h(
+          'td',
+          { dataset: { field: 'nodes' }, class: 'num' },
+          h('span', { class: 'ratio' }, `${s.nodes_ready}/${s.nodes}`),
+          progressBar(s.nodes_ready, s.nodes_failed, s.nodes, `${s.nodes_ready} of ${s.nodes} nodes ready`),
+        ),
+        h('td', { dataset: { field: 'failed' }, class: s.nodes_failed ? 'num bad' : 'num muted' }, String(s.nodes_failed)),
+        h('td', { dataset: { field: 'versions' } }, versionChips(s.versions)),
+        h('td', { dataset: { field: 'busy' } }, s.busy ? badge('busy', s.busy) : h('span', { class: 'muted' }, '—')),
+        h(
+          'td',
+          { dataset: { field: 'last-event' }, class: 'last-event' },
+          le ? h('div', { class: `ev-type ev-${severity(le.type)}`, title: le.summary }, le.type) : h('span', { class: 'muted' }, '—'),
+          le ? ago(le.time) : null,
+        ),
+      );
+    }
+
+    function renderPage() {
+      rows.clear();
+      const trs = page.items.map((s) => {
+        const tr = siteRow(s);
+        rows.set(s.site, tr);
+        return tr;
+      });
+      fill(tbody, ...trs);
+      const from = page.total ? page.offset + 1 : 0;
+      const to = page.offset + page.items.length;
+      pageInfo.textContent = `${num(from)}–${num(to)} of ${num(page.total)}`;
+      pageInfo.dataset.total = page.total;
+      prev.disabled = page.offset <= 0;
+      next.disabled = to >= page.total;
+      table.dataset.total = page.total;
+      if (!page.items.length) {
+        fill(status, 
+          h('p', { class: 'muted pad' }, fleetQuery.q || fleetQuery.state ? 'No site matches.' : 'No sites registered yet.'),
+        );
+      } else {
+        status.replaceChildren();
+      }
+    }
+
+    async function loadPage() {
+      const mine = ++seq;
+      const q = new URLSearchParams({ limit: PAGE_SIZE, offset: fleetQuery.offset });
+      if (fleetQuery.state) q.set('state', fleetQuery.state);
+      if (fleetQuery.q) q.set('q', fleetQuery.q);
+      try {
+        const res = await api(`/v1/sites?${q}`);
+        if (mine !== seq) return;
+        if (res.total && res.offset >= res.total) {
+          fleetQuery.offset = Math.max(0, Math.floor((res.total - 1) / PAGE_SIZE) * PAGE_SIZE);
+          await loadPage();
+          return;
+        }
+        page = res;
+        renderPage();
+      } catch (e) {
+        if (mine === seq && e.status !== 401) fill(status, errorBox(e));
+      }
+    }
+
+    async function refreshRows(sites) {
+      const ids = [...sites].filter((s) => rows.has(s));
+      if (!ids.length) return;
+      const res = await api(`/v1/sites?ids=${encodeURIComponent(ids.join(','))}&limit=${Math.min(1000, ids.length)}`);
+      for (const s of res.items) {
+        const old = rows.get(s.site);
+        if (!old) continue;
+        // A row whose state no longer matches the filter stays until the page is read again.
+        const tr = siteRow(s);
+        old.replaceWith(tr);
+        rows.set(s.site, tr);
+        const i = page.items.findIndex((x) => x.site === s.site);
+        if (i >= 0) page.items[i] = s;
+      }
+    }
+
+    function tile(key, title, value, opts = {}) {
+      const attrs = {
+        class: `tile ${opts.cls || ''}`,
+        dataset: { tile: key, value: String(value) },
+      };
+      const body = [
+        h('span', { class: 'tile-label' }, title),
+        h('span', { class: 'tile-value' }, num(value)),
+        opts.sub ? h('span', { class: 'tile-sub' }, opts.sub) : null,
+        opts.bar !== undefined ? h('span', { class: 'tile-bar' }, h('span', { style: { width: `${opts.bar}%` } })) : null,
+      ];
+      if (opts.state !== undefined) {
+        return h(
+          'button',
+          {
+            ...attrs,
+            type: 'button',
+            'aria-pressed': String(fleetQuery.state === opts.state),
+            title: `Show ${label(opts.state)} sites`,
+            onclick: () => setState(fleetQuery.state === opts.state ? '' : opts.state),
+          },
+          body,
+        );
+      }
+      return h(opts.href ? 'a' : 'div', { ...attrs, href: opts.href }, body);
+    }
+
+    function renderOverview(o) {
+      const total = o.sites.total;
+      const share = (n) => (total ? Math.round((100 * n) / total) : 0);
+      const nodes = o.nodes;
+      const running = o.rollouts.by_phase.running + o.rollouts.by_phase.paused;
+      fill(tiles, 
+        tile('sites-total', 'Sites', total, { cls: 'tile-total', sub: `${num(o.sites.busy)} busy` }),
+        SITE_STATES.map((s) =>
+          tile(`state-${s}`, label(s), o.sites.by_state[s] || 0, { cls: `tile-state state-${s}`, state: s, bar: share(o.sites.by_state[s] || 0) }),
+        ),
+        tile('nodes-ready', 'Nodes ready', nodes.by_step.ready || 0, {
+          cls: 'tile-nodes',
+          sub: `of ${num(nodes.total)} · ${num(nodes.by_step.failed || 0)} failed`,
+          bar: nodes.total ? Math.round((100 * (nodes.by_step.ready || 0)) / nodes.total) : 0,
+        }),
+        tile('rollouts-active', 'Rollouts', running, {
+          cls: 'tile-rollouts',
+          sub: `active${o.rollouts.by_phase.halted ? ` · ${num(o.rollouts.by_phase.halted)} halted` : ''} · ${num(o.rollouts.total)} total`,
+          href: '#/rollouts',
+        }),
+      );
+      $('#model-state', el).textContent = o.ready ? '' : 'catching up with the bus…';
+    }
+
+    async function refreshOverview() {
+      try {
+        renderOverview(await api('/v1/overview'));
+      } catch {
+        // Shown by the next refresh, or by the sign-in form.
+      }
+    }
+
+    async function refreshRollouts() {
+      try {
+        const all = await api('/v1/rollouts');
+        const active = all.filter((r) => r.phase === 'running' || r.phase === 'paused' || r.phase === 'halted');
+        const shown = (active.length ? active : all).slice(0, 4);
+        rolloutsCard.hidden = !shown.length;
+        fill(rolloutsCard, 
+          h(
+            'div',
+            { class: 'card-head' },
+            h('h2', { id: 'rollouts-card-title' }, active.length ? 'Active rollouts' : 'Recent rollouts'),
+            h('a', { href: '#/rollouts', class: 'small' }, `All ${num(all.length)} rollouts →`),
+          ),
+          h('div', { class: 'rollout-list' }, shown.map(rolloutCard)),
+        );
+      } catch {
+        // As above.
+      }
+    }
+
+    function setState(s) {
+      fleetQuery.state = s;
+      fleetQuery.offset = 0;
+      stateSelect.value = s;
+      for (const b of tiles.querySelectorAll('button[data-tile]')) {
+        b.setAttribute('aria-pressed', String(b.dataset.tile === `state-${s}`));
+      }
+      loadPage();
+    }
+
+    search.addEventListener('input', () => {
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(() => {
+        fleetQuery.q = search.value.trim().toLowerCase();
+        fleetQuery.offset = 0;
+        loadPage();
+      }, 200);
+    });
+    stateSelect.addEventListener('change', () => setState(stateSelect.value));
+    prev.addEventListener('click', () => {
+      fleetQuery.offset = Math.max(0, fleetQuery.offset - PAGE_SIZE);
+      loadPage();
+    });
+    next.addEventListener('click', () => {
+      fleetQuery.offset += PAGE_SIZE;
+      loadPage();
+    });
+
+    loadPage();
+    refreshOverview();
+    refreshRollouts();
+    return {
+      el,
+      nav: 'fleet',
+      title: 'Fleet',
+      pageHas: (site) => rows.has(site),
+      filtered: () => Boolean(fleetQuery.state),
+      refreshSites: (sites, wholePage) => (wholePage ? loadPage() : refreshRows(sites)),
+      refreshOverview,
+      refreshRollouts,
+    };
+  }
+
+  // ------------------------------------------------ one site
+
+  function siteView(site) {
+    const el = h('div', { class: 'site-page', id: 'site-page', dataset: { site } }, h('p', { class: 'muted pad' }, 'Loading…'));
+    const timeline = h('ol', { class: 'feed timeline', id: 'site-timeline' });
+    let stream = null;
+    let detail = null;
+    let seq = 0;
+    let confirmReinstall = false;
+
+    function installButton(s) {
+      if (!isOperator()) return null;
+      const busy = Boolean(s.busy);
+      const again = s.state !== 'registered';
+      const btn = h(
+        'button',
+        {
+          type: 'button',
+          id: 'install-btn',
+          class: again ? 'btn' : 'btn btn-primary',
+          dataset: { action: 'install' },
+          disabled: busy,
+          title: busy ? `The site is busy (${s.busy})` : again ? 'Install the site again from its design' : 'Install the site from its design',
+        },
+        confirmReinstall ? 'Confirm reinstall' : again ? 'Reinstall' : 'Install',
+      );
+      btn.addEventListener('click', async () => {
+        if (again && !confirmReinstall) {
+          confirmReinstall = true;
+          btn.textContent = 'Confirm reinstall';
+          setTimeout(() => {
+            confirmReinstall = false;
+            if (btn.isConnected) btn.textContent = 'Reinstall';
+          }, 5000);
+          return;
+        }
+        confirmReinstall = false;
+        btn.disabled = true;
+        btn.textContent = 'Requesting…';
+        const res = await command('install_site', { site_id: site }, `Install ${site}`);
+        if (!res && btn.isConnected) {
+          btn.disabled = false;
+          btn.textContent = again ? 'Reinstall' : 'Install';
+        }
+        stale.sites.add(site);
+        scheduleFlush();
+      });
+      return btn;
+    }
+
+    function packageCell(n) {
+      if (!n.packages.length) return h('span', { class: 'muted' }, '—');
+      return h(
+        'div',
+        { class: 'chips' },
+        n.packages.map((p) =>
+          h(
+            'span',
+            {
+              class: p.differs ? 'chip chip-differs' : 'chip',
+              dataset: { pkg: p.name, differs: String(Boolean(p.differs)) },
+              title: p.differs ? `${p.name} runs ${p.version}; the design wants ${p.desired}` : `${p.name} ${p.version} (${p.kind})`,
+            },
+            h('span', { class: 'chip-name' }, p.name),
+            ' ',
+            p.version,
+            p.differs ? h('span', { class: 'chip-desired' }, ` → ${p.desired}`) : null,
+          ),
+        ),
+      );
+    }
+
+    function render(s) {
+      const inst = s.install;
+      const differing = s.node_list.reduce((n, node) => n + node.packages.filter((p) => p.differs).length, 0);
+      const facts = [
+        ['Nodes ready', h('span', { dataset: { field: 'nodes-ready' } }, `${s.nodes_ready}/${s.nodes}`)],
+        ['Failed nodes', h('span', { dataset: { field: 'nodes-failed' }, class: s.nodes_failed ? 'bad' : '' }, String(s.nodes_failed))],
+        ['Busy', s.busy ? badge('busy', s.busy) : h('span', { class: 'muted' }, 'no')],
+        ['Last event', s.last_event ? h('span', {}, s.last_event.type, ' ', ago(s.last_event.time)) : h('span', { class: 'muted' }, '—')],
+      ];
+      const installFacts = inst
+        ? [
+            ['Phase', h('span', { dataset: { field: 'install-phase' } }, label(inst.phase))],
+            ['Outcome', inst.outcome ? badge('outcome', inst.outcome) : h('span', { class: 'muted' }, 'not yet')],
+            ['Started', ago(inst.started)],
+            ['Took', h('span', {}, inst.started ? duration(inst.started, inst.finished) + (inst.finished ? '' : ' so far') : '—')],
+            ['Install', h('code', { title: inst.id }, shortId(inst.id))],
+          ]
+        : [];
+      el.dataset.state = s.state;
+      el.dataset.busy = s.busy || '';
+      fill(el, 
+        h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '#/' }, 'Fleet'), ' / ', h('span', {}, s.site)),
+        h(
+          'div',
+          { class: 'page-head' },
+          h('h1', {}, s.site),
+          h('span', { id: 'site-state', dataset: { field: 'state', state: s.state } }, badge('state', s.state)),
+          s.busy ? badge('busy', s.busy) : null,
+          h('div', { class: 'labels' }, Object.entries(s.labels || {}).map(([k, v]) => h('span', { class: 'label' }, `${k}=${v}`))),
+          h('div', { class: 'spacer' }),
+          installButton(s),
+        ),
+        inst && inst.reason
+          ? h(
+              'div',
+              { class: `notice ${s.state === 'failed' ? 'notice-error' : 'notice-warn'}`, id: 'install-reason', role: 'status' },
+              h('strong', {}, 'Install: '),
+              inst.reason,
+            )
+          : null,
+        h(
+          'div',
+          { class: 'grid-2' },
+          h('section', { class: 'card', 'aria-labelledby': 'site-summary' }, h('div', { class: 'card-head' }, h('h2', { id: 'site-summary' }, 'Summary')), factList(facts)),
+          h(
+            'section',
+            { class: 'card', 'aria-labelledby': 'site-install', id: 'install-card' },
+            h('div', { class: 'card-head' }, h('h2', { id: 'site-install' }, 'Latest install')),
+            inst ? factList(installFacts) : h('p', { class: 'muted pad' }, 'Never installed.'),
+          ),
+        ),
+        h(
+          'section',
+          { class: 'card', 'aria-labelledby': 'site-versions' },
+          h(
+            'div',
+            { class: 'card-head' },
+            h('h2', { id: 'site-versions' }, 'Versions'),
+            differing ? h('span', { class: 'pill pill-warn' }, `${differing} differ from the design`) : null,
+          ),
+          h('div', { class: 'pad' }, versionChips(s.versions)),
+        ),
+        h(
+          'section',
+          { class: 'card', 'aria-labelledby': 'site-nodes' },
+          h('div', { class: 'card-head' }, h('h2', { id: 'site-nodes' }, `Nodes (${s.node_list.length})`)),
+          h(
+            'div',
+            { class: 'table-wrap' },
+            h(
+              'table',
+              { class: 'table nodes', id: 'nodes-table' },
+              h('caption', { class: 'sr-only' }, `Nodes of ${s.site}`),
+              h(
+                'thead',
+                {},
+                h('tr', {}, ['Node', 'Role', 'Step', 'Metal3', 'Packages', 'Failure', 'Boot MAC / BMC'].map((t) => h('th', { scope: 'col' }, t))),
+              ),
+              h(
+                'tbody',
+                {},
+                s.node_list.map((n) =>
+                  h(
+                    'tr',
+                    { dataset: { node: n.name, step: n.step, metal3: n.metal3_state || '' } },
+                    h('th', { scope: 'row' }, n.name, n.in_design ? null : h('span', { class: 'pill pill-warn', title: 'The site reported this node; the design does not have it' }, 'not in design')),
+                    h('td', {}, label(n.role)),
+                    h('td', { dataset: { field: 'step' } }, badge('step', n.step)),
+                    h('td', { dataset: { field: 'metal3' } }, n.metal3_state ? h('span', { class: 'metal3' }, n.metal3_state) : h('span', { class: 'muted' }, '—')),
+                    h('td', {}, packageCell(n)),
+                    h(
+                      'td',
+                      { class: n.reason ? 'bad' : '' },
+                      n.failed_step || n.reason ? `${n.failed_step ? `${label(n.failed_step)}: ` : ''}${n.reason}` : h('span', { class: 'muted' }, '—'),
+                    ),
+                    h('td', { class: 'mono small' }, h('div', {}, n.boot_mac), h('div', { class: 'muted' }, n.bmc_address)),
+                  ),
+                ),
+              ),
+            ),
+          ),
+        ),
+        h(
+          'section',
+          { class: 'card', 'aria-labelledby': 'site-events' },
+          h('div', { class: 'card-head' }, h('h2', { id: 'site-events' }, 'Events'), h('span', { class: 'muted small' }, 'last 24 hours, newest first')),
+          timeline,
+        ),
+      );
+    }
+
+    async function load() {
+      const mine = ++seq;
+      try {
+        const s = await api(`/v1/sites/${encodeURIComponent(site)}`);
+        if (mine !== seq) return;
+        detail = s;
+        render(s);
+      } catch (e) {
+        if (mine !== seq || e.status === 401) return;
+        if (!detail) fill(el, h('nav', { class: 'crumbs' }, h('a', { href: '#/' }, 'Fleet')), errorBox(e));
+      }
+    }
+
+    const pendingTimeline = [];
+    let timelineScheduled = false;
+    function onSiteEvent(e) {
+      pendingTimeline.push(e);
+      if (timelineScheduled) return;
+      timelineScheduled = true;
+      requestAnimationFrame(() => {
+        timelineScheduled = false;
+        timeline.prepend(...pendingTimeline.splice(0).reverse().map((x) => eventItem(x, false)));
+        while (timeline.childElementCount > TIMELINE_MAX) timeline.lastElementChild.remove();
+      });
+    }
+
+    load();
+    stream = new EventStream({ site }, new Date(Date.now() - SITE_HISTORY_MS).toISOString(), onSiteEvent).start();
+    return {
+      el,
+      nav: 'fleet',
+      title: site,
+      site,
+      refreshSites: (sites) => (sites.has(site) ? load() : Promise.resolve()),
+      unmount: () => stream && stream.stop(),
+    };
+  }
+
+  function factList(facts) {
+    return h('dl', { class: 'facts' }, facts.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
+  }
+
+  // ------------------------------------------------ rollouts
+
+  function rolloutCard(r) {
+    const done = r.patched + r.failed;
+    return h(
+      'a',
+      { class: `rollout phase-${r.phase}`, href: `#/rollouts/${r.id}`, dataset: { rollout: r.id, phase: r.phase } },
+      h(
+        'div',
+        { class: 'rollout-head' },
+        h('span', { class: 'rollout-pkg' }, `${r.package}@${r.version}`),
+        badge('phase', r.phase),
+        h('span', { class: 'muted small' }, `wave ${r.wave}/${r.waves}`),
+      ),
+      progressBar(r.patched, r.failed, r.planned_nodes, `${r.patched} of ${r.planned_nodes} nodes patched`),
+      h(
+        'div',
+        { class: 'rollout-meta small' },
+        h('span', {}, `${num(done)}/${num(r.planned_nodes)} nodes`),
+        r.failed ? h('span', { class: 'bad' }, `${num(r.failed)} failed`) : null,
+        h('span', { class: 'muted' }, `${num(r.sites_done)}/${num(r.sites)} sites`),
+        h('span', { class: 'muted' }, 'started ', ago(r.started)),
+      ),
+      r.reason ? h('div', { class: `rollout-reason ${r.phase === 'halted' ? 'bad' : 'warn'}` }, r.reason) : null,
+    );
+  }
+
+  function rolloutsView() {
+    const el = h('div', {}, h('div', { class: 'page-head' }, h('h1', {}, 'Rollouts')), h('p', { class: 'muted pad' }, 'Loading…'));
+    async function refreshRollouts() {
+      try {
+        const all = await api('/v1/rollouts');
+        const counts = Object.fromEntries(ROLLOUT_PHASES.map((p) => [p, all.filter((r) => r.phase === p).length]));
+        fill(el, 
+          h(
+            'div',
+            { class: 'page-head' },
+            h('h1', {}, 'Rollouts'),
+            ROLLOUT_PHASES.filter((p) => counts[p]).map((p) => badge('phase', p, ` ${counts[p]}`)),
+          ),
+          all.length
+            ? h(
+                'section',
+                { class: 'card' },
+                h(
+                  'div',
+                  { class: 'table-wrap' },
+                  h(
+                    'table',
+                    { class: 'table', id: 'rollouts-table' },
+                    h('caption', { class: 'sr-only' }, 'Rollouts, newest first'),
+                    h(
+                      'thead',
+                      {},
+                      h('tr', {}, ['Package', 'Phase', 'Progress', 'Nodes', 'Sites', 'Wave', 'Trigger', 'Started', 'Reason'].map((t) => h('th', { scope: 'col' }, t))),
+                    ),
+                    h(
+                      'tbody',
+                      {},
+                      all.map((r) =>
+                        h(
+                          'tr',
+                          { dataset: { rollout: r.id, phase: r.phase } },
+                          h('th', { scope: 'row' }, h('a', { href: `#/rollouts/${r.id}` }, `${r.package}@${r.version}`)),
+                          h('td', {}, badge('phase', r.phase)),
+                          h('td', { class: 'w-progress' }, progressBar(r.patched, r.failed, r.planned_nodes, `${r.patched} of ${r.planned_nodes} nodes patched`)),
+                          h('td', { class: 'num' }, `${num(r.patched)}/${num(r.planned_nodes)}`, r.failed ? h('span', { class: 'bad' }, ` · ${num(r.failed)} failed`) : null),
+                          h('td', { class: 'num' }, `${num(r.sites_done)}/${num(r.sites)}`),
+                          h('td', { class: 'num' }, `${r.wave}/${r.waves}`),
+                          h('td', { class: 'small' }, r.trigger),
+                          h('td', {}, ago(r.started)),
+                          h('td', { class: r.phase === 'halted' ? 'bad small' : 'small' }, r.reason || ''),
+                        ),
+                      ),
+                    ),
+                  ),
+                ),
+              )
+            : h('p', { class: 'muted pad' }, 'No rollouts yet. Registering a newer binary package starts one (auto-rollout), or POST /v1/commands/patch_package.'),
+        );
+      } catch (e) {
+        if (e.status !== 401) el.append(errorBox(e));
+      }
+    }
+    refreshRollouts();
+    return { el, nav: 'rollouts', title: 'Rollouts', refreshRollouts };
+  }
+
+  function rolloutView(id) {
+    const el = h('div', { id: 'rollout-page', dataset: { rollout: id } }, h('p', { class: 'muted pad' }, 'Loading…'));
+    let seq = 0;
+    let loaded = false;
+
+    function actions(r) {
+      if (!isOperator()) return null;
+      const act = (kind, text, what) =>
+        h('button', { type: 'button', class: 'btn btn-small', dataset: { action: kind } , onclick: async (ev) => {
+          ev.currentTarget.disabled = true;
+          await command(kind, { rollout_id: r.id, reason: 'from the dashboard' }, what);
+          stale.rollouts = true;
+          scheduleFlush();
+        } }, text);
+      const out = [];
+      if (r.phase === 'running') out.push(act('pause_rollout', 'Pause', `Pause rollout ${shortId(r.id)}`));
+      if (r.phase === 'paused' || r.phase === 'halted') out.push(act('resume_rollout', 'Resume', `Resume rollout ${shortId(r.id)}`));
+      if (r.phase === 'running' || r.phase === 'paused' || r.phase === 'halted') out.push(act('cancel_rollout', 'Cancel', `Cancel rollout ${shortId(r.id)}`));
+      return h('div', { class: 'actions' }, out);
+    }
+
+    function render(d) {
+      const r = d.rollout;
+      const st = r.strategy || {};
+      el.dataset.phase = r.phase;
+      const nodeCounts = Object.entries(r.nodes || {});
+      fill(el, 
+        h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '#/rollouts' }, 'Rollouts'), ' / ', h('span', {}, shortId(r.id))),
+        h('div', { class: 'page-head' }, h('h1', {}, `${r.package}@${r.version}`), badge('phase', r.phase), h('div', { class: 'spacer' }), actions(r)),
+        r.reason ? h('div', { class: `notice ${r.phase === 'halted' ? 'notice-error' : 'notice-warn'}`, role: 'status' }, r.reason) : null,
+        h(
+          'div',
+          { class: 'grid-2' },
+          h(
+            'section',
+            { class: 'card' },
+            h('div', { class: 'card-head' }, h('h2', {}, 'Progress')),
+            h('div', { class: 'pad' }, progressBar(r.patched, r.failed, r.planned_nodes, 'nodes patched')),
+            factList([
+              ['Nodes', `${num(r.patched)} patched, ${num(r.failed)} failed of ${num(r.planned_nodes)}`],
+              ['Sites', `${num(r.sites_done)} of ${num(r.sites)} done${r.timed_out_sites ? `, ${r.timed_out_sites} timed out` : ''}`],
+              ['Wave', `${r.wave} of ${r.waves}`],
+              ['Node status', nodeCounts.length ? h('span', {}, nodeCounts.map(([k, v]) => h('span', { class: 'pill' }, `${label(k)} ${num(v)}`))) : '—'],
+              ['Trigger', r.trigger || '—'],
+              ['Started', ago(r.started)],
+              ['Finished', r.finished ? ago(r.finished) : '—'],
+            ]),
+          ),
+          h(
+            'section',
+            { class: 'card' },
+            h('div', { class: 'card-head' }, h('h2', {}, 'Strategy')),
+            factList([
+              ['Canary sites', String(st.canary_sites ?? '—')],
+              ['Sites at once', String(st.max_concurrent_sites ?? '—')],
+              ['Unavailable per site', String(st.max_unavailable || '—')],
+              ['Failures tolerated', st.failure_threshold === undefined ? '—' : `${num(st.failure_threshold)} nodes`],
+              ['Wave timeout', st.wave_timeout_seconds ? `${st.wave_timeout_seconds}s, then ${label(String(st.on_wave_timeout || '').replace(/^WAVE_TIMEOUT_ACTION_/, '').toLowerCase())}` : '—'],
+            ]),
+          ),
+        ),
+        h(
+          'section',
+          { class: 'card' },
+          h('div', { class: 'card-head' }, h('h2', {}, `Sites (${num(d.sites.length)})`)),
+          h(
+            'div',
+            { class: 'table-wrap' },
+            h(
+              'table',
+              { class: 'table', id: 'rollout-sites' },
+              h('thead', {}, h('tr', {}, ['#', 'Site', 'Wave', 'State', 'Nodes'].map((t) => h('th', { scope: 'col' }, t)))),
+              h(
+                'tbody',
+                {},
+                d.sites.slice(0, 500).map((s) =>
+                  h(
+                    'tr',
+                    { dataset: { site: s.site, state: s.state } },
+                    h('td', { class: 'num muted' }, String(s.index + 1)),
+                    h('th', { scope: 'row' }, h('a', { href: `#/sites/${encodeURIComponent(s.site)}` }, s.site), s.canary ? h('span', { class: 'pill' }, 'canary') : null),
+                    h('td', { class: 'num' }, String(s.wave)),
+                    h('td', {}, badge('rsite', s.state)),
+                    h(
+                      'td',
+                      {},
+                      h(
+                        'div',
+                        { class: 'chips' },
+                        (s.nodes || []).map((n) =>
+                          h(
+                            'span',
+                            { class: `chip node-${n.status}`, title: n.reason ? `${n.node}: ${n.reason}` : `${n.node}: ${n.from_version} → ${n.to_version} (${n.status})` },
+                            h('span', { class: 'chip-name' }, n.node),
+                            ' ',
+                            label(n.status),
+                          ),
+                        ),
+                      ),
+                    ),
+                  ),
+                ),
+              ),
+            ),
+          ),
+          d.sites.length > 500 ? h('p', { class: 'muted pad small' }, `The first 500 of ${num(d.sites.length)} sites.`) : null,
+        ),
+      );
+    }
+
+    async function refreshRollouts() {
+      const mine = ++seq;
+      try {
+        const d = await api(`/v1/rollouts/${encodeURIComponent(id)}`);
+        if (mine !== seq) return;
+        loaded = true;
+        render(d);
+      } catch (e) {
+        if (mine === seq && !loaded && e.status !== 401) fill(el, h('nav', { class: 'crumbs' }, h('a', { href: '#/rollouts' }, 'Rollouts')), errorBox(e));
+      }
+    }
+    refreshRollouts();
+    return { el, nav: 'rollouts', title: `Rollout ${shortId(id)}`, refreshRollouts };
+  }
+
+  // ------------------------------------------------ packages
+
+  function packagesView() {
+    const el = h('div', {}, h('div', { class: 'page-head' }, h('h1', {}, 'Packages')), h('p', { class: 'muted pad' }, 'Loading…'));
+    async function refreshPackages() {
+      try {
+        const all = await api('/v1/packages');
+        fill(el, 
+          h('div', { class: 'page-head' }, h('h1', {}, 'Packages'), h('span', { class: 'muted' }, `${num(all.length)} in the catalog`)),
+          h(
+            'section',
+            { class: 'card' },
+            h(
+              'div',
+              { class: 'table-wrap' },
+              h(
+                'table',
+                { class: 'table', id: 'packages-table' },
+                h('caption', { class: 'sr-only' }, 'The package catalog'),
+                h('thead', {}, h('tr', {}, ['Name', 'Version', 'Kind', 'Size', 'SHA-256', 'Stored', 'Auto-rollout'].map((t) => h('th', { scope: 'col' }, t)))),
+                h(
+                  'tbody',
+                  {},
+                  all.map((p) =>
+                    h(
+                      'tr',
+                      { dataset: { pkg: p.name, version: p.version } },
+                      h('th', { scope: 'row' }, p.name),
+                      h('td', { class: 'mono' }, p.version),
+                      h('td', {}, h('span', { class: 'pill' }, p.kind)),
+                      h('td', { class: 'num' }, bytes(p.size)),
+                      h('td', { class: 'mono small', title: p.sha256 }, `${p.sha256.slice(0, 16)}…`),
+                      h('td', {}, p.in_store ? 'yes' : h('span', { class: 'muted' }, 'metadata only')),
+                      h('td', {}, p.auto_rollout ? h('span', { class: 'pill pill-ok' }, 'on') : h('span', { class: 'muted' }, 'off')),
+                    ),
+                  ),
+                ),
+              ),
+            ),
+          ),
+        );
+      } catch (e) {
+        if (e.status !== 401) el.append(errorBox(e));
+      }
+    }
+    refreshPackages();
+    return { el, nav: 'packages', title: 'Packages', refreshPackages };
+  }
+
+  // ---------------------------------------------------------------- routing and start-up
+
+  function route() {
+    takeTokenFromUrl();
+    if (!auth.token || !auth.who) return;
+    const path = location.hash.replace(/^#/, '') || '/';
+    let m;
+    if ((m = path.match(/^\/sites\/([^/?]+)/))) mount(siteView(decodeURIComponent(m[1])));
+    else if ((m = path.match(/^\/rollouts\/([^/?]+)/))) mount(rolloutView(decodeURIComponent(m[1])));
+    else if (path.startsWith('/rollouts')) mount(rolloutsView());
+    else if (path.startsWith('/packages')) mount(packagesView());
+    else mount(fleetView());
+    $('#view').focus({ preventScroll: true });
+    window.scrollTo(0, 0);
+  }
+
+  let mainStream = null;
+
+  function showLogin(message) {
+    if (view && view.unmount) view.unmount();
+    view = null;
+    document.body.classList.add('signed-out');
+    const form = $('#login-template').content.cloneNode(true);
+    fill($('#view'), form);
+    const err = $('#login-error');
+    if (message) {
+      err.textContent = message;
+      err.hidden = false;
+    }
+    $('#login-form').addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      const token = $('#token-input').value.trim();
+      if (!token) return;
+      auth.token = token;
+      sessionStorage.setItem(TOKEN_KEY, token);
+      err.hidden = true;
+      await start();
+    });
+    $('#token-input').focus();
+  }
+
+  function signOut(message) {
+    auth.token = '';
+    auth.who = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    if (mainStream) mainStream.stop();
+    mainStream = null;
+    setConn('offline');
+    $('#whoami').hidden = true;
+    $('#signout').hidden = true;
+    showLogin(message);
+  }
+
+  async function start() {
+    takeTokenFromUrl();
+    if (!auth.token) {
+      setConn('offline');
+      showLogin();
+      return;
+    }
+    try {
+      auth.who = await api('/v1/whoami');
+    } catch (e) {
+      if (e.status !== 401) {
+        setConn('reconnecting');
+        fill($('#view'), errorBox(new Error(`The API does not answer (${e.message}); retrying…`)));
+        setTimeout(start, 3000);
+      }
+      return;
+    }
+    document.body.classList.remove('signed-out');
+    const who = $('#whoami');
+    fill(who, h('span', { class: 'who-name' }, auth.who.name), h('span', { class: `pill role-${auth.who.role}` }, auth.who.role));
+    who.dataset.role = auth.who.role;
+    who.hidden = false;
+    $('#signout').hidden = false;
+    fill($('#feed'), h('li', { class: 'feed-empty muted' }, 'Waiting for events…'));
+    feed.total = 0;
+    route();
+    if (mainStream) mainStream.stop();
+    mainStream = new EventStream({}, new Date(Date.now() - HISTORY_MS).toISOString(), onEvent, (state, again) => {
+      setConn(state);
+      // After a reconnect, read what is on screen again (nothing is missed, but be sure).
+      if (state === 'live' && again) markAll();
+    }).start();
+  }
+
+  $('#signout').addEventListener('click', () => signOut());
+  window.addEventListener('hashchange', route);
+  // Relative times move on by themselves.
+  setInterval(() => {
+    for (const t of document.querySelectorAll('[data-rel]')) t.textContent = relTime(t.dataset.rel);
+  }, 5000);
+  // A slow safety net: whatever is on screen is read again now and then.
+  setInterval(() => {
+    if (view && document.visibilityState === 'visible') markAll();
+  }, SAFETY_REFRESH_MS);
+  start();
+})();

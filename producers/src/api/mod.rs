@@ -1,0 +1,265 @@
+//! The HTTP API and dashboard: commands in as JSON, the fleet's read models out, events as
+//! Server-Sent Events, an OpenAPI document at `/openapi.json`, and the dashboard at `/`.
+//!
+//! It is one more client of the bus: commands are published like the CLI's, reads come from
+//! an in-memory [`model::Model`] kept up to date from KV watches and the events stream. Any
+//! number of replicas can run side by side.
+
+pub mod auth;
+mod commands;
+pub mod model;
+pub mod openapi;
+pub mod sse;
+pub mod views;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use bus_schema::runtime::Bus;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use auth::{Principal, Role, Tokens};
+
+/// Where the API listens and whom it lets in.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiArgs {
+    /// Where the HTTP API and dashboard listen.
+    #[arg(long = "api-listen", env = "LANDFALL_API_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// The bearer tokens the API accepts, with their roles (YAML: `tokens: [{name, role:
+    /// viewer|operator, token | sha256}]`). `landfall up` makes one in its data directory.
+    #[arg(long = "api-tokens", env = "LANDFALL_API_TOKENS_FILE")]
+    pub tokens: Option<PathBuf>,
+}
+
+/// Renders the process's metrics in the Prometheus text format.
+pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
+
+#[derive(Clone)]
+pub struct ApiState {
+    bus: Bus,
+    model: model::Model,
+    tokens: Arc<Tokens>,
+    metrics: Option<MetricsRender>,
+}
+
+/// An error as the API answers it: a status and `{"error": code, "message": ...}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response =
+            (self.status, axum::Json(json!({ "error": self.code, "message": self.message }))).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"landfall\""));
+        }
+        response
+    }
+}
+
+/// The largest request body: a command's JSON (the bus takes 1 MiB of protobuf; JSON is larger).
+pub(crate) const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// The whole API.
+pub fn router(state: ApiState) -> Router {
+    let read = Router::new()
+        .route("/v1/overview", get(overview))
+        .route("/v1/sites", get(sites))
+        .route("/v1/sites/{site}", get(site))
+        .route("/v1/sites/{site}/nodes", get(site_nodes))
+        .route("/v1/packages", get(packages))
+        .route("/v1/rollouts", get(rollouts))
+        .route("/v1/rollouts/{id}", get(rollout))
+        .route("/v1/events", get(sse::events))
+        .route("/v1/whoami", get(whoami))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_viewer));
+    let write = commands::routes().route_layer(middleware::from_fn_with_state(state.clone(), require_operator));
+    Router::new()
+        .merge(read)
+        .merge(write)
+        .route("/openapi.json", get(openapi_document))
+        .route("/healthz", get(|| async { axum::Json(json!({ "status": "ok" })) }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .merge(dashboard::routes())
+        .fallback(|| async { ApiError::not_found("no such path (the API is described at /openapi.json)") })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// Serves the API on `listen` until `shutdown`; returns the address it is bound to.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve(
+    bus: Bus,
+    tokens: Tokens,
+    listen: SocketAddr,
+    metrics: Option<MetricsRender>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<anyhow::Result<()>>)> {
+    if tokens.is_empty() {
+        tracing::warn!("the API has no tokens: every request to /v1 will be refused (see --api-tokens)");
+    }
+    let model = model::Model::start(&bus, &shutdown);
+    let state = ApiState { bus, model, tokens: Arc::new(tokens), metrics };
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let app = router(state);
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await.context("the HTTP API")
+    });
+    tracing::info!(%addr, "HTTP API and dashboard listening");
+    Ok((addr, task))
+}
+
+fn bearer(req: &Request) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
+}
+
+fn principal(state: &ApiState, req: &Request) -> Result<Principal, ApiError> {
+    let token = bearer(req).ok_or_else(|| {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send a token: Authorization: Bearer <token>")
+    })?;
+    state
+        .tokens
+        .check(token)
+        .cloned()
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not known"))
+}
+
+async fn require_viewer(State(state): State<ApiState>, mut req: Request, next: Next) -> Result<Response, ApiError> {
+    let who = principal(&state, &req)?;
+    req.extensions_mut().insert(who);
+    Ok(next.run(req).await)
+}
+
+async fn require_operator(State(state): State<ApiState>, mut req: Request, next: Next) -> Result<Response, ApiError> {
+    let who = principal(&state, &req)?;
+    if who.role < Role::Operator {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("{:?} is a {}: publishing commands takes an operator token", who.name, who.role.as_str()),
+        ));
+    }
+    tracing::debug!(principal = %who.name, path = %req.uri().path(), "command request");
+    req.extensions_mut().insert(who);
+    Ok(next.run(req).await)
+}
+
+async fn whoami(axum::Extension(who): axum::Extension<Principal>) -> axum::Json<Value> {
+    axum::Json(json!({ "name": who.name, "role": who.role.as_str() }))
+}
+
+async fn overview(State(s): State<ApiState>) -> axum::Json<Value> {
+    axum::Json(views::overview(&s.model.read()))
+}
+
+async fn sites(
+    State(s): State<ApiState>,
+    query: Result<Query<views::SiteQuery>, QueryRejection>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    views::sites_page(&s.model.read(), &q).map(axum::Json).map_err(ApiError::bad_request)
+}
+
+async fn site(State(s): State<ApiState>, Path(site): Path<String>) -> Result<axum::Json<Value>, ApiError> {
+    views::site_detail(&s.model.read(), &site)
+        .map(axum::Json)
+        .ok_or_else(|| ApiError::not_found(format!("site {site:?} is not registered")))
+}
+
+async fn site_nodes(State(s): State<ApiState>, Path(site): Path<String>) -> Result<axum::Json<Value>, ApiError> {
+    let st = s.model.read();
+    let design =
+        st.designs.get(&site).ok_or_else(|| ApiError::not_found(format!("site {site:?} is not registered")))?;
+    Ok(axum::Json(Value::Array(views::site_nodes(&st, &site, design))))
+}
+
+async fn packages(State(s): State<ApiState>) -> axum::Json<Value> {
+    axum::Json(views::catalog(&s.model.read()))
+}
+
+async fn rollouts(State(s): State<ApiState>) -> axum::Json<Value> {
+    axum::Json(views::rollouts(&s.model.read()))
+}
+
+async fn rollout(State(s): State<ApiState>, Path(id): Path<String>) -> Result<axum::Json<Value>, ApiError> {
+    let id = crate::fleet::rollout_id(&id).map_err(|e| ApiError::not_found(e.to_string()))?;
+    match crate::fleet::rollout_detail(&s.bus, &id).await {
+        Ok(Some((r, sites))) => Ok(axum::Json(crate::fleet::rollout_show_json(&r, &sites))),
+        Ok(None) => Err(ApiError::not_found(format!("there is no rollout {id}"))),
+        Err(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("{e:#}"))),
+    }
+}
+
+async fn readyz(State(s): State<ApiState>) -> (StatusCode, axum::Json<Value>) {
+    let connected = s.bus.client().connection_state() == async_nats::connection::State::Connected;
+    let caught_up = s.model.read().ready();
+    let status = if connected && caught_up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(json!({ "bus_connected": connected, "read_model_caught_up": caught_up })))
+}
+
+async fn metrics(State(s): State<ApiState>) -> Response {
+    match &s.metrics {
+        Some(render) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render()).into_response(),
+        None => ApiError::not_found("metrics are not enabled in this process").into_response(),
+    }
+}
+
+async fn openapi_document() -> Response {
+    static DOC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| openapi::document().to_string());
+    ([(header::CONTENT_TYPE, "application/json")], DOC.as_str()).into_response()
+}
+
+mod dashboard {
+    //! The dashboard: one page and its script and styles, compiled into the binary.
+    use axum::Router;
+    use axum::http::header;
+    use axum::routing::get;
+
+    const INDEX: &str = include_str!("dashboard/index.html");
+    const SCRIPT: &str = include_str!("dashboard/app.js");
+    const STYLE: &str = include_str!("dashboard/app.css");
+
+    pub(super) fn routes() -> Router<super::ApiState> {
+        Router::new()
+            .route("/", get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], INDEX) }))
+            .route("/app.js", get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SCRIPT) }))
+            .route("/app.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE) }))
+    }
+}

@@ -1,0 +1,190 @@
+//! `GET /v1/events`: the events stream as Server-Sent Events, filtered by site and event
+//! type, live or replayed from a time or a stream sequence.
+//!
+//! Each SSE message's `id` is the event's stream sequence, so a client that reconnects with
+//! `Last-Event-ID` (browsers do this by themselves) resumes right after the last event it saw:
+//! nothing is missed and nothing is seen twice.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::DeliverPolicy;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use bus_schema::domain::SiteId;
+use bus_schema::names;
+use bus_schema::pb::EventType;
+use bus_schema::runtime::EventReader;
+use futures::Stream;
+use serde::Deserialize;
+
+use super::{ApiError, ApiState};
+use crate::output::event_json;
+
+/// What a client asks of the events stream.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only these sites' events (comma-separated site ids; `fleet` for fleet-wide events).
+    pub site: Option<String>,
+    /// Only these event types (comma-separated: `SiteInstalled`, `landfall.v1.SiteInstalled`
+    /// or `site.installed`).
+    #[serde(rename = "type")]
+    pub types: Option<String>,
+    /// Only events correlated with this command id.
+    pub correlation: Option<String>,
+    /// Replay from this time (RFC 3339) on.
+    pub since: Option<String>,
+    /// Replay from this stream sequence on.
+    pub from_seq: Option<u64>,
+}
+
+/// At most this many subject filters (sites × types) in one request.
+pub const MAX_FILTERS: usize = 256;
+
+fn list(s: &Option<String>) -> Vec<&str> {
+    s.as_deref().map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()).unwrap_or_default()
+}
+
+/// The subject filters and the deliver policy a query asks for.
+pub fn plan(q: &EventsQuery, last_event_id: Option<&str>) -> Result<(Vec<String>, DeliverPolicy), String> {
+    let mut scopes = Vec::new();
+    for s in list(&q.site) {
+        if s != names::FLEET {
+            SiteId::try_from(s).map_err(|e| format!("site: {e}"))?;
+        }
+        scopes.push(s.to_string());
+    }
+    let mut types: Vec<&EventType> = Vec::new();
+    for t in list(&q.types) {
+        types.push(EventType::find(t).ok_or_else(|| {
+            format!("type: unknown event type {t:?} (e.g. SiteInstalled, landfall.v1.NodeReady, node.os_provisioned)")
+        })?);
+    }
+    let scopes = if scopes.is_empty() { vec!["*".to_string()] } else { scopes };
+    let mut filters = Vec::new();
+    for scope in &scopes {
+        if types.is_empty() {
+            filters.push(names::scope_events(scope));
+        }
+        for t in &types {
+            filters.push(names::event_subject(scope, t.aggregate, t.kind));
+        }
+    }
+    if filters.len() > MAX_FILTERS {
+        return Err(format!("{} site × type filters; at most {MAX_FILTERS}", filters.len()));
+    }
+    let resume = match last_event_id {
+        Some(id) => Some(id.trim().parse::<u64>().map_err(|_| format!("Last-Event-ID {id:?} is not a sequence"))? + 1),
+        None => None,
+    };
+    let policy = match (resume.or(q.from_seq), &q.since) {
+        (Some(seq), _) => DeliverPolicy::ByStartSequence { start_sequence: seq.max(1) },
+        (None, Some(since)) => {
+            let t = time::OffsetDateTime::parse(since, &time::format_description::well_known::Rfc3339)
+                .map_err(|e| format!("since: {since:?} is not an RFC 3339 time: {e}"))?;
+            DeliverPolicy::ByStartTime { start_time: t }
+        }
+        (None, None) => DeliverPolicy::New,
+    };
+    Ok((filters, policy))
+}
+
+pub(super) async fn events(
+    State(api): State<ApiState>,
+    headers: HeaderMap,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    let (filters, policy) = plan(&q, last).map_err(ApiError::bad_request)?;
+    let reader = api.bus.read_events(filters, policy).await.map_err(|e| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("cannot read the events stream: {e}"))
+    })?;
+    Ok(Sse::new(stream(reader, q.correlation)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+fn stream(reader: EventReader, correlation: Option<String>) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold(Some(reader), move |reader| {
+        let correlation = correlation.clone();
+        async move {
+            let mut reader = reader?;
+            loop {
+                match reader.next().await {
+                    Some(Ok(e)) => {
+                        if correlation.as_deref().is_some_and(|c| c != e.delivery.envelope.correlation) {
+                            continue;
+                        }
+                        let mut data = event_json(&e);
+                        if let Some(names::ParsedSubject::Event { scope, .. }) =
+                            names::parse_subject(&e.delivery.subject)
+                        {
+                            data["site"] = serde_json::Value::String(scope.to_string());
+                        }
+                        let short = e.delivery.type_name.rsplit('.').next().unwrap_or("event").to_string();
+                        let event = Event::default()
+                            .id(e.delivery.stream_sequence.to_string())
+                            .event(short)
+                            .data(data.to_string());
+                        return Some((Ok(event), Some(reader)));
+                    }
+                    Some(Err(err)) => {
+                        // The client reconnects with Last-Event-ID and resumes where it was.
+                        let event = Event::default().event("error").data(format!("the events stream broke: {err}"));
+                        return Some((Ok(event), None));
+                    }
+                    None => return None,
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(site: Option<&str>, types: Option<&str>) -> EventsQuery {
+        EventsQuery { site: site.map(String::from), types: types.map(String::from), ..Default::default() }
+    }
+
+    #[test]
+    fn filters_are_sites_times_types() {
+        let (f, p) = plan(&q(None, None), None).unwrap();
+        assert_eq!(f, ["landfall.evt.*.>"]);
+        assert_eq!(p, DeliverPolicy::New);
+        let (f, _) = plan(&q(Some("edge-01,fleet"), Some("SiteInstalled, node.os_provisioned")), None).unwrap();
+        assert_eq!(
+            f,
+            [
+                "landfall.evt.edge-01.site.installed",
+                "landfall.evt.edge-01.node.os_provisioned",
+                "landfall.evt.fleet.site.installed",
+                "landfall.evt.fleet.node.os_provisioned",
+            ]
+        );
+        let (f, _) = plan(&q(None, Some("landfall.v1.CommandRejected")), None).unwrap();
+        assert_eq!(f, ["landfall.evt.*.command.rejected"]);
+    }
+
+    #[test]
+    fn replay_from_a_sequence_a_time_or_the_last_event_seen() {
+        let mut query = q(None, None);
+        query.from_seq = Some(40);
+        assert_eq!(plan(&query, None).unwrap().1, DeliverPolicy::ByStartSequence { start_sequence: 40 });
+        assert_eq!(plan(&query, Some("99")).unwrap().1, DeliverPolicy::ByStartSequence { start_sequence: 100 });
+        let query = EventsQuery { since: Some("2026-11-22T10:00:00Z".into()), ..Default::default() };
+        assert!(matches!(plan(&query, None).unwrap().1, DeliverPolicy::ByStartTime { .. }));
+    }
+
+    #[test]
+    fn bad_queries_say_what_is_wrong() {
+        assert!(plan(&q(Some("Not A Site"), None), None).unwrap_err().starts_with("site:"));
+        assert!(plan(&q(None, Some("Exploded")), None).unwrap_err().contains("unknown event type"));
+        let query = EventsQuery { since: Some("yesterday".into()), ..Default::default() };
+        assert!(plan(&query, None).unwrap_err().contains("RFC 3339"));
+        assert!(plan(&q(None, None), Some("x")).unwrap_err().contains("Last-Event-ID"));
+    }
+}

@@ -1,0 +1,424 @@
+//! The read views as JSON, computed from the model: pure functions over [`State`], so they
+//! are tested without a bus. Their shapes are the OpenAPI document's `Overview`, `Site`,
+//! `SiteDetail`, `Node`, `CatalogEntry` and `Rollout` schemas.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bus_schema::pb;
+use serde_json::{Value, json};
+
+use super::model::State;
+use crate::output::{rfc3339, rfc3339_ms};
+
+/// What state a site is in, from its latest install: `registered` (never installed),
+/// `installing`, `installed`, `degraded` (installed with failed workers) or `failed`.
+pub fn site_state(saga: Option<&pb::InstallSaga>) -> &'static str {
+    let Some(s) = saga else { return "registered" };
+    match pb::InstallPhase::try_from(s.phase) {
+        Ok(pb::InstallPhase::Succeeded) => match pb::InstallOutcome::try_from(s.outcome) {
+            Ok(pb::InstallOutcome::PartialSuccess) => "degraded",
+            Ok(pb::InstallOutcome::Failure) => "failed",
+            _ => "installed",
+        },
+        Ok(pb::InstallPhase::Failed) => "failed",
+        _ => "installing",
+    }
+}
+
+pub const SITE_STATES: [&str; 5] = ["registered", "installing", "installed", "degraded", "failed"];
+
+fn phase_label(phase: i32) -> String {
+    pb::InstallPhase::try_from(phase)
+        .map(|p| p.as_str_name().trim_start_matches("INSTALL_PHASE_").to_lowercase())
+        .unwrap_or_default()
+}
+
+fn outcome_label(outcome: i32) -> Option<String> {
+    match pb::InstallOutcome::try_from(outcome) {
+        Ok(pb::InstallOutcome::Unspecified) | Err(_) => None,
+        Ok(o) => Some(o.as_str_name().trim_start_matches("INSTALL_OUTCOME_").to_lowercase()),
+    }
+}
+
+/// A node's step as people say it: `pending`, `os_provisioning`, `os_provisioned`, `ready`,
+/// `failed`, or `not_installed` when no install or join has worked on it.
+fn step_label(step: Option<i32>) -> &'static str {
+    match step.map(pb::NodeStep::try_from) {
+        None => "not_installed",
+        Some(Ok(pb::NodeStep::OsProvisioning)) => "os_provisioning",
+        Some(Ok(pb::NodeStep::OsProvisioned)) => "os_provisioned",
+        Some(Ok(pb::NodeStep::BinariesInstalled)) => "ready",
+        Some(Ok(pb::NodeStep::Failed)) => "failed",
+        Some(_) => "pending",
+    }
+}
+
+pub const NODE_STEPS: [&str; 6] = ["not_installed", "pending", "os_provisioning", "os_provisioned", "ready", "failed"];
+
+fn role_label(role: i32) -> &'static str {
+    pb::Role::try_from(role).map(pb::Role::label).unwrap_or("unspecified")
+}
+
+fn kind_label(kind: i32) -> &'static str {
+    pb::PackageKind::try_from(kind).map(pb::PackageKind::label).unwrap_or("unspecified")
+}
+
+fn progress_of<'a>(saga: Option<&'a pb::InstallSaga>, node: &str) -> Option<&'a pb::NodeProgress> {
+    saga?.nodes.iter().find(|n| n.node.as_ref().is_some_and(|s| s.name == node))
+}
+
+fn busy(st: &State, site: &str) -> Value {
+    match st.leases.get(site) {
+        None => Value::Null,
+        Some(l) if l.holder == pb::LeaseHolder::Rollout as i32 => json!("rollout"),
+        Some(l) => match st.sagas.get(&l.saga_id) {
+            Some(s) if s.join => json!("join"),
+            _ => json!("install"),
+        },
+    }
+}
+
+/// One row of the sites table.
+pub fn site_summary(st: &State, site: &str, design: &pb::SiteDesign) -> Value {
+    let install = st.latest_install.get(site).and_then(|id| st.sagas.get(id));
+    let (mut ready, mut failed) = (0, 0);
+    for n in &design.nodes {
+        match step_label(progress_of(st.node_saga(site, &n.name), &n.name).map(|p| p.step)) {
+            "ready" => ready += 1,
+            "failed" => failed += 1,
+            _ => {}
+        }
+    }
+    let mut versions: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for pkgs in st.observed.get(site).into_iter().flat_map(|nodes| nodes.values()) {
+        for o in pkgs.values() {
+            versions.entry(o.name.as_str()).or_default().insert(o.version.as_str());
+        }
+    }
+    json!({
+        "site": site,
+        "labels": design.labels,
+        "state": site_state(install),
+        "busy": busy(st, site),
+        "nodes": design.nodes.len(),
+        "nodes_ready": ready,
+        "nodes_failed": failed,
+        "versions": versions,
+        "install": install.map(|s| json!({
+            "id": s.saga_id,
+            "phase": phase_label(s.phase),
+            "outcome": outcome_label(s.outcome),
+            "reason": s.reason,
+            "started": rfc3339_ms(s.started_unix_ms),
+            "finished": rfc3339_ms(s.finished_unix_ms),
+        })),
+        "last_event": st.last_event.get(site).map(|e| json!({
+            "type": e.type_name.rsplit('.').next().unwrap_or(&e.type_name),
+            "seq": e.seq,
+            "time": rfc3339(e.time),
+            "summary": e.summary,
+        })),
+    })
+}
+
+/// Every node of a site: the design's, then any other node the site reported.
+pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value> {
+    let observed = st.observed.get(site);
+    let wanted = |role: i32| -> BTreeMap<&str, &str> {
+        design
+            .packages
+            .iter()
+            .filter(|rp| rp.role == role)
+            .flat_map(|rp| rp.packages.iter().map(|p| (p.name.as_str(), p.version.as_str())))
+            .collect()
+    };
+    let mut nodes: Vec<(pb::NodeSpec, bool)> = design.nodes.iter().map(|n| (n.clone(), true)).collect();
+    for name in observed.into_iter().flat_map(|o| o.keys()) {
+        if !design.nodes.iter().any(|n| &n.name == name) {
+            nodes.push((pb::NodeSpec { name: name.clone(), ..Default::default() }, false));
+        }
+    }
+    nodes
+        .into_iter()
+        .map(|(n, in_design)| {
+            let progress = progress_of(st.node_saga(site, &n.name), &n.name);
+            let wants = wanted(n.role);
+            let packages: Vec<Value> = observed
+                .and_then(|o| o.get(&n.name))
+                .into_iter()
+                .flat_map(|p| p.values())
+                .map(|p| {
+                    let desired = wants.get(p.name.as_str()).copied();
+                    json!({
+                        "name": p.name,
+                        "version": p.version,
+                        "kind": kind_label(p.kind),
+                        "desired": desired,
+                        "differs": desired.is_some_and(|d| d != p.version),
+                    })
+                })
+                .collect();
+            json!({
+                "name": n.name,
+                "role": role_label(n.role),
+                "boot_mac": n.boot_mac,
+                "bmc_address": n.bmc_address,
+                "in_design": in_design,
+                "step": step_label(progress.map(|p| p.step)),
+                "metal3_state": progress.map(|p| p.metal3_state.as_str()).unwrap_or(""),
+                "failed_step": progress.map(|p| p.failed_step.as_str()).unwrap_or(""),
+                "reason": progress.map(|p| p.reason.as_str()).unwrap_or(""),
+                "packages": packages,
+            })
+        })
+        .collect()
+}
+
+/// Counts by state: sites, nodes, rollouts; and whether the model has caught up with the bus.
+pub fn overview(st: &State) -> Value {
+    let mut sites: BTreeMap<&str, usize> = SITE_STATES.iter().map(|s| (*s, 0)).collect();
+    let mut nodes: BTreeMap<&str, usize> = NODE_STEPS.iter().map(|s| (*s, 0)).collect();
+    let mut busy = 0;
+    for (site, design) in &st.designs {
+        let install = st.latest_install.get(site).and_then(|id| st.sagas.get(id));
+        *sites.entry(site_state(install)).or_default() += 1;
+        busy += usize::from(st.leases.contains_key(site));
+        for n in &design.nodes {
+            *nodes.entry(step_label(progress_of(st.node_saga(site, &n.name), &n.name).map(|p| p.step))).or_default() +=
+                1;
+        }
+    }
+    let mut rollouts: BTreeMap<String, usize> =
+        ["running", "paused", "halted", "completed", "cancelled"].iter().map(|p| (p.to_string(), 0)).collect();
+    for r in st.rollouts.values() {
+        if let Ok(p) = pb::RolloutPhase::try_from(r.phase)
+            && p != pb::RolloutPhase::Unspecified
+        {
+            *rollouts.entry(p.as_str_name().trim_start_matches("ROLLOUT_PHASE_").to_lowercase()).or_default() += 1;
+        }
+    }
+    json!({
+        "ready": st.ready(),
+        "sites": { "total": st.designs.len(), "busy": busy, "by_state": sites },
+        "nodes": { "total": nodes.values().sum::<usize>(), "by_step": nodes },
+        "rollouts": { "total": st.rollouts.len(), "by_phase": rollouts },
+        "packages": st.packages.len(),
+    })
+}
+
+/// Which sites a list request wants, and which page of them.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteQuery {
+    /// Only sites in this state.
+    pub state: Option<String>,
+    /// Only sites whose id contains this.
+    pub q: Option<String>,
+    /// Only these sites (comma-separated ids).
+    pub ids: Option<String>,
+    pub limit: Option<u32>,
+    pub offset: Option<u32>,
+}
+
+pub const DEFAULT_PAGE: usize = 100;
+pub const MAX_PAGE: usize = 1000;
+
+/// A page of the sites table, in site id order, with the total that matched.
+pub fn sites_page(st: &State, q: &SiteQuery) -> Result<Value, String> {
+    if let Some(s) = &q.state
+        && !SITE_STATES.contains(&s.as_str())
+    {
+        return Err(format!("unknown state {s:?}: one of {}", SITE_STATES.join(", ")));
+    }
+    let limit = q.limit.map_or(DEFAULT_PAGE, |l| l as usize);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(format!("limit must be between 1 and {MAX_PAGE}"));
+    }
+    let ids: Option<BTreeSet<&str>> = q.ids.as_deref().map(|ids| ids.split(',').map(str::trim).collect());
+    let matching: Vec<(&String, &pb::SiteDesign)> = st
+        .designs
+        .iter()
+        .filter(|(site, _)| ids.as_ref().is_none_or(|ids| ids.contains(site.as_str())))
+        .filter(|(site, _)| q.q.as_deref().is_none_or(|needle| site.contains(needle)))
+        .filter(|(site, _)| {
+            q.state
+                .as_deref()
+                .is_none_or(|want| site_state(st.latest_install.get(*site).and_then(|id| st.sagas.get(id))) == want)
+        })
+        .collect();
+    let offset = q.offset.unwrap_or(0) as usize;
+    let items: Vec<Value> =
+        matching.iter().skip(offset).take(limit).map(|(site, d)| site_summary(st, site, d)).collect();
+    Ok(json!({ "total": matching.len(), "offset": offset, "limit": limit, "items": items }))
+}
+
+/// One site with its nodes; `None` when it is not registered.
+pub fn site_detail(st: &State, site: &str) -> Option<Value> {
+    let design = st.designs.get(site)?;
+    let mut v = site_summary(st, site, design);
+    v["node_list"] = Value::Array(site_nodes(st, site, design));
+    Some(v)
+}
+
+/// The catalog, by name then version, each with whether its name rolls out by itself.
+pub fn catalog(st: &State) -> Value {
+    let items: Vec<Value> = st
+        .packages
+        .values()
+        .map(|p| {
+            let auto = st.policies.get(&p.name).and_then(|pol| pol.auto_rollout.as_ref()).is_some_and(|a| a.enabled);
+            json!({
+                "name": p.name,
+                "version": p.version,
+                "kind": kind_label(p.kind),
+                "sha256": p.sha256,
+                "size": p.size,
+                "in_store": !p.object_key.is_empty(),
+                "auto_rollout": auto,
+            })
+        })
+        .collect();
+    Value::Array(items)
+}
+
+/// Every rollout, newest first.
+pub fn rollouts(st: &State) -> Value {
+    let mut all: Vec<pb::Rollout> = st.rollouts.values().cloned().collect();
+    crate::fleet::sort_newest_first(&mut all);
+    Value::Array(all.iter().map(crate::fleet::rollout_summary_json).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn design(site: &str, nodes: &[(&str, pb::Role)]) -> pb::SiteDesign {
+        pb::SiteDesign {
+            site_id: site.into(),
+            nodes: nodes
+                .iter()
+                .map(|(n, r)| pb::NodeSpec { name: n.to_string(), role: *r as i32, ..Default::default() })
+                .collect(),
+            packages: vec![pb::RolePackages {
+                role: pb::Role::Worker as i32,
+                packages: vec![pb::PackageRef { name: "kubelet".into(), version: "1.30.0".into() }],
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn saga(id: &str, site: &str, phase: pb::InstallPhase, steps: &[(&str, pb::NodeStep, &str)]) -> pb::InstallSaga {
+        pb::InstallSaga {
+            saga_id: id.into(),
+            site_id: site.into(),
+            phase: phase as i32,
+            started_unix_ms: 1_700_000_000_000,
+            nodes: steps
+                .iter()
+                .map(|(n, s, m3)| pb::NodeProgress {
+                    node: Some(pb::NodeSpec { name: n.to_string(), ..Default::default() }),
+                    step: *s as i32,
+                    metal3_state: m3.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn state() -> State {
+        let mut st = State::default();
+        st.designs.insert("edge-01".into(), design("edge-01", &[("m1", pb::Role::Master), ("w1", pb::Role::Worker)]));
+        st.designs.insert("edge-02".into(), design("edge-02", &[("m1", pb::Role::Master)]));
+        st.sagas.insert(
+            "s1".into(),
+            saga(
+                "s1",
+                "edge-01",
+                pb::InstallPhase::ProvisioningOs,
+                &[
+                    ("m1", pb::NodeStep::OsProvisioned, "provisioned"),
+                    ("w1", pb::NodeStep::OsProvisioning, "provisioning"),
+                ],
+            ),
+        );
+        st.latest_install.insert("edge-01".into(), "s1".into());
+        st.observed.entry("edge-01".into()).or_default().entry("w1".into()).or_default().insert(
+            "kubelet".into(),
+            pb::ObservedVersion {
+                site_id: "edge-01".into(),
+                node: "w1".into(),
+                name: "kubelet".into(),
+                version: "1.29.2".into(),
+                kind: pb::PackageKind::Binary as i32,
+                ..Default::default()
+            },
+        );
+        st
+    }
+
+    #[test]
+    fn sites_show_their_install_nodes_and_versions() {
+        let st = state();
+        let page = sites_page(&st, &SiteQuery::default()).unwrap();
+        assert_eq!(page["total"], 2);
+        let a = &page["items"][0];
+        assert_eq!(a["state"], "installing");
+        assert_eq!(a["install"]["phase"], "provisioning_os");
+        assert_eq!(a["install"]["outcome"], Value::Null);
+        assert_eq!(a["versions"]["kubelet"], json!(["1.29.2"]));
+        assert_eq!(page["items"][1]["state"], "registered");
+        assert_eq!(page["items"][1]["install"], Value::Null);
+
+        let d = site_detail(&st, "edge-01").unwrap();
+        let w1 = &d["node_list"][1];
+        assert_eq!((w1["step"].as_str(), w1["metal3_state"].as_str()), (Some("os_provisioning"), Some("provisioning")));
+        assert_eq!(w1["packages"][0]["desired"], "1.30.0");
+        assert_eq!(w1["packages"][0]["differs"], true);
+        assert!(site_detail(&st, "nope").is_none());
+    }
+
+    #[test]
+    fn a_join_newer_than_the_install_tells_its_node() {
+        let mut st = state();
+        let mut join = saga(
+            "j1",
+            "edge-01",
+            pb::InstallPhase::Succeeded,
+            &[("w1", pb::NodeStep::BinariesInstalled, "provisioned")],
+        );
+        join.join = true;
+        join.started_unix_ms += 1000;
+        st.sagas.insert("j1".into(), join);
+        st.joins.entry("edge-01".into()).or_default().insert("w1".into(), "j1".into());
+        let d = site_detail(&st, "edge-01").unwrap();
+        assert_eq!(d["node_list"][1]["step"], "ready");
+        assert_eq!(d["nodes_ready"], 1);
+    }
+
+    #[test]
+    fn filters_and_pages() {
+        let st = state();
+        let q = SiteQuery { state: Some("registered".into()), ..Default::default() };
+        assert_eq!(sites_page(&st, &q).unwrap()["items"][0]["site"], "edge-02");
+        let q = SiteQuery { q: Some("01".into()), ..Default::default() };
+        assert_eq!(sites_page(&st, &q).unwrap()["total"], 1);
+        let q = SiteQuery { ids: Some("edge-02, edge-09".into()), ..Default::default() };
+        assert_eq!(sites_page(&st, &q).unwrap()["total"], 1);
+        let q = SiteQuery { limit: Some(1), offset: Some(1), ..Default::default() };
+        let page = sites_page(&st, &q).unwrap();
+        assert_eq!((page["total"].as_u64(), page["items"].as_array().unwrap().len()), (Some(2), 1));
+        assert!(sites_page(&st, &SiteQuery { state: Some("burning".into()), ..Default::default() }).is_err());
+        assert!(sites_page(&st, &SiteQuery { limit: Some(0), ..Default::default() }).is_err());
+    }
+
+    #[test]
+    fn overview_counts_every_site_and_node() {
+        let o = overview(&state());
+        assert_eq!(o["sites"]["by_state"]["installing"], 1);
+        assert_eq!(o["sites"]["by_state"]["registered"], 1);
+        assert_eq!(o["nodes"]["total"], 3);
+        assert_eq!(o["nodes"]["by_step"]["not_installed"], 1);
+        assert_eq!(o["ready"], false);
+    }
+}
