@@ -130,8 +130,9 @@
   /** Takes `token=…` from the URL fragment into this tab's session storage, and out of the address bar. */
   function takeTokenFromUrl() {
     const m = location.hash.match(/(^#|[#&?])token=([^&]*)/);
-    if (!m) return;
+    if (!m) return false;
     const token = decodeURIComponent(m[2]).trim();
+    const changed = Boolean(token) && token !== auth.token;
     if (token) {
       auth.token = token;
       sessionStorage.setItem(TOKEN_KEY, token);
@@ -139,6 +140,7 @@
     let rest = location.hash.replace(/[#&?]?token=[^&]*/, '').replace(/^#?&/, '#');
     if (!rest || rest === '#') rest = '#/';
     history.replaceState(null, '', location.pathname + location.search + rest);
+    return changed;
   }
 
   class ApiError extends Error {
@@ -365,7 +367,7 @@
       case 'RolloutPlanned':
         return `${pkg(e.package)} to ${e.planned_nodes} nodes in ${e.waves} waves`;
       case 'RolloutWaveStarted':
-        return `wave ${(e.wave || 0) + 1}: ${(e.site_ids || []).length} sites${e.canary ? ' (canary)' : ''}`;
+        return `wave ${(e.wave || 0) + 1}${(e.site_ids || []).length ? `: ${plural(e.site_ids.length, 'site')}` : ''}${e.canary ? ' (canary)' : ''}`;
       case 'ContainerPackagesApplied':
         return (e.packages || []).map(pkg).join(', ');
       case 'KubeconfigStored':
@@ -1104,6 +1106,7 @@
     let timelineScheduled = false;
     function onSiteEvent(e) {
       pendingTimeline.push(e);
+      if (pendingTimeline.length > TIMELINE_MAX) pendingTimeline.splice(0, pendingTimeline.length - TIMELINE_MAX);
       if (timelineScheduled) return;
       timelineScheduled = true;
       requestAnimationFrame(() => {
@@ -1227,7 +1230,9 @@
       const act = (kind, text, what) =>
         h('button', { type: 'button', class: 'btn btn-small', dataset: { action: kind } , onclick: async (ev) => {
           ev.currentTarget.disabled = true;
-          await command(kind, { rollout_id: r.id, reason: 'from the dashboard' }, what);
+          // ResumeRollout carries no reason; the API refuses fields a command does not have.
+          const body = kind === 'resume_rollout' ? { rollout_id: r.id } : { rollout_id: r.id, reason: `${auth.who.name}, from the dashboard` };
+          await command(kind, body, what);
           stale.rollouts = true;
           scheduleFlush();
         } }, text);
@@ -1246,7 +1251,14 @@
       fill(el, 
         h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '#/rollouts' }, 'Rollouts'), ' / ', h('span', {}, shortId(r.id))),
         h('div', { class: 'page-head' }, h('h1', {}, `${r.package}@${r.version}`), badge('phase', r.phase), h('div', { class: 'spacer' }), actions(r)),
-        r.reason ? h('div', { class: `notice ${r.phase === 'halted' ? 'notice-error' : 'notice-warn'}`, role: 'status' }, r.reason) : null,
+        r.reason
+          ? h(
+              'div',
+              { class: `notice ${r.phase === 'halted' ? 'notice-error' : 'notice-warn'}`, role: 'status', id: 'rollout-reason' },
+              h('strong', {}, `${label(r.phase).replace(/^./, (c) => c.toUpperCase())}: `),
+              r.reason,
+            )
+          : null,
         h(
           'div',
           { class: 'grid-2' },
@@ -1273,7 +1285,7 @@
               ['Canary sites', String(st.canary_sites ?? '—')],
               ['Sites at once', String(st.max_concurrent_sites ?? '—')],
               ['Unavailable per site', String(st.max_unavailable || '—')],
-              ['Failures tolerated', st.failure_threshold === undefined ? '—' : `${num(st.failure_threshold)} nodes`],
+              ['Failures tolerated', st.failure_threshold === undefined ? '—' : plural(st.failure_threshold, 'node')],
               ['Wave timeout', st.wave_timeout_seconds ? `${st.wave_timeout_seconds}s, then ${label(String(st.on_wave_timeout || '').replace(/^WAVE_TIMEOUT_ACTION_/, '').toLowerCase())}` : '—'],
             ]),
           ),
@@ -1394,7 +1406,11 @@
   // ---------------------------------------------------------------- routing and start-up
 
   function route() {
-    takeTokenFromUrl();
+    // A link with another token in it signs this tab in again.
+    if (takeTokenFromUrl()) {
+      start();
+      return;
+    }
     if (!auth.token || !auth.who) return;
     const path = location.hash.replace(/^#/, '') || '/';
     let m;

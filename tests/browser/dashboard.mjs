@@ -1,0 +1,424 @@
+// Drives the landfall dashboard in headless Chromium (Debian's /usr/bin/chromium) with
+// playwright-core, as an operator would, against a running `landfall up`.
+//
+//   node tests/browser/dashboard.mjs --case install --url http://127.0.0.1:PORT \
+//        --token OPERATOR --viewer-token VIEWER --out DIR
+//   node tests/browser/dashboard.mjs --case scale --url ... --token ... --designs FILE --out DIR
+//
+// `install`: edge-01 shows as registered; the Install button on its page installs it, and the
+//   page follows it to installed with every node ready, without a reload. A viewer sees no
+//   Install button. A newer kubelet then rolls out, and its rollout page follows it to the end.
+// `scale`: with the dashboard open, the sites in FILE (register_site bodies) are registered
+//   through the API; the overview counts them live while the table fetches only pages and
+//   dirty rows. Then a fresh page's first render is timed, and search and paging are used.
+//
+// playwright-core comes from LANDFALL_BROWSER_MODULES (scripts/ensure-browser prints it).
+// Exits non-zero with the reason on the first check that fails, after a screenshot.
+
+import { createRequire } from 'node:module';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+
+const CHROMIUM = '/usr/bin/chromium';
+const CHROMIUM_ARGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--disable-quic',
+  '--no-first-run',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+];
+const PAGE_SIZE = 50;
+
+const { values: opt } = parseArgs({
+  options: {
+    case: { type: 'string' },
+    url: { type: 'string' },
+    token: { type: 'string' },
+    'viewer-token': { type: 'string' },
+    designs: { type: 'string' },
+    out: { type: 'string', default: '.' },
+  },
+});
+
+function fail(message) {
+  console.error(`FAIL: ${message}`);
+  process.exit(1);
+}
+
+for (const k of ['case', 'url', 'token']) if (!opt[k]) fail(`--${k} is required`);
+
+const modules = process.env.LANDFALL_BROWSER_MODULES;
+if (!modules) fail('LANDFALL_BROWSER_MODULES is not set: run `export LANDFALL_BROWSER_MODULES="$(scripts/ensure-browser)"` (scripts/test does it)');
+let chromium;
+try {
+  ({ chromium } = createRequire(join(modules, 'resolve-from-here.js'))('playwright-core'));
+} catch (e) {
+  fail(`cannot load playwright-core from ${modules} (${e.message}): run scripts/ensure-browser`);
+}
+
+const base = opt.url.replace(/\/$/, '');
+const started = Date.now();
+const log = (msg) => console.log(`[${((Date.now() - started) / 1000).toFixed(1).padStart(6)}s] ${msg}`);
+
+/** The API, as the test's operator (not through the browser). */
+async function api(path, body) {
+  const res = await fetch(`${base}${path}`, {
+    method: body === undefined ? 'GET' : 'POST',
+    headers: { Authorization: `Bearer ${opt.token}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  if (!res.ok) throw new Error(`${path}: ${res.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
+const profile = mkdtempSync(join(tmpdir(), 'landfall-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: CHROMIUM,
+  headless: true,
+  args: CHROMIUM_ARGS,
+  viewport: { width: 1440, height: 900 },
+  deviceScaleFactor: 1,
+});
+const pageErrors = [];
+
+async function newPage() {
+  const page = await context.newPage();
+  page.setDefaultTimeout(30_000);
+  page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !/Failed to load resource|net::ERR_ABORTED/.test(m.text())) log(`console error: ${m.text()}`);
+  });
+  return page;
+}
+
+let current = null;
+async function shot(page, name) {
+  const path = join(opt.out, name);
+  await page.screenshot({ path, fullPage: true });
+  console.log(`screenshot: ${path}`);
+  return path;
+}
+
+/** Runs one check; on failure, a screenshot of the page shows where it stood. */
+async function step(name, fn) {
+  const t = Date.now();
+  try {
+    const out = await fn();
+    log(`ok   ${name} (${Date.now() - t} ms)`);
+    return out;
+  } catch (e) {
+    log(`FAIL ${name}: ${e.message.split('\n')[0]}`);
+    if (current) await shot(current, `failed-${opt.case}.png`).catch(() => {});
+    throw e;
+  }
+}
+
+/**
+ * A TCP proxy in front of the API for the browser, whose connections the test can cut: the
+ * events stream breaks as it would when a network or a load balancer drops it.
+ */
+async function cuttableProxy(target) {
+  const sockets = new Set();
+  let down = false;
+  const server = net.createServer((client) => {
+    if (down) {
+      client.destroy();
+      return;
+    }
+    const upstream = net.connect(Number(target.port), target.hostname);
+    const close = () => {
+      client.destroy();
+      upstream.destroy();
+      sockets.delete(client);
+      sockets.delete(upstream);
+    };
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on('error', close);
+      s.on('close', close);
+    }
+    client.pipe(upstream);
+    upstream.pipe(client);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    /** Drops every connection, and refuses new ones for `ms`. */
+    cut(ms) {
+      down = true;
+      for (const s of sockets) s.destroy();
+      setTimeout(() => {
+        down = false;
+      }, ms);
+    },
+    close: () => server.close(),
+  };
+}
+
+const sel = (site) => `#sites-table tbody tr[data-site="${site}"]`;
+
+async function openDashboard(page, token = opt.token, origin = base) {
+  await page.goto(`${origin}/#token=${token}`);
+  await page.waitForSelector('#conn[data-conn="live"]');
+}
+
+async function installCase() {
+  const page = await newPage();
+  current = page;
+  const via = await cuttableProxy(new URL(base));
+  const resumes = [];
+  page.on('request', (r) => {
+    if (new URL(r.url()).pathname === '/v1/events' && r.headers()['last-event-id']) resumes.push(r.headers()['last-event-id']);
+  });
+  await step('the dashboard opens with the token from the fragment, and goes live', async () => {
+    await openDashboard(page, opt.token, via.url);
+    if (page.url().includes(opt.token)) throw new Error(`the token is still in the address bar: ${page.url()}`);
+    const kept = await page.evaluate(() => sessionStorage.getItem('landfall.token'));
+    if (kept !== opt.token) throw new Error('the token was not kept in sessionStorage');
+    await page.waitForSelector('#whoami[data-role="operator"]');
+    await page.evaluate(() => {
+      window.__sameDocument = true;
+    });
+  });
+  await step('edge-01 is in the sites table as registered', async () => {
+    await page.waitForSelector(`${sel('edge-01')}[data-state="registered"]`);
+    await page.waitForSelector('[data-tile="sites-total"][data-value="3"]');
+  });
+  await step("edge-01's page shows its 4 nodes, none installed", async () => {
+    await page.click(`${sel('edge-01')} a.site-link`);
+    await page.waitForSelector('#site-page[data-site="edge-01"][data-state="registered"]');
+    await page.waitForFunction(() => {
+      const rows = document.querySelectorAll('#nodes-table tbody tr[data-node]');
+      return rows.length === 4 && [...rows].every((r) => r.dataset.step === 'not_installed');
+    });
+  });
+  const clicked = await step('the Install button publishes install_site', async () => {
+    const button = page.locator('#install-btn');
+    const text = (await button.textContent()).trim();
+    if (text !== 'Install') throw new Error(`the button says ${JSON.stringify(text)}`);
+    const answer = page.waitForResponse((r) => r.url().endsWith('/v1/commands/install_site'));
+    await button.click();
+    const res = await answer;
+    if (res.status() !== 202) throw new Error(`install_site answered ${res.status()}: ${await res.text()}`);
+    return Date.now();
+  });
+  await step('the page turns to installing by itself', async () => {
+    await page.waitForSelector('#site-page[data-state="installing"]', { timeout: 60_000 });
+    log(`     installing ${Date.now() - clicked} ms after the click`);
+  });
+  await step('the events stream breaks mid-install: the page says so, then resumes', async () => {
+    // While the nodes provision, so events arrive while the stream is down.
+    await page.waitForSelector('#site-timeline li[data-type="NodeOsProvisioning"]', { timeout: 60_000 });
+    via.cut(3000);
+    await page.waitForSelector('#conn[data-conn="reconnecting"]', { timeout: 10_000 });
+    await page.waitForSelector('#conn[data-conn="live"]', { timeout: 30_000 });
+    if (!resumes.length) throw new Error('the reconnect sent no Last-Event-ID');
+    log(`     resumed with Last-Event-ID ${resumes.join(', ')}`);
+  });
+  await step('then to installed, with every node ready', async () => {
+    await page.waitForSelector('#site-page[data-state="installed"]', { timeout: 240_000 });
+    await page.waitForFunction(
+      () => {
+        const rows = [...document.querySelectorAll('#nodes-table tbody tr[data-node]')];
+        const ready = document.querySelector('[data-field="nodes-ready"]');
+        return rows.length === 4 && rows.every((r) => r.dataset.step === 'ready' && r.dataset.metal3 === 'provisioned') && ready && ready.textContent === '4/4';
+      },
+      null,
+      { timeout: 60_000 },
+    );
+    // The site's lease is let go just after the install ends: the page reads it once more.
+    await page.waitForSelector('#site-page[data-busy=""]', { timeout: 30_000 });
+    log(`     installed ${Date.now() - clicked} ms after the click`);
+  });
+  await step('the events arrived live: the timeline and the feed show SiteInstalled', async () => {
+    await page.waitForSelector('#site-timeline li[data-type="SiteInstalled"]');
+    await page.waitForSelector('#feed li[data-type="SiteInstalled"][data-site="edge-01"]');
+    await page.waitForSelector('#site-timeline li[data-type="NodeOsProvisioning"]');
+  });
+  await step('no reload happened, and the feed holds every event once, none missed across the break', async () => {
+    if (!(await page.evaluate(() => window.__sameDocument === true))) throw new Error('the page was reloaded');
+    const seqs = await page.evaluate(() => [...document.querySelectorAll('#feed li[data-seq]')].map((li) => Number(li.dataset.seq)));
+    const sorted = [...seqs].sort((a, b) => a - b);
+    if (new Set(seqs).size !== seqs.length) throw new Error(`an event is in the feed twice: ${sorted.join(',')}`);
+    const missing = sorted.length ? sorted[sorted.length - 1] - sorted[0] + 1 - sorted.length : 0;
+    if (sorted[0] !== 1 || missing) throw new Error(`the feed misses ${missing} events: ${sorted.join(',')}`);
+    log(`     events 1..${sorted[sorted.length - 1]} in the feed, each once`);
+  });
+  await shot(page, 'dashboard-site.png');
+
+  await step('the fleet table followed too', async () => {
+    await page.click('a.brand');
+    await page.waitForSelector(`${sel('edge-01')}[data-state="installed"]`);
+    await page.waitForSelector('[data-tile="state-installed"][data-value="1"]');
+  });
+
+  if (opt['viewer-token']) {
+    const viewer = await newPage();
+    current = viewer;
+    await step('without a token the dashboard asks for one, and refuses a wrong one', async () => {
+      await viewer.goto(`${via.url}/`);
+      await viewer.waitForSelector('#login-form');
+      await viewer.fill('#token-input', 'not-a-token');
+      await viewer.click('#login-form button[type="submit"]');
+      await viewer.waitForSelector('#login-error:not([hidden])');
+    });
+    await step('a viewer signs in with the form, and sees the site but no Install button', async () => {
+      await viewer.fill('#token-input', opt['viewer-token']);
+      await viewer.click('#login-form button[type="submit"]');
+      await viewer.waitForSelector('#whoami[data-role="viewer"]');
+      await viewer.waitForSelector('#conn[data-conn="live"]');
+      await viewer.goto(`${via.url}/#/sites/edge-02`);
+      await viewer.waitForSelector('#site-page[data-site="edge-02"][data-state="registered"]');
+      if (await viewer.locator('#install-btn').count()) throw new Error('a viewer was offered the Install button');
+    });
+    await viewer.close();
+    current = page;
+  }
+
+  await step('a newer kubelet rolls out, and the fleet shows the rollout live', async () => {
+    await api('/v1/commands/register_package', {
+      package: { name: 'kubelet', version: '1.29.3', kind: 'binary', sha256: 'ab'.repeat(32), size: 111955968 },
+    });
+    await page.waitForSelector('#rollouts-card .rollout[data-phase]', { timeout: 60_000 });
+  });
+  await step('its page follows it to completed, every node patched', async () => {
+    await page.click('#rollouts-card .rollout');
+    await page.waitForSelector('#rollout-page[data-phase]');
+    await page.waitForSelector('#rollout-page[data-phase="completed"]', { timeout: 180_000 });
+    await page.waitForSelector('#rollout-sites tr[data-site="edge-01"]');
+  });
+  await shot(page, 'dashboard-rollout.png');
+  await step('the fleet shows the new version', async () => {
+    await page.click('a.brand');
+    await page.waitForFunction(
+      () => {
+        const chip = document.querySelector('#sites-table tr[data-site="edge-01"] [data-pkg="kubelet"]');
+        return chip && chip.textContent.includes('1.29.3') && !chip.textContent.includes('1.29.2');
+      },
+      null,
+      { timeout: 30_000 },
+    );
+    if (!(await page.evaluate(() => window.__sameDocument === true))) throw new Error('the page was reloaded');
+  });
+  await shot(page, 'dashboard.png');
+  via.close();
+}
+
+async function scaleCase() {
+  if (!opt.designs) fail('--designs is required for the scale case');
+  const bodies = JSON.parse(readFileSync(opt.designs, 'utf8'));
+  const page = await newPage();
+  current = page;
+  const sitesRequests = [];
+  page.on('request', (r) => {
+    const u = new URL(r.url());
+    if (u.pathname === '/v1/sites') sitesRequests.push(u.searchParams);
+  });
+  await step('the dashboard opens on the demo sites', async () => {
+    await openDashboard(page);
+    await page.waitForSelector('[data-tile="sites-total"][data-value="3"]');
+    await page.evaluate(() => {
+      window.__sameDocument = true;
+    });
+  });
+  const before = sitesRequests.length;
+  const total = 3 + bodies.length;
+  await step(`${bodies.length} sites are registered through the API while it is open`, async () => {
+    let next = 0;
+    const worker = async () => {
+      while (next < bodies.length) {
+        const body = bodies[next];
+        next += 1;
+        await api('/v1/commands/register_site', body);
+      }
+    };
+    await Promise.all(Array.from({ length: 8 }, worker));
+  });
+  await step(`the overview counts ${total} sites, live`, async () => {
+    await page.waitForSelector(`[data-tile="sites-total"][data-value="${total}"]`, { timeout: 120_000 });
+    await page.waitForSelector(`#page-info[data-total="${total}"]`, { timeout: 30_000 });
+    if (!(await page.evaluate(() => window.__sameDocument === true))) throw new Error('the page was reloaded');
+  });
+  await step('the table fetched pages and dirty rows, never the whole fleet', async () => {
+    const during = sitesRequests.slice(before);
+    const widest = Math.max(0, ...during.map((q) => Number(q.get('limit') || 100)));
+    const mostIds = Math.max(0, ...during.map((q) => (q.get('ids') ? q.get('ids').split(',').length : 0)));
+    const rows = await page.locator('#sites-table tbody tr').count();
+    log(`     ${during.length} /v1/sites requests for ${bodies.length} registrations; widest limit ${widest}, most ids ${mostIds}; ${rows} rows in the DOM`);
+    if (rows > PAGE_SIZE) throw new Error(`${rows} rows in the DOM`);
+    if (widest > PAGE_SIZE || mostIds > PAGE_SIZE) throw new Error(`a request asked for ${Math.max(widest, mostIds)} sites at once`);
+    if (during.length > bodies.length / 4) throw new Error(`${during.length} requests for ${bodies.length} events`);
+  });
+  await page.close();
+
+  const fresh = await newPage();
+  current = fresh;
+  const render = await step(`a fresh page renders the first page of ${total} sites`, async () => {
+    const t0 = Date.now();
+    await fresh.goto(`${base}/#token=${opt.token}`);
+    await fresh.waitForFunction(
+      (n) => {
+        const tile = document.querySelector('[data-tile="sites-total"]');
+        return tile && tile.dataset.value === String(n) && document.querySelectorAll('#sites-table tbody tr[data-site]').length > 0;
+      },
+      total,
+    );
+    const wall = Date.now() - t0;
+    const inPage = await fresh.evaluate(() => Math.round(performance.now()));
+    const rows = await fresh.locator('#sites-table tbody tr').count();
+    const info = (await fresh.locator('#page-info').textContent()).trim();
+    if (rows !== PAGE_SIZE) throw new Error(`${rows} rows rendered, not one page of ${PAGE_SIZE}`);
+    if (info !== `1–${PAGE_SIZE} of ${total.toLocaleString('en-US')}`) throw new Error(`the pager says ${JSON.stringify(info)}`);
+    return { wall, inPage, rows };
+  });
+  console.log(`first render: ${render.wall} ms from navigation to ${render.rows} rows of ${total} sites (${render.inPage} ms by the page's clock)`);
+  await step('search finds one site', async () => {
+    const t0 = Date.now();
+    await fresh.fill('#site-search', 'edge-777');
+    await fresh.waitForFunction(() => {
+      const rows = document.querySelectorAll('#sites-table tbody tr[data-site]');
+      return rows.length === 1 && rows[0].dataset.site === 'edge-777';
+    });
+    log(`     found in ${Date.now() - t0} ms`);
+  });
+  await step('paging moves through the fleet', async () => {
+    await fresh.fill('#site-search', '');
+    await fresh.waitForSelector(`#page-info[data-total="${total}"]`);
+    await fresh.click('#page-next');
+    await fresh.waitForFunction((n) => document.querySelector('#page-info').textContent.trim() === `51–100 of ${n}`, total.toLocaleString('en-US'));
+    const rows = await fresh.locator('#sites-table tbody tr').count();
+    if (rows !== PAGE_SIZE) throw new Error(`${rows} rows on the second page`);
+    await fresh.click('#page-prev');
+    await fresh.waitForFunction(() => document.querySelector('#page-info').textContent.trim().startsWith('1–50'));
+  });
+  await step('the state filter narrows the table', async () => {
+    await fresh.selectOption('#state-filter', 'installed');
+    await fresh.waitForFunction(() => document.querySelector('#page-info').dataset.total === '0');
+    await fresh.selectOption('#state-filter', '');
+    await fresh.waitForSelector(`#page-info[data-total="${total}"]`);
+  });
+  await shot(fresh, 'dashboard-1000.png');
+}
+
+let ok = false;
+try {
+  if (opt.case === 'install') await installCase();
+  else if (opt.case === 'scale') await scaleCase();
+  else fail(`unknown case ${opt.case}`);
+  if (pageErrors.length) throw new Error(`the page threw:\n${pageErrors.join('\n')}`);
+  ok = true;
+} catch (e) {
+  console.error(`FAIL: ${e.message}`);
+} finally {
+  await context.close().catch(() => {});
+  rmSync(profile, { recursive: true, force: true });
+}
+log(ok ? `${opt.case}: passed` : `${opt.case}: failed`);
+process.exit(ok ? 0 : 1);

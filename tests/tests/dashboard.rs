@@ -1,0 +1,260 @@
+//! The dashboard in a real browser: the real `landfall up` (nats-server, every service,
+//! simulated sites, the HTTP API) as a child process, and headless Chromium driven by
+//! playwright-core (`tests/browser/dashboard.mjs`) as an operator would use it.
+//!
+//! Needs Node.js, Debian's Chromium at /usr/bin/chromium and playwright-core in the directory
+//! `LANDFALL_BROWSER_MODULES` names: `scripts/ensure-browser` installs both and prints it, and
+//! `scripts/test` exports it. Without them the tests fail and say so; they never skip.
+//! Screenshots go to `target/dashboard/<case>/`.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bus_schema::pb;
+use serde_json::json;
+
+/// How long `landfall up` may take to serve a caught-up API.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long one browser case may run (its own steps time out well before).
+const CASE_TIMEOUT: Duration = Duration::from_secs(540);
+const CHROMIUM: &str = "/usr/bin/chromium";
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/dashboard.mjs");
+
+/// One browser case at a time: each starts a whole landfall and a Chromium, and the scale
+/// case's timings mean more on a machine that is not also running the other.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A running `landfall up`; killed and reaped on drop, panicking or not.
+struct Up {
+    child: Child,
+    dir: tempfile::TempDir,
+    api: SocketAddr,
+    operator: String,
+    viewer: String,
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0 to find a free port");
+    listener.local_addr().expect("a bound listener's address").port()
+}
+
+impl Up {
+    fn start(sites: usize) -> Up {
+        let dir = tempfile::tempdir().expect("a temp dir for landfall up");
+        let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let data = dir.path().join("data");
+        let stdout = std::fs::File::create(dir.path().join("up.out")).expect("create up.out");
+        let stderr = std::fs::File::create(dir.path().join("up.log")).expect("create up.log");
+        let child = Command::new(landfall_tests::cli::binary())
+            .arg("up")
+            .args(["--data-dir", &data.display().to_string()])
+            .args(["--nats-port", &free_port().to_string()])
+            .args(["--api-listen", &api.to_string()])
+            .args(["--sites", &sites.to_string(), "--install", "none"])
+            .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
+            .env_remove("RUST_LOG")
+            .env_remove("NATS_URL")
+            .env_remove("LANDFALL_API_TOKENS_FILE")
+            .env_remove("LANDFALL_API_LISTEN")
+            .env_remove("LANDFALL_DATA_DIR")
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .expect("start landfall up");
+        let mut up = Up { child, dir, api, operator: String::new(), viewer: String::new() };
+        up.wait_ready(&data);
+        up
+    }
+
+    fn output(&self) -> String {
+        let read = |name: &str| std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        let log = read("up.log");
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        format!(
+            "stdout:\n{}\nlog (last lines):\n{}",
+            read("up.out"),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    /// Waits for the banner and a caught-up read model, then takes the tokens `up` made.
+    fn wait_ready(&mut self, data: &Path) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll landfall up") {
+                panic!("landfall up exited ({status}) before it was ready\n{}", self.output());
+            }
+            let banner = std::fs::read_to_string(self.dir.path().join("up.out")).unwrap_or_default();
+            if banner.contains("landfall is up") && http(self.api, "GET", "/readyz", None, None).0 == 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "landfall up was not ready within {START_TIMEOUT:?}\n{}", self.output());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let text = std::fs::read_to_string(data.join("api-tokens.yaml")).expect("landfall up wrote api-tokens.yaml");
+        let file: serde_yaml::Value = serde_yaml::from_str(&text).expect("api-tokens.yaml is YAML");
+        let token = |role: &str| {
+            file["tokens"]
+                .as_sequence()
+                .and_then(|ts| ts.iter().find(|t| t["role"].as_str() == Some(role)))
+                .and_then(|t| t["token"].as_str())
+                .unwrap_or_else(|| panic!("no {role} token in api-tokens.yaml"))
+                .to_string()
+        };
+        self.operator = token("operator");
+        self.viewer = token("viewer");
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.api)
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("landfall up, as it stood:\n{}", self.output());
+        }
+    }
+}
+
+/// One HTTP/1.1 request (the test crate has no HTTP client): status and body.
+fn http(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return (0, String::new()) };
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("set a read timeout");
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(request.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut response = String::new();
+    if stream.read_to_string(&mut response).is_err() {
+        return (0, String::new());
+    }
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, body.to_string())
+}
+
+/// Where playwright-core is; a clear failure, never a skip, when the browser side is missing.
+fn browser_modules() -> PathBuf {
+    const HOW: &str = "run `export LANDFALL_BROWSER_MODULES=\"$(scripts/ensure-browser)\"` (it installs Debian's chromium \
+                       and playwright-core), or run the suite with scripts/test";
+    let node = Command::new("node").arg("--version").output();
+    assert!(
+        node.is_ok_and(|o| o.status.success()),
+        "node is not installed: the dashboard test drives Chromium from Node.js; {HOW}"
+    );
+    assert!(Path::new(CHROMIUM).exists(), "{CHROMIUM} is missing; {HOW}");
+    let modules = std::env::var_os("LANDFALL_BROWSER_MODULES")
+        .filter(|m| !m.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("LANDFALL_BROWSER_MODULES is not set; {HOW}"));
+    assert!(
+        modules.join("playwright-core").join("package.json").exists(),
+        "LANDFALL_BROWSER_MODULES={} holds no playwright-core; {HOW}",
+        modules.display()
+    );
+    modules
+}
+
+/// `target/dashboard/<case>`, which outlives the test (the temp dirs do not).
+fn screenshots(case: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
+    let dir = target.join("dashboard").join(case);
+    std::fs::create_dir_all(&dir).expect("create the screenshot directory");
+    dir.canonicalize().expect("the screenshot directory")
+}
+
+/// Runs one case of the browser script against `up`; returns what it printed, panics with it
+/// when it fails.
+fn run_case(up: &Up, case: &str, extra: &[&str]) -> String {
+    let modules = browser_modules();
+    let out_dir = screenshots(case);
+    let log_path = up.dir.path().join(format!("browser-{case}.log"));
+    let log = std::fs::File::create(&log_path).expect("create the browser log");
+    let mut child = Command::new("node")
+        .arg(SCRIPT)
+        .args(["--case", case, "--url", &up.url(), "--token", &up.operator, "--viewer-token", &up.viewer])
+        .args(["--out", &out_dir.display().to_string()])
+        .args(extra)
+        .env("LANDFALL_BROWSER_MODULES", &modules)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("share the log file"))
+        .stderr(log)
+        .spawn()
+        .expect("start node");
+    let deadline = Instant::now() + CASE_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll node") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let printed = std::fs::read_to_string(&log_path).unwrap_or_default();
+    println!("--- browser case {case} ---\n{printed}");
+    match status {
+        Some(s) if s.success() => printed,
+        Some(s) => panic!("the browser case {case} failed ({s}); screenshots in {}:\n{printed}", out_dir.display()),
+        None => panic!("the browser case {case} did not finish within {CASE_TIMEOUT:?}:\n{printed}"),
+    }
+}
+
+#[test]
+fn an_operator_installs_a_site_from_the_dashboard_and_watches_it_live() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let modules = browser_modules();
+    println!("playwright-core from {}", modules.display());
+    let up = Up::start(3);
+    let printed = run_case(&up, "install", &[]);
+    assert!(printed.contains("install: passed"), "the script did not say it passed:\n{printed}");
+
+    // What the browser saw is what the API says.
+    let (status, body) = http(up.api, "GET", "/v1/sites/edge-01", Some(&up.operator), None);
+    assert_eq!(status, 200, "{body}");
+    let site: serde_json::Value = serde_json::from_str(&body).expect("a site as JSON");
+    assert_eq!(site["state"], "installed");
+    assert_eq!(site["nodes_ready"], 4);
+}
+
+#[test]
+fn a_thousand_sites_show_one_page_at_a_time_and_search_finds_one() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    browser_modules();
+    let up = Up::start(3);
+    // 997 more sites like the demo's (one node each), registered by the browser script through
+    // the API while the dashboard is open.
+    let bodies: Vec<serde_json::Value> =
+        (3..1000).map(|i| json!({ "design": pb::SiteDesign::from(&producers::up::demo_site(i, 1)) })).collect();
+    let designs = up.dir.path().join("designs.json");
+    std::fs::write(&designs, serde_json::to_vec(&bodies).expect("designs as JSON")).expect("write the designs");
+    let printed = run_case(&up, "scale", &["--designs", &designs.display().to_string()]);
+    assert!(printed.contains("scale: passed"), "the script did not say it passed:\n{printed}");
+    let render =
+        printed.lines().find(|l| l.starts_with("first render:")).expect("the script printed the first render's time");
+    println!("{render}");
+
+    let (status, body) = http(up.api, "GET", "/v1/overview", Some(&up.operator), None);
+    assert_eq!(status, 200, "{body}");
+    let overview: serde_json::Value = serde_json::from_str(&body).expect("the overview as JSON");
+    assert_eq!(overview["sites"]["total"], 1000);
+}
