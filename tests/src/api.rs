@@ -52,6 +52,11 @@ impl Api {
         panic!("the API never became ready");
     }
 
+    /// Stops the API as a stopping process would.
+    pub fn stop(&self) {
+        self.shutdown.cancel();
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

@@ -219,3 +219,20 @@ async fn a_client_that_reconnects_with_last_event_id_misses_nothing_and_sees_not
         api.events(&format!("{query}&type=NodeOsProvisioned"), None, Duration::from_secs(20), |g| g.len() >= 3).await;
     assert_eq!(kinds(&only), ["NodeOsProvisioned"; 3]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_api_ends_its_event_streams_instead_of_waiting_for_the_clients() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(1).start().await;
+    let api = std::sync::Arc::new(Api::start(&fleet.bus).await);
+    let stopper = api.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stopper.stop();
+    });
+    let started = std::time::Instant::now();
+    // A live stream with nothing to say: only the stop can end it before the 20 s are up.
+    let got = api.events("site=edge-01", None, Duration::from_secs(20), |_| false).await;
+    assert!(got.is_empty());
+    assert!(started.elapsed() < Duration::from_secs(5), "the stream outlived the API: {:?}", started.elapsed());
+}

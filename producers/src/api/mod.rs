@@ -51,6 +51,8 @@ pub struct ApiState {
     model: model::Model,
     tokens: Arc<Tokens>,
     metrics: Option<MetricsRender>,
+    /// Ends the event streams when the process stops, so shutdown does not wait on open dashboards.
+    shutdown: CancellationToken,
 }
 
 /// An error as the API answers it: a status and `{"error": code, "message": ...}`.
@@ -133,7 +135,7 @@ pub async fn serve(
         tracing::warn!("the API has no tokens: every request to /v1 will be refused (see --api-tokens)");
     }
     let model = model::Model::start(&bus, &shutdown);
-    let state = ApiState { bus, model, tokens: Arc::new(tokens), metrics };
+    let state = ApiState { bus, model, tokens: Arc::new(tokens), metrics, shutdown: shutdown.clone() };
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let app = router(state);

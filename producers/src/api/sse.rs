@@ -103,16 +103,26 @@ pub(super) async fn events(
     let reader = api.bus.read_events(filters, policy).await.map_err(|e| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("cannot read the events stream: {e}"))
     })?;
-    Ok(Sse::new(stream(reader, q.correlation)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    let stream = stream(reader, q.correlation, api.shutdown.clone());
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
-fn stream(reader: EventReader, correlation: Option<String>) -> impl Stream<Item = Result<Event, Infallible>> {
+fn stream(
+    reader: EventReader,
+    correlation: Option<String>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     futures::stream::unfold(Some(reader), move |reader| {
-        let correlation = correlation.clone();
+        let (correlation, shutdown) = (correlation.clone(), shutdown.clone());
         async move {
             let mut reader = reader?;
             loop {
-                match reader.next().await {
+                // A stopping process ends the stream; the client resumes elsewhere with Last-Event-ID.
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    n = reader.next() => n,
+                };
+                match next {
                     Some(Ok(e)) => {
                         if correlation.as_deref().is_some_and(|c| c != e.delivery.envelope.correlation) {
                             continue;
