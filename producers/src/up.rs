@@ -311,6 +311,8 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
             match done {
                 Ok(Err(e)) => error!(error = %format!("{e:#}"), "a service stopped"),
                 Err(e) => error!(error = %e, "a service panicked"),
+                // Stopping on a signal: services end as asked, and one may be seen first.
+                Ok(Ok(())) if shutdown.is_cancelled() => {}
                 Ok(Ok(())) => error!("a service stopped unexpectedly"),
             }
             shutdown.cancel();
@@ -338,12 +340,27 @@ async fn never_installed(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<Ve
 }
 
 /// Installs `sites` through the bus: all at once, or one after the other (the next once the
-/// one before has ended, however it ended).
+/// one before has ended, however it ended). A failure to publish or follow is logged, not fatal:
+/// the rest of `up` goes on, and the sites can be installed by hand.
 async fn install_at_start(
     bus: Bus,
     sites: Vec<SiteId>,
     one_by_one: bool,
     shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    if let Err(e) = install_in_turn(&bus, sites, one_by_one, &shutdown).await {
+        error!(error = %format!("{e:#}"), "the installs at startup stopped; install the remaining sites by hand");
+    }
+    // Done: wait for the others, as every service does.
+    shutdown.cancelled().await;
+    Ok(())
+}
+
+async fn install_in_turn(
+    bus: &Bus,
+    sites: Vec<SiteId>,
+    one_by_one: bool,
+    shutdown: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     let ends = vec![
         pb::SiteInstalled::filter(),
@@ -371,8 +388,6 @@ async fn install_at_start(
             }
         }
     }
-    // Done: wait for the others, as every service does.
-    shutdown.cancelled().await;
     Ok(())
 }
 

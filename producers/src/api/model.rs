@@ -129,6 +129,10 @@ impl Model {
                         };
                         match change {
                             Some(Ok(c)) => {
+                                // Still reading what the bucket holds: the quiet spell starts again.
+                                if !counted {
+                                    idle.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(300));
+                                }
                                 let caught_up = c.caught_up;
                                 self.apply(bucket, c);
                                 if caught_up && !counted {
