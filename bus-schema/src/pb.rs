@@ -138,29 +138,34 @@ bus_message!(
     ArtifactStoreInfo,
 );
 
-macro_rules! command {
-    ($ty:ident, $kind:literal, |$m:ident| $scope:expr) => {
-        impl BusCommand for $ty {
+macro_rules! commands {
+    ($($ty:ident => $kind:literal, |$m:ident| $scope:expr;)*) => {
+        $(impl BusCommand for $ty {
             const KIND: &'static str = $kind;
             fn scope(&self) -> &str {
                 let $m = self;
                 $scope
             }
-        }
+        })*
+
+        /// Every command: its subject kind and its protobuf type.
+        pub const COMMAND_TYPES: &[(&str, &str)] = &[$(($kind, <$ty as BusMessage>::TYPE)),*];
     };
 }
 
-command!(RegisterSite, "register_site", |m| m.design.as_ref().map_or("", |d| d.site_id.as_str()));
-command!(InstallSite, "install_site", |m| &m.site_id);
-command!(ApplyDesign, "apply_design", |m| &m.site_id);
-command!(NodeAdded, "node_added", |m| &m.site_id);
-command!(NodeRemoved, "node_removed", |m| &m.site_id);
-command!(StageSite, "stage_site", |m| &m.site_id);
-command!(RegisterPackage, "register_package", |_m| names::FLEET);
-command!(PatchPackage, "patch_package", |_m| names::FLEET);
-command!(PauseRollout, "pause_rollout", |_m| names::FLEET);
-command!(ResumeRollout, "resume_rollout", |_m| names::FLEET);
-command!(CancelRollout, "cancel_rollout", |_m| names::FLEET);
+commands!(
+    RegisterSite => "register_site", |m| m.design.as_ref().map_or("", |d| d.site_id.as_str());
+    InstallSite => "install_site", |m| &m.site_id;
+    ApplyDesign => "apply_design", |m| &m.site_id;
+    NodeAdded => "node_added", |m| &m.site_id;
+    NodeRemoved => "node_removed", |m| &m.site_id;
+    StageSite => "stage_site", |m| &m.site_id;
+    RegisterPackage => "register_package", |_m| names::FLEET;
+    PatchPackage => "patch_package", |_m| names::FLEET;
+    PauseRollout => "pause_rollout", |_m| names::FLEET;
+    ResumeRollout => "resume_rollout", |_m| names::FLEET;
+    CancelRollout => "cancel_rollout", |_m| names::FLEET;
+);
 
 macro_rules! job {
     ($($ty:ident => $kind:literal),* $(,)?) => {
@@ -355,6 +360,15 @@ pub mod json {
                     self.as_str_name()
                 }
             })*
+
+            /// The names JSON writes for the values of the enum called `enum_name` in the
+            /// .proto files (`Role` → `unspecified, master, worker`); empty for another name.
+            pub fn json_names(enum_name: &str) -> Vec<&'static str> {
+                match enum_name {
+                    $(stringify!($ty) => $ty::values().map(Named::json_name).collect(),)*
+                    _ => Vec::new(),
+                }
+            }
         };
     }
 
@@ -430,6 +444,16 @@ mod tests {
         assert_eq!(NodeOsProvisioned::filter(), "landfall.evt.*.node.os_provisioned");
         let job = ProvisionOs { site_id: "edge-1".into(), ..Default::default() };
         assert_eq!(job.subject(), "landfall.job.edge-1.provision_os");
+    }
+
+    #[test]
+    fn every_command_kind_has_its_type() {
+        let kinds: std::collections::BTreeSet<_> = COMMAND_TYPES.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds.len(), COMMAND_TYPES.len());
+        for (kind, type_name) in COMMAND_TYPES {
+            assert!(type_name.starts_with("landfall.v1."), "{kind}: {type_name}");
+        }
+        assert!(COMMAND_TYPES.contains(&(InstallSite::KIND, InstallSite::TYPE)));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use bus_schema::pb::{self, BusCommand, BusMessage};
 use bus_schema::runtime::{Bus, Envelope, EventReader, ReadEvent, observed_nodes};
 use serde_json::json;
 
+use crate::fleet::{kind_label, role_label};
 use crate::output::{event_json, event_line, rfc3339_ms, summary};
 use crate::{EventsArgs, Format, InstallArgs, PackageIdArgs, RegisterPackageArgs, StatusArgs};
 
@@ -221,43 +222,44 @@ async fn site_status(
     })))
 }
 
+/// What the design wants each node of `role` to run: package name → version.
+pub fn desired_versions(design: &pb::SiteDesign, role: i32) -> BTreeMap<&str, &str> {
+    design
+        .packages
+        .iter()
+        .filter(|rp| rp.role == role)
+        .flat_map(|rp| rp.packages.iter().map(|p| (p.name.as_str(), p.version.as_str())))
+        .collect()
+}
+
+/// One package a node runs, as observed, with the version the design wants and whether they differ.
+pub fn observed_package_json(name: &str, version: &str, kind: i32, wants: &BTreeMap<&str, &str>) -> serde_json::Value {
+    let desired = wants.get(name).copied();
+    json!({
+        "name": name,
+        "version": version,
+        "kind": kind_label(kind),
+        "desired": desired,
+        "differs": desired.is_some_and(|d| d != version),
+    })
+}
+
 /// Per node of the design (then any other node observed at the site): the packages it runs
 /// as its gateway last reported, each with the version the design wants when it differs.
 pub fn observed_json(design: &pb::SiteDesign, observed: &[&pb::NodeObserved]) -> serde_json::Value {
     let by_node: BTreeMap<&str, &pb::NodeObserved> = observed.iter().map(|o| (o.node.as_str(), *o)).collect();
-    let wanted = |role: i32| -> BTreeMap<&str, &str> {
-        design
-            .packages
-            .iter()
-            .filter(|rp| rp.role == role)
-            .flat_map(|rp| rp.packages.iter().map(|p| (p.name.as_str(), p.version.as_str())))
-            .collect()
-    };
-    let role_label = |role: i32| pb::Role::try_from(role).map(pb::Role::label).unwrap_or("unspecified");
     let mut nodes: Vec<(&str, i32)> = design.nodes.iter().map(|n| (n.name.as_str(), n.role)).collect();
     let in_design: BTreeSet<&str> = nodes.iter().map(|(n, _)| *n).collect();
     nodes.extend(observed.iter().filter(|o| !in_design.contains(o.node.as_str())).map(|o| (o.node.as_str(), o.role)));
     let out: Vec<serde_json::Value> = nodes
         .into_iter()
         .map(|(node, role)| {
-            let wants = wanted(role);
+            let wants = desired_versions(design, role);
             let Some(o) = by_node.get(node) else {
                 return json!({ "node": node, "role": role_label(role), "observed": false, "packages": [] });
             };
-            let packages: Vec<serde_json::Value> = o
-                .packages
-                .iter()
-                .map(|p| {
-                    let desired = wants.get(p.name.as_str()).copied();
-                    json!({
-                        "name": p.name,
-                        "version": p.version,
-                        "kind": pb::PackageKind::try_from(p.kind).map(pb::PackageKind::label).unwrap_or("unspecified"),
-                        "desired": desired,
-                        "differs": desired.is_some_and(|d| d != p.version),
-                    })
-                })
-                .collect();
+            let packages: Vec<serde_json::Value> =
+                o.packages.iter().map(|p| observed_package_json(&p.name, &p.version, p.kind, &wants)).collect();
             json!({
                 "node": node,
                 "role": role_label(role),

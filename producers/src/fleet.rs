@@ -160,11 +160,13 @@ pub fn catalog_rows(mut packages: Vec<pb::Package>, policies: &[pb::PackagePolic
     packages.into_iter().map(|p| CatalogRow { auto_rollout: auto.contains(p.name.as_str()), package: p }).collect()
 }
 
-fn kind_label(kind: i32) -> &'static str {
+/// A package kind as people say it (`os-image`), for tables and JSON views.
+pub(crate) fn kind_label(kind: i32) -> &'static str {
     pb::PackageKind::try_from(kind).map(pb::PackageKind::label).unwrap_or("unspecified")
 }
 
-fn role_label(role: i32) -> &'static str {
+/// A role as people say it (`master`), for tables and JSON views.
+pub(crate) fn role_label(role: i32) -> &'static str {
     pb::Role::try_from(role).map(pb::Role::label).unwrap_or("unspecified")
 }
 

@@ -68,28 +68,6 @@ fn enum_schema(e: &prost_types::EnumDescriptorProto, json_names: &[&str], descri
     s
 }
 
-/// The names JSON writes for each landfall enum (see `pb::json`).
-fn json_names(enum_name: &str) -> Vec<&'static str> {
-    use pb::json::Named;
-    fn all<E: Named>() -> Vec<&'static str> {
-        E::values().map(E::json_name).collect()
-    }
-    match enum_name {
-        "Role" => all::<pb::Role>(),
-        "PackageKind" => all::<pb::PackageKind>(),
-        "NodeOutcome" => all::<pb::NodeOutcome>(),
-        "InstallOutcome" => all::<pb::InstallOutcome>(),
-        "InstallPhase" => all::<pb::InstallPhase>(),
-        "NodeStep" => all::<pb::NodeStep>(),
-        "RejectCode" => all::<pb::RejectCode>(),
-        "WaveTimeoutAction" => all::<pb::WaveTimeoutAction>(),
-        "RolloutPhase" => all::<pb::RolloutPhase>(),
-        "RolloutSiteState" => all::<pb::RolloutSiteState>(),
-        "LeaseHolder" => all::<pb::LeaseHolder>(),
-        _ => Vec::new(),
-    }
-}
-
 fn scalar(t: Type) -> Value {
     match t {
         Type::Double | Type::Float => json!({ "type": "number" }),
@@ -134,7 +112,7 @@ pub fn message_schemas() -> Map<String, Value> {
     for file in set.file.iter().filter(|f| f.package() == PACKAGE) {
         let notes = comments(file);
         for (i, e) in file.enum_type.iter().enumerate() {
-            let schema = enum_schema(e, &json_names(e.name()), notes.get(&vec![5, i as i32]));
+            let schema = enum_schema(e, &pb::json::json_names(e.name()), notes.get(&vec![5, i as i32]));
             out.insert(format!("{PACKAGE}.{}", e.name()), schema);
         }
         for (i, m) in file.message_type.iter().enumerate() {

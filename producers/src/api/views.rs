@@ -8,6 +8,8 @@ use bus_schema::pb;
 use serde_json::{Value, json};
 
 use super::model::State;
+use crate::client::{desired_versions, observed_package_json};
+use crate::fleet::{kind_label, role_label};
 use crate::output::{rfc3339, rfc3339_ms};
 
 /// What state a site is in, from its latest install: `registered` (never installed),
@@ -54,14 +56,6 @@ fn step_label(step: Option<i32>) -> &'static str {
 }
 
 pub const NODE_STEPS: [&str; 6] = ["not_installed", "pending", "os_provisioning", "os_provisioned", "ready", "failed"];
-
-fn role_label(role: i32) -> &'static str {
-    pb::Role::try_from(role).map(pb::Role::label).unwrap_or("unspecified")
-}
-
-fn kind_label(kind: i32) -> &'static str {
-    pb::PackageKind::try_from(kind).map(pb::PackageKind::label).unwrap_or("unspecified")
-}
 
 fn progress_of<'a>(saga: Option<&'a pb::InstallSaga>, node: &str) -> Option<&'a pb::NodeProgress> {
     saga?.nodes.iter().find(|n| n.node.as_ref().is_some_and(|s| s.name == node))
@@ -124,14 +118,6 @@ pub fn site_summary(st: &State, site: &str, design: &pb::SiteDesign) -> Value {
 /// Every node of a site: the design's, then any other node the site reported.
 pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value> {
     let observed = st.observed.get(site);
-    let wanted = |role: i32| -> BTreeMap<&str, &str> {
-        design
-            .packages
-            .iter()
-            .filter(|rp| rp.role == role)
-            .flat_map(|rp| rp.packages.iter().map(|p| (p.name.as_str(), p.version.as_str())))
-            .collect()
-    };
     let mut nodes: Vec<(pb::NodeSpec, bool)> = design.nodes.iter().map(|n| (n.clone(), true)).collect();
     for name in observed.into_iter().flat_map(|o| o.keys()) {
         if !design.nodes.iter().any(|n| &n.name == name) {
@@ -142,21 +128,12 @@ pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value>
         .into_iter()
         .map(|(n, in_design)| {
             let progress = progress_of(st.node_saga(site, &n.name), &n.name);
-            let wants = wanted(n.role);
+            let wants = desired_versions(design, n.role);
             let packages: Vec<Value> = observed
                 .and_then(|o| o.get(&n.name))
                 .into_iter()
                 .flat_map(|p| p.values())
-                .map(|p| {
-                    let desired = wants.get(p.name.as_str()).copied();
-                    json!({
-                        "name": p.name,
-                        "version": p.version,
-                        "kind": kind_label(p.kind),
-                        "desired": desired,
-                        "differs": desired.is_some_and(|d| d != p.version),
-                    })
-                })
+                .map(|p| observed_package_json(&p.name, &p.version, p.kind, &wants))
                 .collect();
             json!({
                 "name": n.name,
