@@ -7,9 +7,8 @@
 //! judge (an unknown site, a conflict) is refused there, with a `CommandRejected` event.
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::post;
 use bus_schema::domain::{self, MacAddress, SiteId};
@@ -189,23 +188,63 @@ fn json_content(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// How much of a too-large body is read and thrown away before the 413 is sent.
+///
+/// A server that answers while the client is still sending and then closes the connection makes
+/// the client's kernel see a reset, and many clients then lose the answer and report only
+/// "connection closed". Reading on (within this bound and [`DRAIN_FOR`]) lets the client finish
+/// sending and read why it was refused; a body announced larger than this is refused at once.
+const DRAIN_MAX: usize = 64 << 20;
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The request body, at most [`super::MAX_BODY`] bytes.
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    use futures::StreamExt;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the body is larger than the {} MiB a command may take", super::MAX_BODY >> 20),
+        )
+    };
+    let announced =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    if announced.is_some_and(|n| n > DRAIN_MAX) {
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::with_capacity(announced.unwrap_or(0).min(super::MAX_BODY));
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the body could not be read: {e}")))?;
+        if buf.len() + chunk.len() > super::MAX_BODY {
+            let mut seen = buf.len() + chunk.len();
+            drop(buf);
+            let drain = async {
+                while let Some(Ok(chunk)) = stream.next().await {
+                    seen += chunk.len();
+                    if seen > DRAIN_MAX {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_FOR, drain).await;
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.into())
+}
+
 async fn publish<C>(
     State(api): State<ApiState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<(StatusCode, axum::Json<serde_json::Value>), ApiError>
 where
     C: BusCommand + DeserializeOwned + Check,
 {
     json_content(&headers)?;
-    let body = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the body is larger than the {} MiB a command may take", super::MAX_BODY >> 20),
-        ),
-        status => ApiError::new(status, "bad_request", e.body_text()),
-    })?;
+    let body = read_body(&headers, body).await?;
     let cmd: C = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("the body is not a valid {} as JSON: {e}", C::TYPE)))?;
     let env = envelope(&headers)?;
