@@ -5,10 +5,12 @@
 //!   writes one as a literal.
 //! - [`domain`]: validated domain types and the `TryFrom` conversions at the protobuf edge.
 //! - [`ids`]: message ids, correlation and deterministic ids for derived messages.
+//! - [`access`]: the NATS permissions of each service's user and of each site.
 //! - [`design`]: site design documents (profiles, inheritance, validation, node selection).
 //! - [`rollout`]: rollout planning (which nodes a `PatchPackage` touches, canaries, waves).
 //! - [`runtime`] (feature `runtime`): the one bus runtime every service uses.
 
+pub mod access;
 pub mod design;
 pub mod domain;
 pub mod ids;

@@ -42,6 +42,10 @@ pub const PACKAGES_BUCKET: &str = "landfall-packages";
 pub const OBSERVED_BUCKET: &str = "landfall-observed";
 pub const SAGAS_BUCKET: &str = "landfall-sagas";
 pub const KUBECONFIGS_BUCKET: &str = "landfall-kubeconfigs";
+/// The stream that holds a KV bucket (JetStream's naming).
+pub fn kv_stream(bucket: &str) -> String {
+    format!("KV_{bucket}")
+}
 pub const ALL_BUCKETS: [&str; 5] = [SITES_BUCKET, PACKAGES_BUCKET, OBSERVED_BUCKET, SAGAS_BUCKET, KUBECONFIGS_BUCKET];
 
 /// Durable consumer names.
@@ -113,6 +117,16 @@ pub fn kubeconfig_rpc(site: &str) -> String {
     format!("landfall.rpc.{site}.kubeconfig")
 }
 
+/// Every request the hub makes of one site (kubeconfigs, simulated arrivals).
+pub fn site_rpcs(site: &str) -> String {
+    format!("landfall.rpc.{site}.>")
+}
+
+/// Every request one site makes of the hub's services.
+pub fn site_services(site: &str) -> String {
+    format!("landfall.svc.{site}.>")
+}
+
 /// Request/reply to a simulated site: a new host appears there (`landfall node add`).
 pub fn sim_host_arrival_rpc(site: &str) -> String {
     format!("landfall.rpc.{site}.sim_host_arrival")
@@ -152,6 +166,9 @@ pub const KUBECONFIG_GET_ADMIN: &str = "landfall.admin.kubeconfig_get";
 pub const BMC_CREDENTIALS_PUT_ADMIN: &str = "landfall.admin.bmc_credentials_put";
 /// Operators: seal every secret again under a new key.
 pub const ROTATE_KEY_ADMIN: &str = "landfall.admin.rotate_key";
+
+/// The operators' requests, which only the secrets service answers.
+pub const ADMIN_SUBJECTS: [&str; 3] = [KUBECONFIG_GET_ADMIN, BMC_CREDENTIALS_PUT_ADMIN, ROTATE_KEY_ADMIN];
 
 /// The parts of a landfall subject, parsed back.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,7 @@ pub(crate) const EXIT_REJECTED: u8 = 2;
 pub(crate) const EXIT_TIMEOUT: u8 = 3;
 
 pub async fn connect(url: &str) -> anyhow::Result<Bus> {
-    Bus::connect_client(url, "landfall-cli")
+    Bus::connect_client(url, "landfall-cli", crate::nats_access::get())
         .await
         .with_context(|| format!("is landfall running? (`landfall up`, or set NATS_URL / --nats-url; tried {url})"))
 }

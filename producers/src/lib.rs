@@ -9,9 +9,11 @@ pub mod artifacts_cli;
 pub mod bench;
 pub mod bench_transfer;
 pub mod client;
+pub mod deploy;
 pub mod design;
 pub mod embedded;
 pub mod fleet;
+pub mod nats_access;
 pub mod output;
 pub mod progress;
 pub mod secrets_cli;
@@ -40,6 +42,8 @@ pub struct Cli {
     /// instead of starting one.
     #[arg(long, global = true, env = "NATS_URL")]
     pub nats_url: Option<String>,
+    #[command(flatten)]
+    pub nats: nats_access::NatsAccessArgs,
     #[command(flatten)]
     pub telemetry: telemetry::TelemetryArgs,
     #[command(subcommand)]
@@ -82,6 +86,10 @@ pub enum Command {
     /// Run one service in this process (for deployments that run services apart).
     #[command(subcommand)]
     Serve(serve::ServeCommand),
+    /// Deployment files: `deploy nats-config` writes the hub's and every site's NATS
+    /// configuration and keys.
+    #[command(subcommand)]
+    Deploy(deploy::DeployCommand),
     /// Measure landfall against raw JetStream on a real nats-server.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -388,6 +396,8 @@ pub struct GatewayCli {
     #[arg(long, env = "NATS_URL", default_value = DEFAULT_NATS_URL)]
     pub nats_url: String,
     #[command(flatten)]
+    pub nats: nats_access::NatsAccessArgs,
+    #[command(flatten)]
     pub gateway: serve::GatewayArgs,
     #[command(flatten)]
     pub telemetry: telemetry::TelemetryArgs,
@@ -397,6 +407,7 @@ pub fn gateway_main() -> ExitCode {
     let cli = GatewayCli::parse();
     telemetry::init_logs(cli.telemetry.log_format, "info,async_nats=warn");
     block_on(async move {
+        nats_access::init(&cli.nats)?;
         let _metrics = telemetry::start(&cli.telemetry).await?;
         serve::gateway(cli.gateway, &cli.nats_url, serve::shutdown_on_signal()).await?;
         Ok(ExitCode::SUCCESS)
@@ -425,6 +436,7 @@ pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let url = cli.nats_url.clone().unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
+    nats_access::init(&cli.nats)?;
     // Services serve their metrics while they run; the client commands have none to serve.
     let _metrics = match cli.command {
         Command::Up(_) | Command::Serve(_) => telemetry::start(&cli.telemetry).await?,
@@ -443,6 +455,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rollout(cmd) => fleet::rollout(&url, cmd).await,
         Command::Node(NodeCommand::Add(args)) => fleet::node_add(&url, &args).await,
         Command::Bench(cmd) => bench::run(cmd, cli.nats_url.clone()).await,
+        Command::Deploy(cmd) => deploy::run(cmd),
         Command::Design(cmd) => design::run(&url, cmd).await,
         Command::Events(args) => client::events(&url, &args).await,
         Command::Status(args) => client::status(&url, &args).await,

@@ -58,7 +58,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// # Errors
 /// When no service answers (saying what to start), or with the service's reason for refusing.
 async fn ask(url: &str, subject: &str, payload: Vec<u8>, timeout: Duration) -> anyhow::Result<Bytes> {
-    let bus = Bus::connect_client(url, "landfall-cli").await?;
+    let bus = Bus::connect_client(url, "landfall-cli", crate::nats_access::get()).await?;
     let no_service = || {
         anyhow::anyhow!(
             "no secrets service answered on {subject}; is `landfall serve kubeconfig` (or `landfall up`) running?"

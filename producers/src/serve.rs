@@ -54,6 +54,10 @@ pub struct GatewayArgs {
     /// sim: run the simulated site this many times faster than a real one.
     #[arg(long, default_value_t = crate::up::DEFAULT_TIME_SCALE)]
     pub time_scale: f64,
+    /// sim: keep the simulated site in this file, so that a restarted gateway finds its hosts
+    /// as it left them (a real site's hosts outlive its gateway).
+    #[arg(long, env = "LANDFALL_SIM_STATE")]
+    pub sim_state: Option<PathBuf>,
     #[command(flatten)]
     pub kube: KubeArgs,
 }
@@ -159,20 +163,22 @@ impl KubeArgs {
 /// Runs one site's gateway until `shutdown`.
 pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) -> anyhow::Result<()> {
     let site = SiteId::try_from(args.site.clone())?;
-    let bus = connect_service(url, &format!("landfall-gateway-{site}")).await?;
+    // A site's user may not create streams: the hub's services do.
+    let bus = Bus::connect_with(url, &format!("landfall-gateway-{site}"), crate::nats_access::get()).await?;
     let cache = site_gateway::ArtifactCache::new(&args.cache_dir);
     match args.backend {
         BackendKind::Sim => {
+            bus.wait_for_stream(&names::kv_stream(names::SITES_BUCKET), &shutdown).await?;
             let sites = bus.kv(names::SITES_BUCKET).await?;
             let (design, _) = sites.get::<pb::SiteDesign>(&keys::site(site.as_str())).await?.with_context(|| {
                 format!("site {site} is not registered: the simulated site is built from its design")
             })?;
             let design = SiteDesign::try_from(design)?;
-            let backend = Arc::new(SimSite::new(
-                site.as_str(),
-                &design.nodes,
-                SimConfig::realistic().time_scale(args.time_scale),
-            ));
+            let config = SimConfig::realistic().time_scale(args.time_scale);
+            let backend = Arc::new(match &args.sim_state {
+                Some(path) => SimSite::with_state_file(site.as_str(), &design.nodes, config, path)?,
+                None => SimSite::new(site.as_str(), &design.nodes, config),
+            });
             site_gateway::run_gateway(site, bus, backend, cache, shutdown).await
         }
         BackendKind::Kube => {
@@ -271,10 +277,11 @@ pub fn shutdown_on_signal() -> CancellationToken {
     token
 }
 
-/// Connects and makes sure the streams and buckets exist.
+/// Connects (as this process's NATS user) and makes sure the streams and buckets exist: three
+/// replicas of each on a JetStream cluster, one on a single server.
 pub async fn connect_service(url: &str, name: &str) -> anyhow::Result<Bus> {
-    let bus = Bus::connect(url, name).await?;
-    bus.ensure_topology(&Topology::default()).await?;
+    let bus = Bus::connect_with(url, name, crate::nats_access::get()).await?;
+    bus.ensure_topology_within(&Topology::for_server(&bus), std::time::Duration::from_secs(60)).await?;
     Ok(bus)
 }
 

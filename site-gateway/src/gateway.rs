@@ -617,6 +617,10 @@ pub async fn run_gateway<B: SiteBackend>(
     cache: ArtifactCache,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    // A site may start while its link to the hub is down, or before the hub made its streams.
+    if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_err() {
+        return Ok(());
+    }
     let consumer = names::gateway_consumer(site.as_str());
     // Provisioning takes minutes; all of a site's hosts provision at once.
     let spec = ConsumerSpec::new(

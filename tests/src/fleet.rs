@@ -12,10 +12,11 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::DeliverPolicy;
+use bus_schema::access::Role;
 use bus_schema::domain::SiteDesign;
 use bus_schema::names;
 use bus_schema::pb::{self, BusEvent, BusMessage};
-use bus_schema::runtime::{Bus, Envelope, ReadEvent, Topology};
+use bus_schema::runtime::{Access, Bus, Envelope, ReadEvent, Topology};
 use consumers::artifacts::{ArtifactStore, S3Options};
 use consumers::distribution::DistributionConfig;
 use consumers::secrets::KeyProvider;
@@ -71,18 +72,36 @@ pub async fn collect(
     ends: &[&str],
     timeout: Duration,
 ) -> Run {
-    let mut reader = bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
     let mut events = Vec::new();
+    // Read from the start again whenever the reader fails (a cluster electing a new leader
+    // times requests out for a moment): the stream is the same, so is what is read.
     let result = tokio::time::timeout(timeout, async {
-        while let Some(e) = reader.next().await {
-            let e = e.unwrap();
-            if e.delivery.envelope.correlation != correlation {
-                continue;
-            }
-            let done = ends.contains(&e.delivery.type_name.as_str());
-            events.push(e);
-            if done {
-                return;
+        loop {
+            events.clear();
+            let mut reader = match bus.read_events(vec![filter.clone()], DeliverPolicy::All).await {
+                Ok(reader) => reader,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the events yet");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    continue;
+                }
+            };
+            while let Some(e) = reader.next().await {
+                let e = match e {
+                    Ok(e) => e,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the event reader failed; reading again");
+                        break;
+                    }
+                };
+                if e.delivery.envelope.correlation != correlation {
+                    continue;
+                }
+                let done = ends.contains(&e.delivery.type_name.as_str());
+                events.push(e);
+                if done {
+                    return;
+                }
             }
         }
     })
@@ -104,9 +123,28 @@ pub struct FleetBuilder {
     failing_binaries: Vec<(usize, String)>,
     store: Option<(String, S3Options)>,
     artifacts: bool,
+    access: Option<AccessFor>,
+    gateways: bool,
 }
 
+/// How each role connects, when the fleet runs under a deployment's users.
+pub type AccessFor = Arc<dyn Fn(&Role) -> Access + Send + Sync>;
+
 impl FleetBuilder {
+    /// Connect each service as its own user (`access(role)`), as deployed, instead of one
+    /// anonymous connection for all; the fleet's own `bus` is the operator's.
+    pub fn access(mut self, access: AccessFor) -> Self {
+        self.access = Some(access);
+        self
+    }
+
+    /// Run no site gateway in this process (the test runs them elsewhere, e.g. behind a leaf
+    /// node); the simulated sites are still made, for the test to hand to its gateways.
+    pub fn without_gateways(mut self) -> Self {
+        self.gateways = false;
+        self
+    }
+
     pub fn sites(mut self, n: usize) -> Self {
         self.sites = n;
         self
@@ -163,26 +201,39 @@ impl FleetBuilder {
 
     pub async fn start(self) -> Fleet {
         init_tracing();
-        let bus = Bus::connect(&self.url, "landfall-test").await.expect("connect to the test nats-server");
-        bus.ensure_topology(&Topology::default()).await.expect("create streams and buckets");
+        let access = |role: &Role| self.access.as_ref().map(|a| a(role)).unwrap_or_default();
+        let bus = Bus::connect_with(&self.url, "landfall-test", &access(&Role::Operator))
+            .await
+            .expect("connect to the test nats-server");
+        bus.ensure_topology_within(&Topology::for_server(&bus), Duration::from_secs(30))
+            .await
+            .expect("create streams and buckets");
+        // One connection per role under a deployment's users; one shared connection otherwise.
+        let connect = async |role: Role, name: &str| match self.access {
+            Some(_) => Bus::connect_with(&self.url, name, &access(&role)).await.expect("connect"),
+            None => bus.clone(),
+        };
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
         for i in 0..self.orchestrators {
-            let replica = Bus::connect(&self.url, &format!("landfall-test-orchestrator-{i}")).await.expect("connect");
+            let name = format!("landfall-test-orchestrator-{i}");
+            let replica = Bus::connect_with(&self.url, &name, &access(&Role::Orchestrator)).await.expect("connect");
             tasks.spawn(consumers::run_orchestrator(replica, shutdown.clone()));
         }
-        tasks.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
+        tasks.spawn(consumers::run_observer(connect(Role::Observer, "landfall-test-observer").await, shutdown.clone()));
         let dir = tempfile::tempdir().expect("a temporary directory");
         // The kubeconfig collector and the secrets service, under a key file in `dir`.
         let key_ring = crate::secrets::test_key_ring(dir.path());
-        tasks.spawn(consumers::secrets_service::run_secrets(bus.clone(), key_ring.clone(), shutdown.clone()));
+        let secrets = connect(Role::Kubeconfig, "landfall-test-kubeconfig").await;
+        tasks.spawn(consumers::secrets_service::run_secrets(secrets, key_ring.clone(), shutdown.clone()));
         let keys: Arc<dyn KeyProvider> = key_ring;
         let store = match &self.store {
             Some((location, s3)) => ArtifactStore::open(location, s3),
             None => ArtifactStore::local(&dir.path().join("artifacts")),
         }
         .expect("open the artifact store");
-        let distribution = Distribution::start(&bus, &store, &shutdown);
+        let distribution =
+            Distribution::start(&connect(Role::Distribution, "landfall-test-distribution").await, &store, &shutdown);
         let catalog = match self.artifacts {
             true => producers::up::upload_demo_packages(&store, TEST_SHRINK).await.expect("upload the demo packages"),
             false => demo_packages(),
@@ -200,17 +251,20 @@ impl FleetBuilder {
                 backend.fail_binaries(host);
             }
             let gateway = shutdown.child_token();
-            let cache = ArtifactCache::new(dir.path().join("caches").join(design.site.as_str()));
-            tasks.spawn(site_gateway::run_gateway(
-                design.site.clone(),
-                bus.clone(),
-                backend.clone(),
-                cache,
-                gateway.clone(),
-            ));
-            let control =
-                site_gateway::serve_sim_control(design.site.clone(), bus.clone(), (*backend).clone(), gateway.clone());
-            tasks.spawn(control);
+            if self.gateways {
+                let site_bus = connect(Role::Site(design.site.to_string()), "landfall-test-gateway").await;
+                let cache = ArtifactCache::new(dir.path().join("caches").join(design.site.as_str()));
+                tasks.spawn(site_gateway::run_gateway(
+                    design.site.clone(),
+                    site_bus.clone(),
+                    backend.clone(),
+                    cache,
+                    gateway.clone(),
+                ));
+                let control =
+                    site_gateway::serve_sim_control(design.site.clone(), site_bus, (*backend).clone(), gateway.clone());
+                tasks.spawn(control);
+            }
             gateways.push(gateway);
             sites.push((design, backend));
         }
@@ -366,6 +420,8 @@ impl Fleet {
             failing_binaries: Vec::new(),
             store: None,
             artifacts: false,
+            access: None,
+            gateways: true,
         }
     }
 

@@ -10,3 +10,4 @@ pub mod kube_site;
 pub mod nats;
 pub mod s3;
 pub mod secrets;
+pub mod topology;

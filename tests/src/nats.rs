@@ -276,7 +276,7 @@ fn read_info(addr: SocketAddr) -> std::io::Result<String> {
 }
 
 /// A port that was free a moment ago (the listener is dropped before returning).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"));
     listener.local_addr().expect("local_addr of a bound listener").port()

@@ -1,0 +1,464 @@
+//! `landfall deploy nats-config`: the NATS side of a deployment, generated so no per-site
+//! configuration is ever written by hand.
+//!
+//! - `hub/<server>.conf`: the hub's servers (one, or a JetStream cluster of three or more, in
+//!   the JetStream domain `hub`), each listening for clients, routes and leaf nodes.
+//! - `hub/accounts.conf`: the `LANDFALL` account with one user per hub service, one for
+//!   operators and one per site, each with the permissions of [`bus_schema::access`]; the hub
+//!   knows only their public keys.
+//! - `sites/<site>/leaf.conf`: the site's leaf node, with a JetStream domain of its own (the
+//!   site id), linked to the hub as the site's user, so everything the site sends or receives
+//!   is held to that user's permissions.
+//! - `users/<user>.nk` and `sites/<site>/gateway.nk`: the seeds, mode 0600, for each process's
+//!   `--nats-nkey-file`.
+//!
+//! Run again with more sites, it keeps every key it made before.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use bus_schema::access::{HUB_DOMAIN, Permissions, Role};
+use bus_schema::domain::SiteId;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DeployCommand {
+    /// Write the NATS configuration of the hub (one server or a cluster), of each site's leaf
+    /// node, and every user's key, with least-privilege permissions per service and per site.
+    NatsConfig(NatsConfigArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct NatsConfigArgs {
+    /// The sites, each with a leaf node and a user of its own (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub sites: Vec<String>,
+    /// Where to write (created if missing; keys already there are kept).
+    #[arg(long, default_value = "./landfall-nats")]
+    pub out: PathBuf,
+    /// A hub server: HOST[:CLIENT[:CLUSTER[:LEAF[:HTTP]]]] (ports default 4222, 6222, 7422,
+    /// 8222). Once for a single server; three times (or more) for a JetStream cluster whose
+    /// streams keep three replicas.
+    #[arg(long = "hub", default_value = "127.0.0.1")]
+    pub hubs: Vec<String>,
+    /// Where each server keeps its JetStream store (`<dir>/<server>`).
+    #[arg(long, default_value = "/var/lib/nats")]
+    pub store_dir: PathBuf,
+    /// Where a site's leaf node listens for its gateway.
+    #[arg(long, default_value = "127.0.0.1:4222")]
+    pub site_listen: String,
+    /// The hub servers' TLS certificate (PEM), valid for every hub host: clients, routes and
+    /// leaf nodes then speak TLS. Needs --tls-key and --tls-ca.
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The CA that signed the hub's certificate: the sites' leaf nodes verify the hub with it.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// One hub server's addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hub {
+    pub host: String,
+    pub client: u16,
+    pub cluster: u16,
+    pub leaf: u16,
+    pub http: u16,
+}
+
+impl std::str::FromStr for Hub {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(':');
+        let host = parts.next().filter(|h| !h.is_empty()).ok_or("a hub needs a host")?.to_string();
+        let mut port = |default: u16, what: &str| -> Result<u16, String> {
+            match parts.next() {
+                None => Ok(default),
+                Some(p) => p.parse().map_err(|_| format!("{what} port {p:?} of hub {s:?} is not a port")),
+            }
+        };
+        let hub = Hub {
+            host,
+            client: port(4222, "client")?,
+            cluster: port(6222, "cluster")?,
+            leaf: port(7422, "leaf")?,
+            http: port(8222, "monitoring")?,
+        };
+        if parts.next().is_some() {
+            return Err(format!("hub {s:?} has more than HOST:CLIENT:CLUSTER:LEAF:HTTP"));
+        }
+        Ok(hub)
+    }
+}
+
+/// The TLS files of the hub's servers.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// Everything the configuration is made of.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub sites: Vec<SiteId>,
+    pub hubs: Vec<Hub>,
+    pub store_dir: PathBuf,
+    pub site_listen: String,
+    pub tls: Option<Tls>,
+}
+
+/// A key pair: the public key the server knows, the seed its user holds.
+pub struct Key {
+    pub public_key: String,
+    pub seed: String,
+}
+
+/// A user and its key pair.
+pub struct User {
+    pub role: Role,
+    pub key: Key,
+}
+
+/// A file to write: its path under the output directory, its text, and whether it is secret.
+#[derive(Debug)]
+pub struct File {
+    pub path: PathBuf,
+    pub text: String,
+    pub secret: bool,
+}
+
+/// The name of hub server `i` (0-based).
+pub fn hub_name(i: usize) -> String {
+    format!("hub-{}", i + 1)
+}
+
+/// The name of the hub's cluster.
+pub const CLUSTER_NAME: &str = "landfall-hub";
+/// The account every landfall user is in.
+pub const ACCOUNT: &str = "LANDFALL";
+
+/// The files of `plan`, with `users` (every service, the operator and each site) and the
+/// routes' password.
+pub fn render(plan: &Plan, users: &[User], system: &Key, route_password: &str) -> Vec<File> {
+    let mut files = Vec::new();
+    files.push(File { path: "hub/accounts.conf".into(), text: accounts(users, system), secret: false });
+    for (i, hub) in plan.hubs.iter().enumerate() {
+        files.push(File {
+            path: format!("hub/{}.conf", hub_name(i)).into(),
+            text: hub_server(plan, i, hub, route_password),
+            secret: true,
+        });
+    }
+    for user in users {
+        let (path, what) = match &user.role {
+            Role::Site(site) => (format!("sites/{site}/gateway.nk"), format!("the gateway of site {site}")),
+            role => (format!("users/{}.nk", role.user()), format!("the {} service", role.user())),
+        };
+        files.push(File { path: path.into(), text: seed_file(&what, &user.key), secret: true });
+        if let Role::Site(site) = &user.role {
+            files.push(File {
+                path: format!("sites/{site}/leaf.conf").into(),
+                text: leaf(plan, site, user),
+                secret: true,
+            });
+        }
+    }
+    files.push(File { path: "users/sys.nk".into(), text: seed_file("the system account", system), secret: true });
+    files
+}
+
+fn seed_file(what: &str, key: &Key) -> String {
+    format!("# The NATS user of {what} ({}): pass this file as --nats-nkey-file.\n{}\n", key.public_key, key.seed)
+}
+
+fn quoted(list: &[String]) -> String {
+    list.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ")
+}
+
+fn permissions(p: &Permissions) -> String {
+    let mut out = format!(
+        "permissions: {{\n        publish: {{ allow: [{}] }}\n        subscribe: {{ allow: [{}] }}\n",
+        quoted(&p.publish),
+        quoted(&p.subscribe)
+    );
+    if p.allow_responses {
+        out.push_str("        allow_responses: true\n");
+    }
+    out.push_str("      }");
+    out
+}
+
+fn accounts(users: &[User], system: &Key) -> String {
+    let mut out = String::from(
+        "# Generated by `landfall deploy nats-config`: run it again instead of editing.\n\
+         # One user per hub service, one for operators, one per site; public keys only.\n\n",
+    );
+    let _ = writeln!(out, "accounts {{\n  {ACCOUNT} {{\n    jetstream: enabled\n    users: [");
+    // Whose requests a site answers: the kubeconfig collector's, and operators'.
+    let requesters: Vec<String> = users
+        .iter()
+        .filter(|u| matches!(u.role, Role::Kubeconfig | Role::Operator))
+        .map(|u| u.key.public_key.clone())
+        .collect();
+    for user in users {
+        let _ = writeln!(
+            out,
+            "      # {}\n      {{ nkey: {:?}\n      {}\n      }}",
+            user.role.user(),
+            user.key.public_key,
+            permissions(&user.role.permissions(&user.key.public_key, &requesters))
+        );
+    }
+    let _ = writeln!(out, "    ]\n  }}\n  SYS {{\n    users: [ {{ nkey: {:?} }} ]\n  }}\n}}", system.public_key);
+    out.push_str("system_account: SYS\n");
+    out
+}
+
+fn tls_block(tls: &Tls, indent: &str, verify: bool) -> String {
+    let mut out = format!(
+        "{indent}tls {{\n{indent}  cert_file: {:?}\n{indent}  key_file: {:?}\n{indent}  ca_file: {:?}\n",
+        tls.cert.display().to_string(),
+        tls.key.display().to_string(),
+        tls.ca.display().to_string()
+    );
+    if verify {
+        let _ = writeln!(out, "{indent}  verify: true");
+    }
+    let _ = writeln!(out, "{indent}}}");
+    out
+}
+
+fn hub_server(plan: &Plan, i: usize, hub: &Hub, route_password: &str) -> String {
+    let name = hub_name(i);
+    let mut out = format!(
+        "# Generated by `landfall deploy nats-config`: hub server {} of {}.\n\
+         server_name: {name}\nlisten: \"{}:{}\"\nhttp: \"{}:{}\"\nmax_payload: {}\n\n",
+        i + 1,
+        plan.hubs.len(),
+        hub.host,
+        hub.client,
+        hub.host,
+        hub.http,
+        bus_schema::names::MAX_PAYLOAD + 64 * 1024,
+    );
+    let _ = writeln!(
+        out,
+        "jetstream {{\n  domain: {HUB_DOMAIN}\n  store_dir: {:?}\n}}\n",
+        plan.store_dir.join(&name).display().to_string()
+    );
+    if let Some(tls) = &plan.tls {
+        out.push_str(&tls_block(tls, "", false));
+        out.push('\n');
+    }
+    if plan.hubs.len() > 1 {
+        let routes: Vec<String> = plan
+            .hubs
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, h)| format!("nats-route://route:{route_password}@{}:{}", h.host, h.cluster))
+            .collect();
+        let _ = writeln!(
+            out,
+            "cluster {{\n  name: {CLUSTER_NAME}\n  listen: \"{}:{}\"\n  authorization {{ user: route, password: {route_password:?} }}\n  routes: [{}]",
+            hub.host,
+            hub.cluster,
+            quoted(&routes)
+        );
+        if let Some(tls) = &plan.tls {
+            out.push_str(&tls_block(tls, "  ", true));
+        }
+        out.push_str("}\n\n");
+    }
+    let _ = writeln!(out, "leafnodes {{\n  listen: \"{}:{}\"", hub.host, hub.leaf);
+    if let Some(tls) = &plan.tls {
+        out.push_str(&tls_block(tls, "  ", false));
+    }
+    out.push_str("}\n\ninclude \"accounts.conf\"\n");
+    out
+}
+
+fn leaf(plan: &Plan, site: &str, user: &User) -> String {
+    let scheme = "nats-leaf";
+    let urls: Vec<String> = plan.hubs.iter().map(|h| format!("{scheme}://{}:{}", h.host, h.leaf)).collect();
+    let mut out = format!(
+        "# Generated by `landfall deploy nats-config`: the leaf node of site {site}.\n\
+         # Its gateway connects here (as the site's user); the link to the hub carries the same\n\
+         # user, so the hub holds everything the site sends or receives to that user's rights.\n\
+         server_name: leaf-{site}\nlisten: {:?}\nmax_payload: {}\n\n\
+         jetstream {{\n  domain: {site:?}\n  store_dir: {:?}\n}}\n\n\
+         authorization {{\n  users: [ {{ nkey: {:?} }} ]\n}}\n\n\
+         leafnodes {{\n  remotes: [\n    {{\n      urls: [{}]\n      nkey: {:?}\n",
+        plan.site_listen,
+        bus_schema::names::MAX_PAYLOAD + 64 * 1024,
+        plan.store_dir.join(format!("leaf-{site}")).display().to_string(),
+        user.key.public_key,
+        quoted(&urls),
+        user.key.seed,
+    );
+    if let Some(tls) = &plan.tls {
+        let _ = writeln!(out, "      tls {{ ca_file: {:?} }}", tls.ca.display().to_string());
+    }
+    out.push_str("    }\n  ]\n}\n");
+    out
+}
+
+/// The key kept from an earlier run, or a new one.
+fn key_pair(existing: Option<String>) -> anyhow::Result<Key> {
+    let pair = match existing {
+        Some(seed) => nkeys::KeyPair::from_seed(&seed).context("a seed file there holds no valid seed")?,
+        None => nkeys::KeyPair::new_user(),
+    };
+    Ok(Key { public_key: pair.public_key(), seed: pair.seed().context("the key pair has no seed")? })
+}
+
+fn read_seed(path: &Path) -> Option<String> {
+    bus_schema::runtime::Access::seed_from_file(path).ok()
+}
+
+fn random_password() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The plan the flags describe, checked.
+pub fn plan(args: &NatsConfigArgs) -> anyhow::Result<Plan> {
+    let mut sites = Vec::new();
+    for s in &args.sites {
+        let site = SiteId::try_from(s.trim().to_string()).map_err(|e| anyhow::anyhow!("--sites: {e}"))?;
+        if site.as_str() == HUB_DOMAIN {
+            bail!("--sites: {HUB_DOMAIN:?} is the hub's JetStream domain, so no site may have that id");
+        }
+        if sites.contains(&site) {
+            bail!("--sites: {site} is named twice");
+        }
+        sites.push(site);
+    }
+    let hubs = args.hubs.iter().map(|h| h.parse::<Hub>().map_err(anyhow::Error::msg)).collect::<Result<Vec<_>, _>>()?;
+    if hubs.len() == 2 {
+        bail!("two hub servers cannot keep a JetStream quorum when one fails: give one, or three or more");
+    }
+    let tls = match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
+        (Some(cert), Some(key), Some(ca)) => {
+            for f in [cert, key, ca] {
+                if !f.is_file() {
+                    bail!("{} does not exist", f.display());
+                }
+            }
+            Some(Tls { cert: abs(cert)?, key: abs(key)?, ca: abs(ca)? })
+        }
+        _ => None,
+    };
+    Ok(Plan { sites, hubs, store_dir: args.store_dir.clone(), site_listen: args.site_listen.clone(), tls })
+}
+
+fn abs(p: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))
+}
+
+/// Writes the configuration into `out`, keeping keys an earlier run left there.
+pub fn write(plan: &Plan, out: &Path) -> anyhow::Result<Vec<File>> {
+    let roles = Role::services().into_iter().chain(plan.sites.iter().map(|s| Role::Site(s.to_string())));
+    let mut users = Vec::new();
+    for role in roles {
+        let path = match &role {
+            Role::Site(site) => out.join(format!("sites/{site}/gateway.nk")),
+            role => out.join(format!("users/{}.nk", role.user())),
+        };
+        users.push(User { role, key: key_pair(read_seed(&path))? });
+    }
+    let system = key_pair(read_seed(&out.join("users/sys.nk")))?;
+    let route_password = existing_route_password(out).map_or_else(random_password, Ok)?;
+    let files = render(plan, &users, &system, &route_password);
+    for file in &files {
+        let path = out.join(&file.path);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        write_file(&path, &file.text, file.secret)?;
+    }
+    Ok(files)
+}
+
+fn existing_route_password(out: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(out.join(format!("hub/{}.conf", hub_name(0)))).ok()?;
+    let line = text.lines().find(|l| l.contains("authorization { user: route, password: "))?;
+    line.split('"').nth(1).map(String::from)
+}
+
+fn write_file(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true).mode(if secret { 0o600 } else { 0o644 });
+    let mut f = options.open(path).with_context(|| format!("write {}", path.display()))?;
+    f.write_all(text.as_bytes()).with_context(|| format!("write {}", path.display()))?;
+    Ok(())
+}
+
+pub fn run(cmd: DeployCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        DeployCommand::NatsConfig(args) => {
+            let plan = plan(&args)?;
+            let files = write(&plan, &args.out)?;
+            for f in &files {
+                println!("{}{}", args.out.join(&f.path).display(), if f.secret { "  (secret, 0600)" } else { "" });
+            }
+            let hubs = plan.hubs.len();
+            println!(
+                "\n{} hub server{} ({}), {} site leaf node{}. Start each with `nats-server -c FILE`; give each \
+                 service its users/<name>.nk as --nats-nkey-file, and each site's gateway its \
+                 sites/<site>/gateway.nk with --js-domain {HUB_DOMAIN}.",
+                hubs,
+                if hubs == 1 { "" } else { "s" },
+                if hubs == 1 { "streams at one replica" } else { "a JetStream cluster, streams at three replicas" },
+                plan.sites.len(),
+                if plan.sites.len() == 1 { "" } else { "s" },
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hubs_parse_with_default_ports_and_refuse_nonsense() {
+        assert_eq!(
+            "nats-0".parse::<Hub>().unwrap(),
+            Hub { host: "nats-0".into(), client: 4222, cluster: 6222, leaf: 7422, http: 8222 }
+        );
+        assert_eq!("h:1:2:3:4".parse::<Hub>().unwrap().http, 4);
+        assert!("h:x".parse::<Hub>().unwrap_err().contains("client port"));
+        assert!("h:1:2:3:4:5".parse::<Hub>().is_err());
+        assert!(":1".parse::<Hub>().is_err());
+    }
+
+    #[test]
+    fn sites_are_checked() {
+        let args = |sites: &[&str], hubs: &[&str]| NatsConfigArgs {
+            sites: sites.iter().map(|s| s.to_string()).collect(),
+            out: "x".into(),
+            hubs: hubs.iter().map(|s| s.to_string()).collect(),
+            store_dir: "/s".into(),
+            site_listen: "127.0.0.1:4222".into(),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+        };
+        assert!(plan(&args(&["edge-01", "edge-01"], &["h"])).unwrap_err().to_string().contains("twice"));
+        assert!(plan(&args(&["Edge 1"], &["h"])).is_err());
+        assert!(plan(&args(&["hub"], &["h"])).unwrap_err().to_string().contains("domain"));
+        assert!(plan(&args(&["edge-01"], &["a", "b"])).unwrap_err().to_string().contains("quorum"));
+        assert_eq!(plan(&args(&["edge-01", "edge-02"], &["a", "b", "c"])).unwrap().hubs.len(), 3);
+    }
+}

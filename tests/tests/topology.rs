@@ -1,0 +1,278 @@
+//! The production topology under faults, from configuration the real `landfall deploy
+//! nats-config` generated: each service and each site as its own least-privileged user, a
+//! three-server JetStream cluster that loses a server mid-rollout, and a site behind a leaf node
+//! whose link to the hub is cut during an install.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bus_schema::access::Role;
+use bus_schema::names;
+use bus_schema::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
+use bus_schema::runtime::{Access, Bus, Envelope};
+use landfall_tests::fleet::{Fleet, INSTALL_TIMEOUT};
+use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready};
+use prost::Message;
+
+fn sites(n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("edge-{i:02}")).collect()
+}
+
+fn deployment(n_sites: usize, hubs: usize, tls: Option<&TlsFiles>) -> Deployment {
+    let names = sites(n_sites);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    Deployment::generate(&refs, hubs, tls)
+}
+
+/// Every role connects as its own user from `d`.
+fn users(d: &Deployment) -> Arc<dyn Fn(&Role) -> Access + Send + Sync> {
+    let accesses: BTreeMap<String, Access> = Role::services()
+        .into_iter()
+        .chain(d.sites.iter().map(|s| Role::Site(s.clone())))
+        .map(|role| (role.user(), d.access(&role)))
+        .collect();
+    Arc::new(move |role: &Role| accesses[&role.user()].clone())
+}
+
+/// A raw client as `access`, and every error the server sent it.
+async fn raw_client(url: &str, access: &Access) -> (async_nats::Client, Arc<Mutex<Vec<String>>>) {
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let seen = errors.clone();
+    let key = access.public_key().unwrap().unwrap();
+    let client = async_nats::ConnectOptions::new()
+        .nkey(access.nkey_seed.clone().unwrap())
+        .custom_inbox_prefix(bus_schema::access::inbox(&key))
+        .event_callback(move |event| {
+            let seen = seen.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    seen.lock().unwrap().push(e.to_string());
+                }
+            }
+        })
+        .connect(url)
+        .await
+        .expect("connect as the site");
+    (client, errors)
+}
+
+/// Waits until the server has refused something whose message names `subject`.
+async fn refused(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(e) = errors.lock().unwrap().iter().find(|e| e.contains(subject)) {
+            return e.clone();
+        }
+        assert!(Instant::now() < deadline, "no permission violation for {subject}: {:?}", errors.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_another_sites_work() {
+    let d = deployment(2, 1, None);
+    let hubs = d.start_hubs();
+    let url = d.hub_urls("nats");
+    // The whole system under the generated users: if any role lacked a permission it needs, the
+    // install would not finish and the hub would log the violation.
+    let fleet = Fleet::builder(&url).sites(2).nodes(3).access(users(&d)).start().await;
+    let env = fleet.install("edge-01").await;
+    let run = fleet.wait_install(&env).await;
+    assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "{:?}", run.kinds());
+    let log = hubs[0].log();
+    assert!(!log.contains("Permissions Violation"), "a service was refused something it needs:\n{log}");
+
+    // Site edge-01's user, straight at the hub.
+    let site_a = d.access(&Role::Site("edge-01".into()));
+    let (client, errors) = raw_client(&url, &site_a).await;
+    let mut tried = 0;
+
+    // Another site's jobs: neither as a plain subscription nor through its durable consumer.
+    let _sub = client.subscribe(names::site_jobs("edge-02")).await.unwrap();
+    let e = refused(&errors, &names::site_jobs("edge-02")).await;
+    assert!(e.contains("Permissions Violation for Subscription"), "{e}");
+    tried += 1;
+    let js = async_nats::jetstream::new(client.clone());
+    let stream = js.get_stream(names::JOBS_STREAM).await.expect("a site may see the jobs stream");
+    let durable = names::gateway_consumer("edge-02");
+    let other = stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>(&durable);
+    assert!(tokio::time::timeout(Duration::from_secs(3), other).await.map_or(true, |r| r.is_err()));
+    refused(&errors, &format!("CONSUMER.INFO.{}.{}", names::JOBS_STREAM, names::gateway_consumer("edge-02"))).await;
+    tried += 1;
+    // Everyone's replies.
+    let _inbox = client.subscribe("_INBOX.>").await.unwrap();
+    refused(&errors, "_INBOX.>").await;
+    tried += 1;
+
+    // Any command but its own sites' host changes, and another site's events.
+    let commands_before =
+        fleet.bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap().info().await.unwrap().state.messages;
+    let install = pb::InstallSite { site_id: "edge-01".into(), ..Default::default() };
+    let patch = pb::PatchPackage { name: "kubelet".into(), version: "1.30.0".into(), ..Default::default() };
+    let foreign = pb::NodeAdded { site_id: "edge-02".into(), ..Default::default() };
+    for (subject, body) in [
+        (install.subject(), install.encode_to_vec()),
+        (patch.subject(), patch.encode_to_vec()),
+        (foreign.subject(), foreign.encode_to_vec()),
+        (names::event_subject("edge-02", "site", "installed"), Vec::new()),
+        (names::event_subject("fleet", "rollout", "completed"), Vec::new()),
+        (pb::ProvisionOs { site_id: "edge-01".into(), ..Default::default() }.subject(), Vec::new()),
+    ] {
+        client.publish(subject.clone(), body.into()).await.unwrap();
+        let e = refused(&errors, &subject).await;
+        assert!(e.contains("Permissions Violation for Publish"), "{e}");
+        tried += 1;
+    }
+    client.flush().await.unwrap();
+    let commands_after =
+        fleet.bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap().info().await.unwrap().state.messages;
+    assert_eq!(commands_after, commands_before, "no refused command reached the stream");
+    // What it may do: announce a host at its own site.
+    let own = pb::NodeAdded { site_id: "edge-01".into(), ..Default::default() };
+    client.publish(own.subject(), own.encode_to_vec().into()).await.unwrap();
+    client.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!errors.lock().unwrap().iter().any(|e| e.contains(&own.subject())), "{:?}", errors.lock().unwrap());
+    println!("permissions: {tried} denials tried as site edge-01, {tried} refused");
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_server_cluster_loses_a_server_mid_rollout_and_the_rollout_completes_with_each_node_patched_once() {
+    let d = deployment(3, 3, None);
+    let mut hubs = d.start_hubs();
+    let url = d.hub_urls("nats");
+    let operator = d.access(&Role::Operator);
+    let _ready = connect_when_ready(&url, "landfall-test-ready", &operator).await;
+    let fleet = Fleet::builder(&url).sites(3).nodes(3).access(users(&d)).start().await;
+    for name in [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM] {
+        let info = fleet.bus.jetstream().get_stream(name).await.unwrap().info().await.unwrap().clone();
+        assert_eq!(info.config.num_replicas, 3, "{name} is replicated on the cluster");
+    }
+    fleet.install_all().await;
+    let stored = async || {
+        fleet.bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap().info().await.unwrap().state.messages
+    };
+    let before = stored().await;
+
+    let env = Envelope::root();
+    let package = pb::Package {
+        name: "kubelet".into(),
+        version: "1.30.0".into(),
+        kind: pb::PackageKind::Binary as i32,
+        sha256: "ab".repeat(32),
+        size: 1,
+        object_key: String::new(),
+    };
+    fleet.bus.publish_command(&pb::RegisterPackage { package: Some(package), auto_rollout: None }, &env).await.unwrap();
+    assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(30)).await.is_some());
+    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..Default::default() };
+    let cmd = fleet
+        .patch(pb::PatchPackage {
+            name: "kubelet".into(),
+            version: "1.30.0".into(),
+            strategy: Some(strategy),
+            ..Default::default()
+        })
+        .await;
+    // Mid-rollout: the server that leads the jobs stream dies.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fleet.sites.iter().map(|(_, s)| s.effects().patches.len()).sum::<usize>() < 2 {
+        assert!(Instant::now() < deadline, "the rollout did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let info = fleet.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap().info().await.unwrap().clone();
+    let leader = info.cluster.and_then(|c| c.leader).expect("the jobs stream has a leader");
+    let victim = hubs.iter().position(|h| h.name == leader).expect("the leader is one of the hubs");
+    hubs[victim].kill();
+    println!("cluster: killed {leader} (the jobs stream's leader) mid-rollout");
+
+    let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(120)).await;
+    let done =
+        run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("no RolloutCompleted: {:?}", run.kinds()));
+    assert_eq!((done.planned_nodes, done.patched, done.failed), (9, 9, 0));
+    for (design, site) in &fleet.sites {
+        let once: BTreeMap<String, u32> = design.nodes.iter().map(|n| (n.name.to_string(), 1)).collect();
+        assert_eq!(site.effects().patches, once, "{}: each node patched once", design.site);
+    }
+    // The two commands published since, each stored once.
+    assert_eq!(stored().await, before + 2, "the package and the patch, none lost or doubled");
+    hubs[victim].restart();
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_behind_a_leaf_node_cut_off_mid_install_finishes_its_work_and_its_events_arrive_once() {
+    let tls_dir = tempfile::tempdir().unwrap();
+    let tls = TlsFiles::make(tls_dir.path());
+    let d = deployment(1, 1, Some(&tls));
+    let hubs = d.start_hubs();
+    let url = d.hub_urls("tls");
+    let ca = tls.ca.clone();
+    let with_ca = move |mut a: Access| {
+        a.ca_file = Some(ca.clone());
+        a
+    };
+    let roles = users(&d);
+    let fleet = Fleet::builder(&url)
+        .sites(1)
+        .nodes(4)
+        .access(Arc::new(move |role: &Role| with_ca(roles(role))))
+        .without_gateways()
+        .start()
+        .await;
+    let proxy = TcpProxy::start(d.hubs[0].leaf).await;
+    let leaf = d.start_leaf("edge-01", Some(proxy.port));
+
+    // The gateway at the site, on its leaf node, as the site's user.
+    let site_url = format!("nats://127.0.0.1:{}", leaf.port);
+    let gateway_bus =
+        Bus::connect_with(&site_url, "landfall-gateway-edge-01", &d.leaf_access("edge-01")).await.unwrap();
+    let (design, backend) = &fleet.sites[0];
+    let gateway = tokio_util::sync::CancellationToken::new();
+    let cache_dir = tempfile::tempdir().unwrap();
+    let task = tokio::spawn(site_gateway::run_gateway(
+        design.site.clone(),
+        gateway_bus,
+        backend.clone(),
+        site_gateway::ArtifactCache::new(cache_dir.path()),
+        gateway.clone(),
+    ));
+
+    let env = fleet.install("edge-01").await;
+    // Cut the link once the site is provisioning hosts.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while backend.effects().provisions.len() < 2 {
+        assert!(Instant::now() < deadline, "the install did not reach the site");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.cut();
+    let cut_at = Instant::now();
+    println!("leaf: link cut with {} host(s) provisioning", backend.effects().provisions.len());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let during = backend.effects().provisions.len();
+    proxy.heal();
+    println!("leaf: link healed after {:?}; the site had {during} host(s) provisioned meanwhile", cut_at.elapsed());
+
+    let run = fleet.wait_install(&env).await;
+    assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "{:?}", run.kinds());
+    let installed = run.of_type::<pb::SiteInstalled>().pop().unwrap();
+    assert_eq!(installed.outcome, pb::InstallOutcome::Success as i32);
+    // Each host provisioned once, each of its events in the stream once.
+    let once: BTreeMap<String, u32> = design.nodes.iter().map(|n| (n.name.to_string(), 1)).collect();
+    assert_eq!(backend.effects().provisions, once, "each host provisioned once");
+    let mut seen = BTreeMap::new();
+    for e in &run.events {
+        *seen.entry(e.delivery.envelope.id.clone()).or_insert(0) += 1;
+    }
+    assert!(seen.values().all(|n| *n == 1), "an event arrived twice: {seen:?}");
+    let provisioned = run.of_type::<pb::NodeOsProvisioned>().len();
+    assert_eq!(provisioned, 4, "every host's NodeOsProvisioned arrived");
+    let log = hubs[0].log();
+    assert!(!log.contains("Permissions Violation"), "the site was refused something it needs:\n{log}");
+    gateway.cancel();
+    let _ = tokio::time::timeout(INSTALL_TIMEOUT, task).await;
+    drop(leaf);
+    fleet.stop().await;
+}
