@@ -47,19 +47,22 @@ pub fn init_tracing() {
 
 /// Waits for an event of `filter` correlated with `correlation`, reading the stream from its start.
 pub async fn wait_for(bus: &Bus, filter: String, correlation: &str, timeout: Duration) -> Option<ReadEvent> {
-    let mut reader = bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
     tokio::time::timeout(timeout, async {
-        while let Some(e) = reader.next().await {
-            let e = e.unwrap();
-            if e.delivery.envelope.correlation == correlation {
-                return Some(e);
+        loop {
+            // Read again from the start when the reader fails (see `collect`).
+            let Ok(mut reader) = bus.read_events(vec![filter.clone()], DeliverPolicy::All).await else {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            };
+            while let Some(Ok(e)) = reader.next().await {
+                if e.delivery.envelope.correlation == correlation {
+                    return e;
+                }
             }
         }
-        None
     })
     .await
     .ok()
-    .flatten()
 }
 
 /// Every event of `filter` correlated with `correlation`, from the start of the stream, until

@@ -1,6 +1,7 @@
 //! The production topology under faults, from configuration the real `landfall deploy
 //! nats-config` generated: each service and each site as its own least-privileged user, a
-//! three-server JetStream cluster that loses a server mid-rollout, and a site behind a leaf node
+//! three-server JetStream cluster that loses a server mid-rollout and is then restarted as a
+//! whole, and a site behind a leaf node
 //! whose link to the hub is cut during an install.
 
 use std::collections::BTreeMap;
@@ -139,7 +140,8 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_three_server_cluster_loses_a_server_mid_rollout_and_the_rollout_completes_with_each_node_patched_once() {
+async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_and_each_node_is_patched_once_per_rollout()
+ {
     let d = deployment(3, 3, None);
     let mut hubs = d.start_hubs();
     let url = d.hub_urls("nats");
@@ -157,7 +159,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_and_the_rollout_compl
     let before = stored().await;
 
     let env = Envelope::root();
-    let package = pb::Package {
+    let package_1_30_0 = pb::Package {
         name: "kubelet".into(),
         version: "1.30.0".into(),
         kind: pb::PackageKind::Binary as i32,
@@ -165,7 +167,8 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_and_the_rollout_compl
         size: 1,
         object_key: String::new(),
     };
-    fleet.bus.publish_command(&pb::RegisterPackage { package: Some(package), auto_rollout: None }, &env).await.unwrap();
+    let register = pb::RegisterPackage { package: Some(package_1_30_0.clone()), auto_rollout: None };
+    fleet.bus.publish_command(&register, &env).await.unwrap();
     assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(30)).await.is_some());
     let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..Default::default() };
     let cmd = fleet
@@ -198,7 +201,46 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_and_the_rollout_compl
     }
     // The two commands published since, each stored once.
     assert_eq!(stored().await, before + 2, "the package and the patch, none lost or doubled");
+
+    // Then the whole hub goes down at once and comes back: every service reconnects by itself
+    // and the next rollout runs through all of them.
     hubs[victim].restart();
+    for hub in hubs.iter_mut() {
+        hub.kill();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for hub in hubs.iter_mut() {
+        hub.restart();
+    }
+    println!("cluster: all three servers killed and started again");
+    let env = Envelope::root();
+    let package = pb::Package { version: "1.30.1".into(), ..package_1_30_0 };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The first publish may find the cluster still electing; the same id makes a retry safe.
+    while let Err(e) = fleet
+        .bus
+        .publish_command(&pb::RegisterPackage { package: Some(package.clone()), auto_rollout: None }, &env)
+        .await
+    {
+        assert!(Instant::now() < deadline, "the restarted hub took no command: {e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(60)).await.is_some());
+    let env = Envelope::root();
+    let patch = pb::PatchPackage { name: "kubelet".into(), version: "1.30.1".into(), ..Default::default() };
+    while let Err(e) = fleet.bus.publish_command(&patch, &env).await {
+        assert!(Instant::now() < deadline, "the restarted hub took no command: {e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let run = fleet.wait_rollout(&env.id, Duration::from_secs(120)).await;
+    let done =
+        run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("no RolloutCompleted: {:?}", run.kinds()));
+    assert_eq!((done.planned_nodes, done.patched, done.failed), (9, 9, 0));
+    for (design, site) in &fleet.sites {
+        let twice: BTreeMap<String, u32> = design.nodes.iter().map(|n| (n.name.to_string(), 2)).collect();
+        assert_eq!(site.effects().patches, twice, "{}: each node patched once per rollout", design.site);
+    }
+    assert_eq!(stored().await, before + 4, "four commands in all, each stored once");
     fleet.stop().await;
 }
 
