@@ -5,10 +5,12 @@
 //! Each host remembers what it runs (its os-image, its binaries by name; container packages
 //! are the cluster's), so a patch can say which version it replaced, and hosts can arrive
 //! after the start ([`SimSite::arrive`]) as new BareMetalHosts do.
+//! A site kept in a file ([`SimSite::with_state_file`]) outlives its process, as a real one
+//! outlives its gateway.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bus_schema::domain::{NodeDesign, Package, PackageRef, Role, SiteDesign};
@@ -21,6 +23,10 @@ use crate::backend::{
     ProvisioningState as S, SiteBackend,
 };
 use crate::cache::CachedArtifact;
+
+mod persist;
+
+pub use persist::{SimStateError, saved_effects};
 
 /// How long each step of the simulated site takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +126,7 @@ impl Default for SimConfig {
 }
 
 /// What the site actually did, so tests can prove that no step ran twice.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SimEffects {
     /// Per host, the provisionings started (a retry after a failure is a new one).
     pub provisions: BTreeMap<String, u32>,
@@ -151,6 +157,8 @@ struct Inner {
     site: String,
     config: SimConfig,
     state: Mutex<State>,
+    /// Where the site is kept, when it outlives its process ([`SimSite::with_state_file`]).
+    file: Option<persist::StateFile>,
 }
 
 #[derive(Debug, Default)]
@@ -240,8 +248,8 @@ impl Host {
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().expect("sim state lock")
+    fn lock(&self) -> persist::StateGuard<'_> {
+        persist::StateGuard::new(self)
     }
 
     fn set_state(&self, host: &str, state: S) {
@@ -298,7 +306,7 @@ impl SimSite {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn new(site_id: &str, nodes: &[NodeDesign], config: SimConfig) -> Self {
-        let inner = Inner { site: site_id.to_string(), config, state: Mutex::default() };
+        let inner = Inner { site: site_id.to_string(), config, state: Mutex::default(), file: None };
         let site = Self { inner: Arc::new(inner) };
         for node in nodes {
             site.add_host(node);
@@ -311,7 +319,7 @@ impl SimSite {
     /// design names that `catalog` lacks are left out. For benchmarks and demos that start
     /// from a running fleet; no effect is counted.
     pub fn installed(design: &SiteDesign, catalog: &[Package], config: SimConfig) -> Self {
-        let inner = Inner { site: design.site.to_string(), config, state: Mutex::default() };
+        let inner = Inner { site: design.site.to_string(), config, state: Mutex::default(), file: None };
         let site = Self { inner: Arc::new(inner) };
         let find = |r: &PackageRef| catalog.iter().find(|p| p.name == r.name && p.version == r.version);
         {

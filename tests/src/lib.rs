@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod kube;
 pub mod kube_site;
 pub mod nats;
+pub mod procs;
 pub mod s3;
 pub mod secrets;
 pub mod topology;

@@ -5,8 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bus_schema::names;
@@ -14,43 +13,31 @@ use bus_schema::pb::{self, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Bus, Envelope, Topology};
 use landfall_tests::fleet::{INSTALL_TIMEOUT, TEST_KEY_HEX, collect, wait_for};
 use landfall_tests::nats::NatsServer;
+use landfall_tests::procs::Service;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// How long a service may take to start serving its metrics.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A `landfall` process whose stderr (JSON lines) goes to a file; killed and reaped on drop,
-/// so it never outlives the test.
-struct Service {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
+/// A service as a process of its own, logging JSON lines and serving metrics on a free port.
+fn start(name: &str, url: &str, dir: &Path, args: &[&str]) -> Service {
+    let mut all = vec!["--log-format", "json", "--metrics-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    Service::start(name, url, dir, &all)
 }
 
-impl Service {
-    fn start(name: &'static str, url: &str, dir: &Path, args: &[&str]) -> Service {
-        let log = dir.join(format!("{name}.log"));
-        let stderr = std::fs::File::create(&log).expect("create the service's log file");
-        let child = Command::new(landfall_tests::cli::binary())
-            .args(["--log-format", "json", "--metrics-listen", "127.0.0.1:0"])
-            .args(args)
-            .env("NATS_URL", url)
-            .env_remove("RUST_LOG")
-            .env_remove("LANDFALL_LOG_FORMAT")
-            .env_remove("LANDFALL_METRICS_LISTEN")
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start landfall {args:?}: {e}"));
-        Service { name, child, log }
-    }
-
+/// A service's JSON log lines, and what they say.
+trait JsonLogs {
     /// Every line the service has logged, each parsed as JSON (a line that is not is a failure).
+    fn lines(&self) -> Vec<Value>;
+    /// The address its metrics server logged that it bound.
+    async fn metrics_addr(&mut self) -> SocketAddr;
+}
+
+impl JsonLogs for Service {
     fn lines(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(&self.log).expect("read the service's log");
+        let text = std::fs::read_to_string(self.log_path()).expect("read the service's log");
         text.lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| {
@@ -60,7 +47,6 @@ impl Service {
             .collect()
     }
 
-    /// The address its metrics server logged that it bound.
     async fn metrics_addr(&mut self) -> SocketAddr {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -71,7 +57,7 @@ impl Service {
             if let Some(addr) = bound {
                 return addr;
             }
-            if let Some(status) = self.child.try_wait().expect("poll the service") {
+            if let Some(status) = self.exit_status() {
                 panic!("{} exited ({status}) before serving metrics:\n{}", self.name, self.log_text());
             }
             assert!(
@@ -82,17 +68,6 @@ impl Service {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -222,10 +197,9 @@ async fn one_install_shows_in_every_services_metrics_and_one_trace_id_finds_its_
     let bus = Bus::connect(&url, "landfall-observability-test").await.expect("connect");
     bus.ensure_topology(&Topology::default()).await.expect("streams and buckets");
 
-    let mut orchestrator = Service::start("orchestrator", &url, dir.path(), &["serve", "orchestrator"]);
-    let mut observer = Service::start("observer", &url, dir.path(), &["serve", "observer"]);
-    let mut kubeconfig =
-        Service::start("kubeconfig", &url, dir.path(), &["serve", "kubeconfig", "--secret-key", TEST_KEY_HEX]);
+    let mut orchestrator = start("orchestrator", &url, dir.path(), &["serve", "orchestrator"]);
+    let mut observer = start("observer", &url, dir.path(), &["serve", "observer"]);
+    let mut kubeconfig = start("kubeconfig", &url, dir.path(), &["serve", "kubeconfig", "--secret-key", TEST_KEY_HEX]);
 
     // The simulated site is built from the registered design: register it before its gateway starts.
     let design = producers::up::demo_site(0, 2);
@@ -241,7 +215,7 @@ async fn one_install_shows_in_every_services_metrics_and_one_trace_id_finds_its_
     let cache = dir.path().join("cache");
     let gateway_args =
         ["serve", "gateway", "--site", &site, "--cache-dir", cache.to_str().unwrap(), "--time-scale", "3000"];
-    let mut gateway = Service::start("gateway", &url, dir.path(), &gateway_args);
+    let mut gateway = start("gateway", &url, dir.path(), &gateway_args);
 
     let install = Envelope::root();
     let trace_id = install.trace_id().expect("a root envelope starts a trace").to_string();
@@ -313,7 +287,7 @@ async fn one_install_shows_in_every_services_metrics_and_one_trace_id_finds_its_
     for (service, consumer) in [(&mut observer, names::OBSERVER_EVENTS), (&mut kubeconfig, names::KUBECONFIG_EVENTS)] {
         let addr = service.metrics_addr().await;
         let handled = [("consumer", consumer)];
-        scrape_until(service.name, addr, |s| total(s, "landfall_messages_handled_total", &handled) > 0.0).await;
+        scrape_until(&service.name, addr, |s| total(s, "landfall_messages_handled_total", &handled) > 0.0).await;
         let (status, _, body) = get(addr, "/healthz").await;
         assert!(status.contains(" 200 ") && body.trim() == "ok", "{}: {status} {body}", service.name);
     }

@@ -1,8 +1,7 @@
 //! The production topology under faults, from configuration the real `landfall deploy
 //! nats-config` generated: each service and each site as its own least-privileged user, a
 //! three-server JetStream cluster that loses a server mid-rollout and is then restarted as a
-//! whole, and a site behind a leaf node
-//! whose link to the hub is cut during an install.
+//! whole, and a site behind a leaf node whose link to the hub is cut during an install (over TLS).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,146 @@
+//! Landfall services as processes of their own, as they are deployed: the real `landfall`
+//! binary (`landfall serve …`), which a test can kill with SIGKILL and start again with the
+//! same arguments.
+//!
+//! ```text
+//! let mut orchestrator = Service::start("orchestrator", &url, dir, &["serve", "orchestrator"]);
+//! orchestrator.kill();    // kill -9, reaped
+//! orchestrator.restart(); // the same command line again
+//! ```
+//!
+//! Each service's stderr (its logs) is appended to `<dir>/<name>.log`, across restarts. A
+//! service is killed and reaped when dropped, so it never outlives its test.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+/// Environment variables that would change how a service runs behind the test's back: each
+/// service gets only what its arguments and [`Service::start_with_env`] say.
+const CLEARED_ENV: &[&str] =
+    &["RUST_LOG", "LANDFALL_LOG_FORMAT", "LANDFALL_METRICS_LISTEN", "LANDFALL_FAILPOINT", "LANDFALL_SIM_STATE"];
+
+/// A `landfall` process with its command line, so it can be started again after a kill.
+pub struct Service {
+    pub name: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    url: String,
+    dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Service {
+    /// Starts `landfall ARGS` with `NATS_URL=url`, in `dir`.
+    ///
+    /// # Panics
+    /// When the process cannot be started.
+    pub fn start(name: &str, url: &str, dir: &Path, args: &[&str]) -> Service {
+        Service::start_with_env(name, url, dir, args, &[])
+    }
+
+    /// [`Service::start`] with these environment variables set as well.
+    ///
+    /// # Panics
+    /// When the process cannot be started.
+    pub fn start_with_env(name: &str, url: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut service = Service {
+            name: name.to_string(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            url: url.to_string(),
+            dir: dir.to_path_buf(),
+            log: dir.join(format!("{name}.log")),
+            child: None,
+            starts: 0,
+        };
+        service.spawn();
+        service
+    }
+
+    fn spawn(&mut self) {
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.log.display()));
+        if self.starts > 0 {
+            let _ = writeln!(log, "---- {}: started again ({}) ----", self.name, self.starts + 1);
+        }
+        let mut cmd = Command::new(crate::cli::binary());
+        cmd.args(&self.args).env("NATS_URL", &self.url).current_dir(&self.dir);
+        for var in CLEARED_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start landfall {:?}: {e}", self.args));
+        self.child = Some(child);
+        self.starts += 1;
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and reaps it. Does nothing when it is
+    /// not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process again with the same command line (killing it first if it runs).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Whether the process is running: false after [`Service::kill`], or once it has exited.
+    pub fn is_running(&mut self) -> bool {
+        self.exit_status().is_none() && self.child.is_some()
+    }
+
+    /// How the process ended, when it ended by itself (not by [`Service::kill`]).
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// How many times the process was started.
+    pub fn starts(&self) -> u32 {
+        self.starts
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The file its logs go to.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Everything it has logged, across restarts.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `n` lines it logged.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
