@@ -795,23 +795,49 @@ impl Kv {
     ) -> Result<Vec<(String, M, u64)>, BusError> {
         let err = |e: BoxError| self.err("scan", pattern, e);
         let subject_prefix = &self.store.prefix; // "$KV.<bucket>."
+        let filter = format!("{subject_prefix}{pattern}");
+        // The last message of any matching key, now: the scan reads at least up to it.
+        let end = match self.store.stream.get_last_raw_message_by_subject(&filter).await {
+            Ok(last) => last.sequence,
+            Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(err(boxed(e))),
+        };
         let config = consumer::pull::OrderedConfig {
-            filter_subject: format!("{subject_prefix}{pattern}"),
+            filter_subject: filter,
             deliver_policy: consumer::DeliverPolicy::LastPerSubject,
             ..Default::default()
         };
         let mut consumer = self.store.stream.create_consumer(config).await.map_err(|e| err(boxed(e)))?;
+        // The consumer goes on past the last value of each key to what is written meanwhile:
+        // a key rewritten during the scan comes twice (its old value and its new), or, when its
+        // old value is gone before it is read, only as its new one, which may come after the
+        // consumer counted nothing pending. So: read at least up to the last matching message as
+        // it was when the scan began (every key is then seen, old or new), and keep the latest
+        // value per key.
         let mut remaining = consumer.info().await.map_err(|e| err(boxed(e)))?.num_pending;
-        let mut out = Vec::with_capacity(remaining as usize);
+        let mut latest: std::collections::BTreeMap<String, Option<(M, u64)>> = Default::default();
         if remaining == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
         }
         let mut messages = consumer.messages().await.map_err(|e| err(boxed(e)))?;
-        while remaining > 0 {
-            let Some(msg) = messages.next().await else { break };
+        let mut seen = 0;
+        while remaining > 0 || seen < end {
+            // Past what was pending, wait a moment for a rewritten key's new value; a message
+            // that aged out or was purged never comes.
+            let next = match remaining {
+                0 => match tokio::time::timeout(Duration::from_millis(500), messages.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                _ => messages.next().await,
+            };
+            let Some(msg) = next else { break };
             let msg = msg.map_err(|e| err(boxed(e)))?;
             let info = msg.info().map_err(err)?;
             remaining = info.pending;
+            seen = seen.max(info.stream_sequence);
             let revision = info.stream_sequence;
             let deleted = msg
                 .headers
@@ -820,15 +846,20 @@ impl Kv {
                 .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
             let Some(key) = msg.subject.as_str().strip_prefix(subject_prefix.as_str()) else { continue };
             if deleted {
+                latest.insert(key.to_string(), None);
                 continue;
             }
             match M::decode(msg.payload.clone()) {
-                Ok(value) => out.push((key.to_string(), value, revision)),
+                Ok(value) => {
+                    latest.insert(key.to_string(), Some((value, revision)));
+                }
                 Err(e) => warn!(bucket = %self.bucket, key, error = %e, "skipping an entry that does not decode"),
             }
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        Ok(latest
+            .into_iter()
+            .filter_map(|(key, entry)| entry.map(|(value, revision)| (key, value, revision)))
+            .collect())
     }
 
     /// The latest value of every key matching one of `patterns` (KV key patterns, `*` and `>`
