@@ -179,7 +179,13 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
                 Some(path) => SimSite::with_state_file(site.as_str(), &design.nodes, config, path)?,
                 None => SimSite::new(site.as_str(), &design.nodes, config),
             });
-            site_gateway::run_gateway(site, bus, backend, cache, shutdown).await
+            // `landfall node add` makes a host appear at the simulated site.
+            let control =
+                site_gateway::serve_sim_control(site.clone(), bus.clone(), (*backend).clone(), shutdown.clone());
+            let control = tokio::spawn(control);
+            let result = site_gateway::run_gateway(site, bus, backend, cache, shutdown).await;
+            control.abort();
+            result
         }
         BackendKind::Kube => {
             consumers::artifacts::install_tls_provider();
