@@ -313,18 +313,19 @@ async fn a_host_that_appears_joins_the_cluster_with_the_sites_current_versions()
     assert_eq!(effects.provisions.get("node-9"), Some(&1));
     assert_eq!(effects.binary_installs.get("node-9"), Some(&1));
 
-    // The observer writes what NodeReady reports a moment after it is published.
+    // The observer writes what NodeReady reports a moment after it is published, one key per
+    // package, so the node may be seen with some of its packages first.
     let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    let new = loop {
+    loop {
         let nodes = runtime::observed_nodes(&observed, &keys::observed_site_prefix("edge-01")).await.unwrap();
-        if let Some(n) = nodes.into_iter().find(|n| n.node == "node-9") {
-            break n;
+        let new = nodes.into_iter().find(|n| n.node == "node-9");
+        if new.as_ref().is_some_and(|n| n.packages.iter().any(|p| p.name == "kubelet" && p.version == "1.30.0")) {
+            break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "node-9 not observed within 10 s");
+        assert!(tokio::time::Instant::now() < deadline, "node-9 not observed with kubelet 1.30.0 within 10 s: {new:?}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
-    assert!(new.packages.iter().any(|p| p.name == "kubelet" && p.version == "1.30.0"));
+    }
     let sites = fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
     let (design, _) = sites.get::<pb::SiteDesign>(&keys::site("edge-01")).await.unwrap().unwrap();
     assert!(design.nodes.iter().any(|n| n.name == "node-9"), "the node is in the site's design");
