@@ -358,6 +358,8 @@ impl Bus {
                 match event {
                     async_nats::Event::Disconnected => warn!("nats disconnected"),
                     async_nats::Event::Connected => info!("nats connected"),
+                    // A permission violation, say: the server refused what this user may not do.
+                    async_nats::Event::ServerError(e) => warn!(error = %e, "the nats server refused a request"),
                     other => debug!(%other, "nats event"),
                 }
             });
