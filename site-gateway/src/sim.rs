@@ -901,8 +901,8 @@ mod tests {
         Package { size, ..versioned(name, "1.29.1", PackageKind::Binary, digit) }
     }
 
-    /// A package whose sha256 is `digit` 64 times.
-    fn versioned(name: &str, version: &str, kind: PackageKind, digit: char) -> Package {
+    /// A package whose sha256 is `digit` 64 times (the state file's tests use it too).
+    pub(super) fn versioned(name: &str, version: &str, kind: PackageKind, digit: char) -> Package {
         Package {
             name: name.try_into().unwrap(),
             version: version.try_into().unwrap(),

@@ -12,3 +12,15 @@ pub mod procs;
 pub mod s3;
 pub mod secrets;
 pub mod topology;
+
+/// The python the Python tests run (`$LANDFALL_PYTHON`, a virtualenv made by
+/// `scripts/ensure-python-env`, which `scripts/test` sets).
+pub fn python() -> std::path::PathBuf {
+    match std::env::var_os("LANDFALL_PYTHON") {
+        Some(p) if !p.is_empty() => std::path::PathBuf::from(p),
+        _ => panic!(
+            "LANDFALL_PYTHON is not set: export LANDFALL_PYTHON=\"$(scripts/ensure-python-env)\", \
+             or run the tests with scripts/test"
+        ),
+    }
+}

@@ -3,20 +3,12 @@
 
 use std::time::Duration;
 
-use bus_schema::names;
-use bus_schema::runtime::Bus;
 use landfall_tests::api::{Api, OPERATOR, Sse, VIEWER};
-use landfall_tests::fleet::Fleet;
+use landfall_tests::fleet::{Fleet, commands_stored};
 use landfall_tests::nats::NatsServer;
 use serde_json::{Value, json};
 
 const INSTALL: &str = "/v1/commands/install_site";
-
-/// How many commands the commands stream holds: what a refused request must not change.
-async fn commands_stored(bus: &Bus) -> u64 {
-    let mut stream = bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap();
-    stream.info().await.unwrap().state.messages
-}
 
 fn kinds(events: &[Sse]) -> Vec<&str> {
     events.iter().map(|e| e.event.as_str()).collect()

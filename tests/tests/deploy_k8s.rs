@@ -33,16 +33,6 @@ fn kustomize() -> PathBuf {
     }
 }
 
-fn python() -> PathBuf {
-    match std::env::var_os("LANDFALL_PYTHON") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => panic!(
-            "LANDFALL_PYTHON is not set: export LANDFALL_PYTHON=\"$(scripts/ensure-python-env)\", \
-             or run the tests with scripts/test"
-        ),
-    }
-}
-
 /// `kubectl kustomize DIR` or `kustomize build DIR`, parsed into one value per object.
 fn render(dir: &Path) -> Vec<Value> {
     let bin = kustomize();
@@ -148,7 +138,7 @@ json.dump(verdicts, sys.stdout)
 "#;
 
 fn validate(objects: &[Value]) -> Vec<Verdict> {
-    let mut child = Command::new(python())
+    let mut child = Command::new(landfall_tests::python())
         .args(["-c", VALIDATE])
         .args(KUBERNETES_VERSIONS)
         .stdin(Stdio::piped())

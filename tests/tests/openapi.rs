@@ -10,9 +10,8 @@ use landfall_tests::fleet::Fleet;
 use landfall_tests::nats::NatsServer;
 
 fn schemathesis() -> std::path::PathBuf {
-    let python = std::env::var_os("LANDFALL_PYTHON")
-        .expect("LANDFALL_PYTHON is not set: run scripts/ensure-python-env (scripts/test does) and export it");
-    let bin = std::path::Path::new(&python).parent().expect("the venv's bin directory").join("schemathesis");
+    let python = landfall_tests::python();
+    let bin = python.parent().expect("the venv's bin directory").join("schemathesis");
     assert!(bin.exists(), "{} is missing: run scripts/ensure-python-env", bin.display());
     bin
 }

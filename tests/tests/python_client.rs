@@ -7,7 +7,7 @@
 //! prints one; `scripts/test` sets it).
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -23,16 +23,6 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/python/in
 /// How long the script is given before the test kills it: its own `--timeout`, and time to
 /// start python and generate the classes.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(INSTALL_TIMEOUT.as_secs() + 30);
-
-fn python() -> PathBuf {
-    match std::env::var_os("LANDFALL_PYTHON") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => panic!(
-            "LANDFALL_PYTHON is not set: export LANDFALL_PYTHON=\"$(scripts/ensure-python-env)\", \
-             or run the tests with scripts/test"
-        ),
-    }
-}
 
 /// One run of the script: its exit status and what it printed.
 struct ScriptRun {
@@ -85,7 +75,7 @@ impl ScriptRun {
 /// Runs `install_site.py` against `url` with `args`, generating its classes into `gen_dir`.
 async fn run_script(url: &str, gen_dir: &Path, args: &[&str]) -> ScriptRun {
     let timeout = INSTALL_TIMEOUT.as_secs().to_string();
-    let child = tokio::process::Command::new(python())
+    let child = tokio::process::Command::new(landfall_tests::python())
         .arg(SCRIPT)
         .args(["--nats-url", url, "--timeout", &timeout, "--gen-dir"])
         .arg(gen_dir)
@@ -96,7 +86,7 @@ async fn run_script(url: &str, gen_dir: &Path, args: &[&str]) -> ScriptRun {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("start {} {SCRIPT}: {e}", python().display()));
+        .unwrap_or_else(|e| panic!("start {} {SCRIPT}: {e}", landfall_tests::python().display()));
     let out = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output())
         .await
         .unwrap_or_else(|_| panic!("install_site.py {args:?} did not exit within {SCRIPT_TIMEOUT:?}"))

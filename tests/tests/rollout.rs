@@ -9,23 +9,10 @@ use bus_schema::names;
 use bus_schema::names::keys;
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{self, Envelope};
-use landfall_tests::fleet::{Fleet, RolloutRun};
+use landfall_tests::fleet::{Fleet, RolloutRun, kubelet};
 use landfall_tests::nats::NatsServer;
-use sha2::{Digest, Sha256};
 
 const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn kubelet(version: &str) -> pb::Package {
-    let digest = Sha256::digest(format!("kubelet@{version}").as_bytes());
-    pb::Package {
-        name: "kubelet".into(),
-        version: version.into(),
-        kind: pb::PackageKind::Binary as i32,
-        sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
-        size: 111_955_968,
-        object_key: String::new(),
-    }
-}
 
 async fn register(fleet: &Fleet, package: pb::Package, auto: Option<pb::AutoRollout>) -> Envelope {
     let env = Envelope::root();

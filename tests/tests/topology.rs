@@ -11,7 +11,7 @@ use bus_schema::access::Role;
 use bus_schema::names;
 use bus_schema::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Access, Bus, Envelope};
-use landfall_tests::fleet::{Fleet, INSTALL_TIMEOUT};
+use landfall_tests::fleet::{Fleet, INSTALL_TIMEOUT, commands_stored, kubelet};
 use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready};
 use prost::Message;
 
@@ -106,8 +106,7 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
     tried += 1;
 
     // Any command but its own sites' host changes, and another site's events.
-    let commands_before =
-        fleet.bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap().info().await.unwrap().state.messages;
+    let commands_before = commands_stored(&fleet.bus).await;
     let install = pb::InstallSite { site_id: "edge-01".into(), ..Default::default() };
     let patch = pb::PatchPackage { name: "kubelet".into(), version: "1.30.0".into(), ..Default::default() };
     let foreign = pb::NodeAdded { site_id: "edge-02".into(), ..Default::default() };
@@ -125,8 +124,7 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
         tried += 1;
     }
     client.flush().await.unwrap();
-    let commands_after =
-        fleet.bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap().info().await.unwrap().state.messages;
+    let commands_after = commands_stored(&fleet.bus).await;
     assert_eq!(commands_after, commands_before, "no refused command reached the stream");
     // What it may do: announce a host at its own site.
     let own = pb::NodeAdded { site_id: "edge-01".into(), ..Default::default() };
@@ -152,20 +150,10 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
         assert_eq!(info.config.num_replicas, 3, "{name} is replicated on the cluster");
     }
     fleet.install_all().await;
-    let stored = async || {
-        fleet.bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap().info().await.unwrap().state.messages
-    };
-    let before = stored().await;
+    let before = commands_stored(&fleet.bus).await;
 
     let env = Envelope::root();
-    let package_1_30_0 = pb::Package {
-        name: "kubelet".into(),
-        version: "1.30.0".into(),
-        kind: pb::PackageKind::Binary as i32,
-        sha256: "ab".repeat(32),
-        size: 1,
-        object_key: String::new(),
-    };
+    let package_1_30_0 = kubelet("1.30.0");
     let register = pb::RegisterPackage { package: Some(package_1_30_0.clone()), auto_rollout: None };
     fleet.bus.publish_command(&register, &env).await.unwrap();
     assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(30)).await.is_some());
@@ -199,7 +187,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
         assert_eq!(site.effects().patches, once, "{}: each node patched once", design.site);
     }
     // The two commands published since, each stored once.
-    assert_eq!(stored().await, before + 2, "the package and the patch, none lost or doubled");
+    assert_eq!(commands_stored(&fleet.bus).await, before + 2, "the package and the patch, none lost or doubled");
 
     // Then the whole hub goes down at once and comes back: every service reconnects by itself
     // and the next rollout runs through all of them.
@@ -213,7 +201,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
     }
     println!("cluster: all three servers killed and started again");
     let env = Envelope::root();
-    let package = pb::Package { version: "1.30.1".into(), ..package_1_30_0 };
+    let package = kubelet("1.30.1");
     let deadline = Instant::now() + Duration::from_secs(60);
     // The first publish may find the cluster still electing; the same id makes a retry safe.
     while let Err(e) = fleet
@@ -239,7 +227,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
         let twice: BTreeMap<String, u32> = design.nodes.iter().map(|n| (n.name.to_string(), 2)).collect();
         assert_eq!(site.effects().patches, twice, "{}: each node patched once per rollout", design.site);
     }
-    assert_eq!(stored().await, before + 4, "four commands in all, each stored once");
+    assert_eq!(commands_stored(&fleet.bus).await, before + 4, "four commands in all, each stored once");
     fleet.stop().await;
 }
 

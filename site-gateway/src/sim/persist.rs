@@ -316,13 +316,14 @@ async fn walk_on(inner: Arc<Inner>, host: String, from: S) {
 mod tests {
     use std::time::Duration;
 
-    use bus_schema::domain::{Package, Role};
+    use bus_schema::domain::Role;
     use bus_schema::pb::PackageKind;
     use tokio::sync::mpsc;
 
     use super::*;
     use crate::SiteBackend;
     use crate::backend::{ClusterRequest, HostRequest};
+    use crate::sim::tests::versioned;
 
     fn node(name: &str, role: Role, last: u8) -> NodeDesign {
         NodeDesign {
@@ -331,17 +332,6 @@ mod tests {
             boot_mac: format!("52:54:00:00:01:{last:02x}").try_into().unwrap(),
             bmc_address: "ipmi://10.0.1.1".to_string().try_into().unwrap(),
             labels: BTreeMap::new(),
-        }
-    }
-
-    fn package(name: &str, version: &str, kind: PackageKind, digit: char) -> Package {
-        Package {
-            name: name.try_into().unwrap(),
-            version: version.try_into().unwrap(),
-            kind,
-            sha256: digit.to_string().repeat(64).try_into().unwrap(),
-            size: 1,
-            object_key: format!("artifacts/{name}/{version}"),
         }
     }
 
@@ -360,7 +350,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("edge-01.json");
         let nodes = [node("m-1", Role::Master, 1), node("w-1", Role::Worker, 2)];
-        let ubuntu = package("ubuntu", "22.04", PackageKind::OsImage, 'a');
+        let ubuntu = versioned("ubuntu", "22.04", PackageKind::OsImage, 'a');
         let reqs: Vec<HostRequest> = nodes.iter().map(|n| HostRequest::new(n.clone(), &ubuntu)).collect();
         let config = SimConfig::fast();
 
@@ -388,7 +378,7 @@ mod tests {
             assert_eq!(site.effects().provisions, once);
             assert_eq!(saved_effects(&path).unwrap().provisions, once);
 
-            let binaries = vec![package("kubelet", "1.29.2", PackageKind::Binary, 'b')];
+            let binaries = vec![versioned("kubelet", "1.29.2", PackageKind::Binary, 'b')];
             let req = ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false };
             site.install_binaries(&req).await.unwrap();
             site.kubeconfig().await.unwrap();
@@ -396,7 +386,7 @@ mod tests {
 
         runtime().block_on(async {
             let site = SimSite::with_state_file("edge-01", &nodes, config.clone(), &path).unwrap();
-            let binaries = vec![package("kubelet", "1.29.2", PackageKind::Binary, 'b')];
+            let binaries = vec![versioned("kubelet", "1.29.2", PackageKind::Binary, 'b')];
             let req = ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false };
             site.install_binaries(&req).await.unwrap();
             assert!(site.kubeconfig().await.is_ok(), "the cluster outlives the gateway");
