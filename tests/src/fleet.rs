@@ -484,26 +484,6 @@ impl Fleet {
         }
     }
 
-    /// How many commands the commands stream holds (what a refused command must not change).
-    pub async fn commands_stored(bus: &Bus) -> u64 {
-        let mut stream = bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap();
-        stream.info().await.unwrap().state.messages
-    }
-
-    /// The kubelet at `version`, as a catalog entry (its digest made from the version).
-    pub fn kubelet(version: &str) -> pb::Package {
-        use sha2::Digest;
-        let digest = sha2::Sha256::digest(format!("kubelet@{version}").as_bytes());
-        pb::Package {
-            name: "kubelet".into(),
-            version: version.into(),
-            kind: pb::PackageKind::Binary as i32,
-            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
-            size: 111_955_968,
-            object_key: String::new(),
-        }
-    }
-
     /// Waits for an event of `filter` correlated with `correlation`.
     pub async fn wait_for(&self, filter: String, correlation: &str, timeout: Duration) -> Option<ReadEvent> {
         wait_for(&self.bus, filter, correlation, timeout).await
