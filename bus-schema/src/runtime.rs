@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
@@ -791,77 +791,81 @@ impl Kv {
     }
 
     /// Like [`Kv::scan`], for every key matching a NATS wildcard pattern (`node.*.*.kubelet`).
+    ///
+    /// Every key that exists when the scan ends comes back once, with a value it had during the
+    /// scan. A bucket keeps one message per key, so a key rewritten while the scan runs loses its
+    /// old message, perhaps before the consumer reaches it, and its new one lies past wherever
+    /// the consumer is; the consumer's pending count does not say so reliably. So the scan reads
+    /// at least up to the last matching message as of its start, and if matching messages were
+    /// written meanwhile it lists the bucket's keys and fetches any it has not seen.
     pub async fn scan_matching<M: prost::Message + Default>(
         &self,
         pattern: &str,
     ) -> Result<Vec<(String, M, u64)>, BusError> {
         let err = |e: BoxError| self.err("scan", pattern, e);
-        let subject_prefix = &self.store.prefix; // "$KV.<bucket>."
+        let subject_prefix = self.store.prefix.as_str(); // "$KV.<bucket>."
         let filter = format!("{subject_prefix}{pattern}");
-        // The last message of any matching key, now: the scan reads at least up to it.
-        let end = match self.store.stream.get_last_raw_message_by_subject(&filter).await {
-            Ok(last) => last.sequence,
-            Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(err(boxed(e))),
-        };
+        let Some(end) = self.last_raw(&filter).await.map_err(err)? else { return Ok(Vec::new()) };
         let config = consumer::pull::OrderedConfig {
-            filter_subject: filter,
+            filter_subject: filter.clone(),
             deliver_policy: consumer::DeliverPolicy::LastPerSubject,
             ..Default::default()
         };
-        let mut consumer = self.store.stream.create_consumer(config).await.map_err(|e| err(boxed(e)))?;
-        // The consumer goes on past the last value of each key to what is written meanwhile:
-        // a key rewritten during the scan comes twice (its old value and its new), or, when its
-        // old value is gone before it is read, only as its new one, which may come after the
-        // consumer counted nothing pending. So: read at least up to the last matching message as
-        // it was when the scan began (every key is then seen, old or new), and keep the latest
-        // value per key.
-        let mut remaining = consumer.info().await.map_err(|e| err(boxed(e)))?.num_pending;
-        let mut latest: std::collections::BTreeMap<String, Option<(M, u64)>> = Default::default();
-        if remaining == 0 {
-            return Ok(Vec::new());
-        }
+        let consumer = self.store.stream.create_consumer(config).await.map_err(|e| err(boxed(e)))?;
         let mut messages = consumer.messages().await.map_err(|e| err(boxed(e)))?;
+        let mut latest = ScanEntries::<M>::default();
         let mut seen = 0;
-        while remaining > 0 || seen < end {
-            // Past what was pending, wait a moment for a rewritten key's new value; a message
-            // that aged out or was purged never comes.
-            let next = match remaining {
-                0 => match tokio::time::timeout(Duration::from_millis(500), messages.next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                },
-                _ => messages.next().await,
+        let mut stalled = false;
+        while seen < end {
+            // The message at `end`, or the one that replaced it, is always there to come; one
+            // that aged out of the bucket never does, and the listing below covers for it.
+            let Ok(next) = tokio::time::timeout(SCAN_STALL, messages.next()).await else {
+                stalled = true;
+                break;
             };
-            let Some(msg) = next else { break };
+            let Some(msg) = next else {
+                stalled = true;
+                break;
+            };
             let msg = msg.map_err(|e| err(boxed(e)))?;
             let info = msg.info().map_err(err)?;
-            remaining = info.pending;
             seen = seen.max(info.stream_sequence);
-            let revision = info.stream_sequence;
-            let deleted = msg
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(headers::KV_OPERATION))
-                .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-            let Some(key) = msg.subject.as_str().strip_prefix(subject_prefix.as_str()) else { continue };
-            if deleted {
-                latest.insert(key.to_string(), None);
-                continue;
-            }
-            match M::decode(msg.payload.clone()) {
-                Ok(value) => {
-                    latest.insert(key.to_string(), Some((value, revision)));
+            latest.add(self, subject_prefix, &msg.subject, msg.headers.as_ref(), &msg.payload, info.stream_sequence);
+        }
+        drop(messages);
+        let written_since = self.last_raw(&filter).await.map_err(err)?.is_some_and(|last| last > seen);
+        if stalled || written_since {
+            let keys = self.store.stream.info_with_subjects(&filter).await.map_err(|e| err(boxed(e)))?;
+            let keys: Vec<String> =
+                keys.map_ok(|(subject, _)| subject).try_collect().await.map_err(|e| err(boxed(e)))?;
+            for subject in keys {
+                let Some(key) = subject.strip_prefix(subject_prefix) else { continue };
+                if latest.0.contains_key(key) {
+                    continue;
                 }
-                Err(e) => warn!(bucket = %self.bucket, key, error = %e, "skipping an entry that does not decode"),
+                match self.store.stream.get_last_raw_message_by_subject(&subject).await {
+                    Ok(msg) => {
+                        latest.add(self, subject_prefix, &msg.subject, Some(&msg.headers), &msg.payload, msg.sequence)
+                    }
+                    Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {}
+                    Err(e) => return Err(err(boxed(e))),
+                }
             }
         }
         Ok(latest
+            .0
             .into_iter()
             .filter_map(|(key, entry)| entry.map(|(value, revision)| (key, value, revision)))
             .collect())
+    }
+
+    /// The stream sequence of the last message on `subject` (a wildcard filter), if any.
+    async fn last_raw(&self, subject: &str) -> Result<Option<u64>, BoxError> {
+        match self.store.stream.get_last_raw_message_by_subject(subject).await {
+            Ok(last) => Ok(Some(last.sequence)),
+            Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(boxed(e)),
+        }
     }
 
     /// The latest value of every key matching one of `patterns` (KV key patterns, `*` and `>`
@@ -1391,6 +1395,49 @@ where
     let _ = sub.unsubscribe().await;
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// How long a scan waits for the next message before it lists the keys instead.
+const SCAN_STALL: Duration = Duration::from_secs(2);
+
+/// A scan's latest entry per key (`None`: deleted), by key.
+struct ScanEntries<M>(std::collections::BTreeMap<String, Option<(M, u64)>>);
+
+impl<M> Default for ScanEntries<M> {
+    fn default() -> Self {
+        Self(Default::default())
+    }
+}
+
+impl<M: prost::Message + Default> ScanEntries<M> {
+    /// Takes one message of the bucket's stream, if it is newer than what the key has.
+    fn add(
+        &mut self,
+        kv: &Kv,
+        subject_prefix: &str,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        payload: &Bytes,
+        revision: u64,
+    ) {
+        let Some(key) = subject.strip_prefix(subject_prefix) else { return };
+        if self.0.get(key).is_some_and(|e| e.as_ref().is_some_and(|(_, r)| *r >= revision)) {
+            return;
+        }
+        let deleted = headers
+            .and_then(|h| h.get(headers::KV_OPERATION))
+            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+        if deleted {
+            self.0.insert(key.to_string(), None);
+            return;
+        }
+        match M::decode(payload.clone()) {
+            Ok(value) => {
+                self.0.insert(key.to_string(), Some((value, revision)));
+            }
+            Err(e) => warn!(bucket = %kv.bucket, key, error = %e, "skipping an entry that does not decode"),
+        }
+    }
 }
 
 #[cfg(test)]
