@@ -179,16 +179,31 @@ impl Deployment {
         servers
     }
 
-    /// Starts `site`'s leaf node, its link to the hub going through `via` (a proxy's port)
-    /// instead of straight to the hub's leaf port when given.
-    pub fn start_leaf(&self, site: &str, via: Option<u16>) -> ConfServer {
-        let conf = self.nats_dir().join(format!("sites/{site}/leaf.conf"));
-        if let Some(port) = via {
-            // The network between the site and the hub: the proxy stands in for it.
-            let text = std::fs::read_to_string(&conf).unwrap();
-            let text = text.replace(&format!("127.0.0.1:{}", self.hubs[0].leaf), &format!("127.0.0.1:{port}"));
-            std::fs::write(&conf, text).unwrap();
+    /// Puts `port` (a proxy standing in for the network between the sites and the hub) on the
+    /// way from every site to the first hub: each leaf node dials it, and the hub tells leaf
+    /// nodes to reach it there, as a hub behind a NAT or a load balancer advertises its public
+    /// address. Without the second, a leaf node that lost its link would redial the address the
+    /// hub announced, around the proxy. Call before the hub starts.
+    pub fn route_sites_through(&self, port: u16) {
+        let hub_leaf = format!("127.0.0.1:{}", self.hubs[0].leaf);
+        let proxy = format!("127.0.0.1:{port}");
+        let rewrite = |path: PathBuf, edit: &dyn Fn(String) -> String| {
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            std::fs::write(&path, edit(text)).unwrap();
+        };
+        let listen = format!("listen: \"{hub_leaf}\"");
+        rewrite(self.nats_dir().join("hub/hub-1.conf"), &|text| {
+            assert!(text.contains(&listen), "hub-1.conf has no leaf listener at {hub_leaf}");
+            text.replacen(&listen, &format!("{listen}\n  advertise: \"{proxy}\""), 1)
+        });
+        for site in &self.sites {
+            rewrite(self.nats_dir().join(format!("sites/{site}/leaf.conf")), &|text| text.replace(&hub_leaf, &proxy));
         }
+    }
+
+    /// Starts `site`'s leaf node.
+    pub fn start_leaf(&self, site: &str) -> ConfServer {
+        let conf = self.nats_dir().join(format!("sites/{site}/leaf.conf"));
         ConfServer::start(&format!("leaf-{site}"), conf, self.site_port)
     }
 }

@@ -1,17 +1,19 @@
 //! The production topology under faults, from configuration the real `landfall deploy
 //! nats-config` generated: each service and each site as its own least-privileged user, a
 //! three-server JetStream cluster that loses a server mid-rollout and is then restarted as a
-//! whole, and a site behind a leaf node whose link to the hub is cut during an install (over TLS).
+//! whole, and a site behind a leaf node (over TLS) whose link to the hub is cut during an install,
+//! then cut again during a rollout while its gateway, a process of its own, is killed.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bus_schema::access::Role;
+use bus_schema::access::{HUB_DOMAIN, Role};
 use bus_schema::names;
 use bus_schema::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
-use bus_schema::runtime::{Access, Bus, Envelope};
-use landfall_tests::fleet::{Fleet, INSTALL_TIMEOUT, commands_stored, kubelet};
+use bus_schema::runtime::{Access, Envelope, ReadEvent};
+use landfall_tests::fleet::{Fleet, commands_stored, kubelet};
+use landfall_tests::procs::Service;
 use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready};
 use prost::Message;
 
@@ -231,11 +233,64 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
     fleet.stop().await;
 }
 
+/// How many leaf nodes the hub has connected, from its monitoring endpoint.
+async fn leaf_links(http_port: u16) -> u64 {
+    let url = format!("http://127.0.0.1:{http_port}/leafz");
+    let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+    body["leafnodes"].as_u64().unwrap_or_else(|| panic!("no leafnodes count in {body}"))
+}
+
+/// Holds the link cut for `cut_for`, checking all along that the site has no other way to the
+/// hub (it must not reconnect around the cut), then heals it and waits until it is back.
+async fn partition(proxy: &TcpProxy, http_port: u16, cut_for: Duration) {
+    proxy.cut();
+    let healed_at = Instant::now() + cut_for;
+    // The hub sees a dropped link at once; give it a moment, then the link must stay down.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while Instant::now() < healed_at {
+        assert_eq!(leaf_links(http_port).await, 0, "the site reached the hub while its link was cut");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    proxy.heal();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while leaf_links(http_port).await == 0 {
+        assert!(Instant::now() < deadline, "the leaf node did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the site kept in its state file has done so far (nothing before the file is written).
+fn site_effects(state: &std::path::Path) -> site_gateway::sim::SimEffects {
+    site_gateway::sim::saved_effects(state).unwrap_or_default()
+}
+
+/// Waits until `done` holds of the site's effects.
+async fn until_site(state: &std::path::Path, what: &str, done: impl Fn(&site_gateway::sim::SimEffects) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done(&site_effects(state)) {
+        assert!(Instant::now() < deadline, "{what}: {:?}", site_effects(state));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Each event of `events` in the stream once.
+fn each_once(events: &[ReadEvent]) {
+    let mut seen = BTreeMap::new();
+    for e in events {
+        *seen.entry(e.delivery.envelope.id.clone()).or_insert(0) += 1;
+    }
+    assert!(seen.values().all(|n| *n == 1), "an event arrived twice: {seen:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_site_behind_a_leaf_node_cut_off_mid_install_finishes_its_work_and_its_events_arrive_once() {
+async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_gateway_killed_loses_and_repeats_nothing()
+ {
     let tls_dir = tempfile::tempdir().unwrap();
     let tls = TlsFiles::make(tls_dir.path());
     let d = deployment(1, 1, Some(&tls));
+    let proxy = TcpProxy::start(d.hubs[0].leaf).await;
+    d.route_sites_through(proxy.port);
     let hubs = d.start_hubs();
     let url = d.hub_urls("tls");
     let ca = tls.ca.clone();
@@ -251,57 +306,103 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_finishes_its_work_and_its
         .without_gateways()
         .start()
         .await;
-    let proxy = TcpProxy::start(d.hubs[0].leaf).await;
-    let leaf = d.start_leaf("edge-01", Some(proxy.port));
+    let leaf = d.start_leaf("edge-01");
 
-    // The gateway at the site, on its leaf node, as the site's user.
+    // The gateway at the site, as its own process on the site's leaf node, as the site's user,
+    // reaching the hub's JetStream through its domain.
+    let work = tempfile::tempdir().unwrap();
+    let state = work.path().join("edge-01.json");
+    let cache = work.path().join("cache");
+    let seed = d.seed_file(&Role::Site("edge-01".into()));
+    let args = [
+        "serve",
+        "gateway",
+        "--site",
+        "edge-01",
+        "--backend",
+        "sim",
+        "--time-scale",
+        "300",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--sim-state",
+        state.to_str().unwrap(),
+        "--nats-nkey-file",
+        seed.to_str().unwrap(),
+        "--js-domain",
+        HUB_DOMAIN,
+    ];
     let site_url = format!("nats://127.0.0.1:{}", leaf.port);
-    let gateway_bus =
-        Bus::connect_with(&site_url, "landfall-gateway-edge-01", &d.leaf_access("edge-01")).await.unwrap();
-    let (design, backend) = &fleet.sites[0];
-    let gateway = tokio_util::sync::CancellationToken::new();
-    let cache_dir = tempfile::tempdir().unwrap();
-    let task = tokio::spawn(site_gateway::run_gateway(
-        design.site.clone(),
-        gateway_bus,
-        backend.clone(),
-        site_gateway::ArtifactCache::new(cache_dir.path()),
-        gateway.clone(),
-    ));
+    let mut gateway = Service::start("gateway-edge-01", &site_url, work.path(), &args);
+    let design = fleet.sites[0].0.clone();
 
+    // 1. The link is cut while the site provisions its hosts; the gateway stays up and
+    // holds what it has to say until the link is back.
     let env = fleet.install("edge-01").await;
-    // Cut the link once the site is provisioning hosts.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while backend.effects().provisions.len() < 2 {
-        assert!(Instant::now() < deadline, "the install did not reach the site");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    proxy.cut();
+    until_site(&state, "the install did not reach the site", |e| e.provisions.len() >= 2).await;
     let cut_at = Instant::now();
-    println!("leaf: link cut with {} host(s) provisioning", backend.effects().provisions.len());
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let during = backend.effects().provisions.len();
-    proxy.heal();
-    println!("leaf: link healed after {:?}; the site had {during} host(s) provisioned meanwhile", cut_at.elapsed());
+    println!("leaf: link cut with {} host(s) provisioning", site_effects(&state).provisions.len());
+    partition(&proxy, d.hubs[0].http, Duration::from_secs(5)).await;
+    let during = site_effects(&state).provisions.len();
+    println!("leaf: link back after {:?}; the site had {during} host(s) provisioned meanwhile", cut_at.elapsed());
 
     let run = fleet.wait_install(&env).await;
-    assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "{:?}", run.kinds());
+    assert_eq!(
+        run.terminal().delivery.type_name,
+        pb::SiteInstalled::TYPE,
+        "{:?}\n{}",
+        run.kinds(),
+        gateway.log_tail(30)
+    );
     let installed = run.of_type::<pb::SiteInstalled>().pop().unwrap();
     assert_eq!(installed.outcome, pb::InstallOutcome::Success as i32);
-    // Each host provisioned once, each of its events in the stream once.
     let once: BTreeMap<String, u32> = design.nodes.iter().map(|n| (n.name.to_string(), 1)).collect();
-    assert_eq!(backend.effects().provisions, once, "each host provisioned once");
-    let mut seen = BTreeMap::new();
-    for e in &run.events {
-        *seen.entry(e.delivery.envelope.id.clone()).or_insert(0) += 1;
-    }
-    assert!(seen.values().all(|n| *n == 1), "an event arrived twice: {seen:?}");
-    let provisioned = run.of_type::<pb::NodeOsProvisioned>().len();
-    assert_eq!(provisioned, 4, "every host's NodeOsProvisioned arrived");
+    assert_eq!(site_effects(&state).provisions, once, "each host provisioned once");
+    each_once(&run.events);
+    assert_eq!(run.of_type::<pb::NodeOsProvisioned>().len(), 4, "every host's NodeOsProvisioned arrived");
+
+    // 2. The link is cut again mid-rollout, and the gateway is killed while it is cut and
+    // started again: what it held in memory is gone, the hub redelivers its jobs once the link
+    // is back, and no node is patched twice.
+    let register = Envelope::root();
+    let package = pb::RegisterPackage { package: Some(kubelet("1.30.0")), auto_rollout: None };
+    fleet.bus.publish_command(&package, &register).await.unwrap();
+    assert!(fleet.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(30)).await.is_some());
+    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..Default::default() };
+    let patch = pb::PatchPackage {
+        name: "kubelet".into(),
+        version: "1.30.0".into(),
+        strategy: Some(strategy),
+        ..Default::default()
+    };
+    let cmd = fleet.patch(patch).await;
+    until_site(&state, "the rollout did not reach the site", |e| !e.patches.is_empty()).await;
+    println!("leaf: link cut again with {} node(s) patched", site_effects(&state).patches.len());
+    // The gateway dies while it cannot reach the hub, and starts again while it still cannot.
+    let kill = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        gateway.restart();
+        println!("leaf: gateway killed (kill -9) and started again while the link is cut");
+    };
+    tokio::join!(partition(&proxy, d.hubs[0].http, Duration::from_secs(5)), kill);
+    println!("leaf: link back; {} node(s) patched by then", site_effects(&state).patches.len());
+
+    let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(120)).await;
+    let done = run
+        .of_type::<pb::RolloutCompleted>()
+        .pop()
+        .unwrap_or_else(|| panic!("no RolloutCompleted: {:?}\n{}", run.kinds(), gateway.log_tail(30)));
+    assert_eq!((done.planned_nodes, done.patched, done.failed), (4, 4, 0));
+    assert_eq!(site_effects(&state).patches, once, "each node patched once");
+    assert_eq!(site_effects(&state).provisions, once, "no host provisioned again");
+    each_once(&run.events);
+    assert_eq!(gateway.starts(), 2);
+    assert!(gateway.is_running(), "the gateway exited:\n{}", gateway.log_tail(30));
+
     let log = hubs[0].log();
     assert!(!log.contains("Permissions Violation"), "the site was refused something it needs:\n{log}");
-    gateway.cancel();
-    let _ = tokio::time::timeout(INSTALL_TIMEOUT, task).await;
+    assert!(!gateway.log_text().contains("Permissions Violation"), "{}", gateway.log_tail(30));
+    drop(gateway);
     drop(leaf);
     fleet.stop().await;
 }
