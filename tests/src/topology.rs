@@ -115,6 +115,13 @@ impl TlsFiles {
 impl Deployment {
     /// Runs `landfall deploy nats-config` for `sites` and `hubs` servers on free local ports.
     pub fn generate(sites: &[&str], hubs: usize, tls: Option<&TlsFiles>) -> Deployment {
+        Deployment::generate_with(sites, hubs, tls, &[])
+    }
+
+    /// [`Deployment::generate`], the sites reaching hub `i`'s leaf listener at local port
+    /// `leaf_via[i]` (a proxy standing in for the network between them), which the hub
+    /// announces to them, as a hub behind a NAT or a load balancer does (`--leaf-advertise`).
+    pub fn generate_with(sites: &[&str], hubs: usize, tls: Option<&TlsFiles>, leaf_via: &[u16]) -> Deployment {
         let dir = tempfile::Builder::new().prefix("landfall-deploy-").tempdir().expect("a temporary directory");
         let ports: Vec<HubPorts> = (0..hubs)
             .map(|_| HubPorts { client: free_port(), cluster: free_port(), leaf: free_port(), http: free_port() })
@@ -129,6 +136,9 @@ impl Deployment {
             .args(["--site-listen", &format!("127.0.0.1:{site_port}")]);
         for p in &ports {
             cmd.args(["--hub", &format!("127.0.0.1:{}:{}:{}:{}", p.client, p.cluster, p.leaf, p.http)]);
+        }
+        for port in leaf_via {
+            cmd.args(["--leaf-advertise", &format!("127.0.0.1:{port}")]);
         }
         if let Some(tls) = tls {
             cmd.arg("--tls-cert").arg(&tls.cert).arg("--tls-key").arg(&tls.key).arg("--tls-ca").arg(&tls.ca);
@@ -177,28 +187,6 @@ impl Deployment {
             })
             .collect();
         servers
-    }
-
-    /// Puts `port` (a proxy standing in for the network between the sites and the hub) on the
-    /// way from every site to the first hub: each leaf node dials it, and the hub tells leaf
-    /// nodes to reach it there, as a hub behind a NAT or a load balancer advertises its public
-    /// address. Without the second, a leaf node that lost its link would redial the address the
-    /// hub announced, around the proxy. Call before the hub starts.
-    pub fn route_sites_through(&self, port: u16) {
-        let hub_leaf = format!("127.0.0.1:{}", self.hubs[0].leaf);
-        let proxy = format!("127.0.0.1:{port}");
-        let rewrite = |path: PathBuf, edit: &dyn Fn(String) -> String| {
-            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            std::fs::write(&path, edit(text)).unwrap();
-        };
-        let listen = format!("listen: \"{hub_leaf}\"");
-        rewrite(self.nats_dir().join("hub/hub-1.conf"), &|text| {
-            assert!(text.contains(&listen), "hub-1.conf has no leaf listener at {hub_leaf}");
-            text.replacen(&listen, &format!("{listen}\n  advertise: \"{proxy}\""), 1)
-        });
-        for site in &self.sites {
-            rewrite(self.nats_dir().join(format!("sites/{site}/leaf.conf")), &|text| text.replace(&hub_leaf, &proxy));
-        }
     }
 
     /// Starts `site`'s leaf node.
@@ -323,9 +311,9 @@ pub struct TcpProxy {
 }
 
 impl TcpProxy {
-    pub async fn start(target: u16) -> TcpProxy {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind the proxy");
-        let port = listener.local_addr().unwrap().port();
+    /// Listens on local `port`, forwarding to local `target`.
+    pub async fn start(port: u16, target: u16) -> TcpProxy {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await.expect("bind the proxy");
         let cut = Arc::new(Mutex::new(Some(CancellationToken::new())));
         let stop = CancellationToken::new();
         let (c, s) = (cut.clone(), stop.clone());

@@ -288,9 +288,10 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_
  {
     let tls_dir = tempfile::tempdir().unwrap();
     let tls = TlsFiles::make(tls_dir.path());
-    let d = deployment(1, 1, Some(&tls));
-    let proxy = TcpProxy::start(d.hubs[0].leaf).await;
-    d.route_sites_through(proxy.port);
+    // The network between the site and the hub: the proxy stands in for it.
+    let via = landfall_tests::nats::free_port();
+    let d = Deployment::generate_with(&["edge-01"], 1, Some(&tls), &[via]);
+    let proxy = TcpProxy::start(via, d.hubs[0].leaf).await;
     let hubs = d.start_hubs();
     let url = d.hub_urls("tls");
     let ca = tls.ca.clone();
