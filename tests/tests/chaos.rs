@@ -4,7 +4,9 @@
 //! one gateway per simulated site, each keeping its site in a state file (`--sim-state`) as a
 //! real site's Metal3 keeps its hosts whatever becomes of the gateway. What each command led
 //! to is read back from LANDFALL_EVENTS by correlation id, and what the sites did from their
-//! state files.
+//! state files. The hub restart runs twice: on a single server, and on the production topology
+//! (a three-server cluster over TLS from `landfall deploy nats-config`, each process as its own
+//! user), where services are also killed while the whole cluster is down.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, TcpListener};
@@ -13,15 +15,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::DeliverPolicy;
+use bus_schema::access::Role;
 use bus_schema::domain::SiteDesign;
 use bus_schema::ids;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusCommand, BusEvent, BusMessage};
-use bus_schema::runtime::{self, Bus, Envelope, ReadEvent, Topology};
+use bus_schema::runtime::{self, Access, Bus, Envelope, ReadEvent, Topology};
 use consumers::artifacts::ArtifactStore;
 use landfall_tests::fleet::{TEST_KEY_HEX, TEST_SHRINK};
 use landfall_tests::nats::NatsServer;
 use landfall_tests::procs::Service;
+use landfall_tests::topology::{ConfServer, TlsFiles, connect_when_ready};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
@@ -49,7 +53,36 @@ enum Kind {
     Gateway,
 }
 
+/// Each process as its own NATS user, from the generated configuration: the arguments that
+/// make it so, and how the test itself connects (as an operator).
+struct Users {
+    deployment: landfall_tests::topology::Deployment,
+    ca: PathBuf,
+}
+
+impl Users {
+    fn args(&self, role: &Role) -> Vec<String> {
+        let seed = self.deployment.seed_file(role);
+        ["--nats-nkey-file", seed.to_str().unwrap(), "--nats-ca", self.ca.to_str().unwrap()].map(String::from).into()
+    }
+
+    fn operator(&self) -> Access {
+        Access { ca_file: Some(self.ca.clone()), ..self.deployment.access(&Role::Operator) }
+    }
+}
+
 impl Kind {
+    fn role(self) -> Role {
+        match self {
+            Kind::Orchestrator => Role::Orchestrator,
+            Kind::Observer => Role::Observer,
+            Kind::Kubeconfig => Role::Kubeconfig,
+            Kind::Distribution => Role::Distribution,
+            Kind::Api => Role::Api,
+            Kind::Gateway => unreachable!("a gateway is its site's user"),
+        }
+    }
+
     const ALL: [Kind; 6] =
         [Kind::Orchestrator, Kind::Observer, Kind::Kubeconfig, Kind::Distribution, Kind::Api, Kind::Gateway];
 
@@ -212,22 +245,34 @@ impl Client {
     }
 
     /// The first event ending command `id`, its type; `Err` naming the command after `timeout`.
+    /// A reader that breaks (its consumer lost while the hub restarts) is opened again.
     async fn wait_end(&self, sent: &Sent, timeout: Duration) -> Result<String, String> {
         let ends = ends(sent.type_name);
-        let filters = ends.iter().map(|(_, f)| f.clone()).collect();
-        let mut reader = self.bus.read_events(filters, DeliverPolicy::All).await.map_err(|e| e.to_string())?;
-        let found = tokio::time::timeout(timeout, async {
-            while let Some(e) = reader.next().await {
-                let e = e.map_err(|e| e.to_string())?;
-                let t = e.delivery.type_name.as_str();
-                if e.delivery.envelope.correlation == sent.id && ends.iter().any(|(end, _)| *end == t) {
-                    return Ok(e.delivery.type_name);
+        let filters: Vec<String> = ends.iter().map(|(_, f)| f.clone()).collect();
+        let deadline = Instant::now() + timeout;
+        let mut broken = String::new();
+        while Instant::now() < deadline {
+            let found = tokio::time::timeout_at(deadline.into(), async {
+                let mut reader =
+                    self.bus.read_events(filters.clone(), DeliverPolicy::All).await.map_err(|e| e.to_string())?;
+                while let Some(e) = reader.next().await {
+                    let e = e.map_err(|e| e.to_string())?;
+                    let t = e.delivery.type_name.as_str();
+                    if e.delivery.envelope.correlation == sent.id && ends.iter().any(|(end, _)| *end == t) {
+                        return Ok(e.delivery.type_name);
+                    }
                 }
+                Err("the event stream ended".to_string())
+            })
+            .await;
+            match found {
+                Ok(Ok(end)) => return Ok(end),
+                Ok(Err(e)) => broken = e,
+                Err(_) => break,
             }
-            Err("the event stream ended".to_string())
-        })
-        .await;
-        found.unwrap_or_else(|_| Err(format!("{} ({}) did not end within {timeout:?}", sent.what, sent.id)))
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Err(format!("{} ({}) did not end within {timeout:?} (last reader error: {broken:?})", sent.what, sent.id))
     }
 
     /// Waits for `id`'s end and checks it is the expected one.
@@ -301,7 +346,7 @@ struct Deployment {
 impl Deployment {
     /// Starts the hub's services, registers the demo packages (their stand-in bytes in the
     /// artifact store) and `sites` sites of `nodes` nodes, then starts each site's gateway.
-    async fn start(url: &str, sites: usize, nodes: usize, orchestrators: usize) -> Deployment {
+    async fn start(url: &str, sites: usize, nodes: usize, orchestrators: usize, users: Option<&Users>) -> Deployment {
         // LANDFALL_CHAOS_KEEP=1 keeps the services' logs and the sites' state files.
         let keep = std::env::var_os("LANDFALL_CHAOS_KEEP").is_some();
         let dir = tempfile::Builder::new().prefix("landfall-chaos-").disable_cleanup(keep).tempdir().unwrap();
@@ -309,7 +354,8 @@ impl Deployment {
             println!("chaos: logs and state in {}", dir.path().display());
         }
         let path = |p: &str| dir.path().join(p).to_str().unwrap().to_string();
-        let bus = Bus::connect(url, "landfall-chaos-test").await.expect("connect");
+        let access = users.map(Users::operator).unwrap_or_default();
+        let bus = Bus::connect_with(url, "landfall-chaos-test", &access).await.expect("connect");
         bus.ensure_topology(&Topology::default()).await.expect("streams and buckets");
         let store = ArtifactStore::local(&dir.path().join("artifacts")).expect("the artifact store");
         let catalog = producers::up::upload_demo_packages(&store, TEST_SHRINK).await.expect("upload the demo packages");
@@ -318,8 +364,16 @@ impl Deployment {
         let api_addr = format!("127.0.0.1:{}", free_port());
 
         let mut services = Vec::new();
-        let mut hub =
-            |kind: Kind, name: &str, args: &[&str]| services.push((kind, Service::start(name, url, dir.path(), args)));
+        let as_user = |args: &[&str], role: &Role| -> Vec<String> {
+            let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            args.extend(users.map(|u| u.args(role)).unwrap_or_default());
+            args
+        };
+        let mut hub = |kind: Kind, name: &str, args: &[&str]| {
+            let args = as_user(args, &kind.role());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            services.push((kind, Service::start(name, url, dir.path(), &args)));
+        };
         for i in 1..=orchestrators {
             hub(Kind::Orchestrator, &format!("orchestrator-{i}"), &["serve", "orchestrator"]);
         }
@@ -366,6 +420,8 @@ impl Deployment {
                 "--sim-state",
                 &path(&format!("sim/{site}.json")),
             ];
+            let args = as_user(&args, &Role::Site(site.to_string()));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
             services.push((Kind::Gateway, Service::start(&format!("gateway-{site}"), url, dir.path(), &args)));
         }
         Deployment { dir, client, services }
@@ -629,7 +685,7 @@ async fn kill_everything_twenty_times() {
     let mut rng = Rng(seed);
     let (sites, nodes) = (4, 3);
     let server = NatsServer::start();
-    let mut d = Deployment::start(&server.url(), sites, nodes, 2).await;
+    let mut d = Deployment::start(&server.url(), sites, nodes, 2, None).await;
 
     let stop = tokio_util::sync::CancellationToken::new();
     let work: JoinHandle<Result<u32, String>> = tokio::spawn(workload(d.client.clone(), nodes, stop.clone()));
@@ -714,14 +770,65 @@ async fn kill_everything_twenty_times() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hub_nats_restarted_as_a_whole_every_service_reconnects_and_carries_on() {
-    tokio::time::timeout(TEST_TIMEOUT, restart_nats_mid_install()).await.expect("the test ran out of time");
+    let test = async {
+        let server = NatsServer::start();
+        let url = server.url();
+        restart_hub_mid_install(Hub::One(server), &url, None, false).await
+    };
+    tokio::time::timeout(TEST_TIMEOUT, test).await.expect("the test ran out of time");
 }
 
-async fn restart_nats_mid_install() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_production_cluster_restarted_as_a_whole_with_services_killed_meanwhile_loses_nothing() {
+    let test = async {
+        let tls_dir = tempfile::tempdir().unwrap();
+        let tls = TlsFiles::make(tls_dir.path());
+        let deployment = landfall_tests::topology::Deployment::generate(&["edge-01", "edge-02"], 3, Some(&tls));
+        let servers = deployment.start_hubs();
+        let url = deployment.hub_urls("tls");
+        let users = Users { deployment, ca: tls.ca.clone() };
+        let _ready = connect_when_ready(&url, "landfall-chaos-ready", &users.operator()).await;
+        restart_hub_mid_install(Hub::Cluster(servers), &url, Some(&users), true).await
+    };
+    tokio::time::timeout(TEST_TIMEOUT, test).await.expect("the test ran out of time");
+}
+
+/// The hub's NATS: one server, or a cluster's servers.
+enum Hub {
+    One(NatsServer),
+    Cluster(Vec<ConfServer>),
+}
+
+impl Hub {
+    fn stop(&mut self) {
+        match self {
+            Hub::One(server) => server.stop(),
+            Hub::Cluster(servers) => servers.iter_mut().for_each(ConfServer::kill),
+        }
+    }
+
+    fn restart(&mut self) {
+        match self {
+            Hub::One(server) => server.restart(),
+            Hub::Cluster(servers) => servers.iter_mut().for_each(ConfServer::restart),
+        }
+    }
+
+    fn logs(&self) -> Vec<String> {
+        match self {
+            Hub::One(_) => Vec::new(),
+            Hub::Cluster(servers) => servers.iter().map(ConfServer::log).collect(),
+        }
+    }
+}
+
+/// Stops the whole hub mid-install for 4 s (killing, with `kill_services`, the orchestrator and
+/// the installing site's gateway while it is down, and starting them again before it is back),
+/// then runs a command of every kind through it.
+async fn restart_hub_mid_install(mut server: Hub, url: &str, users: Option<&Users>, kill_services: bool) {
     let started = Instant::now();
     let (sites, nodes) = (2, 3);
-    let mut server = NatsServer::start();
-    let mut d = Deployment::start(&server.url(), sites, nodes, 1).await;
+    let mut d = Deployment::start(url, sites, nodes, 1, users).await;
     let client = d.client.clone();
     let first = client.sites[0].site.to_string();
     let install = client
@@ -735,7 +842,18 @@ async fn restart_nats_mid_install() {
     let outage = started.elapsed();
     let before = client.all_events().await.last().map_or(0, |e| e.delivery.stream_sequence);
     server.stop();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut killed = Vec::new();
+    if kill_services {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let gateway = format!("gateway-{first}");
+        for (_, s) in d.services.iter_mut().filter(|(_, s)| s.name == "orchestrator-1" || s.name == gateway) {
+            s.restart();
+            killed.push(s.name.clone());
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    } else {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    }
     d.assert_running();
     server.restart();
 
@@ -788,13 +906,21 @@ async fn restart_nats_mid_install() {
         let lost = log.find("nats disconnected");
         let back = lost.is_some_and(|at| log[at..].contains("nats connected"));
         assert!(back, "{} did not lose and regain its connection:\n{}", s.name, s.log_tail(30));
+        assert!(!log.contains("Permissions Violation"), "{} was refused something:\n{}", s.name, s.log_tail(30));
+    }
+    for log in server.logs() {
+        assert!(!log.contains("Permissions Violation"), "the hub refused a service something:\n{log}");
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let verdict = d.judge().await;
     let starts: u32 = d.services.iter().map(|(_, s)| s.starts()).sum();
     println!(
-        "nats restart: outage at {:.1}s for 4s, services={} starts={starts}, commands={}, terminal={}, \
-         steps repeated={}, hosts={}, events={}, problems={}, elapsed={:.1}s",
+        "nats restart ({}): outage at {:.1}s for 4s, killed meanwhile={killed:?}, services={} starts={starts}, \
+         commands={}, terminal={}, steps repeated={}, hosts={}, events={}, problems={}, elapsed={:.1}s",
+        match server {
+            Hub::One(_) => "one server",
+            Hub::Cluster(_) => "three-server cluster, TLS, a user per process",
+        },
         outage.as_secs_f64(),
         d.services.len(),
         verdict.commands,
@@ -805,6 +931,6 @@ async fn restart_nats_mid_install() {
         verdict.problems.len(),
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(starts as usize, d.services.len(), "no service was started twice");
+    assert_eq!(starts as usize, d.services.len() + killed.len(), "no service was started twice but those killed");
     verdict.assert_clean();
 }
