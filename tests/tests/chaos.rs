@@ -793,6 +793,27 @@ async fn the_production_cluster_restarted_as_a_whole_with_services_killed_meanwh
     tokio::time::timeout(TEST_TIMEOUT, test).await.expect("the test ran out of time");
 }
 
+/// `landfall node add SITE --wait` for node `number` of site `site`, run as the operator; the id
+/// of the `NodeAdded` its gateway announces.
+async fn node_add_cli(client: &Client, url: &str, users: Option<&Users>, site: usize, number: usize) -> String {
+    let site_id = client.sites[site].site.to_string();
+    let (name, mac) = (format!("node-{number}"), format!("52:54:03:00:{site:02x}:{number:02x}"));
+    let mut args: Vec<String> =
+        ["node", "add", &site_id, "--name", &name, "--role", "worker", "--mac", &mac, "--wait", "--timeout", "150s"]
+            .map(String::from)
+            .into();
+    if let Some(users) = users {
+        args.extend(users.args(&Role::Operator));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = landfall_tests::cli::landfall(url, &args).await;
+    let (stdout, stderr) = (landfall_tests::cli::text(&out.stdout), landfall_tests::cli::text(&out.stderr));
+    assert!(out.status.success(), "landfall {args:?}: {}\n{stdout}\n{stderr}", out.status);
+    let id = ids::node_added_id(&site_id, &name, &mac).to_string();
+    client.track(&id, pb::NodeAdded::TYPE, format!("NodeAdded {site_id}/{name} (landfall node add)"));
+    id
+}
+
 /// The hub's NATS: one server, or a cluster's servers.
 enum Hub {
     One(NatsServer),
@@ -874,6 +895,10 @@ async fn restart_hub_mid_install(mut server: Hub, url: &str, users: Option<&User
     let arrival = client.add_node(0, nodes + 1).await;
     d.expect_end(&install2).await;
     d.expect_end(&arrival).await;
+    // A host appearing at the second site's simulated racks (`landfall node add`, answered by
+    // that site's gateway process), announced by the gateway and joined.
+    let cli_arrival = node_add_cli(&client, url, users, 1, nodes + 1).await;
+    d.expect_end(&cli_arrival).await;
     let registered = client.register_kubelet("1.30.0").await;
     d.expect_end(&registered).await;
     // The observer has recorded every node of both sites (it trails the events).
@@ -887,10 +912,10 @@ async fn restart_hub_mid_install(mut server: Hub, url: &str, users: Option<&User
                 .unwrap()
                 .len();
         }
-        if seen == sites * nodes + 1 {
+        if seen == sites * nodes + 2 {
             break;
         }
-        assert!(Instant::now() < deadline, "the observer recorded {seen} nodes of {}", sites * nodes + 1);
+        assert!(Instant::now() < deadline, "the observer recorded {seen} nodes of {}", sites * nodes + 2);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let rollout = client.publish(&patch("1.30.0"), "PatchPackage kubelet@1.30.0".into()).await;
