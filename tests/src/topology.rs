@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bus_schema::access::{HUB_DOMAIN, Role};
+use bus_schema::access::Role;
 use bus_schema::runtime::{Access, Bus};
 use tempfile::TempDir;
 use tokio::io::AsyncWriteExt;
@@ -166,11 +166,6 @@ impl Deployment {
             nkey_seed: Some(Access::seed_from_file(&self.seed_file(role)).expect("the seed file")),
             ..Access::default()
         }
-    }
-
-    /// How a site's gateway connects through its leaf node: its user, the hub's domain.
-    pub fn leaf_access(&self, site: &str) -> Access {
-        Access { js_domain: Some(HUB_DOMAIN.into()), ..self.access(&Role::Site(site.into())) }
     }
 
     /// Every hub server's client URL, comma-separated (what a service is given).
