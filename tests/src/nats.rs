@@ -149,10 +149,7 @@ impl NatsServer {
     /// Kills the server (SIGKILL, like a crash) and waits for it to exit. The port and store dir
     /// are kept; [`NatsServer::restart`] brings the server back. Does nothing if already stopped.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::procs::kill_and_reap(&mut self.child);
     }
 
     /// Kills the server (if running) and starts it again on the same port with the same store dir,

@@ -89,10 +89,7 @@ impl Service {
     /// Kills the process with SIGKILL, as a crash would, and reaps it. Does nothing when it is
     /// not running.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 
     /// Starts the process again with the same command line (killing it first if it runs).
@@ -136,6 +133,14 @@ impl Service {
         let text = self.log_text();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+/// Kills `child` with SIGKILL, if there is one, and waits for it to exit, leaving `None`.
+pub fn kill_and_reap(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 

@@ -254,10 +254,7 @@ impl ConfServer {
 
     /// Kills the server (SIGKILL: a crash, not a shutdown).
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::procs::kill_and_reap(&mut self.child);
     }
 
     /// Starts it again with the same configuration and store.

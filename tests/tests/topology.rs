@@ -12,7 +12,7 @@ use bus_schema::access::{HUB_DOMAIN, Role};
 use bus_schema::names;
 use bus_schema::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Access, Envelope, ReadEvent};
-use landfall_tests::fleet::{Fleet, commands_stored, kubelet};
+use landfall_tests::fleet::{Fleet, RolloutRun, commands_stored, kubelet};
 use landfall_tests::procs::Service;
 use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready};
 use prost::Message;
@@ -154,20 +154,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
     fleet.install_all().await;
     let before = commands_stored(&fleet.bus).await;
 
-    let env = Envelope::root();
-    let package_1_30_0 = kubelet("1.30.0");
-    let register = pb::RegisterPackage { package: Some(package_1_30_0.clone()), auto_rollout: None };
-    fleet.bus.publish_command(&register, &env).await.unwrap();
-    assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(30)).await.is_some());
-    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..Default::default() };
-    let cmd = fleet
-        .patch(pb::PatchPackage {
-            name: "kubelet".into(),
-            version: "1.30.0".into(),
-            strategy: Some(strategy),
-            ..Default::default()
-        })
-        .await;
+    let cmd = roll_out_kubelet_one_node_at_a_time(&fleet, "1.30.0").await;
     // Mid-rollout: the server that leads the jobs stream dies.
     let deadline = Instant::now() + Duration::from_secs(30);
     while fleet.sites.iter().map(|(_, s)| s.effects().patches.len()).sum::<usize>() < 2 {
@@ -181,8 +168,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
     println!("cluster: killed {leader} (the jobs stream's leader) mid-rollout");
 
     let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(120)).await;
-    let done =
-        run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("no RolloutCompleted: {:?}", run.kinds()));
+    let done = completed(&run, "");
     assert_eq!((done.planned_nodes, done.patched, done.failed), (9, 9, 0));
     for (design, site) in &fleet.sites {
         let once: BTreeMap<String, u32> = design.nodes.iter().map(|n| (n.name.to_string(), 1)).collect();
@@ -222,8 +208,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let run = fleet.wait_rollout(&env.id, Duration::from_secs(120)).await;
-    let done =
-        run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("no RolloutCompleted: {:?}", run.kinds()));
+    let done = completed(&run, "");
     assert_eq!((done.planned_nodes, done.patched, done.failed), (9, 9, 0));
     for (design, site) in &fleet.sites {
         let twice: BTreeMap<String, u32> = design.nodes.iter().map(|n| (n.name.to_string(), 2)).collect();
@@ -258,6 +243,31 @@ async fn partition(proxy: &TcpProxy, http_port: u16, cut_for: Duration) {
         assert!(Instant::now() < deadline, "the leaf node did not come back");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Registers kubelet `version` and rolls it out one site, and one node, at a time; the rollout's
+/// command.
+async fn roll_out_kubelet_one_node_at_a_time(fleet: &Fleet, version: &str) -> Envelope {
+    let env = Envelope::root();
+    let register = pb::RegisterPackage { package: Some(kubelet(version)), auto_rollout: None };
+    fleet.bus.publish_command(&register, &env).await.unwrap();
+    assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(30)).await.is_some());
+    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..Default::default() };
+    fleet
+        .patch(pb::PatchPackage {
+            name: "kubelet".into(),
+            version: version.into(),
+            strategy: Some(strategy),
+            ..Default::default()
+        })
+        .await
+}
+
+/// The rollout's `RolloutCompleted`; panics with its events (and `context`) when it has none.
+fn completed(run: &RolloutRun, context: &str) -> pb::RolloutCompleted {
+    run.of_type::<pb::RolloutCompleted>()
+        .pop()
+        .unwrap_or_else(|| panic!("no RolloutCompleted: {:?}\n{context}", run.kinds()))
 }
 
 /// What the site kept in its state file has done so far (nothing before the file is written).
@@ -365,18 +375,7 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_
     // 2. The link is cut again mid-rollout, and the gateway is killed while it is cut and
     // started again: what it held in memory is gone, the hub redelivers its jobs once the link
     // is back, and no node is patched twice.
-    let register = Envelope::root();
-    let package = pb::RegisterPackage { package: Some(kubelet("1.30.0")), auto_rollout: None };
-    fleet.bus.publish_command(&package, &register).await.unwrap();
-    assert!(fleet.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(30)).await.is_some());
-    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..Default::default() };
-    let patch = pb::PatchPackage {
-        name: "kubelet".into(),
-        version: "1.30.0".into(),
-        strategy: Some(strategy),
-        ..Default::default()
-    };
-    let cmd = fleet.patch(patch).await;
+    let cmd = roll_out_kubelet_one_node_at_a_time(&fleet, "1.30.0").await;
     until_site(&state, "the rollout did not reach the site", |e| !e.patches.is_empty()).await;
     println!("leaf: link cut again with {} node(s) patched", site_effects(&state).patches.len());
     // The gateway dies while it cannot reach the hub, and starts again while it still cannot.
@@ -389,10 +388,7 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_
     println!("leaf: link back; {} node(s) patched by then", site_effects(&state).patches.len());
 
     let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(120)).await;
-    let done = run
-        .of_type::<pb::RolloutCompleted>()
-        .pop()
-        .unwrap_or_else(|| panic!("no RolloutCompleted: {:?}\n{}", run.kinds(), gateway.log_tail(30)));
+    let done = completed(&run, &gateway.log_tail(30));
     assert_eq!((done.planned_nodes, done.patched, done.failed), (4, 4, 0));
     assert_eq!(site_effects(&state).patches, once, "each node patched once");
     assert_eq!(site_effects(&state).provisions, once, "no host provisioned again");
