@@ -27,6 +27,7 @@
 //! `scripts/ensure-kube-apiserver` prints (it builds the API server once into
 //! `~/.cache/landfall`). Certificates are made with the `openssl` command.
 
+use producers::embedded::tied;
 use std::fs;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -261,7 +262,7 @@ impl Processes {
     fn spawn(bin: &Path, dir: &Path, port: u16, etcd_client_port: u16, etcd_peer_port: u16) -> Processes {
         let etcd_url = format!("http://127.0.0.1:{etcd_client_port}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
-        let mut etcd = Command::new(bin.join("etcd"));
+        let mut etcd = tied::command(bin.join("etcd"));
         etcd.arg("--name=landfall-test")
             .arg(format!("--data-dir={}", dir.join("etcd").display()))
             .arg(format!("--listen-client-urls={etcd_url}"))
@@ -273,7 +274,7 @@ impl Processes {
         let etcd = spawn_logged(etcd, &dir.join("etcd.log"));
 
         let file = |name: &str| dir.join(name).display().to_string();
-        let mut apiserver = Command::new(bin.join("apiextensions-apiserver"));
+        let mut apiserver = tied::command(bin.join("apiextensions-apiserver"));
         apiserver
             .arg(format!("--etcd-servers={etcd_url}"))
             .arg(format!("--etcd-prefix=/landfall-test-{port}"))
@@ -355,8 +356,10 @@ fn spawn_logged(mut command: Command, log: &Path) -> Child {
         .open(log)
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", log.display()));
     let err = out.try_clone().unwrap_or_else(|e| panic!("cannot clone the handle of {}: {e}", log.display()));
-    command.stdin(Stdio::null()).stdout(out).stderr(err).spawn().unwrap_or_else(|e| {
-        panic!("cannot run {command:?} ({e}); set LANDFALL_KUBE_BIN to a directory of working binaries")
+    command.stdin(Stdio::null()).stdout(out).stderr(err);
+    let shown = format!("{command:?}");
+    tied::spawn(command).unwrap_or_else(|e| {
+        panic!("cannot run {shown} ({e}); set LANDFALL_KUBE_BIN to a directory of working binaries")
     })
 }
 

@@ -10,9 +10,10 @@
 //! site.create_host("m-1", "master", MAC, "10.0.0.11").await;
 //! ```
 
+use producers::embedded::tied;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -213,11 +214,11 @@ impl KubeSiteRig {
             .append(true)
             .open(self.dir.path().join("gateway.log"))
             .expect("gateway log");
-        let mut command = Command::new(binary);
+        let mut command = tied::command(binary);
         if let Some(url) = &self.bpa_url {
             command.args(["--bpa-url", url]);
         }
-        let child = command
+        command
             .args(["--site", SITE, "--backend", "kube", "--namespace", NAMESPACE])
             .arg("--kubeconfig")
             .arg(self.kube.kubeconfig_path())
@@ -232,9 +233,8 @@ impl KubeSiteRig {
             .env("NATS_URL", self.nats.url())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start landfall-gateway");
+            .stderr(log);
+        let child = tied::spawn(command).expect("start landfall-gateway");
         self.gateway = Some(child);
     }
 

@@ -13,6 +13,7 @@
 //! prints (it fetches a nats-server >= 2.10.8 into `~/.cache/landfall` when none is installed).
 //! It is resolved once per test binary.
 
+use producers::embedded::tied;
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -184,7 +185,7 @@ impl NatsServer {
         }
         let stderr = log.try_clone().map_err(|e| SpawnError::Fatal(format!("cannot clone log file handle: {e}")))?;
 
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = tied::command(&self.binary);
         cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
             .arg(&self.store)
             .args(["-n", &self.name])
@@ -192,7 +193,8 @@ impl NatsServer {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr));
-        let mut child = cmd.spawn().map_err(|e| {
+        let shown = format!("{cmd:?}");
+        let mut child = tied::spawn(cmd).map_err(|e| {
             SpawnError::Fatal(format!(
                 "cannot run {} ({e}); set LANDFALL_NATS_SERVER to a nats-server",
                 self.binary.display()
@@ -226,7 +228,7 @@ impl NatsServer {
 
         let log = self.log_since(log_start);
         let msg = format!(
-            "nats-server {} on 127.0.0.1:{} {failure}\ncommand: {cmd:?}\n---- log ({}) ----\n{log}\n---- end of log ----",
+            "nats-server {} on 127.0.0.1:{} {failure}\ncommand: {shown}\n---- log ({}) ----\n{log}\n---- end of log ----",
             self.binary.display(),
             self.port,
             self.log_path.display(),

@@ -11,10 +11,11 @@
 //! Each service's stderr (its logs) is appended to `<dir>/<name>.log`, across restarts. A
 //! service is killed and reaped when dropped, so it never outlives its test.
 
+use producers::embedded::tied;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 
 /// Environment variables that would change how a service runs behind the test's back: each
 /// service gets only what its arguments and [`Service::start_with_env`] say.
@@ -70,18 +71,14 @@ impl Service {
         if self.starts > 0 {
             let _ = writeln!(log, "---- {}: started again ({}) ----", self.name, self.starts + 1);
         }
-        let mut cmd = Command::new(crate::cli::binary());
+        let mut cmd = tied::command(crate::cli::binary());
         cmd.args(&self.args).env("NATS_URL", &self.url).current_dir(&self.dir);
         for var in CLEARED_ENV {
             cmd.env_remove(var);
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start landfall {:?}: {e}", self.args));
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        let child = tied::spawn(cmd).unwrap_or_else(|e| panic!("start landfall {:?}: {e}", self.args));
         self.child = Some(child);
         self.starts += 1;
     }

@@ -8,6 +8,7 @@
 //! The binary is `$LANDFALL_S3S_FS` when set, else whatever `scripts/ensure-s3s-fs` prints (it
 //! builds s3s-fs once into `~/.cache/landfall`).
 
+use producers::embedded::tied;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -48,14 +49,13 @@ impl S3Server {
         std::fs::create_dir_all(dir.path().join(bucket)).expect("create the bucket");
         let port =
             TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()).expect("a free port").port();
-        let child = Command::new(binary())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        let mut cmd = tied::command(binary());
+        cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
             .arg(dir.path())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start s3s-fs");
+            .stderr(Stdio::null());
+        let child = tied::spawn(cmd).expect("start s3s-fs");
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
             assert!(Instant::now() < deadline, "s3s-fs did not listen on {port} within 10 s");

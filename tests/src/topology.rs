@@ -8,6 +8,7 @@
 //! let access = d.access(&Role::Operator);     // the operator's key
 //! ```
 
+use producers::embedded::tied;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -227,14 +228,13 @@ impl ConfServer {
 
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("the server's log");
-        let child = Command::new(crate::nats::binary())
-            .arg("-c")
+        let mut cmd = tied::command(crate::nats::binary());
+        cmd.arg("-c")
             .arg(&self.conf)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("start nats-server");
+            .stderr(Stdio::from(log));
+        let child = tied::spawn(cmd).expect("start nats-server");
         self.child = Some(child);
         let deadline = Instant::now() + READY_TIMEOUT;
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));

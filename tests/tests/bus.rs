@@ -1,5 +1,6 @@
 //! The bus runtime against real servers: the version check, and bad input on job subjects.
 
+use producers::embedded::tied;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::DeliverPolicy;
@@ -30,7 +31,7 @@ async fn a_server_without_jetstream_is_refused_clearly() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut child = tokio::process::Command::new(landfall_tests::nats::binary())
+    let mut child = tokio::process::Command::from(tied::command(landfall_tests::nats::binary()))
         .args(["-a", "127.0.0.1", "-p", &port.to_string()])
         .kill_on_drop(true)
         .stdout(std::process::Stdio::null())

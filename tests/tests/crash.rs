@@ -1,6 +1,7 @@
 //! The orchestrator dies mid-install (kill -9 from outside, or an abort at the worst moment
 //! inside a step) and is restarted: the install completes, and no step runs twice.
 
+use producers::embedded::tied;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use tokio::process::{Child, Command};
 
 /// The real `landfall` CLI running `serve orchestrator` as its own process.
 fn orchestrator(url: &str, failpoint: Option<&str>) -> Child {
-    let mut cmd = Command::new(landfall_tests::cli::binary());
+    let mut cmd = Command::from(tied::command(landfall_tests::cli::binary()));
     cmd.args(["serve", "orchestrator", "--nats-url", url])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())

@@ -7,6 +7,7 @@
 //! `scripts/test` exports it. Without them the tests fail and say so; they never skip.
 //! Screenshots go to `target/dashboard/<case>/`.
 
+use producers::embedded::tied;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -49,8 +50,8 @@ impl Up {
         let data = dir.path().join("data");
         let stdout = std::fs::File::create(dir.path().join("up.out")).expect("create up.out");
         let stderr = std::fs::File::create(dir.path().join("up.log")).expect("create up.log");
-        let child = Command::new(landfall_tests::cli::binary())
-            .arg("up")
+        let mut cmd = tied::command(landfall_tests::cli::binary());
+        cmd.arg("up")
             .args(["--data-dir", &data.display().to_string()])
             .args(["--nats-port", &free_port().to_string()])
             .args(["--api-listen", &api.to_string()])
@@ -64,9 +65,8 @@ impl Up {
             .current_dir(dir.path())
             .stdin(Stdio::null())
             .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .expect("start landfall up");
+            .stderr(stderr);
+        let child = tied::spawn(cmd).expect("start landfall up");
         let mut up = Up { child, dir, api, operator: String::new(), viewer: String::new() };
         up.wait_ready(&data);
         up

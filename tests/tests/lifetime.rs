@@ -1,0 +1,103 @@
+//! What `landfall` starts dies with it: a `landfall up` or `landfall bench` killed hard (SIGKILL,
+//! or SIGTERM where it has no handler) takes its nats-server along, so the port and the store
+//! are free for the next run.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use landfall_tests::nats::free_port;
+use producers::embedded::tied;
+
+/// The pids of the processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_string)))
+                .flatten()
+                .is_some_and(|ppid| ppid == parent.to_string())
+        })
+        .collect()
+}
+
+/// Whether `pid` runs (a zombie waiting to be reaped does not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+fn exe_name(pid: u32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default()
+}
+
+/// Starts `landfall ARGS` (with a supported nats-server given), and waits until its own
+/// nats-server child runs; returns both.
+fn start_with_server(args: &[&str], dir: &std::path::Path) -> (Child, u32) {
+    let mut cmd = tied::command(landfall_tests::cli::binary());
+    cmd.args(args)
+        .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
+        .env_remove("NATS_URL")
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = tied::spawn(cmd).expect("start landfall");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(server) = children_of(child.id()).into_iter().find(|pid| exe_name(*pid) == "nats-server") {
+            return (child, server);
+        }
+        assert!(child.try_wait().unwrap().is_none(), "landfall {args:?} exited before starting its nats-server");
+        assert!(Instant::now() < deadline, "landfall {args:?} started no nats-server within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn assert_gone(server: u32, after: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running(server) {
+        assert!(Instant::now() < deadline, "the nats-server ({server}) outlived {after}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_killed_up_takes_its_nats_server_along_and_the_next_up_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let args = ["up", "--nats-port", &port, "--api-listen", "127.0.0.1:0", "--install", "none", "--sites", "1"];
+    let (mut up, server) = start_with_server(&args, dir.path());
+    // Up to the banner, so the kill lands on a running system, not on a start.
+    let stdout = BufReader::new(up.stdout.take().unwrap());
+    assert!(stdout.lines().map_while(Result::ok).any(|l| l.starts_with("landfall is up")), "no banner");
+    up.kill().unwrap();
+    up.wait().unwrap();
+    assert_gone(server, "landfall up killed with SIGKILL");
+
+    // The port and the store are free: the same command starts again.
+    let (mut again, server) = start_with_server(&args, dir.path());
+    let stdout = BufReader::new(again.stdout.take().unwrap());
+    assert!(stdout.lines().map_while(Result::ok).any(|l| l.starts_with("landfall is up")), "no banner the second time");
+    again.kill().unwrap();
+    again.wait().unwrap();
+    assert_gone(server, "the second landfall up");
+}
+
+#[test]
+fn a_terminated_bench_takes_its_nats_server_along() {
+    let dir = tempfile::tempdir().unwrap();
+    // Long enough to be running when the signal comes.
+    let (mut bench, server) = start_with_server(&["bench", "fanout", "--sites", "2000", "--nodes", "10"], dir.path());
+    let status = std::process::Command::new("kill").args(["-TERM", &bench.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    bench.wait().unwrap();
+    assert_gone(server, "landfall bench stopped with SIGTERM");
+}
