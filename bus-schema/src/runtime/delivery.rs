@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::error::{BusError, ErrorKind};
+use super::error::{BusError, ErrorKind, error_chain};
 use crate::envelope::Envelope;
 use crate::names;
 use crate::pb::{self, BusMessage};
@@ -115,13 +115,7 @@ pub fn reject_code_label(code: pb::RejectCode) -> &'static str {
 
 impl From<BusError> for HandlerError {
     fn from(e: BusError) -> Self {
-        let mut text = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            src = s.source();
-        }
+        let text = error_chain(&e);
         match e.kind() {
             ErrorKind::Reject => HandlerError::reject(pb::RejectCode::Invalid, text),
             _ => HandlerError::Transient(text),

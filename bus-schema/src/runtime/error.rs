@@ -90,6 +90,19 @@ pub(super) fn boxed(e: impl std::error::Error + Send + Sync + 'static) -> BoxErr
     Box::new(e)
 }
 
+/// `error` and every cause under it, joined by `: `: the text a retry reason or a message
+/// for people carries, where only a string fits.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Backoff for transient failures: 0.5 s doubling to 30 s.
 pub fn retry_delay(delivered: i64) -> Duration {
     let exp = delivered.clamp(1, 8) as u32 - 1;
@@ -105,5 +118,11 @@ mod tests {
         assert_eq!(retry_delay(1), Duration::from_millis(500));
         assert_eq!(retry_delay(2), Duration::from_secs(1));
         assert_eq!(retry_delay(100), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn an_error_chain_names_every_cause() {
+        let e = BusError::Kv { op: "get", bucket: "b".into(), key: "k".into(), source: "gone".into() };
+        assert_eq!(error_chain(&e), "kv get b/k: gone");
     }
 }

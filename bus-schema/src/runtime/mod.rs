@@ -16,7 +16,8 @@
 //! - `delivery.rs`: what a handler gets ([`Delivery`]) and answers ([`HandlerError`]).
 //! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages
 //!   that share a key in order.
-//! - `serve.rs`: core requests answered ([`serve_requests`]).
+//! - `request.rs` and `serve.rs`: core request/reply, asked ([`Bus::request`]) and answered
+//!   ([`serve_requests`]).
 
 mod catalog;
 mod connect;
@@ -28,6 +29,7 @@ mod headers;
 mod keyed_order;
 mod kv;
 mod publish;
+mod request;
 mod serve;
 mod topology;
 mod version;
@@ -36,10 +38,11 @@ pub use catalog::{observed_nodes, package_refs};
 pub use connect::{Access, Bus};
 pub use consume::{ConsumerSpec, Handler, consume};
 pub use delivery::{Delivery, HandlerError, RejectAs, Rejection, reject_code_label};
-pub use error::{BusError, ErrorKind, retry_delay};
+pub use error::{BusError, ErrorKind, error_chain, retry_delay};
 pub use events::{EventReader, ReadEvent};
 pub use kv::{Cas, Kv, KvChange};
 pub use publish::Outgoing;
+pub use request::RequestError;
 pub use serve::{Reply, error_reply, serve_requests};
 pub use topology::Topology;
 pub use version::{MIN_SERVER_VERSION, parse_server_version, server_supported};
