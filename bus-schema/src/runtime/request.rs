@@ -101,7 +101,11 @@ impl Bus {
         timeout: Duration,
     ) -> Result<Resp, RequestError> {
         let (_, body) = self.request(subject.clone(), Bytes::from(request.encode_to_vec()), timeout).await?;
-        Resp::decode(body).map_err(|source| RequestError::Malformed { subject, expected: std::any::type_name::<Resp>(), source })
+        Resp::decode(body).map_err(|source| RequestError::Malformed {
+            subject,
+            expected: std::any::type_name::<Resp>(),
+            source,
+        })
     }
 }
 
