@@ -11,7 +11,8 @@
 //! - `headers.rs`: an [`Envelope`] to and from NATS headers ([`Envelope::headers`]).
 //! - `publish.rs`: [`Bus::publish`] and friends, [`Outgoing`], rejection events.
 //! - `events.rs`: an ordered reader of the events stream ([`Bus::read_events`]).
-//! - `kv.rs`: [`Kv`], a bucket of protobuf values with compare-and-set writes and scans.
+//! - `kv.rs`: [`Kv`], a bucket of protobuf values with compare-and-set writes and scans;
+//!   `kv_update.rs`: [`Kv::update_with`], read–apply–compare-and-set–retry.
 //! - `catalog.rs`: the package catalog and the observed state, read as a whole.
 //! - `delivery.rs`: what a handler gets ([`Delivery`]) and answers ([`HandlerError`]).
 //! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages
@@ -28,6 +29,7 @@ mod events;
 mod headers;
 mod keyed_order;
 mod kv;
+mod kv_update;
 mod publish;
 mod request;
 mod serve;
@@ -41,6 +43,7 @@ pub use delivery::{Delivery, HandlerError, RejectAs, Rejection, reject_code_labe
 pub use error::{BusError, ErrorKind, error_chain, retry_delay};
 pub use events::{EventReader, ReadEvent};
 pub use kv::{Cas, Kv, KvChange};
+pub use kv_update::{UPDATE_ATTEMPTS, Update};
 pub use publish::Outgoing;
 pub use request::RequestError;
 pub use serve::{Reply, error_reply, serve_requests};
