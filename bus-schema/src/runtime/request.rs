@@ -129,7 +129,7 @@ mod tests {
 
     #[test]
     fn a_refusal_is_an_error_with_the_services_reason() {
-        let (h, _) = super::super::error_reply("no such site");
+        let (h, _) = crate::runtime::error_reply("no such site");
         match answer("landfall.svc.edge-01.x", reply(Some(h), b"")) {
             Err(e @ RequestError::Refused { .. }) => {
                 assert_eq!(e.to_string(), "no such site");
