@@ -24,6 +24,7 @@ use crate::backend::{
 };
 use crate::cache::CachedArtifact;
 
+pub(crate) mod control;
 mod persist;
 
 pub use persist::{SimStateError, saved_effects};
