@@ -9,6 +9,7 @@
 //! - [`secrets_service`]: kubeconfigs and BMC credentials by request/reply, and key rotation.
 
 pub mod artifacts;
+mod clock;
 pub mod distribution;
 pub mod failpoint;
 pub mod kubeconfig;
@@ -25,8 +26,3 @@ pub use kubeconfig::run_kubeconfig;
 pub use observer::run_observer;
 pub use orchestrator::run_orchestrator;
 pub use secrets_service::run_secrets_service;
-
-/// Milliseconds since the Unix epoch, as KV records store times.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::lease::{self, Holder};
-use crate::now_ms;
+use crate::clock::now_ms;
 use crate::rollout::{self, Rollouts};
 use crate::saga::{self, Decision, Input};
 

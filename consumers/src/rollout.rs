@@ -27,7 +27,7 @@ use futures::StreamExt;
 use tracing::{debug, info, warn};
 
 use crate::lease::{self, Acquired, Holder};
-use crate::now_ms;
+use crate::clock::now_ms;
 use crate::saga::{self, outbox_entry};
 
 /// Sites per plan chunk: a chunk of 500 sites of 10 nodes is about 60 KB.
