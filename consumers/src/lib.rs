@@ -10,6 +10,7 @@
 
 pub mod artifacts;
 mod clock;
+mod decision;
 pub mod distribution;
 pub mod failpoint;
 pub mod kubeconfig;

@@ -15,8 +15,8 @@ use bus_schema::runtime::{self, Bus, Cas, ConsumerSpec, Delivery, HandlerError, 
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::lease::{self, Holder};
 use crate::clock::now_ms;
+use crate::lease::{self, Holder};
 use crate::rollout::{self, Rollouts};
 use crate::saga::{self, Decision, Input};
 
@@ -481,7 +481,7 @@ impl Orchestrator {
     async fn settle(&self, key: &str, mut saga: pb::InstallSaga, rev: u64) -> Result<(), HandlerError> {
         if !saga.outbox.is_empty() {
             crate::failpoint::hit("saga-written-outbox-unpublished");
-            self.bus.publish_all(saga::outgoing(&saga.outbox, &saga.saga_id)).await?;
+            self.bus.publish_all(crate::decision::outgoing(&saga.outbox, &saga.saga_id)).await?;
             crate::failpoint::hit("outbox-published-not-cleared");
             saga.outbox.clear();
             if self.sagas.update(key, &saga, rev).await? == Cas::Conflict {

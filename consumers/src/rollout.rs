@@ -26,9 +26,9 @@ use bus_schema::runtime::{Bus, BusError, Cas, Delivery, Envelope, HandlerError, 
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
-use crate::lease::{self, Acquired, Holder};
 use crate::clock::now_ms;
-use crate::saga::{self, outbox_entry};
+use crate::decision::{self, outbox_entry};
+use crate::lease::{self, Acquired, Holder};
 
 /// Sites per plan chunk: a chunk of 500 sites of 10 nodes is about 60 KB.
 const CHUNK_SIZE: u32 = 500;
@@ -444,7 +444,7 @@ impl Rollouts {
     pub async fn settle(&self, mut r: pb::Rollout, rev: u64) -> Result<(), HandlerError> {
         if !r.outbox.is_empty() {
             crate::failpoint::hit("rollout-written-outbox-unpublished");
-            self.bus.publish_all(saga::outgoing(&r.outbox, &r.rollout_id)).await?;
+            self.bus.publish_all(decision::outgoing(&r.outbox, &r.rollout_id)).await?;
             r.outbox.clear();
             if self.sagas.update(&keys::rollout(&r.rollout_id), &r, rev).await? == Cas::Conflict {
                 // Someone else changed it meanwhile; they (or the next tick) go on from here.
