@@ -13,17 +13,24 @@ mod clock;
 mod decision;
 pub mod distribution;
 pub mod failpoint;
-pub mod kubeconfig;
 pub mod lease;
 pub mod observer;
 pub mod orchestrator;
 pub mod rollout;
 pub mod saga;
 pub mod secrets;
-pub mod secrets_service;
 
 pub use distribution::run_distribution;
-pub use kubeconfig::run_kubeconfig;
 pub use observer::run_observer;
 pub use orchestrator::run_orchestrator;
-pub use secrets_service::run_secrets_service;
+pub use secrets::kubeconfig::{self, run_kubeconfig};
+pub use secrets::service::run_secrets_service;
+
+/// The secrets service and its startup, by the path callers have always used.
+pub mod secrets_service {
+    pub use crate::secrets::records::{
+        KeySource, MissingKeys, StartupError, bmc_purpose, check_keys, open_key_ring, sealed_key_ids,
+    };
+    pub use crate::secrets::run_secrets;
+    pub use crate::secrets::service::{NO_BMC_CREDENTIALS, NO_BMC_JOB, run_secrets_service};
+}
