@@ -8,7 +8,6 @@
 //! - [`secrets`]: AEAD sealing under a key from a [`secrets::KeyProvider`] (a [`secrets::KeyRing`]).
 //! - [`secrets_service`]: kubeconfigs and BMC credentials by request/reply, and key rotation.
 
-pub mod artifacts;
 mod clock;
 mod decision;
 pub mod distribution;
@@ -20,7 +19,7 @@ pub mod rollout;
 pub mod saga;
 pub mod secrets;
 
-pub use distribution::run_distribution;
+pub use distribution::{artifacts, run_distribution};
 pub use observer::run_observer;
 pub use orchestrator::run_orchestrator;
 pub use secrets::kubeconfig::{self, run_kubeconfig};
