@@ -1,12 +1,17 @@
 //! Independent consumers of the landfall bus.
 //!
-//! - [`orchestrator`]: runs InstallSite sagas (state in KV, advanced with compare-and-set).
+//! - [`orchestrator`]: commands in, install sagas advanced in KV, jobs and events out; it runs
+//!   the rollouts too.
+//! - [`saga`]: the install saga's decisions, pure; the orchestrator executes them.
+//! - [`rollout`]: rollouts of a package across sites, as pure decisions and their executor.
+//! - [`lease`]: the site lease an install, a join or a rollout holds while it works on a site.
 //! - [`observer`]: keeps `landfall-observed` (what each node runs) from what gateways report.
-//! - [`kubeconfig`]: collects each site's kubeconfig and stores it sealed.
-//! - [`distribution`]: sends artifacts from the [`artifacts`] store to site gateways.
-//! - [`saga`]: the pure decision logic the orchestrator executes.
-//! - [`secrets`]: AEAD sealing under a key from a [`secrets::KeyProvider`] (a [`secrets::KeyRing`]).
-//! - [`secrets_service`]: kubeconfigs and BMC credentials by request/reply, and key rotation.
+//! - [`distribution`]: the [`artifacts`] store and the service that sends its bytes to gateways.
+//! - [`secrets`]: sealing under a key ring, the [`kubeconfig`] collector, and the secrets
+//!   service (kubeconfigs and BMC credentials by request/reply, key rotation).
+//! - [`failpoint`]: named crash points for fault tests.
+//!
+//! `artifacts`, `kubeconfig` and `secrets_service` keep the paths callers have always used.
 
 mod clock;
 mod decision;

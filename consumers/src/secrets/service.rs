@@ -322,7 +322,8 @@ impl SecretsService {
 /// a process (replicas sharing a key file should not rotate at once).
 ///
 /// # Errors
-/// [`StartupError`] when a record needs a key the ring lacks; bus errors when subscribing.
+/// [`StartupError`](super::records::StartupError) when a record needs a key the ring lacks;
+/// bus errors when subscribing.
 pub async fn run_secrets_service(bus: Bus, keys: Arc<KeyRing>, shutdown: CancellationToken) -> anyhow::Result<()> {
     check_keys(&bus, keys.as_ref()).await?;
     let service = Arc::new(SecretsService {
