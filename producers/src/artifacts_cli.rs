@@ -15,7 +15,7 @@ use clap::Args;
 use consumers::artifacts::{ArtifactStore, hash_file};
 
 use crate::client::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow, rejected};
-use crate::serve::StoreArgs;
+use crate::run::serve::StoreArgs;
 use crate::{PackageIdArgs, parse_duration};
 
 #[derive(Debug, Args)]

@@ -7,19 +7,19 @@
 pub mod api;
 pub mod artifacts_cli;
 pub mod bench;
-pub mod bench_transfer;
 pub mod client;
 pub mod deploy;
 pub mod design;
-pub mod embedded;
 pub mod fleet;
 pub mod nats_access;
 pub mod output;
 pub mod progress;
+pub mod run;
 pub mod secrets_cli;
-pub mod serve;
-pub mod telemetry;
-pub mod up;
+
+pub use bench::transfer as bench_transfer;
+pub use run::{embedded, up};
+use run::{serve, telemetry};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -52,7 +52,7 @@ pub struct GatewayArgs {
     #[arg(long, env = "LANDFALL_CACHE_DIR", default_value = "./landfall-cache")]
     pub cache_dir: PathBuf,
     /// sim: run the simulated site this many times faster than a real one.
-    #[arg(long, default_value_t = crate::up::DEFAULT_TIME_SCALE)]
+    #[arg(long, default_value_t = crate::run::up::DEFAULT_TIME_SCALE)]
     pub time_scale: f64,
     /// sim: keep the simulated site in this file, so that a restarted gateway finds its hosts
     /// as it left them (a real site's hosts outlive its gateway).
@@ -320,8 +320,8 @@ pub async fn run(cmd: ServeCommand, url: &str) -> anyhow::Result<ExitCode> {
                 None => anyhow::bail!("no tokens: pass --api-tokens FILE (or set LANDFALL_API_TOKENS_FILE)"),
             };
             let bus = connect_service(url, "landfall-api").await?;
-            let metrics = crate::telemetry::prometheus()?;
-            let render: crate::api::MetricsRender = Arc::new(move || crate::telemetry::render(&metrics));
+            let metrics = crate::run::telemetry::prometheus()?;
+            let render: crate::api::MetricsRender = Arc::new(move || crate::run::telemetry::render(&metrics));
             let (_, task) = crate::api::serve(bus, tokens, args.listen, Some(render), shutdown).await?;
             task.await??;
         }

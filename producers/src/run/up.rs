@@ -20,8 +20,8 @@ use site_gateway::sim::{SimConfig, SimSite};
 use tokio::task::JoinSet;
 use tracing::{error, info};
 
-use crate::embedded::{NatsChild, find_nats_server};
-use crate::serve::{StoreArgs, connect_service, shutdown_on_signal};
+use crate::run::embedded::{NatsChild, find_nats_server};
+use crate::run::serve::{StoreArgs, connect_service, shutdown_on_signal};
 
 /// Simulated sites run this many times faster than real ones: an 8-minute OS provisioning
 /// takes 8 seconds.
@@ -283,8 +283,8 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         Some(path) => (crate::api::auth::Tokens::from_file(path)?, String::new(), String::new()),
         None => crate::api::auth::local_tokens(&args.data_dir)?,
     };
-    let metrics = crate::telemetry::prometheus()?;
-    let render: crate::api::MetricsRender = Arc::new(move || crate::telemetry::render(&metrics));
+    let metrics = crate::run::telemetry::prometheus()?;
+    let render: crate::api::MetricsRender = Arc::new(move || crate::run::telemetry::render(&metrics));
     let (api_addr, api_task) =
         crate::api::serve(bus.clone(), tokens, args.api.listen, Some(render), shutdown.clone()).await?;
     services.spawn(async move { api_task.await? });

@@ -1,0 +1,7 @@
+//! Running landfall's services in this process: `landfall up` (everything on one machine,
+//! nats-server as a child), `landfall serve …` (one service), and what they share.
+
+pub mod embedded;
+pub mod serve;
+pub mod telemetry;
+pub mod up;
