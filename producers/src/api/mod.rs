@@ -28,6 +28,7 @@ use bus_schema::runtime::Bus;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::views::rollout;
 use auth::{Principal, Role, Tokens};
 
 /// Where the API listens and whom it lets in.
@@ -221,9 +222,9 @@ async fn rollouts(State(s): State<ApiState>) -> axum::Json<Value> {
 }
 
 async fn rollout(State(s): State<ApiState>, Path(id): Path<String>) -> Result<axum::Json<Value>, ApiError> {
-    let id = crate::fleet::rollout_id(&id).map_err(|e| ApiError::not_found(e.to_string()))?;
-    match crate::fleet::rollout_detail(&s.bus, &id).await {
-        Ok(Some((r, sites))) => Ok(axum::Json(crate::fleet::rollout_show_json(&r, &sites))),
+    let id = rollout::rollout_id(&id).map_err(|e| ApiError::not_found(e.to_string()))?;
+    match rollout::rollout_detail(&s.bus, &id).await {
+        Ok(Some((r, sites))) => Ok(axum::Json(rollout::rollout_show_json(&r, &sites))),
         Ok(None) => Err(ApiError::not_found(format!("there is no rollout {id}"))),
         Err(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("{e:#}"))),
     }

@@ -21,7 +21,7 @@ use futures::Stream;
 use serde::Deserialize;
 
 use super::{ApiError, ApiState};
-use crate::output::event_json;
+use crate::views::event::event_json;
 
 /// What a client asks of the events stream.
 #[derive(Debug, Default, Deserialize)]

@@ -240,7 +240,7 @@ async fn wait_for<M: BusMessage>(
     events: &mut bus_schema::runtime::EventReader,
     correlation: &str,
 ) -> anyhow::Result<bus_schema::runtime::Delivery> {
-    let found = crate::client::follow(events, correlation, Duration::from_secs(3600), |e| {
+    let found = crate::cli::connect::follow(events, correlation, Duration::from_secs(3600), |e| {
         let d = &e.delivery;
         if d.type_name == pb::JobFailed::TYPE || d.type_name == pb::CommandRejected::TYPE {
             let v = pb::decode_to_json(&d.type_name, &d.payload);

@@ -103,10 +103,10 @@ pub struct KubeArgs {
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// How long a host may take to provision before its job fails.
-    #[arg(long, value_parser = crate::parse_duration, default_value = "2h")]
+    #[arg(long, value_parser = crate::flags::parse_duration, default_value = "2h")]
     pub provision_timeout: std::time::Duration,
     /// How long the BPA may take to build the cluster.
-    #[arg(long, value_parser = crate::parse_duration, default_value = "3h")]
+    #[arg(long, value_parser = crate::flags::parse_duration, default_value = "3h")]
     pub install_timeout: std::time::Duration,
 }
 

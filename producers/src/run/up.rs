@@ -54,7 +54,7 @@ pub struct UpArgs {
     pub api: crate::api::ApiArgs,
     /// A new host appears at one of the sites (in turn) this often; its gateway announces it
     /// and the orchestrator joins it to the cluster. E.g. 30s, 5m.
-    #[arg(long, value_parser = crate::parse_duration)]
+    #[arg(long, value_parser = crate::flags::parse_duration)]
     pub node_arrival_every: Option<Duration>,
     /// Where artifacts are kept (default: the data directory's `artifacts`).
     #[command(flatten)]

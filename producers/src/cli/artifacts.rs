@@ -14,9 +14,10 @@ use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
 use consumers::artifacts::{ArtifactStore, hash_file};
 
-use crate::client::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow, rejected};
+use super::connect::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow, rejected};
+use super::package_args::PackageIdArgs;
+use crate::flags::parse_duration;
 use crate::run::serve::StoreArgs;
-use crate::{PackageIdArgs, parse_duration};
 
 #[derive(Debug, Args)]
 pub struct UploadArgs {
