@@ -1,8 +1,14 @@
 //! The `landfall` command line: publish commands, read events and state, run services, and
 //! run the whole system on one machine (`landfall up`).
 //!
-//! The client commands ([`client`]) use only `bus-schema`; `up` and `serve` wire in the
-//! consumers and site gateways, which is why this crate depends on them.
+//! - [`cli`]: the client commands, one module per command group, each owning its arguments;
+//!   they use only `bus-schema` (and the artifact store, for uploads).
+//! - [`views`]: the read models the CLI and the HTTP API share.
+//! - [`api`]: the HTTP API and the dashboard.
+//! - [`run`]: `up` and `serve`, which wire in the consumers and site gateways (which is why
+//!   this crate depends on them), and the `landfall-gateway` program.
+//! - [`bench`], [`deploy`]: `landfall bench …` and `landfall deploy nats-config`.
+//! - [`nats_access`], [`flags`]: the flags every command shares, and flags several share.
 
 pub mod api;
 pub mod bench;
@@ -15,13 +21,17 @@ pub mod run;
 mod testing;
 pub mod views;
 
+// The paths these modules had before they moved, which the integration tests use.
 pub use bench::transfer as bench_transfer;
+pub use run::gateway::main as gateway_main;
 pub use run::{embedded, up};
-use run::{serve, telemetry};
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use nats_access::DEFAULT_NATS_URL;
+use run::{serve, service, telemetry};
 
 /// Brings up and patches fleets of bare-metal edge sites, event-driven on NATS JetStream.
 ///
@@ -102,55 +112,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let service = matches!(cli.command, Command::Up(_) | Command::Serve(_));
     telemetry::init_logs(cli.telemetry.log_format, if service { "info,async_nats=warn" } else { "warn" });
-    block_on(run(cli))
+    service::block_on(run(cli))
 }
-
-/// `landfall-gateway`: one site's gateway as a program of its own (what `landfall serve
-/// gateway` runs), for a site's bootstrap machine or a pod there.
-#[derive(Debug, Parser)]
-#[command(name = "landfall-gateway", version, about = "One site's gateway: the site's jobs in, its events out.")]
-pub struct GatewayCli {
-    /// NATS server (the hub, or the site's leaf node).
-    #[arg(long, env = "NATS_URL", default_value = DEFAULT_NATS_URL)]
-    pub nats_url: String,
-    #[command(flatten)]
-    pub nats: nats_access::NatsAccessArgs,
-    #[command(flatten)]
-    pub gateway: serve::GatewayArgs,
-    #[command(flatten)]
-    pub telemetry: telemetry::TelemetryArgs,
-}
-
-pub fn gateway_main() -> ExitCode {
-    let cli = GatewayCli::parse();
-    telemetry::init_logs(cli.telemetry.log_format, "info,async_nats=warn");
-    block_on(async move {
-        nats_access::init(&cli.nats)?;
-        let _metrics = telemetry::start(&cli.telemetry).await?;
-        serve::gateway(cli.gateway, &cli.nats_url, serve::shutdown_on_signal()).await?;
-        Ok(ExitCode::SUCCESS)
-    })
-}
-
-fn block_on(work: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(work) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Where clients and services look for NATS when neither `--nats-url` nor `NATS_URL` says.
-pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let url = cli.nats_url.clone().unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
@@ -190,6 +153,5 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-        GatewayCli::command().debug_assert();
     }
 }

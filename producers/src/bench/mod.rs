@@ -29,8 +29,8 @@ use site_gateway::{ArtifactCache, HostScope};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::run::demo::{demo_packages, demo_site};
 use crate::run::embedded::{NatsChild, find_nats_server};
-use crate::run::up::{demo_packages, demo_site};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -69,7 +69,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "1GiB", value_parser = crate::bench::transfer::parse_size)]
         size: u64,
         #[command(flatten)]
-        store: crate::run::serve::StoreArgs,
+        store: crate::flags::StoreArgs,
     },
     /// One site of N nodes installed with realistic durations divided by F, against the
     /// slowest node's chain (staging, OS, binaries, kubeconfig, container packages).

@@ -16,8 +16,8 @@ use consumers::artifacts::{ArtifactStore, hash_file};
 
 use super::connect::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow, rejected};
 use super::package_args::PackageIdArgs;
+use crate::flags::StoreArgs;
 use crate::flags::parse_duration;
-use crate::run::serve::StoreArgs;
 
 #[derive(Debug, Args)]
 pub struct UploadArgs {
