@@ -20,7 +20,7 @@ use bus_schema::runtime::EventReader;
 use futures::Stream;
 use serde::Deserialize;
 
-use super::{ApiError, ApiState};
+use super::state::{ApiError, ApiState};
 use crate::views::event::event_json;
 
 /// What a client asks of the events stream.
