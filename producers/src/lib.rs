@@ -5,9 +5,9 @@
 //!   they use only `bus-schema` (and the artifact store, for uploads).
 //! - [`views`]: the read models the CLI and the HTTP API share.
 //! - [`api`]: the HTTP API and the dashboard.
-//! - [`run`]: `up` and `serve`, which wire in the consumers and site gateways (which is why
-//!   this crate depends on them), and the `landfall-gateway` program.
-//! - [`bench`], [`deploy`]: `landfall bench …` and `landfall deploy nats-config`.
+//! - [`run`](mod@run): `up` and `serve`, which wire in the consumers and site gateways (which
+//!   is why this crate depends on them), and the `landfall-gateway` program.
+//! - [`bench`](mod@bench), [`deploy`]: `landfall bench …` and `landfall deploy nats-config`.
 //! - [`nats_access`], [`flags`]: the flags every command shares, and flags several share.
 
 pub mod api;

@@ -23,6 +23,7 @@ pub struct EventsArgs {
     pub output: Format,
 }
 
+/// Prints the events `args` asks for; with `--follow`, until interrupted.
 pub async fn run(url: &str, args: &EventsArgs) -> anyhow::Result<ExitCode> {
     let filter = match &args.site {
         Some(site) => names::scope_events(SiteId::try_from(site.as_str())?.as_str()),

@@ -57,6 +57,7 @@ pub enum NodeRole {
     Worker,
 }
 
+/// Runs one `landfall node …` command.
 pub async fn run(url: &str, cmd: NodeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         NodeCommand::Add(args) => node_add(url, &args).await,

@@ -50,6 +50,7 @@ pub struct RegisterPackageArgs {
     pub object_key: String,
 }
 
+/// Runs one `landfall package …` command.
 pub async fn run(url: &str, cmd: PackageCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         PackageCommand::Upload(args) => artifacts::upload(url, args).await,

@@ -85,6 +85,7 @@ pub enum RolloutCommand {
     },
 }
 
+/// Runs one `landfall rollout …` command.
 pub async fn run(url: &str, cmd: RolloutCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         RolloutCommand::List { output } => rollout_list(url, output).await,

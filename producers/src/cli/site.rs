@@ -54,6 +54,7 @@ pub struct InstallArgs {
     pub output: Format,
 }
 
+/// Runs one `landfall site …` command.
 pub async fn run(url: &str, cmd: SiteCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         SiteCommand::Register { file } => register_site(url, &file).await,

@@ -55,6 +55,7 @@ async fn site_status(
     })))
 }
 
+/// Prints the status of one site, or of every site.
 pub async fn run(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let bus = connect(url).await?;
     let sites = match &args.site {
