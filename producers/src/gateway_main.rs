@@ -1,3 +1,5 @@
+//! The `landfall-gateway` program: one site's gateway on its own.
+
 fn main() -> std::process::ExitCode {
     producers::gateway_main()
 }

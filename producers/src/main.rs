@@ -1,3 +1,5 @@
+//! The `landfall` program.
+
 fn main() -> std::process::ExitCode {
     producers::main()
 }

@@ -1,5 +1,6 @@
-//! How this process proves itself to NATS (`--nats-nkey-file`), what it trusts (`--nats-ca`),
-//! and whose JetStream it uses (`--js-domain`): flags every command shares, read once at start.
+//! How this process reaches NATS: who it proves to be (`--nats-nkey-file`), what it trusts
+//! (`--nats-ca`) and whose JetStream it uses (`--js-domain`), flags every command shares, read
+//! once at start; and where NATS is when no URL is given.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -44,6 +45,9 @@ impl NatsAccessArgs {
         Ok(access)
     }
 }
+
+/// Where clients and services look for NATS when neither `--nats-url` nor `NATS_URL` says.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
 static ACCESS: OnceLock<Access> = OnceLock::new();
 

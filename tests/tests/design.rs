@@ -285,7 +285,7 @@ fn is_documents(text: &str) -> bool {
 /// A flat site file as `site register` reads it, and the check an install makes of its
 /// packages against the demo catalog.
 fn check_flat(text: &str, source: &str) -> Result<SiteDesign, String> {
-    let design = producers::client::parse_site_design(text, source).map_err(|e| format!("error: {e:#}"))?;
+    let design = producers::cli::site::parse_site_design(text, source).map_err(|e| format!("error: {e:#}"))?;
     consumers::saga::resolve(&design, &demo_catalog()).map_err(|r| format!("install refused: {}", r.reason))?;
     Ok(design)
 }
@@ -305,7 +305,8 @@ fn check_documents(sources: &[pb::DesignSource]) -> Result<Planned, String> {
         .map(|d| d.name().to_string())
         .ok_or("no readable Site document")?;
     let site = SiteId::try_from(site).map_err(|e| e.to_string())?;
-    let planned = design::plan(&site, sources, &demo_refs(), None).map_err(|e| producers::design::error_report(&e))?;
+    let planned =
+        design::plan(&site, sources, &demo_refs(), None).map_err(|e| producers::cli::design::error_report(&e))?;
     let effective = SiteDesign::try_from(planned.effective.clone()).map_err(|e| e.to_string())?;
     consumers::saga::resolve(&effective, &demo_catalog()).map_err(|r| format!("install refused: {}", r.reason))?;
     Ok(planned)
@@ -321,17 +322,17 @@ fn every_example_site_is_valid_against_the_demo_catalog() {
         let name = path.strip_prefix(repo()).unwrap().display().to_string();
         let result = if path.is_dir() {
             documents += 1;
-            let sources = producers::design::read_sources(std::slice::from_ref(&path)).unwrap();
+            let sources = producers::cli::design::read_sources(std::slice::from_ref(&path)).unwrap();
             check_documents(&sources).map(drop)
         } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
             let text = std::fs::read_to_string(&path).unwrap();
             if is_documents(&text) {
                 documents += 1;
-                check_documents(&producers::design::read_sources(std::slice::from_ref(&path)).unwrap()).map(drop)
+                check_documents(&producers::cli::design::read_sources(std::slice::from_ref(&path)).unwrap()).map(drop)
             } else {
                 flat += 1;
                 // What `site register -f` reads, from the file itself.
-                producers::client::read_site_design(&path)
+                producers::cli::site::read_site_design(&path)
                     .map_err(|e| format!("error: {e:#}"))
                     .and_then(|_| check_flat(&text, &name).map(drop))
             }
@@ -466,7 +467,7 @@ async fn design_init_writes_designs_that_validate_and_keeps_what_exists() {
             assert!(said.contains(&next), "{next} missing from:\n{said}");
         }
         // The same path as `design validate`: the directory's files, then the shared planner.
-        let sources = producers::design::read_sources(std::slice::from_ref(&into)).unwrap();
+        let sources = producers::cli::design::read_sources(std::slice::from_ref(&into)).unwrap();
         assert_eq!(sources.len(), 3, "{racks} racks");
         let planned = check_documents(&sources).unwrap_or_else(|e| panic!("{racks} racks:\n{e}"));
         let masters = if racks >= 3 { 3 } else { 1 };

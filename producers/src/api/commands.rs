@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{ApiError, ApiState};
+use super::state::{ApiError, ApiState, MAX_BODY};
 
 /// The header whose UUID becomes the command id: sending the same request again with the same
 /// key publishes the command once (JetStream's dedup window).
@@ -197,14 +197,14 @@ fn json_content(headers: &HeaderMap) -> Result<(), ApiError> {
 const DRAIN_MAX: usize = 64 << 20;
 const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The request body, at most [`super::MAX_BODY`] bytes.
+/// The request body, at most [`MAX_BODY`] bytes.
 async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     use futures::StreamExt;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            format!("the body is larger than the {} MiB a command may take", super::MAX_BODY >> 20),
+            format!("the body is larger than the {} MiB a command may take", MAX_BODY >> 20),
         )
     };
     let announced =
@@ -213,10 +213,10 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
         return Err(too_large());
     }
     let mut stream = body.into_data_stream();
-    let mut buf = Vec::with_capacity(announced.unwrap_or(0).min(super::MAX_BODY));
+    let mut buf = Vec::with_capacity(announced.unwrap_or(0).min(MAX_BODY));
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the body could not be read: {e}")))?;
-        if buf.len() + chunk.len() > super::MAX_BODY {
+        if buf.len() + chunk.len() > MAX_BODY {
             let mut seen = buf.len() + chunk.len();
             drop(buf);
             let drain = async {

@@ -10,6 +10,7 @@ mod commands;
 pub mod model;
 pub mod openapi;
 pub mod sse;
+mod state;
 pub mod views;
 
 use std::net::SocketAddr;
@@ -20,7 +21,7 @@ use anyhow::Context;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -28,7 +29,10 @@ use bus_schema::runtime::Bus;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::views::rollout;
 use auth::{Principal, Role, Tokens};
+use state::MAX_BODY;
+pub use state::{ApiError, ApiState, MetricsRender};
 
 /// Where the API listens and whom it lets in.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,57 +45,6 @@ pub struct ApiArgs {
     #[arg(long = "api-tokens", env = "LANDFALL_API_TOKENS_FILE")]
     pub tokens: Option<PathBuf>,
 }
-
-/// Renders the process's metrics in the Prometheus text format.
-pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
-
-#[derive(Clone)]
-pub struct ApiState {
-    bus: Bus,
-    model: model::Model,
-    tokens: Arc<Tokens>,
-    metrics: Option<MetricsRender>,
-    /// Ends the event streams when the process stops, so shutdown does not wait on open dashboards.
-    shutdown: CancellationToken,
-}
-
-/// An error as the API answers it: a status and `{"error": code, "message": ...}`.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
-    }
-
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
-    }
-
-    fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response =
-            (self.status, axum::Json(json!({ "error": self.code, "message": self.message }))).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"landfall\""));
-        }
-        response
-    }
-}
-
-/// The largest request body: a command's JSON (the bus takes 1 MiB of protobuf; JSON is larger).
-pub(crate) const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// The whole API.
 pub fn router(state: ApiState) -> Router {
@@ -221,9 +174,9 @@ async fn rollouts(State(s): State<ApiState>) -> axum::Json<Value> {
 }
 
 async fn rollout(State(s): State<ApiState>, Path(id): Path<String>) -> Result<axum::Json<Value>, ApiError> {
-    let id = crate::fleet::rollout_id(&id).map_err(|e| ApiError::not_found(e.to_string()))?;
-    match crate::fleet::rollout_detail(&s.bus, &id).await {
-        Ok(Some((r, sites))) => Ok(axum::Json(crate::fleet::rollout_show_json(&r, &sites))),
+    let id = rollout::rollout_id(&id).map_err(|e| ApiError::not_found(e.to_string()))?;
+    match rollout::rollout_detail(&s.bus, &id).await {
+        Ok(Some((r, sites))) => Ok(axum::Json(rollout::rollout_show_json(&r, &sites))),
         Ok(None) => Err(ApiError::not_found(format!("there is no rollout {id}"))),
         Err(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("{e:#}"))),
     }

@@ -271,7 +271,7 @@ impl Model {
             return;
         }
         let summary = match pb::decode_to_json(&e.delivery.type_name, &e.delivery.payload) {
-            Some(Ok(v)) => crate::output::summary(&v),
+            Some(Ok(v)) => crate::views::event::summary(&v),
             _ => String::new(),
         };
         let last = LastEvent {

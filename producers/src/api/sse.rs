@@ -20,8 +20,8 @@ use bus_schema::runtime::EventReader;
 use futures::Stream;
 use serde::Deserialize;
 
-use super::{ApiError, ApiState};
-use crate::output::event_json;
+use super::state::{ApiError, ApiState};
+use crate::views::event::event_json;
 
 /// What a client asks of the events stream.
 #[derive(Debug, Default, Deserialize)]

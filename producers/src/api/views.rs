@@ -8,9 +8,9 @@ use bus_schema::pb;
 use serde_json::{Value, json};
 
 use super::model::State;
-use crate::client::{desired_versions, observed_package_json};
-use crate::fleet::{kind_label, role_label};
-use crate::output::{rfc3339, rfc3339_ms};
+use crate::views::human::{kind_label, rfc3339, rfc3339_ms, role_label};
+use crate::views::observed::{desired_versions, observed_package_json};
+use crate::views::rollout::{rollout_summary_json, sort_newest_first};
 
 /// What state a site is in, from its latest install: `registered` (never installed),
 /// `installing`, `installed`, `degraded` (installed with failed workers) or `failed`.
@@ -261,8 +261,8 @@ pub fn catalog(st: &State) -> Value {
 /// Every rollout, newest first.
 pub fn rollouts(st: &State) -> Value {
     let mut all: Vec<pb::Rollout> = st.rollouts.values().cloned().collect();
-    crate::fleet::sort_newest_first(&mut all);
-    Value::Array(all.iter().map(crate::fleet::rollout_summary_json).collect())
+    sort_newest_first(&mut all);
+    Value::Array(all.iter().map(rollout_summary_json).collect())
 }
 
 #[cfg(test)]

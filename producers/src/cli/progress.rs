@@ -9,9 +9,12 @@ use bus_schema::pb::{self, BusMessage};
 use bus_schema::runtime::ReadEvent;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::output::Format;
+use crate::views::rollout_event::RolloutEvent;
+
 /// Whether bars can be drawn: stderr is a terminal, and `-o table` was asked.
-pub fn wanted(format: crate::Format) -> bool {
-    format == crate::Format::Table && std::io::stderr().is_terminal()
+pub fn wanted(format: Format) -> bool {
+    format == Format::Table && std::io::stderr().is_terminal()
 }
 
 fn style(template: &str) -> ProgressStyle {
@@ -154,8 +157,8 @@ impl RolloutBars {
         Self { multi, nodes, waves: Vec::new() }
     }
 
-    pub fn on_event(&mut self, event: &crate::fleet::RolloutEvent) {
-        use crate::fleet::RolloutEvent as E;
+    pub fn on_event(&mut self, event: &RolloutEvent) {
+        use RolloutEvent as E;
         match event {
             E::Planned(p) => {
                 self.nodes.set_length(u64::from(p.planned_nodes));

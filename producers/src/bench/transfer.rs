@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::serve::StoreArgs;
+use crate::flags::StoreArgs;
 
 /// Parses `1GiB`, `512MiB`, `64KiB`, `100MB`, or a plain number of bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -80,7 +80,7 @@ fn rate(bytes: u64, took: Duration) -> f64 {
 /// Writes `size` bytes of stand-in content to `path`, a MiB at a time.
 async fn write_file(path: &Path, size: u64) -> anyhow::Result<()> {
     let mut file = tokio::fs::File::create(path).await.with_context(|| format!("create {}", path.display()))?;
-    let block = crate::up::demo_content("bench-transfer", "1", 1 << 20);
+    let block = crate::run::demo::demo_content("bench-transfer", "1", 1 << 20);
     let mut left = size;
     let mut i = 0u8;
     while left > 0 {
@@ -240,7 +240,7 @@ async fn wait_for<M: BusMessage>(
     events: &mut bus_schema::runtime::EventReader,
     correlation: &str,
 ) -> anyhow::Result<bus_schema::runtime::Delivery> {
-    let found = crate::client::follow(events, correlation, Duration::from_secs(3600), |e| {
+    let found = crate::cli::connect::follow(events, correlation, Duration::from_secs(3600), |e| {
         let d = &e.delivery;
         if d.type_name == pb::JobFailed::TYPE || d.type_name == pb::CommandRejected::TYPE {
             let v = pb::decode_to_json(&d.type_name, &d.payload);

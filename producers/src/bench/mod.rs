@@ -6,6 +6,9 @@
 //!   not timed.
 //! - `install`: one site installed with realistic durations scaled down, against the slowest
 //!   node's chain of steps.
+//! - `transfer`: an artifact through the artifact store and over the bus ([`transfer`]).
+
+pub mod transfer;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,8 +29,8 @@ use site_gateway::{ArtifactCache, HostScope};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::embedded::{NatsChild, find_nats_server};
-use crate::up::{demo_packages, demo_site};
+use crate::run::demo::{demo_packages, demo_site};
+use crate::run::embedded::{NatsChild, find_nats_server};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -63,10 +66,10 @@ pub enum BenchCommand {
     /// An artifact of --size bytes uploaded to the artifact store, read back raw from it, and
     /// staged into a site gateway's cache over the bus: MB/s of each, and peak RSS.
     Transfer {
-        #[arg(long, default_value = "1GiB", value_parser = crate::bench_transfer::parse_size)]
+        #[arg(long, default_value = "1GiB", value_parser = crate::bench::transfer::parse_size)]
         size: u64,
         #[command(flatten)]
-        store: crate::serve::StoreArgs,
+        store: crate::flags::StoreArgs,
     },
     /// One site of N nodes installed with realistic durations divided by F, against the
     /// slowest node's chain (staging, OS, binaries, kubeconfig, container packages).
@@ -79,7 +82,7 @@ pub enum BenchCommand {
 }
 
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
-    let shutdown = crate::serve::shutdown_on_signal();
+    let shutdown = crate::run::service::shutdown_on_signal();
     let server = Server::start(nats_url).await?;
     let url = server.url.clone();
     let work = async move {
@@ -105,7 +108,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                 let shape = Shape { orchestrators: orchestrators.max(1), gateway_hosts, raw_messages };
                 fanout(&url, sites, nodes, strategy, shape).await
             }
-            BenchCommand::Transfer { size, store } => crate::bench_transfer::transfer(&url, size, &store).await,
+            BenchCommand::Transfer { size, store } => crate::bench::transfer::transfer(&url, size, &store).await,
             BenchCommand::Install { nodes, time_scale } => {
                 anyhow::ensure!(nodes >= 1 && time_scale > 0.0, "--nodes must be at least 1 and --time-scale positive");
                 install(&url, nodes, time_scale).await

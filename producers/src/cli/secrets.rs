@@ -23,7 +23,7 @@ pub enum KubeconfigCommand {
     /// retire the old key. Needs the secrets service to run with a key file.
     RotateKey {
         /// How long to wait for the rotation to finish.
-        #[arg(long, default_value = "5m", value_parser = crate::parse_duration)]
+        #[arg(long, default_value = "5m", value_parser = crate::flags::parse_duration)]
         timeout: Duration,
     },
 }

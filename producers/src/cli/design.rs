@@ -17,7 +17,7 @@ use bus_schema::pb::{self, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
 use clap::{Args, Subcommand};
 
-use crate::client::connect;
+use crate::cli::connect::connect;
 
 #[derive(Debug, Subcommand)]
 pub enum DesignCommand {

@@ -14,9 +14,10 @@ use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
 use consumers::artifacts::{ArtifactStore, hash_file};
 
-use crate::client::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow, rejected};
-use crate::serve::StoreArgs;
-use crate::{PackageIdArgs, parse_duration};
+use super::connect::{EXIT_REJECTED, EXIT_TIMEOUT, connect, follow, rejected};
+use super::package_args::PackageIdArgs;
+use crate::flags::StoreArgs;
+use crate::flags::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct UploadArgs {

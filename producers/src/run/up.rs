@@ -12,7 +12,6 @@ use bus_schema::names;
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
-use consumers::artifacts::ArtifactStore;
 use consumers::secrets_service::{self, KeySource};
 use sha2::{Digest, Sha256};
 use site_gateway::ArtifactCache;
@@ -20,12 +19,16 @@ use site_gateway::sim::{SimConfig, SimSite};
 use tokio::task::JoinSet;
 use tracing::{error, info};
 
-use crate::embedded::{NatsChild, find_nats_server};
-use crate::serve::{StoreArgs, connect_service, shutdown_on_signal};
+use super::demo::{UP_SHRINK, demo_strategy};
+use super::embedded::{NatsChild, find_nats_server};
+use super::gateway::DEFAULT_TIME_SCALE;
+use super::service::{connect_service, shutdown_on_signal};
+use super::telemetry;
+use crate::flags::{StoreArgs, parse_duration};
+use crate::nats_access::DEFAULT_NATS_URL;
 
-/// Simulated sites run this many times faster than real ones: an 8-minute OS provisioning
-/// takes 8 seconds.
-pub const DEFAULT_TIME_SCALE: f64 = 60.0;
+/// The demo fleet `up` runs, also under this module's path.
+pub use super::demo::{demo_content, demo_packages, demo_site, upload_demo_packages};
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -54,7 +57,7 @@ pub struct UpArgs {
     pub api: crate::api::ApiArgs,
     /// A new host appears at one of the sites (in turn) this often; its gateway announces it
     /// and the orchestrator joins it to the cluster. E.g. 30s, 5m.
-    #[arg(long, value_parser = crate::parse_duration)]
+    #[arg(long, value_parser = parse_duration)]
     pub node_arrival_every: Option<Duration>,
     /// Where artifacts are kept (default: the data directory's `artifacts`).
     #[command(flatten)]
@@ -67,115 +70,6 @@ pub enum InstallAtStart {
     First,
     OneByOne,
     All,
-}
-
-/// The demo packages' stand-in bytes `up` uploads are this many times smaller than the real
-/// packages (an 18 MiB OS image, a 0.9 MiB kubelet), so every install moves real bytes.
-pub const UP_SHRINK: u64 = 128;
-
-/// The rollout strategy the demo packages' auto-rollout policy uses: one canary site, then
-/// waves of five sites, one node of a site at a time, halt past 10 % failed nodes, and a site
-/// that does not report within ten minutes counts as failed.
-pub fn demo_strategy() -> pb::RolloutStrategy {
-    pb::RolloutStrategy {
-        canary_sites: 1,
-        max_concurrent_sites: 5,
-        max_unavailable: "1".into(),
-        failure_threshold: "10%".into(),
-        wave_timeout_seconds: 600,
-        on_wave_timeout: pb::WaveTimeoutAction::Continue as i32,
-        ..Default::default()
-    }
-}
-
-/// The package set every simulated site runs.
-const DEMO_PACKAGES: &[(&str, &str, pb::PackageKind, u64)] = &[
-    ("ubuntu", "22.04.4", pb::PackageKind::OsImage, 2_361_393_152),
-    ("containerd", "1.7.13", pb::PackageKind::Binary, 38_338_560),
-    ("kubelet", "1.29.2", pb::PackageKind::Binary, 111_955_968),
-    ("kubeadm", "1.29.2", pb::PackageKind::Binary, 50_458_624),
-    ("cni-calico", "3.27.2", pb::PackageKind::Container, 1_048_576),
-];
-
-/// The catalog entries of the demo packages, by their metadata alone (digests of a stand-in
-/// content, no bytes in the artifact store): what benchmarks and most tests register.
-pub fn demo_packages() -> Vec<pb::Package> {
-    DEMO_PACKAGES
-        .iter()
-        .map(|(name, version, kind, size)| {
-            let digest = Sha256::digest(format!("{name}@{version}").as_bytes());
-            pb::Package {
-                name: name.to_string(),
-                version: version.to_string(),
-                kind: *kind as i32,
-                sha256: bus_schema::domain::Sha256::hex(&digest),
-                size: *size,
-                object_key: String::new(),
-            }
-        })
-        .collect()
-}
-
-/// Stand-in bytes for a demo package: `len` bytes, always the same for the same package.
-pub fn demo_content(name: &str, version: &str, len: usize) -> Vec<u8> {
-    let seed = Sha256::digest(format!("{name}@{version}").as_bytes());
-    let mut x = u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        // xorshift64: cheap, and no two packages share their bytes.
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// Uploads stand-in bytes for every demo package, each `1/shrink` of the real package's size,
-/// into `store`, and returns their catalog entries (real digests, sizes and object keys).
-pub async fn upload_demo_packages(store: &ArtifactStore, shrink: u64) -> anyhow::Result<Vec<pb::Package>> {
-    let mut out = Vec::new();
-    for mut p in demo_packages() {
-        let bytes = demo_content(&p.name, &p.version, (p.size / shrink.max(1)).max(1) as usize);
-        let stored = store.upload(bytes.as_slice()).await?;
-        (p.sha256, p.size, p.object_key) = (stored.sha256, stored.size, stored.object_key);
-        out.push(p);
-    }
-    Ok(out)
-}
-
-/// A simulated site's design: `nodes` nodes, the first (or first three) masters.
-pub fn demo_site(index: usize, nodes: usize) -> SiteDesign {
-    let site = format!("edge-{:02}", index + 1);
-    let masters = if nodes >= 5 { 3 } else { 1 };
-    let node_specs = (0..nodes)
-        .map(|i| pb::NodeSpec {
-            name: format!("node-{}", i + 1),
-            role: if i < masters { pb::Role::Master } else { pb::Role::Worker } as i32,
-            boot_mac: format!("52:54:00:{:02x}:{:02x}:{:02x}", index >> 8, index & 0xff, i),
-            bmc_address: format!(
-                "redfish-virtualmedia://10.{}.{}.{}/redfish/v1/Systems/1",
-                index >> 8,
-                index & 0xff,
-                i + 10
-            ),
-            labels: Default::default(),
-        })
-        .collect();
-    let set: Vec<pb::PackageRef> =
-        demo_packages().iter().map(|p| pb::PackageRef { name: p.name.clone(), version: p.version.clone() }).collect();
-    let design = pb::SiteDesign {
-        site_id: site,
-        labels: [("region".to_string(), if index.is_multiple_of(2) { "eu-west" } else { "us-east" }.to_string())]
-            .into(),
-        nodes: node_specs,
-        packages: [pb::Role::Master, pb::Role::Worker]
-            .into_iter()
-            .map(|role| pb::RolePackages { role: role as i32, packages: set.clone() })
-            .collect(),
-    };
-    SiteDesign::try_from(design).expect("the demo design is valid")
 }
 
 /// Registers the demo packages and sites through the bus, as any client would, and waits
@@ -283,8 +177,8 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         Some(path) => (crate::api::auth::Tokens::from_file(path)?, String::new(), String::new()),
         None => crate::api::auth::local_tokens(&args.data_dir)?,
     };
-    let metrics = crate::telemetry::prometheus()?;
-    let render: crate::api::MetricsRender = Arc::new(move || crate::telemetry::render(&metrics));
+    let metrics = telemetry::prometheus()?;
+    let render: crate::api::MetricsRender = Arc::new(move || telemetry::render(&metrics));
     let (api_addr, api_task) =
         crate::api::serve(bus.clone(), tokens, args.api.listen, Some(render), shutdown.clone()).await?;
     services.spawn(async move { api_task.await? });
@@ -458,7 +352,7 @@ fn print_banner(args: &UpArgs, banner: Banner<'_>) {
         Some(n) => format!("{url} ({}, store {})", n.version, args.data_dir.join("nats").display()),
         None => format!("{url} (from NATS_URL)"),
     };
-    let url_hint = if url == crate::DEFAULT_NATS_URL { String::new() } else { format!(" --nats-url {url}") };
+    let url_hint = if url == DEFAULT_NATS_URL { String::new() } else { format!(" --nats-url {url}") };
     println!(
         "\nlandfall is up
   nats       {nats_line}
@@ -493,22 +387,4 @@ Ctrl-C stops everything.",
         store = store_url,
         viewer = if viewer_token.is_empty() { "TOKEN" } else { viewer_token },
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bus_schema::domain::SiteId;
-    use bus_schema::names;
-
-    #[test]
-    fn demo_sites_are_valid_and_distinct() {
-        let a = demo_site(0, 5);
-        let b = demo_site(1, 5);
-        assert_eq!(a.site.as_str(), "edge-01");
-        assert_eq!(a.nodes.iter().filter(|n| n.role == bus_schema::domain::Role::Master).count(), 3);
-        assert_ne!(a.nodes[0].boot_mac, b.nodes[0].boot_mac);
-        assert_eq!(demo_packages().iter().filter(|p| p.kind == pb::PackageKind::OsImage as i32).count(), 1);
-        let _ = SiteId::try_from(names::FLEET).unwrap_err();
-    }
 }

@@ -1,4 +1,6 @@
-//! `landfall serve …`: one service per process.
+//! One site's gateway in this process: over a simulated site built from the site's registered
+//! design, or over the site's Metal3 and BPA; `landfall serve gateway` and the
+//! `landfall-gateway` program both run it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,31 +10,20 @@ use anyhow::Context;
 use bus_schema::domain::{SiteDesign, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb;
-use bus_schema::runtime::{Bus, Topology};
-use clap::Subcommand;
-use consumers::artifacts::{ArtifactStore, S3Options};
-use consumers::secrets_service::{self, KeySource};
+use bus_schema::runtime::Bus;
+use clap::Parser;
 use site_gateway::kube_site::{KubeSite, KubeSiteConfig, KubeconfigSource, UserData};
 use site_gateway::sim::{SimConfig, SimSite};
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Subcommand)]
-pub enum ServeCommand {
-    /// The provisioning orchestrator (install and node-join sagas, rollouts).
-    Orchestrator,
-    /// The observer: keeps landfall-observed (what each node runs) from gateway reports.
-    Observer,
-    /// The kubeconfig collector and the secrets service (kubeconfig get, BMC credentials, key
-    /// rotation), under one data key ring.
-    Kubeconfig(KeyArgs),
-    /// The distribution service: sends artifacts from the artifact store to site gateways.
-    Distribution(StoreArgs),
-    /// The HTTP API and dashboard: commands as JSON, read models, events as Server-Sent Events.
-    Api(crate::api::ApiArgs),
-    /// A site gateway: over a simulated site built from the site's registered design
-    /// (`--backend sim`), or over the site's Metal3 and BPA (`--backend kube`).
-    Gateway(Box<GatewayArgs>),
-}
+use super::service::{block_on, shutdown_on_signal};
+use super::telemetry;
+use crate::flags::parse_duration;
+use crate::nats_access::{self, DEFAULT_NATS_URL};
+
+/// Simulated sites run this many times faster than real ones: an 8-minute OS provisioning
+/// takes 8 seconds.
+pub const DEFAULT_TIME_SCALE: f64 = 60.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
@@ -52,7 +43,7 @@ pub struct GatewayArgs {
     #[arg(long, env = "LANDFALL_CACHE_DIR", default_value = "./landfall-cache")]
     pub cache_dir: PathBuf,
     /// sim: run the simulated site this many times faster than a real one.
-    #[arg(long, default_value_t = crate::up::DEFAULT_TIME_SCALE)]
+    #[arg(long, default_value_t = DEFAULT_TIME_SCALE)]
     pub time_scale: f64,
     /// sim: keep the simulated site in this file, so that a restarted gateway finds its hosts
     /// as it left them (a real site's hosts outlive its gateway).
@@ -103,10 +94,10 @@ pub struct KubeArgs {
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// How long a host may take to provision before its job fails.
-    #[arg(long, value_parser = crate::parse_duration, default_value = "2h")]
+    #[arg(long, value_parser = parse_duration, default_value = "2h")]
     pub provision_timeout: std::time::Duration,
     /// How long the BPA may take to build the cluster.
-    #[arg(long, value_parser = crate::parse_duration, default_value = "3h")]
+    #[arg(long, value_parser = parse_duration, default_value = "3h")]
     pub install_timeout: std::time::Duration,
 }
 
@@ -164,7 +155,7 @@ impl KubeArgs {
 pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) -> anyhow::Result<()> {
     let site = SiteId::try_from(args.site.clone())?;
     // A site's user may not create streams: the hub's services do.
-    let bus = Bus::connect_with(url, &format!("landfall-gateway-{site}"), crate::nats_access::get()).await?;
+    let bus = Bus::connect_with(url, &format!("landfall-gateway-{site}"), nats_access::get()).await?;
     let cache = site_gateway::ArtifactCache::new(&args.cache_dir);
     match args.backend {
         BackendKind::Sim => {
@@ -198,133 +189,42 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
     }
 }
 
-#[derive(Debug, clap::Args)]
-pub struct KeyArgs {
-    /// A file of data keys, one per line as 64 hex digits (the first seals, the others only
-    /// open); `landfall kubeconfig rotate-key` rewrites it.
-    #[arg(long, env = "LANDFALL_SECRET_KEY_FILE", conflicts_with = "secret_key")]
-    pub secret_key_file: Option<PathBuf>,
-    /// The data key itself, 64 hex digits (prefer the file: a key given here cannot rotate).
-    #[arg(long, env = "LANDFALL_SECRET_KEY", hide_env_values = true)]
-    pub secret_key: Option<String>,
+/// `landfall-gateway`: one site's gateway as a program of its own (what `landfall serve
+/// gateway` runs), for a site's bootstrap machine or a pod there.
+#[derive(Debug, Parser)]
+#[command(name = "landfall-gateway", version, about = "One site's gateway: the site's jobs in, its events out.")]
+pub struct GatewayCli {
+    /// NATS server (the hub, or the site's leaf node).
+    #[arg(long, env = "NATS_URL", default_value = DEFAULT_NATS_URL)]
+    pub nats_url: String,
+    #[command(flatten)]
+    pub nats: nats_access::NatsAccessArgs,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    #[command(flatten)]
+    pub telemetry: telemetry::TelemetryArgs,
 }
 
-impl KeyArgs {
-    pub fn source(&self) -> anyhow::Result<KeySource> {
-        Ok(match (&self.secret_key_file, &self.secret_key) {
-            (Some(path), _) => KeySource::File(path.clone()),
-            (None, Some(hex)) => KeySource::Hex { hex: hex.clone(), from: "LANDFALL_SECRET_KEY".into() },
-            (None, None) => anyhow::bail!("no data key: pass --secret-key-file or set LANDFALL_SECRET_KEY"),
-        })
+/// The `landfall-gateway` program.
+pub fn main() -> ExitCode {
+    let cli = GatewayCli::parse();
+    telemetry::init_logs(cli.telemetry.log_format, "info,async_nats=warn");
+    block_on(async move {
+        nats_access::init(&cli.nats)?;
+        let _metrics = telemetry::start(&cli.telemetry).await?;
+        gateway(cli.gateway, &cli.nats_url, shutdown_on_signal()).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_well_formed() {
+        GatewayCli::command().debug_assert();
     }
-}
-
-/// Where artifacts are kept.
-#[derive(Debug, Clone, clap::Args)]
-pub struct StoreArgs {
-    /// The artifact store: a directory, file:///path, or s3://bucket[/prefix] (credentials from
-    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY). Clients that do not name one use the store
-    /// the distribution service announces.
-    #[arg(long, env = "LANDFALL_STORE")]
-    pub store: Option<String>,
-    /// The S3 endpoint, e.g. http://127.0.0.1:9000 (default: AWS_ENDPOINT, else AWS itself).
-    #[arg(long, env = "LANDFALL_S3_ENDPOINT")]
-    pub s3_endpoint: Option<String>,
-    /// The S3 region (default: AWS_REGION, else us-east-1).
-    #[arg(long, env = "LANDFALL_S3_REGION")]
-    pub s3_region: Option<String>,
-    /// Allow plain http to the S3 endpoint.
-    #[arg(long, env = "LANDFALL_S3_ALLOW_HTTP")]
-    pub s3_allow_http: bool,
-}
-
-/// The artifact store of a data directory when none is named.
-pub const DEFAULT_STORE: &str = "./landfall-data/artifacts";
-
-impl StoreArgs {
-    pub fn s3(&self) -> S3Options {
-        S3Options {
-            endpoint: self.s3_endpoint.clone(),
-            region: self.s3_region.clone(),
-            allow_http: self.s3_allow_http,
-            credentials: None,
-        }
-    }
-
-    /// The named store, else `announced` (what the distribution service serves), else
-    /// [`DEFAULT_STORE`].
-    pub fn open_or_default(&self, announced: Option<&str>) -> anyhow::Result<ArtifactStore> {
-        let location = self.store.as_deref().or(announced).unwrap_or(DEFAULT_STORE);
-        ArtifactStore::open(location, &self.s3()).with_context(|| format!("open the artifact store {location}"))
-    }
-}
-
-/// A token cancelled on SIGINT or SIGTERM.
-pub fn shutdown_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let term = async {
-            match term.as_mut() {
-                Some(t) => {
-                    t.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term => {}
-        }
-        tracing::info!("shutting down");
-        t.cancel();
-    });
-    token
-}
-
-/// Connects (as this process's NATS user) and makes sure the streams and buckets exist: three
-/// replicas of each on a JetStream cluster, one on a single server.
-pub async fn connect_service(url: &str, name: &str) -> anyhow::Result<Bus> {
-    let bus = Bus::connect_with(url, name, crate::nats_access::get()).await?;
-    bus.ensure_topology_within(&Topology::for_server(&bus), std::time::Duration::from_secs(60)).await?;
-    Ok(bus)
-}
-
-pub async fn run(cmd: ServeCommand, url: &str) -> anyhow::Result<ExitCode> {
-    let shutdown = shutdown_on_signal();
-    match cmd {
-        ServeCommand::Orchestrator => {
-            let bus = connect_service(url, "landfall-orchestrator").await?;
-            consumers::run_orchestrator(bus, shutdown).await?;
-        }
-        ServeCommand::Observer => {
-            let bus = connect_service(url, "landfall-observer").await?;
-            consumers::run_observer(bus, shutdown).await?;
-        }
-        ServeCommand::Kubeconfig(keys) => {
-            let source = keys.source()?;
-            let bus = connect_service(url, "landfall-kubeconfig").await?;
-            let ring = secrets_service::open_key_ring(&bus, source).await?;
-            secrets_service::run_secrets(bus, ring, shutdown).await?;
-        }
-        ServeCommand::Distribution(store) => {
-            let store = store.open_or_default(None)?;
-            let bus = connect_service(url, "landfall-distribution").await?;
-            consumers::run_distribution(bus, store, Default::default(), shutdown).await?;
-        }
-        ServeCommand::Gateway(args) => gateway(*args, url, shutdown).await?,
-        ServeCommand::Api(args) => {
-            let tokens = match &args.tokens {
-                Some(path) => crate::api::auth::Tokens::from_file(path)?,
-                None => anyhow::bail!("no tokens: pass --api-tokens FILE (or set LANDFALL_API_TOKENS_FILE)"),
-            };
-            let bus = connect_service(url, "landfall-api").await?;
-            let metrics = crate::telemetry::prometheus()?;
-            let render: crate::api::MetricsRender = Arc::new(move || crate::telemetry::render(&metrics));
-            let (_, task) = crate::api::serve(bus, tokens, args.listen, Some(render), shutdown).await?;
-            task.await??;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,17 @@
+//! The client commands, one module per command group, each owning its arguments: they
+//! publish commands and read events and KV state, through `bus-schema` alone (`package upload`
+//! and `site stage` also reach the artifact store).
+
+pub mod artifacts;
+pub mod connect;
+pub mod design;
+pub mod events;
+pub mod node;
+pub mod output;
+pub mod package;
+pub mod package_args;
+pub mod progress;
+pub mod rollout;
+pub mod secrets;
+pub mod site;
+pub mod status;

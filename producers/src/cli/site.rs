@@ -1,0 +1,146 @@
+//! `landfall site register|install|stage`: a site's design in, its install started (and
+//! followed with `--wait`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::consumer::DeliverPolicy;
+use bus_schema::domain::{SiteDesign, SiteId};
+use bus_schema::names;
+use bus_schema::pb::{self, BusCommand, BusMessage};
+use bus_schema::runtime::{Envelope, ReadEvent};
+use clap::{Args, Subcommand};
+
+use super::artifacts::{self, StageArgs};
+use super::connect::{EXIT_TIMEOUT, connect, follow, rejected};
+use super::output::{Format, emit_line};
+use super::progress::{InstallBars, wanted};
+use crate::flags::parse_duration;
+use crate::views::event::{event_json, event_line};
+
+#[derive(Debug, Subcommand)]
+pub enum SiteCommand {
+    /// Register (or replace) a site's design from a YAML file.
+    Register {
+        /// The site design (see `bus-schema` docs: site, labels, nodes, packages).
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Install a registered site: OS on every node, binaries, cluster, container packages.
+    Install(InstallArgs),
+    /// Download a site's artifacts into its gateway's cache now (e.g. in a maintenance
+    /// window); the later install finds them there and transfers nothing.
+    Stage(StageArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    pub site: String,
+    /// Wait for the install to end; exit 0 when installed, non-zero with the reason otherwise.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// The command id (a UUID). Publishing the same id again does the install once.
+    #[arg(long)]
+    pub id: Option<uuid::Uuid>,
+    /// Install this design revision (see `landfall design apply`) instead of the latest.
+    #[arg(long)]
+    pub revision: Option<u64>,
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+}
+
+/// Runs one `landfall site …` command.
+pub async fn run(url: &str, cmd: SiteCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        SiteCommand::Register { file } => register_site(url, &file).await,
+        SiteCommand::Install(args) => install_site(url, &args).await,
+        SiteCommand::Stage(args) => artifacts::stage(url, &args).await,
+    }
+}
+
+/// Reads the flat site design of `file` (`site register -f`).
+pub fn read_site_design(file: &Path) -> anyhow::Result<SiteDesign> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+    parse_site_design(&text, &file.display().to_string())
+}
+
+/// Parses a flat site design read from `source`: its YAML, then the checks of the design as a
+/// whole (the first problem found).
+pub fn parse_site_design(text: &str, source: &str) -> anyhow::Result<SiteDesign> {
+    let design: SiteDesign = serde_yaml::from_str(text).with_context(|| format!("{source} is not a site design"))?;
+    design.validate().with_context(|| format!("{source} is not a valid site design"))
+}
+
+pub async fn register_site(url: &str, file: &Path) -> anyhow::Result<ExitCode> {
+    let design = read_site_design(file)?;
+    let bus = connect(url).await?;
+    let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(&design)) };
+    let env = Envelope::root();
+    let ack = bus.publish_command(&cmd, &env).await?;
+    println!("RegisterSite {} published (id {}, seq {})", design.site, env.id, ack.sequence);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitCode> {
+    let site = SiteId::try_from(args.site.as_str())?;
+    let bus = connect(url).await?;
+    let env = args.id.map(Envelope::root_with_id).unwrap_or_else(Envelope::root);
+    // Subscribe before publishing, so no event of this install can slip by.
+    let mut reader = match args.wait {
+        true => Some(bus.read_events(vec![names::scope_events(site.as_str())], DeliverPolicy::New).await?),
+        false => None,
+    };
+    let cmd = pb::InstallSite { site_id: site.to_string(), design_revision: args.revision.unwrap_or(0) };
+    let ack = bus.publish_command(&cmd, &env).await?;
+    let dup = if ack.duplicate { " (duplicate id: already published)" } else { "" };
+    eprintln!("InstallSite {site} published as {} on {}{dup}", env.id, cmd.subject());
+    if ack.duplicate && reader.is_some() {
+        // The command ran (or runs) from its first publish: follow it from the start.
+        reader = Some(bus.read_events(vec![names::scope_events(site.as_str())], DeliverPolicy::All).await?);
+    }
+    let Some(reader) = reader.as_mut() else { return Ok(ExitCode::SUCCESS) };
+
+    let mut bars = wanted(args.output).then(|| InstallBars::new(site.as_str()));
+    let verdict = follow(reader, &env.id, args.timeout, |next| {
+        match (args.output, bars.as_mut()) {
+            (Format::Table, Some(bars)) => bars.on_event(next),
+            (Format::Table, None) => eprintln!("{}", event_line(next)),
+            (format, _) => emit_line(format, &event_json(next))?,
+        }
+        install_verdict(next)
+    })
+    .await?;
+    Ok(verdict.unwrap_or_else(|| {
+        eprintln!("gave up waiting after {:?}; the install goes on (landfall status {site})", args.timeout);
+        ExitCode::from(EXIT_TIMEOUT)
+    }))
+}
+
+/// Whether this event ends an install, and with which exit code.
+fn install_verdict(e: &ReadEvent) -> anyhow::Result<Option<ExitCode>> {
+    let d = &e.delivery;
+    Ok(match d.type_name.as_str() {
+        pb::SiteInstalled::TYPE => {
+            let done: pb::SiteInstalled = d.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
+            eprintln!("installed: {} nodes", done.results.len());
+            Some(ExitCode::SUCCESS)
+        }
+        pb::SiteInstallFailed::TYPE => {
+            let failed: pb::SiteInstallFailed = d.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
+            eprintln!("install failed: {}", failed.reason);
+            for r in failed.results.iter().filter(|r| r.outcome == pb::NodeOutcome::Failed as i32) {
+                eprintln!("  failed node {}: {}: {}", r.node, r.failed_step, r.reason);
+            }
+            let ok = failed.results.len() - failed.failed_nodes.len();
+            eprintln!("  {ok} of {} nodes installed", failed.results.len());
+            Some(ExitCode::FAILURE)
+        }
+        pb::CommandRejected::TYPE => Some(rejected(d)?),
+        _ => None,
+    })
+}

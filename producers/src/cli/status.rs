@@ -1,0 +1,159 @@
+//! `landfall status`: sites, their latest install and what their nodes run, read from KV.
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+use bus_schema::domain::SiteId;
+use bus_schema::names::{self, keys};
+use bus_schema::pb;
+use bus_schema::runtime::{Bus, observed_nodes};
+use clap::Args;
+use serde_json::json;
+
+use super::connect::connect;
+use super::output::{Format, emit};
+use crate::views::event::summary;
+use crate::views::observed::{observed_json, package_text};
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    pub site: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+}
+
+/// One site's state: its design, its latest install, and what its nodes run, as JSON.
+async fn site_status(
+    bus: &Bus,
+    site: &str,
+    observed: &[pb::NodeObserved],
+) -> anyhow::Result<Option<serde_json::Value>> {
+    let sites = bus.kv(names::SITES_BUCKET).await?;
+    let sagas = bus.kv(names::SAGAS_BUCKET).await?;
+    let Some((design, revision)) = sites.get::<pb::SiteDesign>(&keys::site(site)).await? else { return Ok(None) };
+    let saga = match sagas.get::<pb::SiteLease>(&keys::latest_install(site)).await? {
+        Some((latest, _)) => sagas.get::<pb::InstallSaga>(&keys::saga(&latest.saga_id)).await?.map(|(s, _)| s),
+        None => None,
+    };
+    let install = saga.map(|s| {
+        let mut v = serde_json::to_value(&s).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            for noisy in ["design", "outbox", "packages"] {
+                o.remove(noisy);
+            }
+        }
+        v
+    });
+    let observed: Vec<&pb::NodeObserved> = observed.iter().filter(|o| o.site_id == site).collect();
+    Ok(Some(json!({
+        "site": site,
+        "design_revision": revision,
+        "labels": design.labels,
+        "nodes": design.nodes.len(),
+        "install": install,
+        "observed": observed_json(&design, &observed),
+    })))
+}
+
+/// Prints the status of one site, or of every site.
+pub async fn run(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
+    let bus = connect(url).await?;
+    let sites = match &args.site {
+        Some(s) => vec![SiteId::try_from(s.as_str())?.to_string()],
+        None => {
+            let kv = bus.kv(names::SITES_BUCKET).await?;
+            kv.keys_with_prefix(keys::SITE_PREFIX)
+                .await?
+                .iter()
+                .filter_map(|k| keys::site_of(k))
+                .map(str::to_owned)
+                .collect()
+        }
+    };
+    // One pass over what nodes run: one site's keys, or every key when showing every site.
+    let observed_kv = bus.kv(names::OBSERVED_BUCKET).await?;
+    let prefix = match &args.site {
+        Some(_) => keys::observed_site_prefix(&sites[0]),
+        None => keys::OBSERVED_PREFIX.to_string(),
+    };
+    let observed = observed_nodes(&observed_kv, &prefix).await?;
+    let mut all = Vec::new();
+    for site in &sites {
+        match site_status(&bus, site, &observed).await? {
+            Some(s) => all.push(s),
+            None if args.site.is_some() => bail!("site {site} is not registered"),
+            None => {}
+        }
+    }
+    match args.output {
+        Format::Json | Format::Yaml => emit(args.output, &serde_json::to_value(&all)?)?,
+        Format::Table => print_status(&all, args.site.is_some()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_status(all: &[serde_json::Value], detail: bool) {
+    if all.is_empty() {
+        println!("no sites registered (landfall site register -f FILE)");
+        return;
+    }
+    println!("{:<20} {:>5}  {:<28} OUTCOME", "SITE", "NODES", "LATEST INSTALL");
+    for s in all {
+        let install = &s["install"];
+        let phase = install["phase"].as_str().unwrap_or("never installed").trim_start_matches("INSTALL_PHASE_");
+        let outcome = install["outcome"].as_str().unwrap_or("").trim_start_matches("INSTALL_OUTCOME_");
+        println!(
+            "{:<20} {:>5}  {:<28} {}",
+            s["site"].as_str().unwrap_or(""),
+            s["nodes"].as_u64().unwrap_or(0),
+            phase.to_lowercase(),
+            outcome.to_lowercase()
+        );
+        if detail {
+            if let Some(reason) = install["reason"].as_str().filter(|r| !r.is_empty()) {
+                println!("  reason: {reason}");
+            }
+            println!("  {:<16} {:<8} {:<20} {:<16} DETAIL", "NODE", "ROLE", "STEP", "METAL3");
+            for n in install["nodes"].as_array().into_iter().flatten() {
+                let step = n["step"].as_str().unwrap_or("").trim_start_matches("NODE_STEP_").to_lowercase();
+                println!(
+                    "  {:<16} {:<8} {:<20} {:<16} {}",
+                    n["node"]["name"].as_str().unwrap_or(""),
+                    n["node"]["role"].as_str().unwrap_or(""),
+                    step,
+                    n["metal3_state"].as_str().unwrap_or(""),
+                    summary(&json!({"failed_step": n["failed_step"], "reason": n["reason"]})),
+                );
+            }
+            print_observed(&s["observed"]);
+        }
+    }
+}
+
+fn print_observed(observed: &serde_json::Value) {
+    let nodes = observed.as_array().map(Vec::as_slice).unwrap_or_default();
+    if nodes.is_empty() {
+        return;
+    }
+    println!("  {:<16} {:<8} RUNS (as observed)", "NODE", "ROLE");
+    for n in nodes {
+        let runs = match n["packages"].as_array() {
+            _ if n["observed"] != true => "nothing reported yet".to_string(),
+            Some(p) if p.is_empty() => "no packages reported".to_string(),
+            Some(p) => p
+                .iter()
+                .map(|p| {
+                    package_text(
+                        p["name"].as_str().unwrap_or(""),
+                        p["version"].as_str().unwrap_or(""),
+                        p["desired"].as_str(),
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => String::new(),
+        };
+        let extra = if n["in_design"] == false { "  (not in the design)" } else { "" };
+        println!("  {:<16} {:<8} {runs}{extra}", n["node"].as_str().unwrap_or(""), n["role"].as_str().unwrap_or(""));
+    }
+}

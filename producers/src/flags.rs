@@ -1,0 +1,76 @@
+//! Flags several command groups share: durations such as `30m` or `90s`, and where artifacts
+//! are kept (`--store`, for `serve distribution`, `up`, `package upload` and `bench transfer`).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use consumers::artifacts::{ArtifactStore, S3Options};
+
+/// Parses `90s`, `5m`, `2h`, `1500ms` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration (e.g. 90s, 5m, 2h)"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Where artifacts are kept.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// The artifact store: a directory, file:///path, or s3://bucket[/prefix] (credentials from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY). Clients that do not name one use the store
+    /// the distribution service announces.
+    #[arg(long, env = "LANDFALL_STORE")]
+    pub store: Option<String>,
+    /// The S3 endpoint, e.g. http://127.0.0.1:9000 (default: AWS_ENDPOINT, else AWS itself).
+    #[arg(long, env = "LANDFALL_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// The S3 region (default: AWS_REGION, else us-east-1).
+    #[arg(long, env = "LANDFALL_S3_REGION")]
+    pub s3_region: Option<String>,
+    /// Allow plain http to the S3 endpoint.
+    #[arg(long, env = "LANDFALL_S3_ALLOW_HTTP")]
+    pub s3_allow_http: bool,
+}
+
+/// The artifact store of a data directory when none is named.
+pub const DEFAULT_STORE: &str = "./landfall-data/artifacts";
+
+impl StoreArgs {
+    pub fn s3(&self) -> S3Options {
+        S3Options {
+            endpoint: self.s3_endpoint.clone(),
+            region: self.s3_region.clone(),
+            allow_http: self.s3_allow_http,
+            credentials: None,
+        }
+    }
+
+    /// The named store, else `announced` (what the distribution service serves), else
+    /// [`DEFAULT_STORE`].
+    pub fn open_or_default(&self, announced: Option<&str>) -> anyhow::Result<ArtifactStore> {
+        let location = self.store.as_deref().or(announced).unwrap_or(DEFAULT_STORE);
+        ArtifactStore::open(location, &self.s3()).with_context(|| format!("open the artifact store {location}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+}

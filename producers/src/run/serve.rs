@@ -1,0 +1,90 @@
+//! `landfall serve …`: one service per process.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Subcommand;
+use consumers::secrets_service::{self, KeySource};
+
+use super::gateway::{GatewayArgs, gateway};
+use super::service::{connect_service, shutdown_on_signal};
+use super::telemetry;
+use crate::flags::StoreArgs;
+
+#[derive(Debug, Subcommand)]
+pub enum ServeCommand {
+    /// The provisioning orchestrator (install and node-join sagas, rollouts).
+    Orchestrator,
+    /// The observer: keeps landfall-observed (what each node runs) from gateway reports.
+    Observer,
+    /// The kubeconfig collector and the secrets service (kubeconfig get, BMC credentials, key
+    /// rotation), under one data key ring.
+    Kubeconfig(KeyArgs),
+    /// The distribution service: sends artifacts from the artifact store to site gateways.
+    Distribution(StoreArgs),
+    /// The HTTP API and dashboard: commands as JSON, read models, events as Server-Sent Events.
+    Api(crate::api::ApiArgs),
+    /// A site gateway: over a simulated site built from the site's registered design
+    /// (`--backend sim`), or over the site's Metal3 and BPA (`--backend kube`).
+    Gateway(Box<GatewayArgs>),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct KeyArgs {
+    /// A file of data keys, one per line as 64 hex digits (the first seals, the others only
+    /// open); `landfall kubeconfig rotate-key` rewrites it.
+    #[arg(long, env = "LANDFALL_SECRET_KEY_FILE", conflicts_with = "secret_key")]
+    pub secret_key_file: Option<PathBuf>,
+    /// The data key itself, 64 hex digits (prefer the file: a key given here cannot rotate).
+    #[arg(long, env = "LANDFALL_SECRET_KEY", hide_env_values = true)]
+    pub secret_key: Option<String>,
+}
+
+impl KeyArgs {
+    pub fn source(&self) -> anyhow::Result<KeySource> {
+        Ok(match (&self.secret_key_file, &self.secret_key) {
+            (Some(path), _) => KeySource::File(path.clone()),
+            (None, Some(hex)) => KeySource::Hex { hex: hex.clone(), from: "LANDFALL_SECRET_KEY".into() },
+            (None, None) => anyhow::bail!("no data key: pass --secret-key-file or set LANDFALL_SECRET_KEY"),
+        })
+    }
+}
+
+pub async fn run(cmd: ServeCommand, url: &str) -> anyhow::Result<ExitCode> {
+    let shutdown = shutdown_on_signal();
+    match cmd {
+        ServeCommand::Orchestrator => {
+            let bus = connect_service(url, "landfall-orchestrator").await?;
+            consumers::run_orchestrator(bus, shutdown).await?;
+        }
+        ServeCommand::Observer => {
+            let bus = connect_service(url, "landfall-observer").await?;
+            consumers::run_observer(bus, shutdown).await?;
+        }
+        ServeCommand::Kubeconfig(keys) => {
+            let source = keys.source()?;
+            let bus = connect_service(url, "landfall-kubeconfig").await?;
+            let ring = secrets_service::open_key_ring(&bus, source).await?;
+            secrets_service::run_secrets(bus, ring, shutdown).await?;
+        }
+        ServeCommand::Distribution(store) => {
+            let store = store.open_or_default(None)?;
+            let bus = connect_service(url, "landfall-distribution").await?;
+            consumers::run_distribution(bus, store, Default::default(), shutdown).await?;
+        }
+        ServeCommand::Gateway(args) => gateway(*args, url, shutdown).await?,
+        ServeCommand::Api(args) => {
+            let tokens = match &args.tokens {
+                Some(path) => crate::api::auth::Tokens::from_file(path)?,
+                None => anyhow::bail!("no tokens: pass --api-tokens FILE (or set LANDFALL_API_TOKENS_FILE)"),
+            };
+            let bus = connect_service(url, "landfall-api").await?;
+            let metrics = telemetry::prometheus()?;
+            let render: crate::api::MetricsRender = Arc::new(move || telemetry::render(&metrics));
+            let (_, task) = crate::api::serve(bus, tokens, args.listen, Some(render), shutdown).await?;
+            task.await??;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

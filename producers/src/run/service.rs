@@ -1,0 +1,57 @@
+//! What the programs and the services they run share: the async runtime, a shutdown on
+//! SIGINT or SIGTERM, and a service's connection with the streams and buckets made sure of.
+
+use std::process::ExitCode;
+
+use bus_schema::runtime::{Bus, Topology};
+use tokio_util::sync::CancellationToken;
+
+/// Runs `work` on a multi-threaded runtime; an error is printed and exits non-zero.
+pub fn block_on(work: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(work) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let term = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+        tracing::info!("shutting down");
+        t.cancel();
+    });
+    token
+}
+
+/// Connects (as this process's NATS user) and makes sure the streams and buckets exist: three
+/// replicas of each on a JetStream cluster, one on a single server.
+pub async fn connect_service(url: &str, name: &str) -> anyhow::Result<Bus> {
+    let bus = Bus::connect_with(url, name, crate::nats_access::get()).await?;
+    bus.ensure_topology_within(&Topology::for_server(&bus), std::time::Duration::from_secs(60)).await?;
+    Ok(bus)
+}

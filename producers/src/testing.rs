@@ -1,0 +1,54 @@
+//! Fixtures the unit tests of several modules share: a message as a consumer receives it, and
+//! a rollout plan of three sites in two waves.
+
+use bus_schema::pb::{self, BusMessage};
+use bus_schema::rollout::{self, Plan};
+use bus_schema::runtime::{Delivery, Envelope};
+
+/// `m` as a consumer receives it, correlated with `correlation`.
+pub(crate) fn delivery<M: BusMessage>(m: &M, correlation: &str) -> Delivery {
+    Delivery {
+        subject: String::new(),
+        type_name: M::TYPE.to_string(),
+        envelope: Envelope {
+            id: "e".into(),
+            correlation: correlation.into(),
+            causation: correlation.into(),
+            traceparent: String::new(),
+        },
+        payload: m.encode_to_vec().into(),
+        delivered: 1,
+        stream_sequence: 1,
+    }
+}
+
+/// A planned site whose nodes (name, version it runs) are workers.
+pub(crate) fn planned(site: &str, canary: bool, nodes: &[(&str, &str)]) -> rollout::PlannedSite {
+    rollout::PlannedSite {
+        site: site.into(),
+        canary,
+        nodes: nodes
+            .iter()
+            .map(|(n, from)| rollout::PlannedNode {
+                spec: pb::NodeSpec { name: n.to_string(), role: pb::Role::Worker as i32, ..Default::default() },
+                from_version: from.to_string(),
+            })
+            .collect(),
+    }
+}
+
+/// Three sites in two waves, the first a canary, four planned nodes.
+pub(crate) fn a_plan() -> Plan {
+    Plan {
+        sites: vec![
+            planned("edge-05", true, &[("node-1", "1.29.2")]),
+            planned("edge-01", false, &[("node-1", "1.29.2"), ("node-2", "")]),
+            planned("edge-02", false, &[("node-1", "1.28.0")]),
+        ],
+        wave_ends: vec![1, 3],
+        planned_nodes: 4,
+        nodes_at_target: 2,
+        nodes_not_installed: 1,
+        failure_threshold: 1,
+    }
+}

@@ -1,0 +1,11 @@
+//! The read models the CLI and the HTTP API share, pure where they can be: what a rollout's
+//! plan and progress look like, what nodes run against their design, the catalog, and events
+//! and values as people read them.
+
+pub mod catalog;
+pub mod event;
+pub mod human;
+pub mod observed;
+pub mod plan;
+pub mod rollout;
+pub mod rollout_event;

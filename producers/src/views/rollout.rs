@@ -1,0 +1,627 @@
+//! The rollout read model the CLI (`rollout list`, `rollout show`) and the HTTP API share: a
+//! rollout's headline numbers, and every site and node of its plan with what happened to it,
+//! read from the rollout's records and what nodes run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use anyhow::anyhow;
+use bus_schema::names::{self, keys};
+use bus_schema::pb;
+use bus_schema::runtime::Bus;
+use serde_json::{Value, json};
+
+use super::human::{human_duration_ms, plural, rfc3339_ms, role_label};
+
+/// A rollout id as given on the command line: a UUID.
+pub fn rollout_id(id: &str) -> anyhow::Result<String> {
+    let id = uuid::Uuid::parse_str(id.trim())
+        .map_err(|_| anyhow!("{id:?} is not a rollout id (a UUID, as `landfall rollout list` shows)"))?;
+    Ok(id.to_string())
+}
+
+/// The rollout's phase; `Unspecified` for one this build does not know.
+pub fn phase_of(r: &pb::Rollout) -> pb::RolloutPhase {
+    pb::RolloutPhase::try_from(r.phase).unwrap_or(pb::RolloutPhase::Unspecified)
+}
+
+fn phase_label(r: &pb::Rollout) -> String {
+    phase_of(r).as_str_name().trim_start_matches("ROLLOUT_PHASE_").to_lowercase()
+}
+
+/// `k/n` for the current wave (1-based), or `-` when the plan has no wave.
+fn wave_text(r: &pb::Rollout) -> String {
+    let waves = r.wave_ends.len();
+    match waves {
+        0 => "-".to_string(),
+        _ => format!("{}/{waves}", (r.wave as usize + 1).min(waves)),
+    }
+}
+
+fn package_of(r: &pb::Rollout) -> (String, String) {
+    let p = r.package.clone().unwrap_or_default();
+    (p.name, p.version)
+}
+
+/// One rollout's headline numbers, as `rollout list -o json` gives them.
+pub fn rollout_summary_json(r: &pb::Rollout) -> Value {
+    let (name, version) = package_of(r);
+    json!({
+        "id": r.rollout_id,
+        "package": name,
+        "version": version,
+        "phase": phase_label(r),
+        "reason": r.reason,
+        "planned_nodes": r.planned_nodes,
+        "patched": r.patched,
+        "failed": r.failed,
+        "sites": r.sites,
+        "sites_done": r.sites_done,
+        "wave": (r.wave as usize + 1).min(r.wave_ends.len()),
+        "waves": r.wave_ends.len(),
+        "trigger": r.trigger,
+        "started": rfc3339_ms(r.started_unix_ms),
+        "finished": rfc3339_ms(r.finished_unix_ms),
+        "started_unix_ms": r.started_unix_ms,
+        "finished_unix_ms": r.finished_unix_ms,
+    })
+}
+
+/// Newest first: by start time, then by id (UUIDv7 ids sort by time too).
+pub fn sort_newest_first(rollouts: &mut [pb::Rollout]) {
+    rollouts.sort_by(|a, b| b.started_unix_ms.cmp(&a.started_unix_ms).then_with(|| b.rollout_id.cmp(&a.rollout_id)));
+}
+
+/// Rollouts as a table, one row each.
+pub fn rollouts_text(rollouts: &[pb::Rollout]) -> String {
+    if rollouts.is_empty() {
+        return "no rollouts (landfall package patch NAME VERSION starts one)\n".to_string();
+    }
+    let pkgs: Vec<String> = rollouts
+        .iter()
+        .map(|r| {
+            let (n, v) = package_of(r);
+            format!("{n}@{v}")
+        })
+        .collect();
+    let pw = pkgs.iter().map(String::len).max().unwrap_or(0).max(7);
+    let tw = rollouts.iter().map(|r| r.trigger.len()).max().unwrap_or(0).max(7);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<36}  {:<pw$}  {:<9}  {:>11}  {:>6}  {:>11}  {:>5}  {:<tw$}  STARTED",
+        "ID", "PACKAGE", "PHASE", "PATCHED", "FAILED", "SITES DONE", "WAVE", "TRIGGER"
+    );
+    for (r, pkg) in rollouts.iter().zip(&pkgs) {
+        let _ = writeln!(
+            out,
+            "{:<36}  {:<pw$}  {:<9}  {:>11}  {:>6}  {:>11}  {:>5}  {:<tw$}  {}",
+            r.rollout_id,
+            pkg,
+            phase_label(r),
+            format!("{}/{}", r.patched, r.planned_nodes),
+            r.failed,
+            format!("{}/{}", r.sites_done, r.sites),
+            wave_text(r),
+            if r.trigger.is_empty() { "-" } else { r.trigger.as_str() },
+            rfc3339_ms(r.started_unix_ms),
+        );
+    }
+    out
+}
+
+/// What happened to one planned node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeStatus {
+    /// Its site has not started.
+    Pending,
+    /// Its site never started: the rollout was cancelled first.
+    NotStarted,
+    /// Its site is patching and has not reported this node yet.
+    Patching,
+    /// Patched, as many times as its site record lists it (once, unless something is wrong).
+    Patched(usize),
+    Failed {
+        step: String,
+        reason: String,
+    },
+    /// Not started: its site's failures passed its budget.
+    Skipped,
+    /// Its site ran out of time before reporting this node.
+    TimedOut,
+    /// Its site is done but does not mention this node.
+    Unreported,
+}
+
+impl NodeStatus {
+    pub fn label(&self) -> String {
+        match self {
+            Self::Pending => "pending".into(),
+            Self::NotStarted => "not started".into(),
+            Self::Patching => "patching".into(),
+            Self::Patched(1) => "patched".into(),
+            Self::Patched(n) => format!("patched {n} times"),
+            Self::Failed { step, reason } if step.is_empty() => format!("failed: {reason}"),
+            Self::Failed { step, reason } => format!("failed: {step}: {reason}"),
+            Self::Skipped => "skipped".into(),
+            Self::TimedOut => "timed out".into(),
+            Self::Unreported => "not reported".into(),
+        }
+    }
+
+    fn key(&self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::NotStarted => "not_started",
+            Self::Patching => "patching",
+            Self::Patched(_) => "patched",
+            Self::Failed { .. } => "failed",
+            Self::Skipped => "skipped",
+            Self::TimedOut => "timed_out",
+            Self::Unreported => "unreported",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    pub node: String,
+    pub role: i32,
+    pub from_version: String,
+    pub status: NodeStatus,
+    /// What the node runs of the package now, as observed.
+    pub observed: Option<String>,
+    /// False for a node a site record mentions that the plan does not.
+    pub planned: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteView {
+    pub index: u32,
+    pub site: String,
+    /// 0-based.
+    pub wave: usize,
+    pub canary: bool,
+    /// `pending` (no site record yet; `not_started` once the rollout is cancelled), `patching`,
+    /// `done` or `timed_out`.
+    pub state: String,
+    pub nodes: Vec<NodeView>,
+}
+
+/// Every site of a rollout's plan, in plan order, and every node with what happened to it.
+pub fn rollout_sites(
+    rollout: &pb::Rollout,
+    plan: &[(u32, pb::RolloutPlanSite)],
+    records: &BTreeMap<String, pb::RolloutSite>,
+    observed: &BTreeMap<(String, String), String>,
+) -> Vec<SiteView> {
+    let cancelled = phase_of(rollout) == pb::RolloutPhase::Cancelled;
+    let never = if cancelled { NodeStatus::NotStarted } else { NodeStatus::Pending };
+    let mut out = Vec::with_capacity(plan.len());
+    for (index, ps) in plan {
+        let wave = rollout.wave_ends.iter().position(|&end| *index < end).unwrap_or(rollout.wave_ends.len());
+        let record = records.get(&ps.site_id);
+        let state = match record.map(|r| pb::RolloutSiteState::try_from(r.state)) {
+            None => never.key().to_string(),
+            Some(Ok(s)) => s.as_str_name().trim_start_matches("ROLLOUT_SITE_STATE_").to_lowercase(),
+            Some(Err(_)) => "unknown".to_string(),
+        };
+        let status_of = |node: &str| -> NodeStatus {
+            let Some(r) = record else { return never.clone() };
+            let times = r.patched.iter().filter(|n| *n == node).count();
+            if times > 0 {
+                return NodeStatus::Patched(times);
+            }
+            if let Some(f) = r.failed.iter().find(|f| f.node == node) {
+                return NodeStatus::Failed { step: f.failed_step.clone(), reason: f.reason.clone() };
+            }
+            if r.skipped.iter().any(|n| n == node) {
+                return NodeStatus::Skipped;
+            }
+            match pb::RolloutSiteState::try_from(r.state) {
+                Ok(pb::RolloutSiteState::Done) => NodeStatus::Unreported,
+                Ok(pb::RolloutSiteState::TimedOut) => NodeStatus::TimedOut,
+                _ => NodeStatus::Patching,
+            }
+        };
+        let observed_of = |node: &str| observed.get(&(ps.site_id.clone(), node.to_string())).cloned();
+        let mut nodes: Vec<NodeView> = ps
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeView {
+                node: n.name.clone(),
+                role: n.role,
+                from_version: ps.from_versions.get(i).cloned().unwrap_or_default(),
+                status: status_of(&n.name),
+                observed: observed_of(&n.name),
+                planned: true,
+            })
+            .collect();
+        if let Some(r) = record {
+            let planned: BTreeSet<&str> = ps.nodes.iter().map(|n| n.name.as_str()).collect();
+            let mentioned: BTreeSet<&str> = r
+                .patched
+                .iter()
+                .chain(&r.skipped)
+                .map(String::as_str)
+                .chain(r.failed.iter().map(|f| f.node.as_str()))
+                .collect();
+            for extra in mentioned.difference(&planned) {
+                nodes.push(NodeView {
+                    node: extra.to_string(),
+                    role: 0,
+                    from_version: String::new(),
+                    status: status_of(extra),
+                    observed: observed_of(extra),
+                    planned: false,
+                });
+            }
+        }
+        out.push(SiteView { index: *index, site: ps.site_id.clone(), wave, canary: ps.canary, state, nodes });
+    }
+    out
+}
+
+/// Node counts by status over every site: `patched`, `failed`, … and `patched_more_than_once`.
+pub fn node_counts(sites: &[SiteView]) -> BTreeMap<&'static str, usize> {
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for n in sites.iter().flat_map(|s| &s.nodes) {
+        *counts.entry(n.status.key()).or_default() += 1;
+        if matches!(n.status, NodeStatus::Patched(t) if t > 1) {
+            *counts.entry("patched_more_than_once").or_default() += 1;
+        }
+    }
+    counts
+}
+
+fn strategy_text(s: &pb::ResolvedStrategy) -> String {
+    let mut parts = Vec::new();
+    if s.canary_sites > 0 {
+        parts.push(format!("{} first", plural(s.canary_sites, "canary site", "canary sites")));
+    }
+    parts.push(match s.max_concurrent_sites {
+        0 => "every site at once".to_string(),
+        n => format!("{} at once", plural(n, "site", "sites")),
+    });
+    parts.push(match s.max_unavailable.trim() {
+        "" => "1 node of a site at once".to_string(),
+        p if p.ends_with('%') => format!("{p} of a site's nodes at once"),
+        n => format!("{n} node{} of a site at once", if n == "1" { "" } else { "s" }),
+    });
+    parts.push(format!("halts when more than {} fail", plural(s.failure_threshold, "node", "nodes")));
+    if s.wave_timeout_seconds > 0 {
+        let action = match pb::WaveTimeoutAction::try_from(s.on_wave_timeout) {
+            Ok(pb::WaveTimeoutAction::Continue) => "continue",
+            _ => "abort",
+        };
+        parts.push(format!("wave timeout {} ({action})", human_duration_ms(i64::from(s.wave_timeout_seconds) * 1000)));
+    }
+    parts.join(", ")
+}
+
+/// One rollout and its plan's sites and nodes as JSON (`rollout show -o json`, `GET /v1/rollouts/{id}`).
+pub fn rollout_show_json(r: &pb::Rollout, sites: &[SiteView]) -> Value {
+    let mut head = rollout_summary_json(r);
+    if let Some(o) = head.as_object_mut() {
+        o.insert("strategy".into(), serde_json::to_value(&r.strategy).unwrap_or_default());
+        o.insert("selector".into(), serde_json::to_value(&r.selector).unwrap_or_default());
+        o.insert("timed_out_sites".into(), json!(r.timed_out_sites));
+        o.insert("nodes".into(), json!(node_counts(sites)));
+    }
+    let (_, version) = package_of(r);
+    let sites: Vec<Value> = sites
+        .iter()
+        .map(|s| {
+            let nodes: Vec<Value> = s
+                .nodes
+                .iter()
+                .map(|n| {
+                    let mut v = json!({
+                        "node": n.node,
+                        "role": role_label(n.role),
+                        "from_version": n.from_version,
+                        "to_version": version,
+                        "status": n.status.key(),
+                        "observed_version": n.observed,
+                        "planned": n.planned,
+                    });
+                    match &n.status {
+                        NodeStatus::Patched(times) => v["times_patched"] = json!(times),
+                        NodeStatus::Failed { step, reason } => {
+                            v["failed_step"] = json!(step);
+                            v["reason"] = json!(reason);
+                        }
+                        _ => {}
+                    }
+                    v
+                })
+                .collect();
+            json!({
+                "index": s.index,
+                "site": s.site,
+                "wave": s.wave + 1,
+                "canary": s.canary,
+                "state": s.state,
+                "nodes": nodes,
+            })
+        })
+        .collect();
+    json!({ "rollout": head, "sites": sites })
+}
+
+/// One rollout and its plan's sites and nodes for people (`rollout show`).
+pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
+    let (name, version) = package_of(r);
+    let mut out = String::new();
+    let _ = writeln!(out, "rollout   {}", r.rollout_id);
+    let _ = writeln!(out, "package   {name} → {version}");
+    let _ = writeln!(out, "phase     {}", phase_label(r));
+    if !r.reason.is_empty() {
+        let _ = writeln!(out, "reason    {}", r.reason);
+    }
+    let _ = writeln!(out, "trigger   {}", if r.trigger.is_empty() { "-" } else { r.trigger.as_str() });
+    let finished = match r.finished_unix_ms {
+        0 => String::new(),
+        ms => format!(", finished {} (took {})", rfc3339_ms(ms), human_duration_ms(ms - r.started_unix_ms)),
+    };
+    let _ = writeln!(out, "started   {}{finished}", rfc3339_ms(r.started_unix_ms));
+    let _ = writeln!(
+        out,
+        "progress  {}/{} nodes patched, {} failed; {}/{} sites done; wave {}",
+        r.patched,
+        r.planned_nodes,
+        r.failed,
+        r.sites_done,
+        r.sites,
+        wave_text(r)
+    );
+    if let Some(s) = &r.strategy {
+        let _ = writeln!(out, "strategy  {}", strategy_text(s));
+    }
+    let mut wave = None;
+    for s in sites {
+        if wave != Some(s.wave) {
+            wave = Some(s.wave);
+            let canary = if s.canary { " (canary)" } else { "" };
+            let _ = writeln!(out, "\nwave {}{canary}", s.wave + 1);
+        }
+        let mark = if s.canary { " (canary)" } else { "" };
+        let state = s.state.replace('_', " ");
+        let _ = writeln!(out, "  {}{mark}: {state}, {}", s.site, plural(s.nodes.len() as u64, "node", "nodes"));
+        let width = s.nodes.iter().map(|n| n.node.len()).max().unwrap_or(0);
+        for n in &s.nodes {
+            let from = if n.from_version.is_empty() { "(none)" } else { n.from_version.as_str() };
+            let runs = match &n.observed {
+                Some(v) => format!("  (runs {v})"),
+                None => String::new(),
+            };
+            let unplanned = if n.planned { "" } else { "  (not in the plan)" };
+            let _ = writeln!(
+                out,
+                "    {:<width$}  {:<6}  {from} → {version}  {}{runs}{unplanned}",
+                n.node,
+                role_label(n.role),
+                n.status.label()
+            );
+        }
+    }
+    let counts = node_counts(sites);
+    let total: usize = sites.iter().map(|s| s.nodes.len()).sum();
+    let mut parts = vec![format!("{total} in the plan")];
+    for key in ["patched", "failed", "skipped", "timed_out", "unreported", "patching", "pending", "not_started"] {
+        if let Some(n) = counts.get(key) {
+            parts.push(format!("{n} {}", key.replace('_', " ")));
+        }
+    }
+    let _ = writeln!(out, "\nnodes     {}", parts.join(", "));
+    match counts.get("patched_more_than_once") {
+        Some(n) => {
+            let _ = writeln!(out, "          {n} patched more than once!");
+        }
+        None if counts.contains_key("patched") => {
+            let _ = writeln!(out, "          every patched node was patched once");
+        }
+        None => {}
+    }
+    out
+}
+
+/// A rollout and every site and node of its plan with what happened to it; `None` when there
+/// is no such rollout. `id` must be a rollout id (see [`rollout_id`]).
+pub async fn rollout_detail(bus: &Bus, id: &str) -> anyhow::Result<Option<(pb::Rollout, Vec<SiteView>)>> {
+    let sagas = bus.kv(names::SAGAS_BUCKET).await?;
+    let Some((r, _)) = sagas.get::<pb::Rollout>(&keys::rollout(id)).await? else { return Ok(None) };
+    let mut plan = Vec::new();
+    for chunk in 0..r.plan_chunks {
+        let Some((c, _)) = sagas.get::<pb::RolloutPlanChunk>(&keys::rollout_plan(id, chunk)).await? else {
+            tracing::warn!(rollout = id, chunk, "a plan chunk of the rollout is missing");
+            continue;
+        };
+        plan.extend(c.sites.into_iter().enumerate().map(|(i, s)| (c.first_index + i as u32, s)));
+    }
+    let records: BTreeMap<String, pb::RolloutSite> = sagas
+        .scan::<pb::RolloutSite>(&keys::rollout_sites_prefix(id))
+        .await?
+        .into_iter()
+        .map(|(_, s, _)| (s.site_id.clone(), s))
+        .collect();
+    let (name, _) = package_of(&r);
+    let observed = observed_package(bus, &name).await?;
+    let sites = rollout_sites(&r, &plan, &records, &observed);
+    Ok(Some((r, sites)))
+}
+
+/// What every node runs of one package, by (site, node), as observed.
+pub async fn observed_package(bus: &Bus, name: &str) -> anyhow::Result<BTreeMap<(String, String), String>> {
+    let observed = bus.kv(names::OBSERVED_BUCKET).await?;
+    Ok(observed
+        .scan_matching::<pb::ObservedVersion>(&keys::observed_package_everywhere(name))
+        .await?
+        .into_iter()
+        .map(|(_, v, _)| ((v.site_id, v.node), v.version))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::a_plan;
+
+    fn a_rollout() -> pb::Rollout {
+        pb::Rollout {
+            rollout_id: "0190".into(),
+            package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.30.0".into() }),
+            phase: pb::RolloutPhase::Running as i32,
+            sites: 3,
+            planned_nodes: 4,
+            wave_ends: vec![1, 3],
+            wave: 1,
+            patched: 2,
+            failed: 1,
+            sites_done: 1,
+            trigger: "operator".into(),
+            started_unix_ms: 1_700_000_000_000,
+            ..Default::default()
+        }
+    }
+
+    fn plan_sites() -> Vec<(u32, pb::RolloutPlanSite)> {
+        a_plan()
+            .sites
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let site = pb::RolloutPlanSite {
+                    site_id: s.site.clone(),
+                    nodes: s.nodes.iter().map(|n| n.spec.clone()).collect(),
+                    from_versions: s.nodes.iter().map(|n| n.from_version.clone()).collect(),
+                    canary: s.canary,
+                };
+                (i as u32, site)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn show_tells_every_node_once_with_what_happened() {
+        let records: BTreeMap<String, pb::RolloutSite> = [
+            pb::RolloutSite {
+                site_id: "edge-05".into(),
+                state: pb::RolloutSiteState::Done as i32,
+                patched: vec!["node-1".into()],
+                ..Default::default()
+            },
+            pb::RolloutSite {
+                site_id: "edge-01".into(),
+                state: pb::RolloutSiteState::Patching as i32,
+                failed: vec![pb::NodeResult {
+                    node: "node-2".into(),
+                    failed_step: "patch".into(),
+                    reason: "disk full".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        ]
+        .into_iter()
+        .map(|r| (r.site_id.clone(), r))
+        .collect();
+        let observed = [(("edge-05".to_string(), "node-1".to_string()), "1.30.0".to_string())].into();
+        let sites = rollout_sites(&a_rollout(), &plan_sites(), &records, &observed);
+        let statuses: Vec<(&str, usize, &str, NodeStatus)> = sites
+            .iter()
+            .flat_map(|s| s.nodes.iter().map(move |n| (s.site.as_str(), s.wave, n.node.as_str(), n.status.clone())))
+            .collect();
+        assert_eq!(
+            statuses,
+            [
+                ("edge-05", 0, "node-1", NodeStatus::Patched(1)),
+                ("edge-01", 1, "node-1", NodeStatus::Patching),
+                ("edge-01", 1, "node-2", NodeStatus::Failed { step: "patch".into(), reason: "disk full".into() }),
+                ("edge-02", 1, "node-1", NodeStatus::Pending),
+            ]
+        );
+        assert_eq!(sites[2].state, "pending");
+        assert_eq!(sites[0].nodes[0].observed.as_deref(), Some("1.30.0"));
+        let text = rollout_show_text(&a_rollout(), &sites);
+        assert!(text.contains("phase     running"), "{text}");
+        assert!(text.contains("wave 2/2"), "{text}");
+        assert!(text.contains("\nwave 1 (canary)\n  edge-05 (canary): done, 1 node\n"), "{text}");
+        assert!(text.contains("node-1  worker  1.29.2 → 1.30.0  patched  (runs 1.30.0)"), "{text}");
+        assert!(text.contains("node-2  worker  (none) → 1.30.0  failed: patch: disk full"), "{text}");
+        assert!(text.contains("  edge-02: pending, 1 node\n    node-1  worker  1.28.0 → 1.30.0  pending"), "{text}");
+        assert!(text.contains("nodes     4 in the plan, 1 patched, 1 failed, 1 patching, 1 pending"), "{text}");
+        assert!(text.contains("every patched node was patched once"), "{text}");
+        let json = rollout_show_json(&a_rollout(), &sites);
+        assert_eq!(json["rollout"]["phase"], "running");
+        assert_eq!(json["rollout"]["nodes"]["pending"], 1);
+        assert_eq!(json["sites"][0]["nodes"][0]["times_patched"], 1);
+        assert_eq!(json["sites"][1]["nodes"][1]["reason"], "disk full");
+        assert_eq!(json["sites"][2]["state"], "pending");
+    }
+
+    #[test]
+    fn show_flags_a_node_patched_twice_or_not_planned() {
+        let records: BTreeMap<String, pb::RolloutSite> = [pb::RolloutSite {
+            site_id: "edge-05".into(),
+            state: pb::RolloutSiteState::Done as i32,
+            patched: vec!["node-1".into(), "node-1".into(), "node-9".into()],
+            ..Default::default()
+        }]
+        .into_iter()
+        .map(|r| (r.site_id.clone(), r))
+        .collect();
+        let sites = rollout_sites(&a_rollout(), &plan_sites(), &records, &BTreeMap::new());
+        assert_eq!(sites[0].nodes[0].status, NodeStatus::Patched(2));
+        assert!(!sites[0].nodes[1].planned);
+        let text = rollout_show_text(&a_rollout(), &sites);
+        assert!(text.contains("patched 2 times"), "{text}");
+        assert!(text.contains("(not in the plan)"), "{text}");
+        assert!(text.contains("1 patched more than once!"), "{text}");
+    }
+
+    #[test]
+    fn sites_of_a_cancelled_rollout_never_start() {
+        let cancelled = pb::Rollout { phase: pb::RolloutPhase::Cancelled as i32, ..a_rollout() };
+        let sites = rollout_sites(&cancelled, &plan_sites(), &BTreeMap::new(), &BTreeMap::new());
+        assert!(sites.iter().all(|s| s.state == "not_started"));
+        assert!(sites.iter().flat_map(|s| &s.nodes).all(|n| n.status == NodeStatus::NotStarted));
+        let text = rollout_show_text(&cancelled, &sites);
+        assert!(text.contains("edge-02: not started, 1 node"), "{text}");
+        assert!(text.contains("nodes     4 in the plan, 4 not started\n"), "{text}");
+        let s = pb::ResolvedStrategy { max_unavailable: "25%".into(), failure_threshold: 1, ..Default::default() };
+        assert_eq!(
+            strategy_text(&s),
+            "every site at once, 25% of a site's nodes at once, halts when more than 1 node fail"
+        );
+        let s = pb::ResolvedStrategy { canary_sites: 2, max_concurrent_sites: 5, wave_timeout_seconds: 600, ..s };
+        assert!(strategy_text(&s).starts_with("2 canary sites first, 5 sites at once"), "{}", strategy_text(&s));
+        assert!(strategy_text(&s).ends_with("wave timeout 10m00s (abort)"), "{}", strategy_text(&s));
+    }
+
+    #[test]
+    fn rollouts_list_newest_first() {
+        let mut all = vec![
+            pb::Rollout { rollout_id: "a".into(), started_unix_ms: 1, ..a_rollout() },
+            pb::Rollout { rollout_id: "b".into(), started_unix_ms: 3, ..a_rollout() },
+            pb::Rollout { rollout_id: "c".into(), started_unix_ms: 2, wave_ends: vec![], ..a_rollout() },
+        ];
+        sort_newest_first(&mut all);
+        assert_eq!(all.iter().map(|r| r.rollout_id.as_str()).collect::<Vec<_>>(), ["b", "c", "a"]);
+        let text = rollouts_text(&all);
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.starts_with("b ") && row.contains("kubelet@1.30.0") && row.contains("2/4"), "{row}");
+        assert!(text.lines().nth(2).unwrap().contains("  -  "), "no waves: {text}");
+        let json = rollout_summary_json(&all[0]);
+        assert_eq!((json["wave"].as_u64(), json["waves"].as_u64()), (Some(2), Some(2)));
+        assert!(rollouts_text(&[]).starts_with("no rollouts"));
+    }
+
+    #[test]
+    fn rollout_ids_must_be_uuids() {
+        assert!(rollout_id("nope").unwrap_err().to_string().contains("not a rollout id"));
+        let id = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
+        assert_eq!(rollout_id(&format!(" {id} ")).unwrap(), id);
+    }
+}
