@@ -6,6 +6,7 @@
 //! - [`domain`]: validated domain types and the `TryFrom` conversions at the protobuf edge.
 //! - [`ids`]: message ids, correlation and deterministic ids for derived messages.
 //! - [`envelope`]: the id, correlation, causation and trace context every message carries.
+//! - [`outgoing`]: a message ready to publish (subject, type, payload, envelope).
 //! - [`access`]: the NATS permissions of each service's user and of each site.
 //! - [`design`]: site design documents (profiles, inheritance, validation, node selection).
 //! - [`rollout`]: rollout planning (which nodes a `PatchPackage` touches, canaries, waves).
@@ -17,6 +18,7 @@ pub mod domain;
 pub mod envelope;
 pub mod ids;
 pub mod names;
+pub mod outgoing;
 pub mod pb;
 pub mod rollout;
 

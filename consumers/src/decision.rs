@@ -5,8 +5,9 @@
 //! the ids recorded in them, then clears them: a crash in between loses nothing, and a second
 //! publish is dropped by the stream as a copy.
 
+use bus_schema::envelope::Envelope;
+use bus_schema::outgoing::Outgoing;
 use bus_schema::pb::{self, BusMessage};
-use bus_schema::runtime::{Envelope, Outgoing};
 
 /// Why a command is refused: the reject code and the reason, as `CommandRejected` says them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,4 +45,90 @@ pub(crate) fn outgoing(outbox: &[pb::OutboxEntry], correlation: &str) -> Vec<Out
             },
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The decision modules (and the clock they are handed `now` from), with their source text.
+    const DECISION_MODULES: &[(&str, &str)] = &[
+        ("decision.rs", include_str!("decision.rs")),
+        ("saga.rs", include_str!("saga.rs")),
+        ("rollout/decide.rs", include_str!("rollout/decide.rs")),
+        ("rollout/decide/tests.rs", include_str!("rollout/decide/tests.rs")),
+        ("clock.rs", include_str!("clock.rs")),
+    ];
+
+    /// What a decision module may not import: the bus runtime, its client and executor.
+    const FORBIDDEN: &[&str] = &["runtime", "async_nats", "tokio", "Bus"];
+
+    /// Whether a line (comments cut) starts a `use` declaration, with or without visibility.
+    fn starts_use(code: &str) -> bool {
+        let rest = match code.strip_prefix("pub") {
+            Some(r) => {
+                let r = if r.starts_with('(') { r.split_once(')').map_or("", |(_, r)| r) } else { r };
+                if !r.starts_with(char::is_whitespace) {
+                    return false;
+                }
+                r.trim_start()
+            }
+            None => code,
+        };
+        rest.starts_with("use ")
+    }
+
+    /// The `use` declarations of `source`, each as one string (one may span several lines).
+    fn use_declarations(source: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut current: Option<String> = None;
+        for line in source.lines() {
+            let code = line.split("//").next().unwrap_or("").trim();
+            if current.is_none() && starts_use(code) {
+                current = Some(String::new());
+            }
+            if let Some(decl) = current.as_mut() {
+                decl.push_str(code);
+                decl.push(' ');
+                if code.contains(';') {
+                    out.extend(current.take());
+                }
+            }
+        }
+        out
+    }
+
+    /// The forbidden names a `use` declaration mentions, as whole path segments.
+    fn forbidden_in(decl: &str) -> Vec<&'static str> {
+        let words: Vec<&str> = decl.split(|c: char| !(c.is_alphanumeric() || c == '_')).collect();
+        FORBIDDEN.iter().copied().filter(|f| words.contains(f)).collect()
+    }
+
+    #[test]
+    fn decision_code_imports_nothing_from_the_bus_runtime() {
+        for (path, source) in DECISION_MODULES {
+            // The code, not its tests (this module's own test holds forbidden lines as data).
+            let code = source.split("\n#[cfg(test)]").next().unwrap_or(source);
+            for decl in use_declarations(code) {
+                let found = forbidden_in(&decl);
+                assert!(
+                    found.is_empty(),
+                    "rule \"decision code imports nothing from the bus runtime\" broken: consumers/src/{path} \
+                     imports {found:?} in `{}`; a decision takes its inputs and `now` as arguments and \
+                     returns its effects, the executor does the I/O",
+                    decl.trim()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_import_rule_sees_runtime_imports_of_every_shape() {
+        let source = "use std::ops::Range;\n\
+                      use bus_schema::pb::{self, BusEvent, BusJob};\n\
+                      pub(crate) use bus_schema::runtime::Envelope;\n\
+                      use bus_schema::{\n    envelope::Envelope,\n    runtime::Bus, // the bus\n};\n\
+                      use tokio::time;\n\
+                      // use async_nats::Client;\n";
+        let found: Vec<_> = use_declarations(source).iter().flat_map(|d| forbidden_in(d)).collect();
+        assert_eq!(found, ["runtime", "runtime", "Bus", "tokio"]);
+    }
 }

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use bus_schema::domain::{Package, Role, SiteDesign};
+use bus_schema::envelope::Envelope;
 use bus_schema::pb::{self, BusEvent, BusJob, InstallPhase, NodeStep};
-use bus_schema::runtime::Envelope;
 
 use crate::decision::outbox_entry;
 

@@ -9,7 +9,8 @@
 //! - `error.rs`: [`BusError`], its [`ErrorKind`], and the backoff for transient failures.
 //! - `topology.rs`: the streams and buckets ([`Bus::ensure_topology`]).
 //! - `headers.rs`: an [`Envelope`] to and from NATS headers ([`Envelope::headers`]).
-//! - `publish.rs`: [`Bus::publish`] and friends, [`Outgoing`], rejection events.
+//! - `publish.rs`: [`Bus::publish`] and friends (of an [`Outgoing`], which lives outside the
+//!   runtime so that decisions can build one), rejection events.
 //! - `events.rs`: an ordered reader of the events stream ([`Bus::read_events`]).
 //! - `kv.rs`: [`Kv`], a bucket of protobuf values with compare-and-set writes and scans;
 //!   `kv_update.rs`: [`Kv::update_with`], read–apply–compare-and-set–retry.
@@ -44,10 +45,10 @@ pub use error::{BusError, ErrorKind, error_chain, retry_delay};
 pub use events::{EventReader, ReadEvent};
 pub use kv::{Cas, Kv, KvChange};
 pub use kv_update::{UPDATE_ATTEMPTS, Update};
-pub use publish::Outgoing;
 pub use request::RequestError;
 pub use serve::{Reply, error_reply, serve_requests};
 pub use topology::Topology;
 pub use version::{MIN_SERVER_VERSION, parse_server_version, server_supported};
 
 pub use crate::envelope::{Envelope, trace_id};
+pub use crate::outgoing::Outgoing;

@@ -1,4 +1,4 @@
-//! Publishing: one message or many pipelined, each with its envelope's headers and a
+//! Publishing: one message or many pipelined ([`Outgoing`]), each with its envelope's headers and a
 //! `Nats-Msg-Id` the stream deduplicates on, returning once the stream has stored it; and the
 //! rejection event for a delivery that could not be carried out.
 
@@ -11,35 +11,13 @@ use super::delivery::{Delivery, RejectAs, Rejection};
 use super::error::{BusError, boxed};
 use crate::envelope::Envelope;
 use crate::names;
+use crate::outgoing::Outgoing;
 use crate::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
 
 /// Counts an event stored by the stream (a copy dropped by dedup is not a new event).
 fn count_published(subject: &str, type_name: &str, ack: &jetstream::publish::PublishAck) {
     if !ack.duplicate && matches!(names::parse_subject(subject), Some(names::ParsedSubject::Event { .. })) {
         metrics::counter!("landfall_events_published_total", "type" => type_name.to_string()).increment(1);
-    }
-}
-
-/// A message ready to publish with [`Bus::publish_all`].
-#[derive(Debug, Clone)]
-pub struct Outgoing {
-    pub subject: String,
-    pub type_name: String,
-    pub payload: Bytes,
-    pub envelope: Envelope,
-}
-
-impl Outgoing {
-    pub fn event<E: BusEvent>(evt: &E, envelope: Envelope) -> Self {
-        Self::new(evt.subject(), evt, envelope)
-    }
-
-    pub fn job<J: BusJob>(job: &J, envelope: Envelope) -> Self {
-        Self::new(job.subject(), job, envelope)
-    }
-
-    pub fn new<M: BusMessage>(subject: String, msg: &M, envelope: Envelope) -> Self {
-        Self { subject, type_name: M::TYPE.to_string(), payload: Bytes::from(msg.encode_to_vec()), envelope }
     }
 }
 

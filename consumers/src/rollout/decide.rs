@@ -8,9 +8,9 @@
 use std::ops::Range;
 
 use bus_schema::domain::{PackageName, SiteDesign, Version};
+use bus_schema::envelope::Envelope;
 use bus_schema::pb::{self, BusEvent, BusJob};
 use bus_schema::rollout::{self as plan, Direction, ObservedVersions, Strategy};
-use bus_schema::runtime::Envelope;
 
 use crate::decision::{Refusal, outbox_entry};
 
