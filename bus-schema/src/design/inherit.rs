@@ -17,7 +17,7 @@ use serde::de::{DeserializeOwned, Error as _, IntoDeserializer, MapAccess, SeqAc
 use serde::{Deserialize, Deserializer};
 use serde_yaml::Value;
 
-use super::document::Origin;
+use super::origin::Origin;
 use crate::domain::PackageRef;
 
 /// The marker that clears a scalar, and the prefix that removes a list entry or a map key.
@@ -320,7 +320,7 @@ fn text(value: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::design::document::Kind;
+    use crate::design::origin::Kind;
     use crate::domain::Role;
 
     #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

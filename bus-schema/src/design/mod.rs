@@ -61,6 +61,7 @@ pub mod document;
 pub mod error;
 pub mod inherit;
 pub mod net;
+pub mod origin;
 pub mod resolve;
 pub mod select;
 pub mod validate;
