@@ -5,6 +5,7 @@
 //!   writes one as a literal.
 //! - [`domain`]: validated domain types and the `TryFrom` conversions at the protobuf edge.
 //! - [`ids`]: message ids, correlation and deterministic ids for derived messages.
+//! - [`envelope`]: the id, correlation, causation and trace context every message carries.
 //! - [`access`]: the NATS permissions of each service's user and of each site.
 //! - [`design`]: site design documents (profiles, inheritance, validation, node selection).
 //! - [`rollout`]: rollout planning (which nodes a `PatchPackage` touches, canaries, waves).
@@ -13,6 +14,7 @@
 pub mod access;
 pub mod design;
 pub mod domain;
+pub mod envelope;
 pub mod ids;
 pub mod names;
 pub mod pb;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
-use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, Kv, RejectAs};
+use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, Kv, RejectAs, RequestError};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -32,20 +32,21 @@ impl KubeconfigCollector {
 
     async fn fetch(&self, site: &str) -> Result<Vec<u8>, HandlerError> {
         let request = pb::KubeconfigRequest { site_id: site.to_string() }.encode_to_vec();
-        let reply = tokio::time::timeout(
-            Duration::from_secs(15),
-            self.bus.client().request(names::kubeconfig_rpc(site), request.into()),
-        )
-        .await
-        .map_err(|_| HandlerError::Transient(format!("gateway of {site} did not answer the kubeconfig request")))?
-        .map_err(|e| HandlerError::Transient(format!("kubeconfig request to {site}: {e}")))?;
-        if let Some(err) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
-            return Err(HandlerError::Transient(format!("gateway of {site}: {}", err.as_str())));
-        }
-        if reply.payload.is_empty() {
+        let (_, kubeconfig) = self
+            .bus
+            .request(names::kubeconfig_rpc(site), request.into(), Duration::from_secs(15))
+            .await
+            .map_err(|e| {
+                HandlerError::Transient(match e {
+                    RequestError::TimedOut { .. } => format!("gateway of {site} did not answer the kubeconfig request"),
+                    RequestError::Refused { reason, .. } => format!("gateway of {site}: {reason}"),
+                    e => format!("kubeconfig request to {site}: {}", runtime::error_chain(&e)),
+                })
+            })?;
+        if kubeconfig.is_empty() {
             return Err(HandlerError::Transient(format!("gateway of {site} sent an empty kubeconfig")));
         }
-        Ok(reply.payload.to_vec())
+        Ok(kubeconfig.to_vec())
     }
 }
 

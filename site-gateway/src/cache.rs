@@ -15,7 +15,7 @@ use std::time::Duration;
 use bus_schema::domain::{Package, Sha256 as Sha256Digest};
 use bus_schema::names;
 use bus_schema::pb::{self, BusMessage};
-use bus_schema::runtime::Bus;
+use bus_schema::runtime::{self, Bus, Reply, RequestError};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
@@ -320,39 +320,32 @@ async fn request(
     subject: String,
     payload: Vec<u8>,
     refused: fn(String) -> CacheError,
-) -> Result<async_nats::Message, CacheError> {
-    let reply = tokio::time::timeout(CHUNK_TIMEOUT, bus.client().request(subject.clone(), payload.into()))
-        .await
-        .map_err(|_| CacheError::Transient(format!("no answer on {subject} within {CHUNK_TIMEOUT:?}")))?
-        .map_err(|e| {
-            CacheError::Transient(format!(
-                "{subject}: {e} (is the distribution service running? `landfall serve distribution`)"
-            ))
-        })?;
-    if let Some(reason) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
-        return Err(refused(format!("distribution service: {}", reason.as_str())));
-    }
-    Ok(reply)
+) -> Result<Reply, CacheError> {
+    bus.request(subject.clone(), payload.into(), CHUNK_TIMEOUT).await.map_err(|e| match e {
+        RequestError::TimedOut { .. } => {
+            CacheError::Transient(format!("no answer on {subject} within {CHUNK_TIMEOUT:?}"))
+        }
+        RequestError::Refused { reason, .. } => refused(format!("distribution service: {reason}")),
+        e => CacheError::Transient(format!(
+            "{} (is the distribution service running? `landfall serve distribution`)",
+            runtime::error_chain(&e)
+        )),
+    })
 }
 
 async fn request_chunk(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<Bytes, ChunkError> {
     // The plan found the object, so a chunk refused is a read that failed this time: transient.
-    let reply = request(bus, subject, payload, CacheError::Transient).await.map_err(ChunkError::Failed)?;
-    let expected = reply
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(names::headers::CHUNK_SHA256))
-        .map(|v| v.as_str().to_string())
-        .unwrap_or_default();
-    let actual = hex(&Sha256::digest(&reply.payload));
+    let (headers, body) = request(bus, subject, payload, CacheError::Transient).await.map_err(ChunkError::Failed)?;
+    let expected = headers.get(names::headers::CHUNK_SHA256).map(|v| v.as_str().to_string()).unwrap_or_default();
+    let actual = hex(&Sha256::digest(&body));
     if actual != expected {
         return Err(ChunkError::Damaged { expected, actual });
     }
-    Ok(reply.payload)
+    Ok(body)
 }
 
-fn decode<M: Message + Default + BusMessage>(reply: async_nats::Message) -> Result<M, CacheError> {
-    M::decode(reply.payload).map_err(|e| CacheError::Permanent(format!("the hub's answer is not a {}: {e}", M::TYPE)))
+fn decode<M: Message + Default + BusMessage>((_, body): Reply) -> Result<M, CacheError> {
+    M::decode(body).map_err(|e| CacheError::Permanent(format!("the hub's answer is not a {}: {e}", M::TYPE)))
 }
 
 #[cfg(test)]

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use bus_schema::names;
 use bus_schema::pb;
-use bus_schema::runtime::Bus;
-use bus_schema::runtime::HandlerError;
-use prost::Message;
+use bus_schema::runtime::{self, Bus, HandlerError, RequestError};
 use tracing::warn;
 
 use crate::backend::BmcCredentials;
@@ -39,32 +37,36 @@ pub async fn bmc_credentials(
     let subject = names::bmc_credentials_svc(site);
     let request =
         pb::BmcCredentialsRequest { site_id: site.to_string(), node: node.to_string(), job_id: job_id.to_string() };
-    let reply = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        bus.client().request(subject.clone(), request.encode_to_vec().into()),
-    )
-    .await
-    .map_err(|_| {
-        HandlerError::Transient(format!("no secrets service answered on {subject} within {REQUEST_TIMEOUT:?}"))
-    })?
-    .map_err(|e| {
-        HandlerError::Transient(format!(
-            "bmc credentials of {node} at {site}: {e} (is the secrets service running? `landfall serve kubeconfig`)"
-        ))
-    })?;
-    if let Some(err) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
-        return match answer_error(err.as_str()) {
-            None => {
-                if err.as_str().starts_with(NO_JOB) {
-                    warn!(%site, %node, job_id, reason = %err.as_str(), "provisioning without BMC credentials");
+    let creds: pb::BmcCredentials = match bus.request_message(subject.clone(), &request, REQUEST_TIMEOUT).await {
+        Ok(creds) => creds,
+        Err(RequestError::TimedOut { .. }) => {
+            return Err(HandlerError::Transient(format!(
+                "no secrets service answered on {subject} within {REQUEST_TIMEOUT:?}"
+            )));
+        }
+        Err(RequestError::Refused { reason, .. }) => {
+            return match answer_error(&reason) {
+                None => {
+                    if reason.starts_with(NO_JOB) {
+                        warn!(%site, %node, job_id, %reason, "provisioning without BMC credentials");
+                    }
+                    Ok(None)
                 }
-                Ok(None)
-            }
-            Some(reason) => Err(HandlerError::Transient(format!("bmc credentials of {node} at {site}: {reason}"))),
-        };
-    }
-    let creds = pb::BmcCredentials::decode(reply.payload)
-        .map_err(|e| HandlerError::Transient(format!("bmc credentials of {node} at {site} do not decode: {e}")))?;
+                Some(reason) => Err(HandlerError::Transient(format!("bmc credentials of {node} at {site}: {reason}"))),
+            };
+        }
+        Err(RequestError::Malformed { source, .. }) => {
+            return Err(HandlerError::Transient(format!(
+                "bmc credentials of {node} at {site} do not decode: {source}"
+            )));
+        }
+        Err(e) => {
+            return Err(HandlerError::Transient(format!(
+                "bmc credentials of {node} at {site}: {} (is the secrets service running? `landfall serve kubeconfig`)",
+                runtime::error_chain(&e)
+            )));
+        }
+    };
     Ok(Some(BmcCredentials { username: creds.username, password: creds.password }))
 }
 

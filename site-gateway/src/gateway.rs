@@ -1,15 +1,15 @@
 //! Jobs in, events out; hosts the site gains or loses out as `NodeAdded` / `NodeRemoved`.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 
 use bus_schema::domain::{NodeDesign, Package, Role, SiteId};
 use bus_schema::pb::{self, BusJob, BusMessage};
-use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, Envelope, ErrorKind, HandlerError, RejectAs};
+use bus_schema::runtime::{
+    self, Bus, ConsumerSpec, Delivery, Envelope, ErrorKind, HandlerError, RejectAs, error_reply,
+};
 use bus_schema::{ids, names};
 use bytes::Bytes;
-use futures::StreamExt;
 use futures::future::join_all;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -475,38 +475,9 @@ impl PatchRun {
     }
 }
 
-/// An answer to a core-NATS request: headers and body.
-pub(crate) type Reply = (async_nats::HeaderMap, Vec<u8>);
-
-/// Answers the requests on `subject` with `answer`, one after another, until `shutdown`. The
-/// site's gateways share them as one queue group, as they share the site's jobs.
-pub(crate) async fn serve_requests<F, Fut>(
-    site: &SiteId,
-    bus: &Bus,
-    subject: String,
-    shutdown: CancellationToken,
-    mut answer: F,
-) -> anyhow::Result<()>
-where
-    F: FnMut(Bytes) -> Fut,
-    Fut: Future<Output = Reply>,
-{
-    let mut sub = bus.client().queue_subscribe(subject.clone(), names::gateway_consumer(site.as_str())).await?;
-    loop {
-        let msg = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            m = sub.next() => match m { Some(m) => m, None => break },
-        };
-        let Some(reply) = msg.reply else { continue };
-        let (headers, body) = answer(msg.payload).await;
-        if let Err(e) = bus.client().publish_with_headers(reply, headers, body.into()).await {
-            warn!(%site, %subject, error = %e, "cannot answer request");
-        }
-    }
-    Ok(())
-}
-
-/// Answers `landfall.rpc.<site>.kubeconfig` until `shutdown`. The kubeconfig itself is never logged.
+/// Answers `landfall.rpc.<site>.kubeconfig` until `shutdown`, one request at a time; the
+/// site's gateways share them as one queue group, as they share the site's jobs. The
+/// kubeconfig itself is never logged.
 async fn serve_kubeconfig<B: SiteBackend>(
     site: SiteId,
     bus: Bus,
@@ -514,25 +485,22 @@ async fn serve_kubeconfig<B: SiteBackend>(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let subject = names::kubeconfig_rpc(site.as_str());
-    let (site, backend) = (&site, &*backend);
-    serve_requests(site, &bus, subject, shutdown, move |payload| async move {
-        match prost::Message::decode(payload) {
-            Ok(pb::KubeconfigRequest { site_id }) if site_id == site.as_str() => match backend.kubeconfig().await {
-                Ok(kc) => (async_nats::HeaderMap::new(), kc),
-                Err(e) => error_reply(&e.to_string()),
-            },
-            Ok(other) => error_reply(&format!("request for site {:?} reached {site}", other.site_id)),
-            Err(e) => error_reply(&format!("not a {}: {e}", pb::KubeconfigRequest::TYPE)),
+    let group = names::gateway_consumer(site.as_str());
+    runtime::serve_requests(&bus, subject, &group, 1, shutdown, move |_, payload| {
+        let (site, backend) = (site.clone(), backend.clone());
+        async move {
+            match prost::Message::decode(payload) {
+                Ok(pb::KubeconfigRequest { site_id }) if site_id == site.as_str() => match backend.kubeconfig().await {
+                    Ok(kc) => (async_nats::HeaderMap::new(), Bytes::from(kc)),
+                    Err(e) => error_reply(&e.to_string()),
+                },
+                Ok(other) => error_reply(&format!("request for site {:?} reached {site}", other.site_id)),
+                Err(e) => error_reply(&format!("not a {}: {e}", pb::KubeconfigRequest::TYPE)),
+            }
         }
     })
-    .await
-}
-
-/// A failed request's answer: an empty body, and the reason in the error header.
-pub(crate) fn error_reply(reason: &str) -> Reply {
-    let mut h = async_nats::HeaderMap::new();
-    h.insert(names::headers::REPLY_ERROR, reason);
-    (h, Vec::new())
+    .await?;
+    Ok(())
 }
 
 /// Announces each host the site gains as a `NodeAdded` command and each it loses as a

@@ -5,11 +5,11 @@
 use bus_schema::domain::{NodeDesign, SiteId};
 use bus_schema::names;
 use bus_schema::pb::{self, BusMessage};
-use bus_schema::runtime::Bus;
+use bus_schema::runtime::{self, Bus, error_reply};
+use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::gateway::{error_reply, serve_requests};
 use crate::sim::SimSite;
 
 /// Answers `SimulateHostArrival` requests for `site` until `shutdown`: a valid one makes the
@@ -25,15 +25,16 @@ pub async fn serve_sim_control(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let subject = names::sim_host_arrival_rpc(site.as_str());
-    let (site, sim) = (&site, &sim);
-    serve_requests(site, &bus, subject, shutdown, move |payload| {
-        let reply = match host_arrival(site, sim, &payload) {
-            Ok(()) => (async_nats::HeaderMap::new(), Vec::new()),
+    let group = names::gateway_consumer(site.as_str());
+    runtime::serve_requests(&bus, subject, &group, 1, shutdown, move |_, payload| {
+        let reply = match host_arrival(&site, &sim, &payload) {
+            Ok(()) => (async_nats::HeaderMap::new(), Bytes::new()),
             Err(reason) => error_reply(&reason),
         };
         std::future::ready(reply)
     })
-    .await
+    .await?;
+    Ok(())
 }
 
 /// Carries out one request; the reason when it is refused. A host the site has already is

@@ -39,9 +39,10 @@ fn exe_name(pid: u32) -> String {
 
 /// Starts `landfall ARGS` (with a supported nats-server given), and waits until its own
 /// nats-server child runs; returns both.
-fn start_with_server(args: &[&str], dir: &std::path::Path) -> (Child, u32) {
+fn start_with_server(args: &[&str], dir: &std::path::Path, env: &[(&str, &std::path::Path)]) -> (Child, u32) {
     let mut cmd = tied::command(landfall_tests::cli::binary());
     cmd.args(args)
+        .envs(env.iter().copied())
         .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
         .env_remove("NATS_URL")
         .env_remove("RUST_LOG")
@@ -74,7 +75,7 @@ fn a_killed_up_takes_its_nats_server_along_and_the_next_up_starts() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port().to_string();
     let args = ["up", "--nats-port", &port, "--api-listen", "127.0.0.1:0", "--install", "none", "--sites", "1"];
-    let (mut up, server) = start_with_server(&args, dir.path());
+    let (mut up, server) = start_with_server(&args, dir.path(), &[]);
     // Up to the banner, so the kill lands on a running system, not on a start.
     let stdout = BufReader::new(up.stdout.take().unwrap());
     assert!(stdout.lines().map_while(Result::ok).any(|l| l.starts_with("landfall is up")), "no banner");
@@ -83,7 +84,7 @@ fn a_killed_up_takes_its_nats_server_along_and_the_next_up_starts() {
     assert_gone(server, "landfall up killed with SIGKILL");
 
     // The port and the store are free: the same command starts again.
-    let (mut again, server) = start_with_server(&args, dir.path());
+    let (mut again, server) = start_with_server(&args, dir.path(), &[]);
     let stdout = BufReader::new(again.stdout.take().unwrap());
     assert!(stdout.lines().map_while(Result::ok).any(|l| l.starts_with("landfall is up")), "no banner the second time");
     again.kill().unwrap();
@@ -92,12 +93,21 @@ fn a_killed_up_takes_its_nats_server_along_and_the_next_up_starts() {
 }
 
 #[test]
-fn a_terminated_bench_takes_its_nats_server_along() {
+fn a_terminated_bench_takes_its_nats_server_and_its_store_along() {
     let dir = tempfile::tempdir().unwrap();
-    // Long enough to be running when the signal comes.
-    let (mut bench, server) = start_with_server(&["bench", "fanout", "--sites", "2000", "--nodes", "10"], dir.path());
+    // Long enough to be running when the signal comes; its temporary store under our TMPDIR.
+    let args = ["bench", "fanout", "--sites", "2000", "--nodes", "10"];
+    let (mut bench, server) = start_with_server(&args, dir.path(), &[("TMPDIR", dir.path())]);
     let status = std::process::Command::new("kill").args(["-TERM", &bench.id().to_string()]).status().unwrap();
     assert!(status.success());
-    bench.wait().unwrap();
+    let exit = bench.wait().unwrap();
+    assert!(!exit.success(), "a benchmark stopped before its end does not exit 0");
     assert_gone(server, "landfall bench stopped with SIGTERM");
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("landfall-bench-"))
+        .collect();
+    assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
 }

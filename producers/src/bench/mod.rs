@@ -82,34 +82,43 @@ pub enum BenchCommand {
 }
 
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
+    let shutdown = crate::run::service::shutdown_on_signal();
     let server = Server::start(nats_url).await?;
-    let result = match cmd {
-        BenchCommand::Fanout {
-            sites,
-            nodes,
-            canary,
-            max_concurrent_sites,
-            max_unavailable,
-            orchestrators,
-            raw_messages,
-            gateway_hosts,
-        } => {
-            anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
-            let strategy = pb::RolloutStrategy {
-                canary_sites: canary,
+    let url = server.url.clone();
+    let work = async move {
+        match cmd {
+            BenchCommand::Fanout {
+                sites,
+                nodes,
+                canary,
                 max_concurrent_sites,
                 max_unavailable,
-                failure_threshold: "0".into(),
-                ..Default::default()
-            };
-            let shape = Shape { orchestrators: orchestrators.max(1), gateway_hosts, raw_messages };
-            fanout(&server.url, sites, nodes, strategy, shape).await
+                orchestrators,
+                raw_messages,
+                gateway_hosts,
+            } => {
+                anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
+                let strategy = pb::RolloutStrategy {
+                    canary_sites: canary,
+                    max_concurrent_sites,
+                    max_unavailable,
+                    failure_threshold: "0".into(),
+                    ..Default::default()
+                };
+                let shape = Shape { orchestrators: orchestrators.max(1), gateway_hosts, raw_messages };
+                fanout(&url, sites, nodes, strategy, shape).await
+            }
+            BenchCommand::Transfer { size, store } => crate::bench::transfer::transfer(&url, size, &store).await,
+            BenchCommand::Install { nodes, time_scale } => {
+                anyhow::ensure!(nodes >= 1 && time_scale > 0.0, "--nodes must be at least 1 and --time-scale positive");
+                install(&url, nodes, time_scale).await
+            }
         }
-        BenchCommand::Transfer { size, store } => crate::bench::transfer::transfer(&server.url, size, &store).await,
-        BenchCommand::Install { nodes, time_scale } => {
-            anyhow::ensure!(nodes >= 1 && time_scale > 0.0, "--nodes must be at least 1 and --time-scale positive");
-            install(&server.url, nodes, time_scale).await
-        }
+    };
+    // Ctrl-C or SIGTERM: the server is stopped and its temporary store removed all the same.
+    let result = tokio::select! {
+        result = work => result,
+        _ = shutdown.cancelled() => Err(anyhow::anyhow!("stopped by a signal before the benchmark finished")),
     };
     server.stop().await;
     let report = result?;
@@ -143,6 +152,7 @@ impl Server {
     }
 
     async fn stop(self) {
+        let _ = std::fs::remove_dir_all(scratch_dir());
         if let Some((child, dir)) = self.child {
             child.stop().await;
             let _ = std::fs::remove_dir_all(dir);

@@ -5,13 +5,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
-use async_nats::client::RequestErrorKind;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::domain::{MacAddress, NodeDesign, SiteId};
 use bus_schema::ids;
 use bus_schema::names;
 use bus_schema::pb::{self, BusMessage};
-use bus_schema::runtime::Delivery;
+use bus_schema::runtime::{Delivery, RequestError};
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 
@@ -121,22 +120,14 @@ pub async fn node_add(url: &str, args: &NodeAddArgs) -> anyhow::Result<ExitCode>
     };
     let request = pb::SimulateHostArrival { site_id: site.to_string(), node: Some(pb::NodeSpec::from(&node)) };
     let subject = names::sim_host_arrival_rpc(site.as_str());
-    let reply = match tokio::time::timeout(
-        Duration::from_secs(5),
-        bus.client().request(subject, encode(&request).into()),
-    )
-    .await
-    {
-        Err(_) => bail!("simulated site {site} did not answer within 5 s"),
-        Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders => {
+    match bus.request(subject, encode(&request).into(), Duration::from_secs(5)).await {
+        Ok(_) => {}
+        Err(RequestError::TimedOut { .. }) => bail!("simulated site {site} did not answer within 5 s"),
+        Err(RequestError::NoResponders { .. }) => {
             bail!("no simulated site {site} answers (is `landfall up` running with that site?)")
         }
-        Ok(Err(e)) if e.kind() == RequestErrorKind::TimedOut => bail!("simulated site {site} did not answer in time"),
-        Ok(Err(e)) => return Err(anyhow!(e).context(format!("ask simulated site {site} for a new host"))),
-        Ok(Ok(reply)) => reply,
-    };
-    if let Some(err) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
-        bail!("simulated site {site} refused the host: {}", err.as_str());
+        Err(RequestError::Refused { reason, .. }) => bail!("simulated site {site} refused the host: {reason}"),
+        Err(e) => return Err(anyhow!(e).context(format!("ask simulated site {site} for a new host"))),
     }
     match args.output {
         Format::Json | Format::Yaml => emit_line(

@@ -8,10 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use async_nats::client::RequestErrorKind;
 use bus_schema::names;
 use bus_schema::pb::{self, BusMessage};
-use bus_schema::runtime::Bus;
+use bus_schema::runtime::{Bus, RequestError};
 use bytes::Bytes;
 use clap::{Args, Subcommand};
 use prost::Message;
@@ -64,19 +63,15 @@ async fn ask(url: &str, subject: &str, payload: Vec<u8>, timeout: Duration) -> a
             "no secrets service answered on {subject}; is `landfall serve kubeconfig` (or `landfall up`) running?"
         )
     };
-    let request = async_nats::Request::new().payload(payload.into()).timeout(Some(timeout));
-    let reply = match bus.client().send_request(subject.to_string(), request).await {
-        Ok(reply) => reply,
-        Err(e) if matches!(e.kind(), RequestErrorKind::NoResponders) => return Err(no_service()),
-        Err(e) if matches!(e.kind(), RequestErrorKind::TimedOut) => {
+    match bus.request(subject.to_string(), payload.into(), timeout).await {
+        Ok((_, body)) => Ok(body),
+        Err(RequestError::NoResponders { .. }) => Err(no_service()),
+        Err(RequestError::TimedOut { .. }) => {
             anyhow::bail!("the secrets service did not answer on {subject} within {timeout:?}")
         }
-        Err(e) => return Err(e).with_context(|| format!("request {subject}")),
-    };
-    if let Some(reason) = reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)) {
-        anyhow::bail!("{}", reason.as_str());
+        Err(RequestError::Refused { reason, .. }) => anyhow::bail!("{reason}"),
+        Err(e) => Err(e.into()),
     }
-    Ok(reply.payload)
 }
 
 fn decode<M: BusMessage>(body: Bytes) -> anyhow::Result<M> {

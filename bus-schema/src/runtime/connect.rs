@@ -1,0 +1,173 @@
+//! Connecting to the bus: who the process is ([`Access`]), the connection ([`Bus`]), and the
+//! check that the server is new enough and has JetStream.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tracing::{debug, info, warn};
+
+use super::error::{BusError, boxed};
+use super::version::server_supported;
+
+/// How a process proves who it is to NATS and what it trusts, and where its JetStream is.
+///
+/// The default is an anonymous plain-text connection to the JetStream of the server connected
+/// to, which is what a single local server and the tests use.
+#[derive(Clone, Default)]
+pub struct Access {
+    /// The user's nkey seed (`SU…`): the server knows only its public key.
+    pub nkey_seed: Option<String>,
+    /// Verify the server's certificate with this CA (PEM), and require TLS.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate and its key (PEM), for servers that verify clients.
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The JetStream domain to use: a site gateway connected to its site's leaf node names the
+    /// hub's domain, so its consumer and its events are the hub's.
+    pub js_domain: Option<String>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("nkey", &self.public_key().ok().flatten())
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
+            .field("js_domain", &self.js_domain)
+            .finish()
+    }
+}
+
+impl Access {
+    /// The public key of the nkey seed, if there is one.
+    ///
+    /// # Errors
+    /// When the seed is not a user nkey seed.
+    pub fn public_key(&self) -> Result<Option<String>, String> {
+        let Some(seed) = &self.nkey_seed else { return Ok(None) };
+        let pair = nkeys::KeyPair::from_seed(seed.trim()).map_err(|e| format!("not an nkey seed: {e}"))?;
+        if !pair.public_key().starts_with('U') {
+            return Err("the nkey seed is not a user's (a user seed starts with SU)".into());
+        }
+        Ok(Some(pair.public_key()))
+    }
+
+    /// Reads the seed from a file (one line, `SU…`; other lines, such as comments, are skipped).
+    ///
+    /// # Errors
+    /// When the file cannot be read or holds no seed.
+    pub fn seed_from_file(path: &std::path::Path) -> Result<String, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        text.lines()
+            .map(str::trim)
+            .find(|l| l.starts_with("SU"))
+            .map(String::from)
+            .ok_or_else(|| format!("{} holds no user nkey seed (a line starting with SU)", path.display()))
+    }
+}
+
+/// A connection to the bus.
+#[derive(Clone)]
+pub struct Bus {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    url: String,
+}
+
+impl Bus {
+    /// Connects and checks that the server is new enough and has JetStream.
+    ///
+    /// # Errors
+    /// [`BusError::Connect`] when the server cannot be reached, [`BusError::ServerTooOld`] for a
+    /// server older than [`super::MIN_SERVER_VERSION`], [`BusError::NoJetStream`] without JetStream.
+    pub async fn connect(url: &str, name: &str) -> Result<Self, BusError> {
+        Self::connect_inner(url, name, true, &Access::default()).await
+    }
+
+    /// [`Bus::connect`] as a user, over TLS, or to another JetStream domain.
+    pub async fn connect_with(url: &str, name: &str, access: &Access) -> Result<Self, BusError> {
+        Self::connect_inner(url, name, true, access).await
+    }
+
+    /// Like [`Bus::connect_with`], but fails at once when the server does not answer, instead
+    /// of waiting for it to come up: for command-line clients, not services.
+    pub async fn connect_client(url: &str, name: &str, access: &Access) -> Result<Self, BusError> {
+        Self::connect_inner(url, name, false, access).await
+    }
+
+    async fn connect_inner(url: &str, name: &str, patient: bool, access: &Access) -> Result<Self, BusError> {
+        let bad = |reason: String| BusError::Connect { url: url.to_string(), source: reason.into() };
+        let mut options = async_nats::ConnectOptions::new().name(name);
+        if patient {
+            options = options.retry_on_initial_connect();
+        }
+        if let Some(key) = access.public_key().map_err(bad)? {
+            options = options
+                .nkey(access.nkey_seed.clone().unwrap_or_default())
+                .custom_inbox_prefix(crate::access::inbox(&key));
+        }
+        if let Some(ca) = &access.ca_file {
+            if !ca.is_file() {
+                return Err(bad(format!("the CA file {} does not exist", ca.display())));
+            }
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let Some((cert, key)) = &access.client_cert {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        let client = options
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(5))
+            .request_timeout(Some(Duration::from_secs(10)))
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Disconnected => warn!("nats disconnected"),
+                    async_nats::Event::Connected => info!("nats connected"),
+                    // A permission violation, say: the server refused what this user may not do.
+                    async_nats::Event::ServerError(e) => warn!(error = %e, "the nats server refused a request"),
+                    other => debug!(%other, "nats event"),
+                }
+            });
+        // A cluster is given as its servers' URLs, comma-separated (as `NATS_URL` usually is).
+        let servers: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+        let client = tokio::time::timeout(Duration::from_secs(20), client.connect(servers))
+            .await
+            .map_err(|e| BusError::Connect { url: url.to_string(), source: boxed(e) })?
+            .map_err(|e| BusError::Connect { url: url.to_string(), source: boxed(e) })?;
+        // With retry_on_initial_connect the server info arrives with the first connection.
+        let mut info = client.server_info();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while info.version.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            info = client.server_info();
+        }
+        if info.version.is_empty() {
+            return Err(BusError::Connect {
+                url: url.to_string(),
+                source: "no answer from the server within 20 s".into(),
+            });
+        }
+        if !server_supported(&info.version) {
+            return Err(BusError::ServerTooOld { url: url.to_string(), found: info.version });
+        }
+        if !info.jetstream {
+            return Err(BusError::NoJetStream { url: url.to_string() });
+        }
+        let js = match &access.js_domain {
+            Some(domain) => jetstream::with_domain(client.clone(), domain),
+            None => jetstream::new(client.clone()),
+        };
+        Ok(Self { client, js, url: url.to_string() })
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}

@@ -1,0 +1,227 @@
+//! The consume loop: a durable pull consumer whose messages a [`Handler`] carries out, acked
+//! only once the handler's effect is durable, NAKed with a backoff on a transient failure, and
+//! terminated with a rejection event on a permanent one.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer};
+use futures::StreamExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use super::connect::Bus;
+use super::delivery::{Delivery, HandlerError, RejectAs};
+use super::error::{BoxError, BusError, boxed, retry_delay};
+use super::keyed_order::KeyedOrder;
+
+/// What a consume loop does with each message.
+pub trait Handler: Send + Sync + 'static {
+    /// Carries out the message. Return only once its effect is durable: the loop acks
+    /// right after.
+    fn handle(&self, delivery: &Delivery) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// A durable pull consumer and how to run it.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    pub stream: &'static str,
+    pub durable: String,
+    pub filter_subjects: Vec<String>,
+    /// How long a delivery may go unacknowledged; the loop sends progress while a handler runs.
+    pub ack_wait: Duration,
+    /// How many messages may be handled at once by this process.
+    pub concurrency: usize,
+    pub reject_as: RejectAs,
+    /// When set, messages whose subjects share this token (0-based) are handled one after
+    /// another in stream order; others still run concurrently. For commands, the scope token
+    /// keeps a site's `RegisterSite` ahead of its `InstallSite`.
+    pub ordered_by_token: Option<usize>,
+    /// With `ordered_by_token`: the token value that orders against everything (for commands,
+    /// `fleet`: a package registration stays ahead of the installs that need it).
+    pub barrier_token: Option<String>,
+}
+
+impl ConsumerSpec {
+    pub fn new(stream: &'static str, durable: impl Into<String>, filters: Vec<String>, reject_as: RejectAs) -> Self {
+        Self {
+            stream,
+            durable: durable.into(),
+            filter_subjects: filters,
+            ack_wait: Duration::from_secs(10),
+            concurrency: 64,
+            reject_as,
+            ordered_by_token: None,
+            barrier_token: None,
+        }
+    }
+
+    /// Handle messages that share subject token `index` in order; see [`ConsumerSpec::ordered_by_token`].
+    pub fn ordered_by_token(mut self, index: usize, barrier: Option<&str>) -> Self {
+        self.ordered_by_token = Some(index);
+        self.barrier_token = barrier.map(str::to_owned);
+        self
+    }
+
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+}
+/// Runs a consume loop until `shutdown`, then lets in-flight messages finish.
+///
+/// Per message: `Ok` → ack (confirmed by the server); `Transient` → NAK with backoff;
+/// `Wait` → NAK with its delay; `Reject` → publish the rejection event, then terminate.
+/// A rejection that cannot be published is NAKed instead, so nothing is dropped silently.
+pub async fn consume<H: Handler>(
+    bus: Bus,
+    spec: ConsumerSpec,
+    handler: Arc<H>,
+    shutdown: CancellationToken,
+) -> Result<(), BusError> {
+    let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
+    let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
+    let config = consumer::pull::Config {
+        durable_name: Some(spec.durable.clone()),
+        filter_subjects: spec.filter_subjects.clone(),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: spec.ack_wait,
+        max_deliver: -1,
+        max_ack_pending: (spec.concurrency as i64 * 4).max(256),
+        ..Default::default()
+    };
+    let consumer = stream.get_or_create_consumer(&spec.durable, config).await.map_err(|e| consume_err(boxed(e)))?;
+    let spec = Arc::new(spec);
+    let permits = Arc::new(tokio::sync::Semaphore::new(spec.concurrency));
+    let mut in_flight = JoinSet::new();
+    let mut order = KeyedOrder::default();
+    info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consuming");
+
+    'outer: while !shutdown.is_cancelled() {
+        let mut messages = match consumer.messages().await {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(consumer = %spec.durable, error = %e, "cannot pull, retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        loop {
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break 'outer,
+                p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            };
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => break 'outer,
+                n = messages.next() => n,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let (bus, spec, handler) = (bus.clone(), spec.clone(), handler.clone());
+                    let key = spec.ordered_by_token.and_then(|i| msg.subject.split('.').nth(i)).map(str::to_owned);
+                    let (before, done) = order.enqueue(key, spec.barrier_token.as_deref());
+                    in_flight.spawn(async move {
+                        // Messages ahead of this one are handled first (their senders drop then).
+                        for b in before {
+                            let _ = b.await;
+                        }
+                        handle_one(&bus, &spec, handler.as_ref(), msg).await;
+                        drop(done);
+                        drop(permit);
+                    });
+                }
+                Some(Err(e)) => {
+                    debug!(consumer = %spec.durable, error = %e, "pull stream error");
+                    if matches!(e.kind(), consumer::pull::MessagesErrorKind::ConsumerDeleted) {
+                        break;
+                    }
+                }
+                None => break,
+            }
+            while in_flight.try_join_next().is_some() {}
+        }
+    }
+    info!(consumer = %spec.durable, in_flight = in_flight.len(), "stopping: draining in-flight messages");
+    while in_flight.join_next().await.is_some() {}
+    Ok(())
+}
+async fn handle_one<H: Handler>(bus: &Bus, spec: &ConsumerSpec, handler: &H, msg: jetstream::Message) {
+    let (seq, delivered) = msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 1));
+    let delivery = Delivery::from_parts(&msg.message, spec.stream, seq, delivered);
+    if delivered > 1 {
+        metrics::counter!("landfall_redeliveries_total", "consumer" => spec.durable.clone()).increment(1);
+    }
+    // Every log line of this message's work, in every service, carries its trace id. The span
+    // is at ERROR level so that it is there whenever any of those lines is logged at all.
+    let span = tracing::error_span!(
+        "handle",
+        consumer = %spec.durable,
+        subject = %delivery.subject,
+        msg_id = %delivery.envelope.id,
+        trace_id = delivery.envelope.trace_id().unwrap_or_default(),
+    );
+    settle_one(bus, spec, handler, msg, delivery).instrument(span).await;
+}
+
+/// Runs the handler on one delivery, then acks, NAKs or rejects it by what the handler returned.
+async fn settle_one<H: Handler>(
+    bus: &Bus,
+    spec: &ConsumerSpec,
+    handler: &H,
+    msg: jetstream::Message,
+    delivery: Delivery,
+) {
+    let delivered = delivery.delivered;
+
+    // Keep the delivery ours while the handler works, however long that takes.
+    let outcome = {
+        let work = handler.handle(&delivery);
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval(spec.ack_wait / 3);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                r = &mut work => break r,
+                _ = tick.tick() => { let _ = msg.ack_with(AckKind::Progress).await; }
+            }
+        }
+    };
+
+    let consumer = spec.durable.as_str();
+    match outcome {
+        Ok(()) => {
+            metrics::counter!("landfall_messages_handled_total", "consumer" => consumer.to_string()).increment(1);
+            if let Err(e) = msg.double_ack().await {
+                // The effect is durable and idempotent: a redelivery finds it done.
+                warn!(consumer, subject = %delivery.subject, error = %e, "ack not confirmed; the message may be redelivered");
+            }
+        }
+        Err(HandlerError::Wait { reason, delay }) => {
+            debug!(consumer, subject = %delivery.subject, %reason, "not yet, redelivering later");
+            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+        }
+        Err(HandlerError::Transient(reason)) => {
+            metrics::counter!("landfall_messages_retried_total", "consumer" => consumer.to_string()).increment(1);
+            let delay = retry_delay(delivered);
+            warn!(consumer, subject = %delivery.subject, delivered, ?delay, %reason, "transient failure, will retry");
+            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+        }
+        Err(HandlerError::Reject(rejection)) => {
+            metrics::counter!("landfall_messages_rejected_total", "consumer" => consumer.to_string()).increment(1);
+            warn!(consumer, subject = %delivery.subject, id = %delivery.envelope.id, reason = %rejection.reason, "rejected");
+            match bus.publish_rejection(&delivery, &spec.reject_as, &rejection).await {
+                Ok(()) => {
+                    let _ = msg.double_ack_with(AckKind::Term).await;
+                }
+                Err(e) => {
+                    warn!(consumer, error = %e, "cannot publish the rejection; will retry");
+                    let _ = msg.ack_with(AckKind::Nak(Some(retry_delay(delivered)))).await;
+                }
+            }
+        }
+    }
+}

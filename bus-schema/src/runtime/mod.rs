@@ -1,0 +1,53 @@
+//! The one bus runtime every landfall service uses: connect (with a server version check),
+//! ensure the streams, consumers and KV buckets exist, publish with a `Nats-Msg-Id` and wait
+//! for the PubAck, and the consume loop that acks only after the handler's effect is durable.
+//!
+//! One file per job; every item is re-exported here, so other crates name it
+//! `bus_schema::runtime::X`:
+//! - `connect.rs`: [`Access`], [`Bus::connect`] and the server checks (`version.rs`: which
+//!   servers).
+//! - `error.rs`: [`BusError`], its [`ErrorKind`], and the backoff for transient failures.
+//! - `topology.rs`: the streams and buckets ([`Bus::ensure_topology`]).
+//! - `headers.rs`: an [`Envelope`] to and from NATS headers ([`Envelope::headers`]).
+//! - `publish.rs`: [`Bus::publish`] and friends, [`Outgoing`], rejection events.
+//! - `events.rs`: an ordered reader of the events stream ([`Bus::read_events`]).
+//! - `kv.rs`: [`Kv`], a bucket of protobuf values with compare-and-set writes and scans;
+//!   `kv_update.rs`: [`Kv::update_with`], read–apply–compare-and-set–retry.
+//! - `catalog.rs`: the package catalog and the observed state, read as a whole.
+//! - `delivery.rs`: what a handler gets ([`Delivery`]) and answers ([`HandlerError`]).
+//! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages
+//!   that share a key in order.
+//! - `request.rs` and `serve.rs`: core request/reply, asked ([`Bus::request`]) and answered
+//!   ([`serve_requests`]).
+
+mod catalog;
+mod connect;
+mod consume;
+mod delivery;
+mod error;
+mod events;
+mod headers;
+mod keyed_order;
+mod kv;
+mod kv_update;
+mod publish;
+mod request;
+mod serve;
+mod topology;
+mod version;
+
+pub use catalog::{observed_nodes, package_refs};
+pub use connect::{Access, Bus};
+pub use consume::{ConsumerSpec, Handler, consume};
+pub use delivery::{Delivery, HandlerError, RejectAs, Rejection, reject_code_label};
+pub use error::{BusError, ErrorKind, error_chain, retry_delay};
+pub use events::{EventReader, ReadEvent};
+pub use kv::{Cas, Kv, KvChange};
+pub use kv_update::{UPDATE_ATTEMPTS, Update};
+pub use publish::Outgoing;
+pub use request::RequestError;
+pub use serve::{Reply, error_reply, serve_requests};
+pub use topology::Topology;
+pub use version::{MIN_SERVER_VERSION, parse_server_version, server_supported};
+
+pub use crate::envelope::{Envelope, trace_id};

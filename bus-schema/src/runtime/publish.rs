@@ -1,0 +1,168 @@
+//! Publishing: one message or many pipelined, each with its envelope's headers and a
+//! `Nats-Msg-Id` the stream deduplicates on, returning once the stream has stored it; and the
+//! rejection event for a delivery that could not be carried out.
+
+use async_nats::jetstream;
+use bytes::Bytes;
+use tracing::debug;
+
+use super::connect::Bus;
+use super::delivery::{Delivery, RejectAs, Rejection};
+use super::error::{BusError, boxed};
+use crate::envelope::Envelope;
+use crate::names;
+use crate::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
+
+/// Counts an event stored by the stream (a copy dropped by dedup is not a new event).
+fn count_published(subject: &str, type_name: &str, ack: &jetstream::publish::PublishAck) {
+    if !ack.duplicate && matches!(names::parse_subject(subject), Some(names::ParsedSubject::Event { .. })) {
+        metrics::counter!("landfall_events_published_total", "type" => type_name.to_string()).increment(1);
+    }
+}
+
+/// A message ready to publish with [`Bus::publish_all`].
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub subject: String,
+    pub type_name: String,
+    pub payload: Bytes,
+    pub envelope: Envelope,
+}
+
+impl Outgoing {
+    pub fn event<E: BusEvent>(evt: &E, envelope: Envelope) -> Self {
+        Self::new(evt.subject(), evt, envelope)
+    }
+
+    pub fn job<J: BusJob>(job: &J, envelope: Envelope) -> Self {
+        Self::new(job.subject(), job, envelope)
+    }
+
+    pub fn new<M: BusMessage>(subject: String, msg: &M, envelope: Envelope) -> Self {
+        Self { subject, type_name: M::TYPE.to_string(), payload: Bytes::from(msg.encode_to_vec()), envelope }
+    }
+}
+
+impl Bus {
+    /// Publishes a payload with the envelope's headers and waits for the stream's PubAck.
+    /// A repeated envelope id within the dedup window is acknowledged as a duplicate and
+    /// stored once.
+    pub async fn publish_raw(
+        &self,
+        subject: String,
+        type_name: &str,
+        payload: Bytes,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
+        if payload.len() > names::MAX_PAYLOAD {
+            return Err(BusError::TooLarge { subject, size: payload.len(), max: names::MAX_PAYLOAD });
+        }
+        let ack = self
+            .jetstream()
+            .publish_with_headers(subject.clone(), envelope.headers(type_name), payload)
+            .await
+            .map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
+        let ack = ack.await.map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
+        count_published(&subject, type_name, &ack);
+        if ack.duplicate {
+            debug!(%subject, id = %envelope.id, "duplicate publish dropped by the stream");
+        }
+        Ok(ack)
+    }
+
+    /// Publishes every message, pipelined: all are sent, then every PubAck is awaited. Order
+    /// on the wire is the order given. Returns once all are stored (or the first error).
+    pub async fn publish_all(&self, messages: Vec<Outgoing>) -> Result<(), BusError> {
+        let mut acks = Vec::with_capacity(messages.len());
+        for m in messages {
+            if m.payload.len() > names::MAX_PAYLOAD {
+                return Err(BusError::TooLarge { subject: m.subject, size: m.payload.len(), max: names::MAX_PAYLOAD });
+            }
+            let ack = self
+                .jetstream()
+                .publish_with_headers(m.subject.clone(), m.envelope.headers(&m.type_name), m.payload)
+                .await
+                .map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
+            acks.push(async move {
+                let ack = ack.await.map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
+                count_published(&m.subject, &m.type_name, &ack);
+                Ok::<_, BusError>(ack)
+            });
+        }
+        futures::future::try_join_all(acks).await?;
+        Ok(())
+    }
+
+    pub async fn publish<M: BusMessage>(
+        &self,
+        subject: String,
+        msg: &M,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
+        self.publish_raw(subject, M::TYPE, Bytes::from(msg.encode_to_vec()), envelope).await
+    }
+
+    pub async fn publish_command<C: BusCommand>(
+        &self,
+        cmd: &C,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
+        self.publish(cmd.subject(), cmd, envelope).await
+    }
+
+    pub async fn publish_event<E: BusEvent>(
+        &self,
+        evt: &E,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
+        self.publish(evt.subject(), evt, envelope).await
+    }
+
+    pub async fn publish_job<J: BusJob>(
+        &self,
+        job: &J,
+        envelope: &Envelope,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
+        self.publish(job.subject(), job, envelope).await
+    }
+
+    /// Publishes the rejection event for a delivery that could not be carried out.
+    pub async fn publish_rejection(&self, d: &Delivery, as_: &RejectAs, r: &Rejection) -> Result<(), BusError> {
+        let scope = match names::parse_subject(&d.subject) {
+            Some(names::ParsedSubject::Command { scope, .. }) => scope,
+            Some(names::ParsedSubject::Job { site, .. }) => site,
+            Some(names::ParsedSubject::Event { scope, .. }) => scope,
+            Some(names::ParsedSubject::Service { site, .. }) => site,
+            None => names::FLEET,
+        };
+        // A scope that is not a valid token (garbage on a wildcard) is answered in the fleet scope.
+        let scope = if crate::domain::SiteId::try_from(scope).is_ok() { scope } else { names::FLEET };
+        let envelope = d.envelope.derive("rejected", None);
+        match as_ {
+            RejectAs::Command => {
+                let evt = pb::CommandRejected {
+                    command_id: d.envelope.id.clone(),
+                    command_type: d.type_name.clone(),
+                    subject: d.subject.clone(),
+                    code: r.code as i32,
+                    reason: r.reason.clone(),
+                };
+                let subject = names::event_subject(scope, pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND);
+                self.publish(subject, &evt, &envelope).await?;
+            }
+            RejectAs::Message { consumer } => {
+                let evt = pb::MessageRejected {
+                    message_id: d.envelope.id.clone(),
+                    message_type: d.type_name.clone(),
+                    subject: d.subject.clone(),
+                    code: r.code as i32,
+                    reason: r.reason.clone(),
+                    consumer: consumer.clone(),
+                };
+                let subject = names::event_subject(scope, pb::rejection::MESSAGE_AGGREGATE, pb::rejection::KIND);
+                self.publish(subject, &evt, &envelope).await?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,85 @@
+//! Answering core requests: [`serve_requests`] runs a service's queue group until shutdown,
+//! and [`error_reply`] is how a refusal is answered.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, warn};
+
+use super::connect::Bus;
+use super::error::BusError;
+use crate::envelope::trace_id;
+use crate::names::headers;
+
+/// The answer to a core request: headers and body.
+pub type Reply = (HeaderMap, Bytes);
+
+/// A failed request's answer: an empty body, and the reason in the `Landfall-Error` header.
+pub fn error_reply(reason: &str) -> Reply {
+    let mut h = HeaderMap::new();
+    h.insert(headers::REPLY_ERROR, reason);
+    (h, Bytes::new())
+}
+
+/// Answers the core requests on `subject` (a queue group `group` shared by the service's
+/// replicas), at most `concurrency` at once, until `shutdown`. `answer` gets the subject the
+/// request came on and its payload. Requests in hand when `shutdown` comes are answered first.
+pub async fn serve_requests<F, Fut>(
+    bus: &Bus,
+    subject: String,
+    group: &str,
+    concurrency: usize,
+    shutdown: CancellationToken,
+    answer: F,
+) -> Result<(), BusError>
+where
+    F: Fn(async_nats::Subject, Bytes) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
+    let mut sub = bus
+        .client()
+        .queue_subscribe(subject.clone(), group.to_string())
+        .await
+        .map_err(|e| BusError::Request { subject: subject.clone(), source: Box::new(e) })?;
+    let answer = Arc::new(answer);
+    let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+    let mut tasks = JoinSet::new();
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = sub.next() => match m { Some(m) => m, None => break },
+        };
+        let Some(reply) = msg.reply else { continue };
+        let Ok(permit) = permits.clone().acquire_owned().await else { break };
+        let (answer, client, subject) = (answer.clone(), bus.client().clone(), subject.clone());
+        // A request's span has the fields of a consumed message's, those its headers give.
+        let header = |name: &str| msg.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+        let (msg_id, traceparent) = (header(headers::MSG_ID), header(headers::TRACEPARENT));
+        let span = tracing::error_span!(
+            "handle",
+            consumer = group,
+            subject = %msg.subject,
+            msg_id = msg_id.as_deref(),
+            trace_id = traceparent.as_deref().and_then(trace_id),
+        );
+        tasks.spawn(
+            async move {
+                let (headers, body) = answer(msg.subject, msg.payload).await;
+                if let Err(e) = client.publish_with_headers(reply, headers, body).await {
+                    warn!(%subject, error = %e, "cannot answer request");
+                }
+                drop(permit);
+            }
+            .instrument(span),
+        );
+        while tasks.try_join_next().is_some() {}
+    }
+    let _ = sub.unsubscribe().await;
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
