@@ -285,7 +285,10 @@ impl From<Role> for pb::Role {
     }
 }
 
+/// A package by name and version. In YAML, `{ name, version }` and nothing else, so that a
+/// misspelt key is refused rather than ignored.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PackageRef {
     pub name: PackageName,
     pub version: Version,
@@ -564,6 +567,7 @@ packages:
             (SITE.replace("role: master", "role: worker"), "at least one master"),
             (SITE.replace("\"22.04\" }]\n", "\"22 04\" }]\n"), "version"),
             (SITE.replace("role: master", "role: boss"), "role"),
+            (SITE.replace("\"1.29.1+k3s1\" }", "\"1.29.1+k3s1\", kind: binary }"), "unknown field `kind`"),
         ] {
             let err = parse(&bad).expect_err(field);
             assert!(err.contains(field), "{err} should mention {field}");

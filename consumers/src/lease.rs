@@ -11,7 +11,7 @@ use bus_schema::names::keys;
 use bus_schema::pb;
 use bus_schema::runtime::{BusError, Cas, HandlerError, Kv};
 
-use crate::now_ms;
+use crate::clock::now_ms;
 use crate::saga;
 
 /// How long a lease whose holder record does not exist yet is presumed to belong to a replica

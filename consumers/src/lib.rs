@@ -1,32 +1,40 @@
 //! Independent consumers of the landfall bus.
 //!
-//! - [`orchestrator`]: runs InstallSite sagas (state in KV, advanced with compare-and-set).
+//! - [`orchestrator`]: commands in, install sagas advanced in KV, jobs and events out; it runs
+//!   the rollouts too.
+//! - [`saga`]: the install saga's decisions, pure; the orchestrator executes them.
+//! - [`rollout`]: rollouts of a package across sites, as pure decisions and their executor.
+//! - [`lease`]: the site lease an install, a join or a rollout holds while it works on a site.
 //! - [`observer`]: keeps `landfall-observed` (what each node runs) from what gateways report.
-//! - [`kubeconfig`]: collects each site's kubeconfig and stores it sealed.
-//! - [`distribution`]: sends artifacts from the [`artifacts`] store to site gateways.
-//! - [`saga`]: the pure decision logic the orchestrator executes.
-//! - [`secrets`]: AEAD sealing under a key from a [`secrets::KeyProvider`] (a [`secrets::KeyRing`]).
-//! - [`secrets_service`]: kubeconfigs and BMC credentials by request/reply, and key rotation.
+//! - [`distribution`]: the [`artifacts`] store and the service that sends its bytes to gateways.
+//! - [`secrets`]: sealing under a key ring, the [`kubeconfig`] collector, and the secrets
+//!   service (kubeconfigs and BMC credentials by request/reply, key rotation).
+//! - [`failpoint`]: named crash points for fault tests.
+//!
+//! `artifacts`, `kubeconfig` and `secrets_service` keep the paths callers have always used.
 
-pub mod artifacts;
+mod clock;
+mod decision;
 pub mod distribution;
 pub mod failpoint;
-pub mod kubeconfig;
 pub mod lease;
 pub mod observer;
 pub mod orchestrator;
 pub mod rollout;
 pub mod saga;
 pub mod secrets;
-pub mod secrets_service;
 
-pub use distribution::run_distribution;
-pub use kubeconfig::run_kubeconfig;
+pub use distribution::{artifacts, run_distribution};
 pub use observer::run_observer;
 pub use orchestrator::run_orchestrator;
-pub use secrets_service::run_secrets_service;
+pub use secrets::kubeconfig::{self, run_kubeconfig};
+pub use secrets::service::run_secrets_service;
 
-/// Milliseconds since the Unix epoch, as KV records store times.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+/// The secrets service and its startup, by the path callers have always used.
+pub mod secrets_service {
+    pub use crate::secrets::records::{
+        KeySource, MissingKeys, StartupError, bmc_purpose, check_keys, open_key_ring, sealed_key_ids,
+    };
+    pub use crate::secrets::run_secrets;
+    pub use crate::secrets::service::{NO_BMC_CREDENTIALS, NO_BMC_JOB, run_secrets_service};
 }

@@ -11,7 +11,7 @@ use bus_schema::runtime::{self, Bus, BusError, ConsumerSpec, Delivery, HandlerEr
 use futures::future::try_join_all;
 use tokio_util::sync::CancellationToken;
 
-use crate::now_ms;
+use crate::clock::now_ms;
 
 pub struct Observer {
     observed: Kv,

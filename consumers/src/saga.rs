@@ -8,8 +8,13 @@
 use std::collections::BTreeMap;
 
 use bus_schema::domain::{Package, Role, SiteDesign};
-use bus_schema::pb::{self, BusEvent, BusJob, BusMessage, InstallPhase, NodeStep};
-use bus_schema::runtime::{Envelope, Outgoing};
+use bus_schema::pb::{self, BusEvent, BusJob, InstallPhase, NodeStep};
+use bus_schema::runtime::Envelope;
+
+use crate::decision::outbox_entry;
+
+/// Why an InstallSite cannot start.
+pub use crate::decision::Refusal;
 
 /// A fact that moves an install forward.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,13 +59,6 @@ pub enum Decision {
     Wait,
 }
 
-/// Why an InstallSite cannot start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub code: pb::RejectCode,
-    pub reason: String,
-}
-
 /// The packages a site install needs, resolved against the catalog, by role.
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -97,36 +95,6 @@ pub fn resolve(design: &SiteDesign, catalog: &BTreeMap<String, Package>) -> Resu
         }
     }
     Ok(Resolved { packages })
-}
-
-pub(crate) fn outbox_entry<M: BusMessage>(subject: String, msg: &M, env: &Envelope) -> pb::OutboxEntry {
-    pb::OutboxEntry {
-        subject,
-        message_type: M::TYPE.to_string(),
-        message_id: env.id.clone(),
-        payload: msg.encode_to_vec(),
-        causation_id: env.causation.clone(),
-        traceparent: env.traceparent.clone(),
-    }
-}
-
-/// The messages of an outbox, ready to publish, with their recorded ids: publishing them
-/// again after a crash gives the same ids, and the stream drops the copies.
-pub(crate) fn outgoing(outbox: &[pb::OutboxEntry], correlation: &str) -> Vec<Outgoing> {
-    outbox
-        .iter()
-        .map(|e| Outgoing {
-            subject: e.subject.clone(),
-            type_name: e.message_type.clone(),
-            payload: e.payload.clone().into(),
-            envelope: Envelope {
-                id: e.message_id.clone(),
-                correlation: correlation.to_string(),
-                causation: e.causation_id.clone(),
-                traceparent: e.traceparent.clone(),
-            },
-        })
-        .collect()
 }
 
 fn push_event<E: BusEvent>(saga: &mut pb::InstallSaga, evt: &E, env: &Envelope) {
@@ -521,6 +489,7 @@ fn finish(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64, failure: Op
 mod tests {
     use super::*;
     use bus_schema::domain::SiteDesign;
+    use bus_schema::pb::BusMessage;
     use prost::Message;
 
     fn sha(c: char) -> String {

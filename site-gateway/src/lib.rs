@@ -8,9 +8,8 @@ pub mod credentials;
 pub mod gateway;
 pub mod kube_site;
 pub mod sim;
-pub mod sim_control;
 
 pub use backend::SiteBackend;
 pub use cache::ArtifactCache;
 pub use gateway::{Gateway, HostScope, run_gateway, run_gateway_host};
-pub use sim_control::serve_sim_control;
+pub use sim::control::serve_sim_control;

@@ -1,11 +1,16 @@
 //! Site design documents through the real bus and the real CLI: apply, re-apply, diff, show,
-//! refusal of a broken design, and an install at a named revision.
+//! refusal of a broken design, and an install at a named revision. Also what users are given
+//! to start from: every example under `examples/sites`, every example of `docs/DESIGNS.md`,
+//! and what `design init` writes must be what landfall accepts (or, where marked, refuses
+//! with exactly the errors shown).
 
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bus_schema::domain::SiteDesign;
+use bus_schema::design::{self, Kind, Parsed, Planned};
+use bus_schema::domain::{Package, PackageRef, SiteDesign, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::Envelope;
@@ -250,5 +255,324 @@ async fn an_install_uses_the_design_at_the_revision_it_names() {
     fleet.bus.publish_command(&pb::InstallSite { site_id: SITE.into(), design_revision: 7 }, &missing).await.unwrap();
     let r: pb::CommandRejected = fleet.wait_install(&missing).await.terminal().delivery.decode().unwrap();
     assert!(r.reason.contains("no design revision 7"), "{}", r.reason);
+    fleet.stop().await;
+}
+
+/// The repository's root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the tests crate is in the workspace").to_path_buf()
+}
+
+/// The catalog `landfall up` registers, as design validation reads it.
+fn demo_refs() -> BTreeSet<PackageRef> {
+    demo_catalog().values().map(Package::reference).collect()
+}
+
+/// The catalog `landfall up` registers, as an install reads it.
+fn demo_catalog() -> BTreeMap<String, Package> {
+    producers::up::demo_packages()
+        .into_iter()
+        .map(|p| Package::try_from(p).expect("a demo package"))
+        .map(|p| (p.reference().key(), p))
+        .collect()
+}
+
+/// Whether YAML text holds design documents (`kind: …`) rather than a flat site file.
+fn is_documents(text: &str) -> bool {
+    text.lines().any(|l| l.starts_with("kind:"))
+}
+
+/// A flat site file as `site register` reads it, and the check an install makes of its
+/// packages against the demo catalog.
+fn check_flat(text: &str, source: &str) -> Result<SiteDesign, String> {
+    let design = producers::cli::site::parse_site_design(text, source).map_err(|e| format!("error: {e:#}"))?;
+    consumers::saga::resolve(&design, &demo_catalog()).map_err(|r| format!("install refused: {}", r.reason))?;
+    Ok(design)
+}
+
+/// Design documents as `design validate` and `design apply` check them against the demo
+/// catalog (the site is their Site document's), and the check an install makes of the
+/// effective design.
+fn check_documents(sources: &[pb::DesignSource]) -> Result<Planned, String> {
+    let mut parsed = Parsed::default();
+    for s in sources {
+        parsed.read(&s.text, &s.name);
+    }
+    let site = parsed
+        .documents()
+        .iter()
+        .find(|d| d.kind() == Kind::Site)
+        .map(|d| d.name().to_string())
+        .ok_or("no readable Site document")?;
+    let site = SiteId::try_from(site).map_err(|e| e.to_string())?;
+    let planned =
+        design::plan(&site, sources, &demo_refs(), None).map_err(|e| producers::cli::design::error_report(&e))?;
+    let effective = SiteDesign::try_from(planned.effective.clone()).map_err(|e| e.to_string())?;
+    consumers::saga::resolve(&effective, &demo_catalog()).map_err(|r| format!("install refused: {}", r.reason))?;
+    Ok(planned)
+}
+
+#[test]
+fn every_example_site_is_valid_against_the_demo_catalog() {
+    let root = repo().join("examples/sites");
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
+    entries.sort();
+    let (mut flat, mut documents, mut failures) = (0, 0, Vec::new());
+    for path in entries {
+        let name = path.strip_prefix(repo()).unwrap().display().to_string();
+        let result = if path.is_dir() {
+            documents += 1;
+            let sources = producers::cli::design::read_sources(std::slice::from_ref(&path)).unwrap();
+            check_documents(&sources).map(drop)
+        } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            if is_documents(&text) {
+                documents += 1;
+                check_documents(&producers::cli::design::read_sources(std::slice::from_ref(&path)).unwrap()).map(drop)
+            } else {
+                flat += 1;
+                // What `site register -f` reads, from the file itself.
+                producers::cli::site::read_site_design(&path)
+                    .map_err(|e| format!("error: {e:#}"))
+                    .and_then(|_| check_flat(&text, &name).map(drop))
+            }
+        } else {
+            continue;
+        };
+        if let Err(e) = result {
+            failures.push(format!("{name}:\n{e}"));
+        }
+    }
+    assert!(failures.is_empty(), "invalid examples:\n{}", failures.join("\n"));
+    assert!(flat >= 1 && documents >= 1, "{flat} flat and {documents} document examples: the walk found too few");
+}
+
+/// One example of the design docs: the YAML block after a `<!-- example: … -->` marker, and
+/// for `invalid` and `show NODE` the text block after it, what landfall prints.
+struct DocExample {
+    line: usize,
+    marker: String,
+    yaml: String,
+    expected: Option<String>,
+}
+
+/// The examples of a Markdown text, in order.
+fn doc_examples(markdown: &str) -> Vec<DocExample> {
+    type Lines<'a> = std::iter::Enumerate<std::str::Lines<'a>>;
+    /// The body of the fenced block that opens on the next non-empty line, which must be `fence`.
+    fn block(lines: &mut Lines<'_>, fence: &str, after: usize) -> String {
+        lines
+            .by_ref()
+            .find(|(_, l)| !l.trim().is_empty())
+            .filter(|(_, l)| l.trim() == fence)
+            .unwrap_or_else(|| panic!("DESIGNS.md:{after}: a {fence} block must follow"));
+        lines.by_ref().map(|(_, l)| l).take_while(|l| *l != "```").map(|l| format!("{l}\n")).collect()
+    }
+    /// The body of the next `text` block, with only prose before it.
+    fn text_block(lines: &mut Lines<'_>, after: usize) -> String {
+        for (at, l) in lines.by_ref() {
+            if l.trim() == "```text" {
+                return lines.by_ref().map(|(_, l)| l).take_while(|l| *l != "```").map(|l| format!("{l}\n")).collect();
+            }
+            assert!(
+                !l.starts_with("```"),
+                "DESIGNS.md:{}: a ```text block must follow the example of line {after}",
+                at + 1
+            );
+        }
+        panic!("DESIGNS.md:{after}: no ```text block follows");
+    }
+    let mut examples = Vec::new();
+    let mut lines = markdown.lines().enumerate();
+    while let Some((at, line)) = lines.next() {
+        let Some(marker) = line.strip_prefix("<!-- example: ").and_then(|m| m.strip_suffix(" -->")) else {
+            continue;
+        };
+        let yaml = block(&mut lines, "```yaml", at + 1);
+        let expected = (marker != "valid").then(|| text_block(&mut lines, at + 1));
+        examples.push(DocExample { line: at + 1, marker: marker.to_string(), yaml, expected });
+    }
+    examples
+}
+
+#[test]
+fn every_example_in_the_design_docs_is_what_landfall_does() {
+    let markdown = std::fs::read_to_string(repo().join("docs/DESIGNS.md")).unwrap();
+    let examples = doc_examples(&markdown);
+    let mut failures = Vec::new();
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for ex in &examples {
+        let kind = ex.marker.split_whitespace().next().unwrap_or("");
+        *seen.entry(kind).or_default() += 1;
+        let documents = is_documents(&ex.yaml);
+        let sources = vec![pb::DesignSource { name: "site.yaml".into(), text: ex.yaml.clone() }];
+        let problem = match (kind, documents) {
+            ("valid", true) => check_documents(&sources).err(),
+            ("valid", false) => check_flat(&ex.yaml, "site.yaml").err(),
+            ("invalid", _) => {
+                let got = if documents {
+                    check_documents(&sources).map(drop).err()
+                } else {
+                    check_flat(&ex.yaml, "site.yaml").map(drop).err()
+                };
+                match got {
+                    None => Some("it is valid".to_string()),
+                    Some(got) if Some(got.trim_end()) != ex.expected.as_deref().map(str::trim_end) => {
+                        Some(format!("landfall says:\n{got}"))
+                    }
+                    Some(_) => None,
+                }
+            }
+            ("show", true) => {
+                let node = ex.marker.split_whitespace().nth(1).unwrap_or("");
+                let mut parsed = Parsed::default();
+                parsed.read(&ex.yaml, "site.yaml");
+                match (check_documents(&sources), design::resolve_parsed(&parsed)) {
+                    (Err(e), _) => Some(e),
+                    (_, Err(e)) => Some(format!("{e:?}")),
+                    (Ok(_), Ok(site)) => match site.node(node).map(design::render_effective) {
+                        None => Some(format!("no node {node}")),
+                        Some(shown) if Some(&shown) != ex.expected.as_ref() => {
+                            Some(format!("design show prints:\n{shown}"))
+                        }
+                        Some(_) => None,
+                    },
+                }
+            }
+            _ => Some(format!("unknown marker {:?}", ex.marker)),
+        };
+        if let Some(problem) = problem {
+            failures.push(format!("DESIGNS.md:{} ({}):\n{problem}", ex.line, ex.marker));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for kind in ["valid", "invalid", "show"] {
+        assert!(seen.get(kind).copied().unwrap_or(0) >= 2, "too few `{kind}` examples found: {seen:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn design_init_writes_designs_that_validate_and_keeps_what_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    // No landfall is needed to write a design.
+    let url = "nats://127.0.0.1:1";
+    for racks in [1u8, 3, 5] {
+        let into = dir.path().join(format!("racks-{racks}"));
+        let into_arg = into.display().to_string();
+        let out = landfall(url, &["design", "init", "--racks", &racks.to_string(), "--dir", &into_arg]).await;
+        assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+        let said = text(&out.stdout);
+        for next in [format!("landfall design validate -f {into_arg}"), format!("landfall design apply -f {into_arg}")]
+        {
+            assert!(said.contains(&next), "{next} missing from:\n{said}");
+        }
+        // The same path as `design validate`: the directory's files, then the shared planner.
+        let sources = producers::cli::design::read_sources(std::slice::from_ref(&into)).unwrap();
+        assert_eq!(sources.len(), 3, "{racks} racks");
+        let planned = check_documents(&sources).unwrap_or_else(|e| panic!("{racks} racks:\n{e}"));
+        let masters = if racks >= 3 { 3 } else { 1 };
+        assert_eq!(planned.selection.masters.active.len(), masters, "{racks} racks");
+        assert_eq!(planned.resolved.nodes.len(), usize::from(racks) * 3, "{racks} racks");
+    }
+
+    let into = dir.path().join("racks-3");
+    let into_arg = into.display().to_string();
+    std::fs::write(into.join("nodes.yaml"), "# mine\n").unwrap();
+    let out = landfall(url, &["design", "init", "--dir", &into_arg]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("nothing written"), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(into.join("nodes.yaml")).unwrap(), "# mine\n");
+    let out = landfall(url, &["design", "init", "--dir", &into_arg, "--site", "Edge_1"]).await;
+    assert!(!out.status.success() && text(&out.stderr).contains("--site"), "{}", text(&out.stderr));
+    let out = landfall(url, &["design", "init", "--dir", &into_arg, "--force", "--racks", "2"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(std::fs::read_to_string(into.join("nodes.yaml")).unwrap().contains("name: r2-n3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_and_a_starter_design_go_through_the_cli_against_the_demo_catalog() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(0).start().await;
+    let url = server.url();
+    let examples = repo().join("examples/sites");
+
+    let flat = examples.join("small-flat.yaml").display().to_string();
+    let out = landfall(&url, &["site", "register", "-f", &flat]).await;
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+
+    let racks = examples.join("three-racks").display().to_string();
+    let out = landfall(&url, &["design", "validate", "-f", &racks]).await;
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("masters r1-n1,r2-n1,r3-n1"), "{}", text(&out.stdout));
+    let out = landfall(&url, &["design", "apply", "-f", &racks]).await;
+    assert!(text(&out.stdout).contains("applied: edge-racks revision 1"), "{}{}", text(&out.stdout), text(&out.stderr));
+
+    let dir = tempfile::tempdir().unwrap();
+    let starter = dir.path().join("design").display().to_string();
+    let out = landfall(&url, &["design", "init", "--racks", "5", "--site", "edge-init", "--dir", &starter]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = landfall(&url, &["design", "validate", "-f", &starter]).await;
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!text(&out.stderr).contains("not checking packages"), "checked against the catalog: {}", text(&out.stderr));
+    let out = landfall(&url, &["design", "apply", "-f", &starter]).await;
+    assert!(text(&out.stdout).contains("applied: edge-init revision 1"), "{}{}", text(&out.stdout), text(&out.stderr));
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_that_does_not_parse_hides_no_node_error_in_the_cli_nor_the_orchestrator() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(0).start().await;
+    // `control` does not parse (a list where a role goes); node-1 is on it, node-5 is not.
+    let broken = design("1.29.2")
+        .replace("name: control\nparent: base\nrole: master\n", "name: control\nparent: base\nrole: [master]\n")
+        .replace("bootMac: 52:54:00:10:00:05", "bootMac: 52:54:00:10:00:01")
+        .replace("ip: 10.1.0.11 }", "ip: 10.9.0.11 }")
+        .replace(
+            "addressing: [{ network: provisioning, ip: 10.1.0.16 }]",
+            "addressing: [{ network: san, ip: 10.1.0.16 }]",
+        );
+    let wanted = [
+        "HostProfile/control (site.yaml #4): role: invalid type: sequence",
+        "Node/node-1 (site.yaml #5): addressing[provisioning].ip: 10.9.0.11 is not in provisioning (10.1.0.0/24)",
+        "Node/node-6 (site.yaml #10): addressing[san]: no network named \"san\"",
+        "Node/node-6 (site.yaml #10): addressing: no address on provisioning",
+        "Node/node-5 (site.yaml #9): bootMac: 52:54:00:10:00:01 is already the boot MAC of Node/node-1 (site.yaml #5)",
+    ];
+    let unwanted = ["no HostProfile named", "no role", "no node has role master"];
+
+    // Run where the file is, so that errors name it `site.yaml` as the bus's source does.
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "site.yaml", &broken);
+    let out = tokio::process::Command::new(landfall_tests::cli::binary())
+        .args(["design", "validate", "-f", "site.yaml"])
+        .current_dir(dir.path())
+        .env("NATS_URL", server.url())
+        .output()
+        .await
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with(&format!("the design is invalid ({} errors):\n", wanted.len())), "{err}");
+    for line in wanted {
+        assert!(err.contains(line), "{line} missing from:\n{err}");
+    }
+    for line in unwanted {
+        assert!(!err.contains(line), "{line} in:\n{err}");
+    }
+
+    let cmd = pb::ApplyDesign {
+        site_id: SITE.into(),
+        sources: vec![pb::DesignSource { name: "site.yaml".into(), text: broken }],
+    };
+    let env = Envelope::root();
+    fleet.bus.publish_command(&cmd, &env).await.unwrap();
+    let r: pb::CommandRejected = fleet.wait_install(&env).await.terminal().delivery.decode().unwrap();
+    for line in wanted {
+        assert!(r.reason.contains(line), "{line} missing from:\n{}", r.reason);
+    }
+    for line in unwanted {
+        assert!(!r.reason.contains(line), "{line} in:\n{}", r.reason);
+    }
     fleet.stop().await;
 }

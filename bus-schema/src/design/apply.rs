@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::domain::{NodeName, PackageRef, SiteId};
 use crate::pb;
 
-use super::{NodeSet, ResolvedSite, Selection, parse_documents, select, to_site_design, validate};
+use super::{NodeSet, Parsed, ResolvedSite, Selection, select, to_site_design, validate_parsed};
 
 /// A valid design, resolved, with its cluster selected.
 #[derive(Debug, Clone)]
@@ -65,21 +65,16 @@ pub fn plan(
     catalog: &BTreeSet<PackageRef>,
     previous: Option<&pb::DesignRevision>,
 ) -> Result<Planned, Vec<String>> {
-    let mut docs = Vec::new();
-    let mut errors: Vec<String> = Vec::new();
     if sources.is_empty() {
         return Err(vec!["no design documents".to_string()]);
     }
+    // Documents that do not parse are reported with everything wrong in the others.
+    let mut parsed = Parsed::default();
     for source in sources {
-        match parse_documents(&source.text, &source.name) {
-            Ok(d) => docs.extend(d),
-            Err(e) => errors.extend(e.iter().map(ToString::to_string)),
-        }
+        parsed.read(&source.text, &source.name);
     }
-    if !errors.is_empty() {
-        return Err(errors);
-    }
-    let resolved = validate(&docs, catalog).map_err(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+    let resolved =
+        validate_parsed(&parsed, catalog).map_err(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>())?;
     if resolved.id != *site {
         return Err(vec![format!(
             "{}: name: the documents describe site {}, not {site}",
@@ -191,6 +186,37 @@ mod tests {
         let again = plan(&site, &source(text), &catalog, Some(&rev)).expect("valid");
         assert!(again.same_as(&rev));
         assert!(changes(rev.effective.as_ref(), &again.effective).is_empty());
+    }
+
+    #[test]
+    fn a_source_that_does_not_parse_hides_no_error_of_the_others() {
+        // `worker` does not parse (an unknown field); node-4 is on it, node-5 on a profile
+        // whose chain passes through it, node-2 on another profile.
+        let text = example()
+            .replace("name: worker\nparent: base\n", "name: worker\nparent: base\nrack: r9\n")
+            .replace("ip: 10.1.0.14 }", "ip: 10.1.1.14 }")
+            .replace("bootMac: 52:54:00:00:01:05", "bootMac: 52:54:00:00:01:01")
+            .replace("{ network: oob, ip: 10.0.0.102 }", "{ network: storage, ip: 10.5.0.102 }");
+        let mut sources = source(&text);
+        sources.push(pb::DesignSource {
+            name: "more.yaml".into(),
+            text: "kind: HostProfile\nname: small-worker\nparent: worker\n---\nkind: Node\nname: node-6\n\
+                   hostProfile: small-worker\nbootMac: 52:54:00:00:01:06\nbmc: { address: ipmi://10.0.0.6 }\n\
+                   addressing: [{ network: provisioning, ip: 10.1.0.16 }]\n"
+                .into(),
+        });
+        let site = SiteId::try_from("edge-01").unwrap();
+        let errors = plan(&site, &sources, &fixtures::catalog(), None).unwrap_err();
+        let fields: Vec<&str> = errors.iter().map(|e| e.split(": ").take(2).collect::<Vec<_>>()[1]).collect();
+        assert_eq!(
+            fields,
+            ["(document)", "addressing[storage]", "addressing[provisioning].ip", "bootMac"],
+            "{errors:#?}"
+        );
+        assert!(errors[0].starts_with("HostProfile/worker (site.yaml #6): (document): unknown field `rack`"));
+        assert!(errors[1].starts_with("Node/node-2 (site.yaml #9): addressing[storage]: no network named"));
+        assert!(errors[2].starts_with("Node/node-4 (site.yaml #11): addressing[provisioning].ip: 10.1.1.14 is not in"));
+        assert!(errors[3].starts_with("Node/node-5 (site.yaml #12): bootMac: 52:54:00:00:01:01 is already"));
     }
 
     #[test]

@@ -403,30 +403,112 @@ impl fmt::Display for Storage {
 ///
 /// Empty documents are skipped but counted, so `#n` in errors is the n-th document of the
 /// source. Returns every document, or an error for each document that does not parse (a YAML
-/// syntax error ends the source: nothing after it can be read).
+/// syntax error ends the source: nothing after it can be read). To go on with the documents
+/// that do parse, read the sources into [`Parsed`] instead.
 pub fn parse_documents(text: &str, source: &str) -> Result<Vec<Document>, Vec<DesignError>> {
-    let mut documents = Vec::new();
-    let mut errors = Errors::default();
-    let heads = serde_yaml::Deserializer::from_str(text);
-    let bodies = serde_yaml::Deserializer::from_str(text);
-    for (position, (head, body)) in heads.zip(bodies).enumerate() {
-        let index = position + 1;
-        let head = match Value::deserialize(head) {
-            Ok(head) => head,
-            Err(e) => {
-                errors.push(yaml_error(format!("{source} #{index}"), &e));
-                break;
+    let mut parsed = Parsed::default();
+    parsed.read(text, source);
+    parsed.into_documents()
+}
+
+/// The documents of a design's sources, as far as they can be read.
+///
+/// A document that does not parse is refused with its error, but when its head names a known
+/// kind and a name, it is still known by them ([`Parsed::unreadable`]): checking the rest
+/// then does not report what refers to it as unknown, nor what it would have set as missing,
+/// so that one report lists the errors of every document at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Parsed {
+    documents: Vec<Document>,
+    /// Each unreadable document, with how many documents were read before it.
+    unreadable: Vec<(usize, Origin)>,
+    errors: Vec<DesignError>,
+}
+
+/// One document of a design in the order it was read: parsed, or known by its head alone.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Entry<'a> {
+    /// A document that parsed.
+    Read(&'a Document),
+    /// A document that names its kind and name but does not parse.
+    Unreadable(&'a Origin),
+}
+
+impl Parsed {
+    /// Reads the documents of `text`, from `source`, after those read before.
+    pub fn read(&mut self, text: &str, source: &str) -> &mut Self {
+        let mut errors = Errors::default();
+        let heads = serde_yaml::Deserializer::from_str(text);
+        let bodies = serde_yaml::Deserializer::from_str(text);
+        for (position, (head, body)) in heads.zip(bodies).enumerate() {
+            let index = position + 1;
+            let head = match Value::deserialize(head) {
+                Ok(head) => head,
+                Err(e) => {
+                    errors.push(yaml_error(format!("{source} #{index}"), &e));
+                    break;
+                }
+            };
+            if head.is_null() {
+                continue;
             }
-        };
-        if head.is_null() {
-            continue;
+            match parse_document(&head, body, source, index) {
+                Ok(document) => self.documents.push(document),
+                Err(refused) => {
+                    errors.push(refused.error);
+                    self.unreadable.extend(refused.origin.map(|o| (self.documents.len(), o)));
+                }
+            }
         }
-        match parse_document(&head, body, source, index) {
-            Ok(document) => documents.push(document),
-            Err(e) => errors.push(e),
-        }
+        self.errors.extend(errors.into_vec());
+        self
     }
-    errors.into_result(documents)
+
+    /// The documents that parsed, in the order they were read.
+    pub fn documents(&self) -> &[Document] {
+        &self.documents
+    }
+
+    /// The documents that did not parse but name their kind and name.
+    pub fn unreadable(&self) -> impl Iterator<Item = &Origin> {
+        self.unreadable.iter().map(|(_, origin)| origin)
+    }
+
+    /// Why each document that did not parse was refused.
+    pub fn errors(&self) -> &[DesignError] {
+        &self.errors
+    }
+
+    /// Every document, or every error when any document did not parse.
+    pub fn into_documents(self) -> Result<Vec<Document>, Vec<DesignError>> {
+        if self.errors.is_empty() { Ok(self.documents) } else { Err(self.errors) }
+    }
+
+    /// Every document in the order it was read, the unreadable ones among them.
+    pub(crate) fn entries(&self) -> Vec<Entry<'_>> {
+        let mut entries = Vec::with_capacity(self.documents.len() + self.unreadable.len());
+        let mut unreadable = self.unreadable.iter().peekable();
+        for (read, document) in self.documents.iter().enumerate() {
+            while let Some((_, origin)) = unreadable.next_if(|(before, _)| *before == read) {
+                entries.push(Entry::Unreadable(origin));
+            }
+            entries.push(Entry::Read(document));
+        }
+        entries.extend(unreadable.map(|(_, origin)| Entry::Unreadable(origin)));
+        entries
+    }
+}
+
+/// The documents as entries, all of them read.
+pub(crate) fn entries(docs: &[Document]) -> Vec<Entry<'_>> {
+    docs.iter().map(Entry::Read).collect()
+}
+
+/// Why a document was refused, and which document it is when its head says.
+struct Refused {
+    error: DesignError,
+    /// The document, when its head names a known kind and a name.
+    origin: Option<Origin>,
 }
 
 /// Parses one non-empty document: `head` says its kind and name, `body` is read as that kind.
@@ -435,21 +517,27 @@ fn parse_document(
     body: serde_yaml::Deserializer<'_>,
     source: &str,
     index: usize,
-) -> Result<Document, DesignError> {
+) -> Result<Document, Box<Refused>> {
     let text = |key: &str| head.get(key).and_then(Value::as_str);
     let (kind, name) = (text("kind"), text("name"));
     let location = format!("{}/{} ({source} #{index})", kind.unwrap_or("?"), name.unwrap_or("?"));
+    let refuse = |field: &str, reason: &str| {
+        Box::new(Refused { error: DesignError::new(&location, field, reason), origin: None })
+    };
     if !head.is_mapping() {
-        return Err(DesignError::new(location, "(document)", "a design document is a mapping with kind and name"));
+        return Err(refuse("(document)", "a design document is a mapping with kind and name"));
     }
     let kind: Kind = match kind {
-        Some(kind) => kind.parse().map_err(|reason| DesignError::new(&location, "kind", reason))?,
-        None => return Err(DesignError::new(location, "kind", "missing: every document says its kind")),
+        Some(kind) => kind.parse().map_err(|reason: String| refuse("kind", &reason))?,
+        None => return Err(refuse("kind", "missing: every document says its kind")),
     };
-    if name.is_none_or(str::is_empty) {
-        return Err(DesignError::new(location, "name", "missing: every document has a name"));
-    }
-    let fail = |e: serde_yaml::Error| yaml_error(location.clone(), &e);
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return Err(refuse("name", "missing: every document has a name"));
+    };
+    let origin = Origin { kind, name: name.to_string(), source: source.to_string(), index };
+    let fail = |e: serde_yaml::Error| {
+        Box::new(Refused { error: yaml_error(location.clone(), &e), origin: Some(origin.clone()) })
+    };
     let body = match kind {
         Kind::Site => Body::Site(Site::deserialize(body).map_err(fail)?),
         Kind::HardwareProfile => Body::HardwareProfile(HardwareProfile::deserialize(body).map_err(fail)?),
@@ -567,6 +655,35 @@ addressing: [{ network: provisioning, ip: 10.1.0.11 }]
         assert!(errors[2].reason.contains("\"Rack\" is not a kind"), "{}", errors[2].reason);
         assert!(errors[4].reason.starts_with("item 1: unknown field `ntwork`"), "{}", errors[4].reason);
         assert!(errors[5].reason.contains("host bits are set"), "{}", errors[5].reason);
+    }
+
+    #[test]
+    fn what_does_not_parse_is_known_by_its_head_and_the_rest_is_kept_in_order() {
+        let mut parsed = Parsed::default();
+        parsed
+            .read("kind: HostProfile\nname: a\nrole: [x]\n---\nkind: HostProfile\nname: b\n", "one.yaml")
+            .read("kind: Node\nname: n1\n---\nkind: Rack\nname: r\n---\nkind: Site\nname: s\n", "two.yaml");
+        let order: Vec<String> = parsed
+            .entries()
+            .iter()
+            .map(|e| match e {
+                Entry::Read(doc) => doc.origin().location(),
+                Entry::Unreadable(origin) => format!("unreadable {}", origin.location()),
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "unreadable HostProfile/a (one.yaml #1)",
+                "HostProfile/b (one.yaml #2)",
+                "unreadable Node/n1 (two.yaml #1)",
+                "Site/s (two.yaml #3)",
+            ]
+        );
+        let errors: Vec<&str> = parsed.errors().iter().map(|e| e.document.as_str()).collect();
+        assert_eq!(errors, ["HostProfile/a (one.yaml #1)", "Node/n1 (two.yaml #1)", "Rack/r (two.yaml #2)"]);
+        assert_eq!(parsed.documents().len(), 2);
+        assert_eq!(parsed.into_documents().unwrap_err().len(), 3);
     }
 
     #[test]

@@ -72,17 +72,17 @@ pub use apply::{Changes, Planned, changes, plan, selection_of};
 pub use convert::to_site_design;
 pub use document::{
     Address, Bmc, Body, ClusterSpec, Document, HardwareProfile, HostProfile, Interface, Kind, Network, Node,
-    NodeSetSpec, Origin, Site, Storage, parse_documents,
+    NodeSetSpec, Origin, Parsed, Site, Storage, parse_documents,
 };
 pub use error::DesignError;
 pub use inherit::{ListPatch, MapPatch, Named, ScalarPatch, Setting, Sourced};
 pub use net::Cidr;
-pub use resolve::{EffectiveNode, ResolvedSite, render_effective, resolve};
+pub use resolve::{EffectiveNode, ResolvedSite, render_effective, resolve, resolve_parsed};
 pub use select::{
     API_PORT, Backend, Inventory, InventoryHost, NodeSet, Placement, ROLE_LABEL, STANDBY_LABEL, Selection,
     Unschedulable, select,
 };
-pub use validate::validate;
+pub use validate::{validate, validate_parsed};
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,8 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use super::document::{
-    Body, Document, HardwareProfile, HostProfile, Interface, Kind, Network, Node, Origin, Site, Storage,
+    Body, Document, Entry, HardwareProfile, HostProfile, Interface, Kind, Network, Node, Origin, Parsed, Site, Storage,
+    entries,
 };
 use super::error::{DesignError, Errors};
 use super::inherit::{ListPatch, MapPatch, ScalarPatch, Setting, Sourced};
@@ -80,6 +81,31 @@ pub struct EffectiveNode {
     pub addresses: BTreeMap<String, IpAddr>,
 }
 
+/// What the design rules look at in a node, known even when the node's own fields are
+/// malformed (and it has no [`EffectiveNode`]), so that its other mistakes are reported too.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeFacts {
+    /// The Node document.
+    pub(crate) origin: Origin,
+    /// The boot MAC, if well-formed.
+    pub(crate) boot_mac: Option<MacAddress>,
+    /// The role its chain sets.
+    pub(crate) role: Setting<Role>,
+    /// The documents applied, bottom first.
+    pub(crate) chain: Vec<Origin>,
+    /// Documents of its chain that exist but could not be read: what they would set is missing.
+    pub(crate) unreadable: Vec<Origin>,
+    /// Its well-formed addresses, by network.
+    pub(crate) addresses: BTreeMap<String, IpAddr>,
+}
+
+impl NodeFacts {
+    /// The role, if one is set.
+    pub(crate) fn role(&self) -> Option<Role> {
+        self.role.value().copied()
+    }
+}
+
 impl EffectiveNode {
     /// The role, if one is set.
     pub fn role(&self) -> Option<Role> {
@@ -109,7 +135,18 @@ impl EffectiveNode {
 /// parent or hardware profile, parents form a cycle, a node names an unknown host profile, or
 /// a node's name, MAC, BMC address or IP address is malformed. [`super::validate()`] adds the design rules on top.
 pub fn resolve(docs: &[Document]) -> Result<ResolvedSite, Vec<DesignError>> {
-    resolve_all(docs).into_site()
+    resolve_all(&entries(docs)).into_site()
+}
+
+/// [`resolve()`] on what could be read of a design's sources: the errors of the documents that
+/// did not parse first, then every error of the documents that did.
+pub fn resolve_parsed(parsed: &Parsed) -> Result<ResolvedSite, Vec<DesignError>> {
+    let mut resolution = resolve_all(&parsed.entries());
+    let mut errors = Errors::default();
+    errors.extend(parsed.errors().iter().cloned());
+    errors.extend(resolution.errors.into_vec());
+    resolution.errors = errors;
+    resolution.into_site()
 }
 
 /// What resolution produced, even from a faulty design: the checks after it run on whatever
@@ -119,6 +156,11 @@ pub(crate) struct Resolution {
     /// The Site document, and its id if well-formed.
     pub(crate) site: Option<(Origin, Site, Option<SiteId>)>,
     pub(crate) nodes: BTreeMap<NodeName, EffectiveNode>,
+    /// Every Node document's facts (those of [`Resolution::nodes`] and of malformed nodes),
+    /// by name.
+    pub(crate) facts: Vec<NodeFacts>,
+    /// The documents that could not be read.
+    pub(crate) unreadable: Vec<Origin>,
     pub(crate) errors: Errors,
 }
 
@@ -134,22 +176,28 @@ impl Resolution {
     }
 }
 
-/// Resolves what can be resolved and records every error on the way.
-pub(crate) fn resolve_all(docs: &[Document]) -> Resolution {
+/// Resolves what can be resolved and records every error on the way. Unreadable documents
+/// count as defined (their names are taken, references to them hold) but contribute nothing.
+pub(crate) fn resolve_all(entries: &[Entry<'_>]) -> Resolution {
     let mut errors = Errors::default();
-    let index = Index::build(docs, &mut errors);
+    let index = Index::build(entries, &mut errors);
     let site = index.site.as_ref().map(|(site, origin)| {
         let id = checked(SiteId::try_from(site.name.as_str()), origin, "name", &mut errors);
         (origin.clone(), (*site).clone(), id)
     });
     index.check_profiles(&mut errors);
     let mut nodes = BTreeMap::new();
+    let mut facts = Vec::new();
     for (node, origin) in &index.nodes {
-        if let Some(effective) = index.resolve_node(node, origin, &mut errors) {
+        let (node_facts, effective) = index.resolve_node(node, origin, &mut errors);
+        facts.push(node_facts);
+        if let Some(effective) = effective {
             nodes.insert(effective.name.clone(), effective);
         }
     }
-    Resolution { site, nodes, errors }
+    facts.sort_by(|a, b| a.origin.name.cmp(&b.origin.name));
+    let unreadable = index.unreadable.values().cloned().collect();
+    Resolution { site, nodes, facts, unreadable, errors }
 }
 
 /// The documents by kind and name; the first of a duplicated name wins.
@@ -158,27 +206,50 @@ struct Index<'a> {
     hardware: BTreeMap<&'a str, (&'a HardwareProfile, Origin)>,
     hosts: BTreeMap<&'a str, (&'a HostProfile, Origin)>,
     nodes: Vec<(&'a Node, Origin)>,
+    /// The documents that could not be read, by kind and name.
+    unreadable: BTreeMap<(Kind, &'a str), Origin>,
 }
 
 impl<'a> Index<'a> {
-    fn build(docs: &'a [Document], errors: &mut Errors) -> Self {
-        let mut index = Index { site: None, hardware: BTreeMap::new(), hosts: BTreeMap::new(), nodes: Vec::new() };
+    fn build(entries: &[Entry<'a>], errors: &mut Errors) -> Self {
+        let mut index = Index {
+            site: None,
+            hardware: BTreeMap::new(),
+            hosts: BTreeMap::new(),
+            nodes: Vec::new(),
+            unreadable: BTreeMap::new(),
+        };
         let mut seen: BTreeMap<(Kind, &str), Origin> = BTreeMap::new();
-        for doc in docs {
-            let origin = doc.origin();
-            if let Some(first) = seen.get(&(doc.kind(), doc.name())) {
+        let mut first_site: Option<Origin> = None;
+        for entry in entries {
+            let (origin, name) = match entry {
+                Entry::Read(doc) => (doc.origin(), doc.name()),
+                Entry::Unreadable(origin) => ((*origin).clone(), origin.name.as_str()),
+            };
+            if let Some(first) = seen.get(&(origin.kind, name)) {
                 errors.push(duplicate(&origin, first));
                 continue;
             }
-            seen.insert((doc.kind(), doc.name()), origin.clone());
-            match &doc.body {
-                Body::Site(site) => match &index.site {
-                    Some((_, first)) => errors.push(origin.error(
+            seen.insert((origin.kind, name), origin.clone());
+            if origin.kind == Kind::Site {
+                if let Some(first) = &first_site {
+                    errors.push(origin.error(
                         "kind",
                         format!("a design describes one site, and {} is already defined", first.location()),
-                    )),
-                    None => index.site = Some((site, origin)),
-                },
+                    ));
+                    continue;
+                }
+                first_site = Some(origin.clone());
+            }
+            let doc = match entry {
+                Entry::Read(doc) => doc,
+                Entry::Unreadable(_) => {
+                    index.unreadable.insert((origin.kind, name), origin);
+                    continue;
+                }
+            };
+            match &doc.body {
+                Body::Site(site) => index.site = Some((site, origin)),
                 Body::HardwareProfile(hw) => {
                     index.hardware.insert(&hw.name, (hw, origin));
                 }
@@ -188,22 +259,32 @@ impl<'a> Index<'a> {
                 Body::Node(node) => index.nodes.push((node, origin)),
             }
         }
-        if index.site.is_none() {
+        if first_site.is_none() {
             errors.push(DesignError::new("(design)", "kind", "no Site document: a design describes one site"));
         }
         index
+    }
+
+    /// Whether a document of `kind` named `name` exists, read or not.
+    fn defines(&self, kind: Kind, name: &str) -> bool {
+        let read = match kind {
+            Kind::HardwareProfile => self.hardware.contains_key(name),
+            Kind::HostProfile => self.hosts.contains_key(name),
+            Kind::Site | Kind::Node => false,
+        };
+        read || self.unreadable.contains_key(&(kind, name))
     }
 
     /// Unknown parents and hardware profiles, and parent cycles, once per profile or cycle.
     fn check_profiles(&self, errors: &mut Errors) {
         for (profile, origin) in self.hosts.values() {
             if let Some(parent) = &profile.parent
-                && !self.hosts.contains_key(parent.as_str())
+                && !self.defines(Kind::HostProfile, parent)
             {
                 errors.push(origin.error("parent", format!("no HostProfile named {parent:?}")));
             }
             if let Some(ScalarPatch::Set(hw)) = &profile.hardware_profile
-                && !self.hardware.contains_key(hw.as_str())
+                && !self.defines(Kind::HardwareProfile, hw)
             {
                 errors.push(origin.error("hardwareProfile", format!("no HardwareProfile named {hw:?}")));
             }
@@ -260,19 +341,15 @@ impl<'a> Index<'a> {
         chain
     }
 
-    /// A node's effective configuration, or `None` when its own fields are malformed.
-    fn resolve_node(&self, node: &Node, origin: &Origin, errors: &mut Errors) -> Option<EffectiveNode> {
+    /// A node's facts, and its effective configuration unless its own fields are malformed.
+    fn resolve_node(&self, node: &Node, origin: &Origin, errors: &mut Errors) -> (NodeFacts, Option<EffectiveNode>) {
         let name = checked(NodeName::try_from(node.name.as_str()), origin, "name", errors);
         let boot_mac = checked(MacAddress::try_from(node.boot_mac.clone()), origin, "bootMac", errors);
         let bmc_address = checked(BmcAddress::try_from(node.bmc.address.clone()), origin, "bmc.address", errors);
         let addresses = node_addresses(node, origin, errors);
-        if !self.hosts.contains_key(node.host_profile.as_str()) {
+        if !self.defines(Kind::HostProfile, &node.host_profile) {
             errors.push(origin.error("hostProfile", format!("no HostProfile named {:?}", node.host_profile)));
         }
-        let (Some(name), Some(boot_mac), Some(bmc_address)) = (name, boot_mac, bmc_address) else {
-            return None;
-        };
-
         let profiles = self.host_chain(&node.host_profile);
         let mut hardware_profile = Setting::Unset;
         for (profile, origin) in &profiles {
@@ -281,6 +358,17 @@ impl<'a> Index<'a> {
             }
         }
         let hardware = hardware_profile.value().and_then(|hw| self.hardware.get(hw.as_str()));
+        let mut unreadable = Vec::new();
+        // Where the chain stops at a document that could not be read: the leaf profile, the
+        // parent of the root-most profile read, or the hardware profile.
+        let cut = match profiles.first() {
+            Some((root, _)) => root.parent.as_deref(),
+            None => Some(node.host_profile.as_str()),
+        };
+        unreadable.extend(cut.and_then(|name| self.unreadable.get(&(Kind::HostProfile, name))).cloned());
+        unreadable.extend(
+            hardware_profile.value().and_then(|hw| self.unreadable.get(&(Kind::HardwareProfile, hw.as_str()))).cloned(),
+        );
 
         let mut layers: Vec<Layer<'_>> = Vec::new();
         layers.extend(hardware.map(|(hw, origin)| Layer::hardware(hw, origin)));
@@ -294,10 +382,22 @@ impl<'a> Index<'a> {
             merged.labels.insert("rack".to_string(), Sourced::new(rack.clone(), origin.clone()));
         }
 
-        Some(EffectiveNode {
+        let chain: Vec<Origin> = layers.iter().map(|l| l.origin.clone()).collect();
+        let facts = NodeFacts {
+            origin: origin.clone(),
+            boot_mac: boot_mac.clone(),
+            role: merged.role.clone(),
+            chain: chain.clone(),
+            unreadable,
+            addresses: addresses.clone(),
+        };
+        let (Some(name), Some(boot_mac), Some(bmc_address)) = (name, boot_mac, bmc_address) else {
+            return (facts, None);
+        };
+        let effective = EffectiveNode {
             name,
             origin: origin.clone(),
-            chain: layers.iter().map(|l| l.origin.clone()).collect(),
+            chain,
             host_profile: node.host_profile.clone(),
             hardware_profile,
             role: merged.role,
@@ -311,7 +411,8 @@ impl<'a> Index<'a> {
             interfaces: merged.interfaces,
             storage: merged.storage,
             addresses,
-        })
+        };
+        (facts, Some(effective))
     }
 }
 
@@ -671,7 +772,8 @@ storage: ['!root', { name: data, device: /dev/sdb, sizeGb: 960 }]
             "{CHAIN}---\nkind: HostProfile\nname: e\nparent: f\n---\nkind: HostProfile\nname: f\nparent: e\n{}",
             node_on("e")
         );
-        let resolution = resolve_all(&parse_documents(&text, "t.yaml").unwrap());
+        let docs = parse_documents(&text, "t.yaml").unwrap();
+        let resolution = resolve_all(&entries(&docs));
         assert_eq!(resolution.errors.into_vec().len(), 1);
         let node = resolution.nodes.values().next().unwrap();
         assert_eq!(node.chain, [host("f", 8), host("e", 7), from(Kind::Node, "n1", 9)]);

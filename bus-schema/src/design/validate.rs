@@ -14,32 +14,66 @@
 //!
 //! Profiles are checked as written (their interfaces' networks, their packages), so a profile
 //! no node uses yet is checked too; nodes are checked as resolved.
+//!
+//! Documents that do not parse do not stop the checks: [`validate_parsed`] reports their
+//! errors and checks every other document, leaving out only what the unreadable ones would
+//! decide (a node's role inherited through an unreadable profile, whether the site has a
+//! master when a Node is unreadable, anything that needs an unreadable Site).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use super::document::{Body, Document, Interface, Kind, Origin, Site};
+use super::document::{Body, Document, Entry, Interface, Kind, Origin, Parsed, Site, entries};
 use super::error::{DesignError, Errors};
 use super::inherit::Setting;
-use super::resolve::{EffectiveNode, ResolvedSite, resolve_all};
-use crate::domain::{MacAddress, NodeName, PackageRef, Role};
+use super::resolve::{NodeFacts, ResolvedSite, resolve_all};
+use crate::domain::{MacAddress, PackageRef, Role};
 
 /// Resolves the documents of one site and checks every design rule against them and the
 /// package `catalog`. Returns the resolved site, or every error found (resolution errors
 /// first); when any error is returned, nothing of the design may be applied.
 pub fn validate(docs: &[Document], catalog: &BTreeSet<PackageRef>) -> Result<ResolvedSite, Vec<DesignError>> {
-    let mut resolution = resolve_all(docs);
+    validate_entries(&entries(docs), Errors::default(), catalog)
+}
+
+/// [`validate()`] on what could be read of a design's sources: the errors of the documents that
+/// did not parse first, then every error of the documents that did.
+pub fn validate_parsed(parsed: &Parsed, catalog: &BTreeSet<PackageRef>) -> Result<ResolvedSite, Vec<DesignError>> {
+    let mut errors = Errors::default();
+    errors.extend(parsed.errors().iter().cloned());
+    validate_entries(&parsed.entries(), errors, catalog)
+}
+
+/// Validates `entries`, reporting `errors` found before first.
+fn validate_entries(
+    entries: &[Entry<'_>],
+    mut errors: Errors,
+    catalog: &BTreeSet<PackageRef>,
+) -> Result<ResolvedSite, Vec<DesignError>> {
+    let mut resolution = resolve_all(entries);
     let mut found = Errors::default();
     let site = resolution.site.as_ref().map(|(origin, site, _)| (origin, site));
+    let docs = entries.iter().filter_map(|e| match e {
+        Entry::Read(doc) => Some(*doc),
+        Entry::Unreadable(_) => None,
+    });
     check_profiles(docs, site.map(|(_, s)| s), catalog, &mut found);
-    check(site, &resolution.nodes, &mut found);
-    resolution.errors.extend(found.into_vec());
+    let nodes_unreadable = resolution.unreadable.iter().any(|o| o.kind == Kind::Node);
+    check(site, &resolution.facts, nodes_unreadable, &mut found);
+    errors.extend(resolution.errors.into_vec());
+    errors.extend(found.into_vec());
+    resolution.errors = errors;
     resolution.into_site()
 }
 
 /// The profiles as written: their interfaces name known networks, their packages are in the
 /// catalog.
-fn check_profiles(docs: &[Document], site: Option<&Site>, catalog: &BTreeSet<PackageRef>, errors: &mut Errors) {
+fn check_profiles<'a>(
+    docs: impl Iterator<Item = &'a Document>,
+    site: Option<&Site>,
+    catalog: &BTreeSet<PackageRef>,
+    errors: &mut Errors,
+) {
     for doc in docs {
         let (interfaces, packages): (&[Interface], &[PackageRef]) = match &doc.body {
             Body::HardwareProfile(hw) => (&hw.interfaces.set, &[]),
@@ -64,13 +98,16 @@ fn check_profiles(docs: &[Document], site: Option<&Site>, catalog: &BTreeSet<Pac
     }
 }
 
-/// Every rule about the site and its resolved nodes; `site` is missing when the design has none.
-fn check(site: Option<(&Origin, &Site)>, nodes: &BTreeMap<NodeName, EffectiveNode>, errors: &mut Errors) {
+/// Every rule about the site and its resolved nodes; `site` is missing when the design has none
+/// (or it could not be read), `nodes_unreadable` when some Node document could not be read.
+fn check(site: Option<(&Origin, &Site)>, nodes: &[NodeFacts], nodes_unreadable: bool, errors: &mut Errors) {
     if let Some((origin, site)) = site {
         check_site(origin, site, errors);
-        check_has_master(origin, nodes, errors);
+        if !nodes_unreadable {
+            check_has_master(origin, nodes, errors);
+        }
     }
-    for node in nodes.values() {
+    for node in nodes {
         check_role(node, errors);
         check_addresses(site.map(|(_, s)| s), node, errors);
     }
@@ -95,15 +132,29 @@ fn check_site(origin: &Origin, site: &Site, errors: &mut Errors) {
     }
 }
 
-/// Some node has role master.
-fn check_has_master(origin: &Origin, nodes: &BTreeMap<NodeName, EffectiveNode>, errors: &mut Errors) {
-    if !nodes.values().any(|n| n.role() == Some(Role::Master)) {
+/// Some node has role master. Not judged while a node's role is unknown: set, if at all, by a
+/// document that could not be read.
+fn check_has_master(origin: &Origin, nodes: &[NodeFacts], errors: &mut Errors) {
+    if nodes.iter().any(role_unknown) {
+        return;
+    }
+    if !nodes.iter().any(|n| n.role() == Some(Role::Master)) {
         errors.push(origin.error("nodes", "no node has role master: a site needs at least one"));
     }
 }
 
-/// The node's chain sets a role. A node without a known host profile is already reported.
-fn check_role(node: &EffectiveNode, errors: &mut Errors) {
+/// Whether the node's role may be set by a document of its chain that could not be read. Such
+/// a document is below every host profile read, so a role set or cleared above it stands.
+fn role_unknown(node: &NodeFacts) -> bool {
+    matches!(node.role, Setting::Unset) && !node.unreadable.is_empty()
+}
+
+/// The node's chain sets a role. A node without a known host profile is already reported, and
+/// one whose chain holds a document that could not be read may have its role there.
+fn check_role(node: &NodeFacts, errors: &mut Errors) {
+    if role_unknown(node) {
+        return;
+    }
     let profiles: Vec<String> = node.chain.iter().filter(|o| o.kind != Kind::Node).map(ToString::to_string).collect();
     let reason = match &node.role {
         Setting::Set(_) => return,
@@ -116,7 +167,7 @@ fn check_role(node: &EffectiveNode, errors: &mut Errors) {
 
 /// Addresses name known networks and lie in them, and the node has an address on the cluster's
 /// API network.
-fn check_addresses(site: Option<&Site>, node: &EffectiveNode, errors: &mut Errors) {
+fn check_addresses(site: Option<&Site>, node: &NodeFacts, errors: &mut Errors) {
     let Some(site) = site else { return };
     for (network, ip) in &node.addresses {
         match site.networks.iter().find(|n| &n.name == network) {
@@ -140,27 +191,25 @@ fn check_addresses(site: Option<&Site>, node: &EffectiveNode, errors: &mut Error
 }
 
 /// No two nodes boot from the same MAC.
-fn check_unique_macs(nodes: &BTreeMap<NodeName, EffectiveNode>, errors: &mut Errors) {
-    let mut first: BTreeMap<&MacAddress, &EffectiveNode> = BTreeMap::new();
-    for node in nodes.values() {
-        match first.get(&node.boot_mac) {
-            Some(other) => {
-                errors.push(node.origin.error(
-                    "bootMac",
-                    format!("{} is already the boot MAC of {}", node.boot_mac, other.origin.location()),
-                ))
-            }
+fn check_unique_macs(nodes: &[NodeFacts], errors: &mut Errors) {
+    let mut first: BTreeMap<&MacAddress, &NodeFacts> = BTreeMap::new();
+    for node in nodes {
+        let Some(mac) = &node.boot_mac else { continue };
+        match first.get(mac) {
+            Some(other) => errors.push(
+                node.origin.error("bootMac", format!("{mac} is already the boot MAC of {}", other.origin.location())),
+            ),
             None => {
-                first.insert(&node.boot_mac, node);
+                first.insert(mac, node);
             }
         }
     }
 }
 
 /// No IP address is used twice, on any network by any node.
-fn check_unique_ips(nodes: &BTreeMap<NodeName, EffectiveNode>, errors: &mut Errors) {
-    let mut first: BTreeMap<IpAddr, (&EffectiveNode, &str)> = BTreeMap::new();
-    for node in nodes.values() {
+fn check_unique_ips(nodes: &[NodeFacts], errors: &mut Errors) {
+    let mut first: BTreeMap<IpAddr, (&NodeFacts, &str)> = BTreeMap::new();
+    for node in nodes {
         for (network, ip) in &node.addresses {
             match first.get(ip) {
                 Some((other, on)) => errors.push(node.origin.error(
@@ -573,6 +622,135 @@ addressing: [{ network: provisioning, ip: 10.1.0.12 }]
         let errors = validate(&docs, &catalog()).unwrap_err();
         let got: Vec<&str> = errors.iter().map(|e| e.document.as_str()).collect();
         assert_eq!(got, ["HostProfile/newer (more.yaml #1)", "HostProfile/unused (more.yaml #2)"]);
+    }
+
+    /// A HostProfile that does not parse (a map written as a list), a child of it, nodes on
+    /// both, and mistakes in those nodes and in the base design's.
+    const UNREADABLE_PROFILE: &str = concat!(
+        "kind: HostProfile\nname: edge\nparent: base\nrole: worker\nkernelParameters: [isolcpus]\n---\n",
+        "kind: HostProfile\nname: edge-small\nparent: edge\n---\n",
+        node!("node-3", "edge", "52:54:00:00:01:01", "ipmi://10.0.0.3", "[{ network: provisioning, ip: 10.2.0.13 }]"),
+        "---\n",
+        node!(
+            "node-4",
+            "edge-small",
+            "52:54:00:00:01:04",
+            "ipmi://10.0.0.4",
+            "[{ network: provisioning, ip: 10.1.0.14 }, { network: storage, ip: 10.5.0.14 }]"
+        ),
+    );
+
+    /// The errors of one run, as (document, field) pairs.
+    fn located(errors: &[DesignError]) -> Vec<(&str, &str)> {
+        errors.iter().map(|e| (e.document.as_str(), e.field.as_str())).collect()
+    }
+
+    #[test]
+    fn a_profile_that_does_not_parse_hides_no_other_error() {
+        let base = BASE.replace(
+            "addressing: [{ network: provisioning, ip: 10.1.0.12 }]",
+            "addressing: [{ network: provisioning, ip: 10.1.0.12 }, { network: san, ip: 10.9.0.12 }]",
+        );
+        let mut parsed = Parsed::default();
+        parsed.read(&base, "site.yaml").read(UNREADABLE_PROFILE, "edge.yaml");
+        assert_eq!(parsed.unreadable().map(ToString::to_string).collect::<Vec<_>>(), ["HostProfile/edge"]);
+        let errors = validate_parsed(&parsed, &catalog()).unwrap_err();
+        // Neither `edge-small`'s parent nor node-3's profile is unknown, and node-4, whose
+        // role `edge` would set, is not reported as roleless.
+        assert_eq!(
+            located(&errors),
+            [
+                ("HostProfile/edge (edge.yaml #1)", "kernelParameters"),
+                ("Node/node-2 (site.yaml #6)", "addressing[san]"),
+                ("Node/node-3 (edge.yaml #3)", "addressing[provisioning].ip"),
+                ("Node/node-4 (edge.yaml #4)", "addressing[storage]"),
+                ("Node/node-3 (edge.yaml #3)", "bootMac"),
+            ],
+            "{errors:#?}"
+        );
+        assert!(errors[0].reason.starts_with("invalid type: sequence, expected a map"), "{}", errors[0]);
+        assert_eq!(errors[2].reason, "10.2.0.13 is not in provisioning (10.1.0.0/24)");
+        assert_eq!(errors[4].reason, "52:54:00:00:01:01 is already the boot MAC of Node/node-1 (site.yaml #5)");
+    }
+
+    #[test]
+    fn a_node_with_malformed_fields_is_still_checked_for_the_rest() {
+        // node-2's name and BMC are malformed, so it has no effective configuration; its MAC,
+        // addresses and role are checked all the same.
+        let base = BASE
+            .replace("name: node-2\n", "name: Node_2\n")
+            .replace("ipmi://10.0.0.2", "telnet://10.0.0.2")
+            .replace("bootMac: 52:54:00:00:01:02", "bootMac: 52:54:00:00:01:01")
+            .replace("ip: 10.1.0.12 }", "ip: 10.1.0.11 }, { network: san, ip: 10.9.0.12 }");
+        let errors = validate(&parse_documents(&base, "site.yaml").unwrap(), &catalog()).unwrap_err();
+        assert_eq!(
+            located(&errors),
+            [
+                ("Node/Node_2 (site.yaml #6)", "name"),
+                ("Node/Node_2 (site.yaml #6)", "bmc.address"),
+                ("Node/Node_2 (site.yaml #6)", "addressing[san]"),
+                ("Node/node-1 (site.yaml #5)", "bootMac"),
+                ("Node/node-1 (site.yaml #5)", "addressing[provisioning].ip"),
+            ],
+            "{errors:#?}"
+        );
+        // The role rules see a malformed node too: node-1's BMC is malformed and its role cleared.
+        let roleless = BASE.replace("ipmi://10.0.0.1", "telnet://10.0.0.1").replace("role: master", "role: '!'");
+        let errors = validate(&parse_documents(&roleless, "site.yaml").unwrap(), &catalog()).unwrap_err();
+        assert_eq!(
+            located(&errors),
+            [
+                ("Node/node-1 (site.yaml #5)", "bmc.address"),
+                ("Site/edge-01 (site.yaml #1)", "nodes"),
+                ("Node/node-1 (site.yaml #5)", "role"),
+            ],
+            "{errors:#?}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_master_profile_leaves_the_master_rule_unjudged() {
+        // Whether node-1 is a master is up to `control`, which does not parse.
+        let base = BASE
+            .replace("name: control\nparent: base\nrole: master\n", "name: control\nparent: base\nrole: [master]\n")
+            .replace("ip: 10.1.0.12", "ip: 10.1.0.11");
+        let mut parsed = Parsed::default();
+        parsed.read(&base, "site.yaml");
+        let errors = validate_parsed(&parsed, &catalog()).unwrap_err();
+        assert_eq!(
+            located(&errors),
+            [
+                ("HostProfile/control (site.yaml #4)", "role"),
+                ("Node/node-2 (site.yaml #6)", "addressing[provisioning].ip")
+            ],
+            "{errors:#?}"
+        );
+    }
+
+    #[test]
+    fn unreadable_documents_keep_their_names() {
+        // An unreadable Site is still the site; an unreadable Node still holds its hostname.
+        let text = BASE.replacen("name: edge-01\n", "name: edge-01\nregion: [eu]\n", 1)
+            + "---\nkind: Node\nname: node-2\nhostProfile: [base]\n";
+        let mut parsed = Parsed::default();
+        parsed.read(&text, "site.yaml");
+        let errors = validate_parsed(&parsed, &catalog()).unwrap_err();
+        assert_eq!(
+            located(&errors),
+            [
+                ("Site/edge-01 (site.yaml #1)", "region"),
+                ("Node/node-2 (site.yaml #7)", "hostProfile"),
+                ("Node/node-2 (site.yaml #7)", "name"),
+            ],
+            "{errors:#?}"
+        );
+        assert!(errors[2].reason.starts_with("hostname node-2 is already used by Node/node-2 (site.yaml #6)"));
+        // A hardware profile that does not parse is no unknown hardware profile either.
+        let text = BASE.replace("interfaces: [{ name: eno1, network: provisioning }]", "interfaces: eno1");
+        let mut parsed = Parsed::default();
+        parsed.read(&text, "site.yaml");
+        let errors = validate_parsed(&parsed, &catalog()).unwrap_err();
+        assert_eq!(located(&errors), [("HardwareProfile/r640 (site.yaml #2)", "interfaces")], "{errors:#?}");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! `landfall design …`: site design documents from files, checked here first and applied
-//! through the bus.
+//! through the bus; `design init` writes a starting design.
+
+pub mod init;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -8,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use async_nats::jetstream::consumer::DeliverPolicy;
-use bus_schema::design::{self, Body};
+use bus_schema::design::{self, Body, Kind, Parsed};
 use bus_schema::domain::{NodeName, PackageRef, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusMessage};
@@ -19,6 +21,9 @@ use crate::cli::connect::connect;
 
 #[derive(Debug, Subcommand)]
 pub enum DesignCommand {
+    /// Write a starting design to edit: a site, its hardware and host profiles, and nodes
+    /// spread over racks (see docs/DESIGNS.md).
+    Init(init::InitArgs),
     /// Validate and apply design documents as the site's next revision (nothing is applied if
     /// anything is wrong; identical documents change nothing).
     Apply(Files),
@@ -72,18 +77,37 @@ pub fn read_sources(paths: &[PathBuf]) -> anyhow::Result<Vec<pb::DesignSource>> 
         .collect()
 }
 
-/// The site the documents describe (the name of their Site document).
-fn site_of(sources: &[pb::DesignSource]) -> anyhow::Result<SiteId> {
+/// The documents of `sources`, as far as they can be read.
+fn parse(sources: &[pb::DesignSource]) -> Parsed {
+    let mut parsed = Parsed::default();
     for s in sources {
-        let Ok(docs) = design::parse_documents(&s.text, &s.name) else { continue };
-        if let Some(site) = docs.iter().find_map(|d| match &d.body {
-            Body::Site(_) => Some(d.name().to_string()),
-            _ => None,
-        }) {
-            return Ok(SiteId::try_from(site)?);
-        }
+        parsed.read(&s.text, &s.name);
     }
-    bail!("no Site document found (a design needs one `kind: Site`)")
+    parsed
+}
+
+/// The site the documents describe: the name of their Site document, even one that does not
+/// parse. Without one, or when its name is no site id: every error the documents have.
+fn site_of(sources: &[pb::DesignSource]) -> Result<SiteId, Vec<String>> {
+    let parsed = parse(sources);
+    let name = parsed
+        .documents()
+        .iter()
+        .find(|d| d.kind() == Kind::Site)
+        .map(|d| d.name().to_string())
+        .or_else(|| parsed.unreadable().find(|o| o.kind == Kind::Site).map(|o| o.name.clone()));
+    if let Some(Ok(site)) = name.map(SiteId::try_from) {
+        return Ok(site);
+    }
+    match design::validate_parsed(&parsed, &all_packages(&parsed)) {
+        Err(errors) => Err(errors.iter().map(ToString::to_string).collect()),
+        Ok(_) => Err(vec!["no Site document found (a design needs one `kind: Site`)".to_string()]),
+    }
+}
+
+/// [`site_of`], its errors printed.
+fn site_or_report(sources: &[pb::DesignSource]) -> Option<SiteId> {
+    site_of(sources).map_err(|errors| print_errors(&errors)).ok()
 }
 
 async fn catalog(bus: &Bus) -> anyhow::Result<BTreeSet<PackageRef>> {
@@ -100,15 +124,25 @@ fn names(nodes: &[NodeName]) -> String {
     nodes.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
-fn print_errors(errors: &[String]) {
-    eprintln!("the design is invalid ({} error{}):", errors.len(), if errors.len() == 1 { "" } else { "s" });
+/// How the design commands report an invalid design: a count, then one error a line.
+pub fn error_report(errors: &[String]) -> String {
+    let mut out =
+        format!("the design is invalid ({} error{}):\n", errors.len(), if errors.len() == 1 { "" } else { "s" });
     for e in errors {
-        eprintln!("  {e}");
+        out.push_str("  ");
+        out.push_str(e);
+        out.push('\n');
     }
+    out
+}
+
+fn print_errors(errors: &[String]) {
+    eprint!("{}", error_report(errors));
 }
 
 pub async fn run(url: &str, cmd: DesignCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        DesignCommand::Init(args) => init::run(&args),
         DesignCommand::Show { node, files, .. } => show(&files, &node),
         DesignCommand::Validate(files) => validate(url, &files).await,
         DesignCommand::Diff(files) => diff(url, &files).await,
@@ -119,11 +153,11 @@ pub async fn run(url: &str, cmd: DesignCommand) -> anyhow::Result<ExitCode> {
 
 async fn cluster(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     let sources = read_sources(&files.paths)?;
-    let site = site_of(&sources)?;
+    let Some(site) = site_or_report(&sources) else { return Ok(ExitCode::FAILURE) };
     // Against the latest revision when landfall is reachable, so chosen nodes stay chosen.
     let (catalog, previous) = match connect(url).await {
         Ok(bus) => (catalog(&bus).await?, latest(&bus, &site).await?),
-        Err(_) => (all_packages(&sources), None),
+        Err(_) => (all_packages(&parse(&sources)), None),
     };
     let planned = match design::plan(&site, &sources, &catalog, previous.as_ref()) {
         Ok(p) => p,
@@ -146,15 +180,13 @@ async fn cluster(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
 
 fn show(files: &Files, node: &str) -> anyhow::Result<ExitCode> {
     let sources = read_sources(&files.paths)?;
-    let mut docs = Vec::new();
-    for s in &sources {
-        docs.extend(
-            design::parse_documents(&s.text, &s.name)
-                .map_err(|e| anyhow::anyhow!("{}", e.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")))?,
-        );
-    }
-    let resolved = design::resolve(&docs)
-        .map_err(|e| anyhow::anyhow!("{}", e.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")))?;
+    let resolved = match design::resolve_parsed(&parse(&sources)) {
+        Ok(resolved) => resolved,
+        Err(errors) => {
+            print_errors(&errors.iter().map(ToString::to_string).collect::<Vec<_>>());
+            return Ok(ExitCode::FAILURE);
+        }
+    };
     let Some(n) = resolved.node(node) else { bail!("no node {node} in the design") };
     print!("{}", design::render_effective(n));
     Ok(ExitCode::SUCCESS)
@@ -162,7 +194,7 @@ fn show(files: &Files, node: &str) -> anyhow::Result<ExitCode> {
 
 async fn validate(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     let sources = read_sources(&files.paths)?;
-    let site = site_of(&sources)?;
+    let Some(site) = site_or_report(&sources) else { return Ok(ExitCode::FAILURE) };
     let (catalog, previous) = match connect(url).await {
         Ok(bus) => (Some(catalog(&bus).await?), latest(&bus, &site).await?),
         Err(e) => {
@@ -173,7 +205,7 @@ async fn validate(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     // Without the catalog, every package the documents name counts as known.
     let catalog = match catalog {
         Some(c) => c,
-        None => all_packages(&sources),
+        None => all_packages(&parse(&sources)),
     };
     match design::plan(&site, &sources, &catalog, previous.as_ref()) {
         Ok(p) => {
@@ -194,13 +226,12 @@ async fn validate(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn all_packages(sources: &[pb::DesignSource]) -> BTreeSet<PackageRef> {
+/// Every package the host profiles that parse name: the catalog when the real one is not at hand.
+fn all_packages(parsed: &Parsed) -> BTreeSet<PackageRef> {
     let mut refs = BTreeSet::new();
-    for s in sources {
-        for d in design::parse_documents(&s.text, &s.name).unwrap_or_default() {
-            if let Body::HostProfile(h) = &d.body {
-                refs.extend(h.packages.set.iter().cloned());
-            }
+    for d in parsed.documents() {
+        if let Body::HostProfile(h) = &d.body {
+            refs.extend(h.packages.set.iter().cloned());
         }
     }
     refs
@@ -208,7 +239,7 @@ fn all_packages(sources: &[pb::DesignSource]) -> BTreeSet<PackageRef> {
 
 async fn diff(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     let sources = read_sources(&files.paths)?;
-    let site = site_of(&sources)?;
+    let Some(site) = site_or_report(&sources) else { return Ok(ExitCode::FAILURE) };
     let bus = connect(url).await?;
     let previous = latest(&bus, &site).await?;
     let planned = match design::plan(&site, &sources, &catalog(&bus).await?, previous.as_ref()) {
@@ -254,7 +285,7 @@ async fn diff(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
 
 async fn apply(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     let sources = read_sources(&files.paths)?;
-    let site = site_of(&sources)?;
+    let Some(site) = site_or_report(&sources) else { return Ok(ExitCode::FAILURE) };
     let bus = connect(url).await?;
     let previous = latest(&bus, &site).await?;
     // Checked here first, so mistakes are reported at once and an unchanged design sends nothing.

@@ -63,11 +63,21 @@ pub async fn run(url: &str, cmd: SiteCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-pub async fn register_site(url: &str, file: &Path) -> anyhow::Result<ExitCode> {
+/// Reads the flat site design of `file` (`site register -f`).
+pub fn read_site_design(file: &Path) -> anyhow::Result<SiteDesign> {
     let text = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
-    let design: SiteDesign =
-        serde_yaml::from_str(&text).with_context(|| format!("{} is not a site design", file.display()))?;
-    let design = design.validate().with_context(|| format!("{} is not a valid site design", file.display()))?;
+    parse_site_design(&text, &file.display().to_string())
+}
+
+/// Parses a flat site design read from `source`: its YAML, then the checks of the design as a
+/// whole (the first problem found).
+pub fn parse_site_design(text: &str, source: &str) -> anyhow::Result<SiteDesign> {
+    let design: SiteDesign = serde_yaml::from_str(text).with_context(|| format!("{source} is not a site design"))?;
+    design.validate().with_context(|| format!("{source} is not a valid site design"))
+}
+
+pub async fn register_site(url: &str, file: &Path) -> anyhow::Result<ExitCode> {
+    let design = read_site_design(file)?;
     let bus = connect(url).await?;
     let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(&design)) };
     let env = Envelope::root();

@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info};
 
-use super::{FIELD_MANAGER, kube_error};
+use super::error::kube_error;
+use super::marks::FIELD_MANAGER;
 use crate::backend::BackendError;
 
 /// The label that says which package an object belongs to; its value is the package's name.

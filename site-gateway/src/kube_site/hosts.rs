@@ -21,8 +21,10 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
+use super::error::kube_error;
+use super::marks::{self, FIELD_MANAGER, add_finalizer};
 use super::metal3::BareMetalHost;
-use super::{FIELD_MANAGER, KubeSite, add_finalizer, kube_error, marks};
+use super::ownership::intent_of;
 use crate::backend::{HostChange, HostNotice};
 
 /// What to write on a host once the bus holds its announcement.
@@ -164,7 +166,7 @@ async fn write_mark(hosts: &Api<BareMetalHost>, name: &str, mark: &Mark) -> Resu
     let Some(host) = hosts.get_opt(name).await.map_err(|e| kube_error(name, e).to_string())? else {
         return Ok(());
     };
-    let mut intent = KubeSite::intent_of(&host);
+    let mut intent = intent_of(&host, FIELD_MANAGER);
     match mark {
         Mark::Announced(id) => {
             intent["metadata"]["annotations"][marks::ANNOUNCED] = json!(id);

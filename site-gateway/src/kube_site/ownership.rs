@@ -7,7 +7,15 @@
 //! means to change. Fields other managers own are never in it, so they are never fought over.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use kube::ResourceExt;
+use serde::Serialize;
 use serde_json::{Map, Value};
+
+/// What `manager` owns of `object` now: the start of its next apply.
+pub fn intent_of<K: ResourceExt + Serialize>(object: &K, manager: &str) -> Value {
+    let value = serde_json::to_value(object).unwrap_or(Value::Null);
+    owned_by(&value, object.managed_fields(), manager)
+}
 
 /// The fields `manager` owns by apply in `object` (a whole object as JSON), with their live
 /// values, plus what every apply needs: apiVersion, kind, metadata.name and namespace.

@@ -8,9 +8,8 @@
 //! are not kept.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use bus_schema::domain::{NodeDesign, PackageRef};
 use bus_schema::pb;
@@ -18,8 +17,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::{Attempt, Binary, Host, Image, Inner, S, SimConfig, SimEffects, SimSite, State, pause, provision};
-use crate::backend::ImageSpec;
+use super::effects::SimEffects;
+use super::metal3::registration_next;
+use super::state::{Attempt, Binary, Host, Image, Outcome, State};
+use crate::backend::{ImageSpec, ProvisioningState as S};
 
 /// Why a simulated site's state file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -51,11 +52,12 @@ pub(super) struct StateFile {
 }
 
 impl StateFile {
-    fn new(path: &Path) -> Self {
+    pub(super) fn new(path: &Path) -> Self {
         Self { path: path.to_path_buf(), written: Mutex::default() }
     }
 
-    fn save(&self, site: &str, state: &State) {
+    /// Writes the site's state, unless the file holds it already.
+    pub(super) fn save(&self, site: &str, state: &State) {
         let bytes = match serde_json::to_vec_pretty(&Saved::of(site, state)) {
             Ok(b) => b,
             Err(error) => return warn!(site, %error, "cannot encode the simulated site's state"),
@@ -72,44 +74,10 @@ impl StateFile {
     }
 }
 
-/// The site's state under its lock; written to the site's file (when it has one) as the lock
-/// is let go, so no change is seen by anyone before it is kept.
-pub(super) struct StateGuard<'a> {
-    state: MutexGuard<'a, State>,
-    inner: &'a Inner,
-}
-
-impl<'a> StateGuard<'a> {
-    pub(super) fn new(inner: &'a Inner) -> Self {
-        Self { state: inner.state.lock().expect("sim state lock"), inner }
-    }
-}
-
-impl Deref for StateGuard<'_> {
-    type Target = State;
-    fn deref(&self) -> &State {
-        &self.state
-    }
-}
-
-impl DerefMut for StateGuard<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.state
-    }
-}
-
-impl Drop for StateGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(file) = &self.inner.file {
-            file.save(&self.inner.site, &self.state);
-        }
-    }
-}
-
 /// The file's content.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Saved {
+pub(super) struct Saved {
     site: String,
     hosts: BTreeMap<String, SavedHost>,
     /// The hosts that arrived after the start, announced again by a restarted gateway (under
@@ -229,46 +197,38 @@ pub fn saved_effects(path: &Path) -> Result<SimEffects, SimStateError> {
     }
 }
 
-impl SimSite {
-    /// Like [`SimSite::new`], with the site kept in the file `path`: what it holds is taken up
-    /// again (hosts, their images and binaries, the cluster, the effects counted so far), the
-    /// design's nodes it lacks register as new hosts, and every change is written to it.
-    ///
-    /// # Errors
-    /// When the file cannot be read, does not parse, or is another site's.
-    ///
-    /// # Panics
-    /// Outside a tokio runtime.
-    pub fn with_state_file(
-        site_id: &str,
-        nodes: &[NodeDesign],
-        config: SimConfig,
-        path: &Path,
-    ) -> Result<Self, SimStateError> {
-        let saved = read(path)?;
-        if let Some(s) = saved.as_ref().filter(|s| s.site != site_id) {
-            let (site, found) = (site_id.to_string(), s.site.clone());
-            return Err(SimStateError::OtherSite { path: path.to_path_buf(), site, found });
-        }
-        let inner =
-            Inner { site: site_id.to_string(), config, state: Mutex::default(), file: Some(StateFile::new(path)) };
-        let site = Self { inner: Arc::new(inner) };
-        if let Some(saved) = saved {
-            site.restore(saved).map_err(|reason| SimStateError::Invalid { path: path.to_path_buf(), reason })?;
-        }
-        for node in nodes {
-            site.add_host(node);
-        }
-        Ok(site)
+/// Reads site `site`'s state file; `None` when there is none yet.
+///
+/// # Errors
+/// When the file cannot be read, does not parse, or is another site's.
+pub(super) fn load(path: &Path, site: &str) -> Result<Option<Saved>, SimStateError> {
+    let saved = read(path)?;
+    if let Some(s) = saved.as_ref().filter(|s| s.site != site) {
+        let (site, found) = (site.to_string(), s.site.clone());
+        return Err(SimStateError::OtherSite { path: path.to_path_buf(), site, found });
     }
+    Ok(saved)
+}
 
-    /// Takes up a saved state; hosts that were on their way somewhere carry on.
-    fn restore(&self, saved: Saved) -> Result<(), String> {
-        let mut st = self.inner.lock();
-        for (name, saved_host) in saved.hosts {
+/// What a host restored from the file was doing, to carry on with.
+#[derive(Debug)]
+pub(super) enum Resume {
+    /// A provisioning under way, as Ironic's would go on: from `deprovisioning` when it was a
+    /// redeploy, and `done` told its outcome.
+    Provision { image: Image, redeploy: bool, done: watch::Sender<Outcome> },
+    /// A new host's walk to `available`, from this state.
+    Walk(S),
+}
+
+impl Saved {
+    /// The state the file kept, and what its hosts were on their way to do; the reason when the
+    /// file does not hold a valid state.
+    pub(super) fn restore(self) -> Result<(State, Vec<(String, Resume)>), String> {
+        let mut st = State::default();
+        let mut resume = Vec::new();
+        for (name, saved_host) in self.hosts {
             let state = S::parse(&saved_host.state).ok_or_else(|| format!("{name}: state {:?}", saved_host.state))?;
-            let mut host = Host::new();
-            host.state.send_replace(state);
+            let mut host = Host::in_state(state);
             host.image = saved_host.image.map(SavedImage::image).transpose().map_err(|e| format!("{name}: {e}"))?;
             host.binaries = saved_host.binaries.map(|set| {
                 set.into_iter().map(|(n, b)| (n, Binary { version: b.version, sha256: b.sha256 })).collect()
@@ -278,146 +238,22 @@ impl SimSite {
                 let (done_tx, done) = watch::channel(None);
                 host.attempt = Some(Attempt { image: image.clone(), done });
                 let redeploy = state == S::Deprovisioning;
-                tokio::spawn(provision(Arc::clone(&self.inner), name.clone(), image, redeploy, done_tx));
-            } else if matches!(state, S::Registering | S::Inspecting | S::Preparing) {
-                tokio::spawn(walk_on(Arc::clone(&self.inner), name.clone(), state));
+                resume.push((name.clone(), Resume::Provision { image, redeploy, done: done_tx }));
+            } else if registration_next(state).is_some() {
+                resume.push((name.clone(), Resume::Walk(state)));
             }
             st.hosts.insert(name, host);
         }
-        st.arrived = saved
+        st.arrived = self
             .arrived
             .into_iter()
             .map(|n| NodeDesign::try_from(n).map_err(|e| format!("arrived host: {e}")))
             .collect::<Result<_, _>>()?;
-        st.cluster_master = saved.cluster_master;
-        st.kubeconfig = saved.kubeconfig.map(String::into_bytes);
-        st.containers = saved.containers;
-        st.cache = saved.cache;
-        st.effects = saved.effects;
-        Ok(())
-    }
-}
-
-/// A host's walk to `available`, from the state it was in.
-async fn walk_on(inner: Arc<Inner>, host: String, from: S) {
-    let c = &inner.config;
-    let steps = [
-        (S::Registering, c.registering, S::Inspecting),
-        (S::Inspecting, c.inspecting, S::Preparing),
-        (S::Preparing, c.preparing, S::Available),
-    ];
-    for (_, wait, next) in steps.into_iter().skip_while(|(at, _, _)| *at != from) {
-        pause(wait).await;
-        inner.set_state(&host, next);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use bus_schema::domain::Role;
-    use bus_schema::pb::PackageKind;
-    use tokio::sync::mpsc;
-
-    use super::*;
-    use crate::SiteBackend;
-    use crate::backend::{ClusterRequest, HostRequest};
-    use crate::sim::tests::versioned;
-
-    fn node(name: &str, role: Role, last: u8) -> NodeDesign {
-        NodeDesign {
-            name: name.try_into().unwrap(),
-            role,
-            boot_mac: format!("52:54:00:00:01:{last:02x}").try_into().unwrap(),
-            bmc_address: "ipmi://10.0.1.1".to_string().try_into().unwrap(),
-            labels: BTreeMap::new(),
-        }
-    }
-
-    /// A runtime of its own, so that dropping it ends every task of the site, as a kill -9 would.
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap()
-    }
-
-    async fn provision(site: &SimSite, req: &HostRequest) {
-        let (tx, _rx) = mpsc::unbounded_channel();
-        site.provision_host(req, tx).await.unwrap();
-    }
-
-    #[test]
-    fn a_site_killed_mid_provisioning_carries_on_from_its_file_and_provisions_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("edge-01.json");
-        let nodes = [node("m-1", Role::Master, 1), node("w-1", Role::Worker, 2)];
-        let ubuntu = versioned("ubuntu", "22.04", PackageKind::OsImage, 'a');
-        let reqs: Vec<HostRequest> = nodes.iter().map(|n| HostRequest::new(n.clone(), &ubuntu)).collect();
-        let config = SimConfig::fast();
-
-        // m-1 is provisioned; w-1's provisioning is halfway when the process dies.
-        runtime().block_on(async {
-            let site = SimSite::with_state_file("edge-01", &nodes, config.clone(), &path).unwrap();
-            provision(&site, &reqs[0]).await;
-            let w1 = tokio::spawn({
-                let (site, req) = (site.clone(), reqs[1].clone());
-                async move { provision(&site, &req).await }
-            });
-            tokio::time::sleep(config.provisioning / 2).await;
-            assert_eq!(site.hosts()[1], ("w-1".to_string(), S::Provisioning));
-            drop(w1);
-        });
-
-        runtime().block_on(async {
-            let site = SimSite::with_state_file("edge-01", &nodes, config.clone(), &path).unwrap();
-            assert_eq!(site.hosts(), [("m-1".to_string(), S::Provisioned), ("w-1".to_string(), S::Provisioning)]);
-            // The redelivered jobs: m-1 is done already, w-1 joins the provisioning under way.
-            provision(&site, &reqs[0]).await;
-            provision(&site, &reqs[1]).await;
-            assert_eq!(site.hosts(), [("m-1".to_string(), S::Provisioned), ("w-1".to_string(), S::Provisioned)]);
-            let once = BTreeMap::from([("m-1".to_string(), 1), ("w-1".to_string(), 1)]);
-            assert_eq!(site.effects().provisions, once);
-            assert_eq!(saved_effects(&path).unwrap().provisions, once);
-
-            let binaries = vec![versioned("kubelet", "1.29.2", PackageKind::Binary, 'b')];
-            let req = ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false };
-            site.install_binaries(&req).await.unwrap();
-            site.kubeconfig().await.unwrap();
-        });
-
-        runtime().block_on(async {
-            let site = SimSite::with_state_file("edge-01", &nodes, config.clone(), &path).unwrap();
-            let binaries = vec![versioned("kubelet", "1.29.2", PackageKind::Binary, 'b')];
-            let req = ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false };
-            site.install_binaries(&req).await.unwrap();
-            assert!(site.kubeconfig().await.is_ok(), "the cluster outlives the gateway");
-            let effects = site.effects();
-            assert_eq!((effects.binary_installs.len(), effects.kubeconfigs_generated), (2, 1));
-            assert!(effects.binary_installs.values().all(|n| *n == 1), "{effects:?}");
-        });
-    }
-
-    #[test]
-    fn a_host_that_was_registering_walks_on_and_another_sites_file_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("edge-01.json");
-        let nodes = [node("m-1", Role::Master, 1)];
-        runtime().block_on(async {
-            let site = SimSite::with_state_file("edge-01", &nodes, SimConfig::fast(), &path).unwrap();
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            assert_eq!(site.hosts()[0].1, S::Inspecting);
-        });
-        runtime().block_on(async {
-            let site = SimSite::with_state_file("edge-01", &nodes, SimConfig::fast(), &path).unwrap();
-            assert_eq!(site.hosts()[0].1, S::Inspecting);
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            assert_eq!(site.hosts()[0].1, S::Available);
-            let other = SimSite::with_state_file("edge-02", &nodes, SimConfig::fast(), &path).unwrap_err();
-            assert!(matches!(other, SimStateError::OtherSite { .. }), "{other}");
-        });
-        std::fs::write(&path, b"{").unwrap();
-        let garbage = runtime().block_on(async {
-            SimSite::with_state_file("edge-01", &nodes, SimConfig::fast(), &path).map(|_| ()).unwrap_err()
-        });
-        assert!(matches!(garbage, SimStateError::Parse { .. }), "{garbage}");
+        st.cluster_master = self.cluster_master;
+        st.kubeconfig = self.kubeconfig.map(String::into_bytes);
+        st.containers = self.containers;
+        st.cache = self.cache;
+        st.effects = self.effects;
+        Ok((st, resume))
     }
 }

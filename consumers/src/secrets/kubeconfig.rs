@@ -12,12 +12,8 @@ use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::secrets::{self, KeyProvider};
-
-/// What a sealed kubeconfig is bound to.
-pub fn purpose(site: &str) -> String {
-    format!("kubeconfig/{site}")
-}
+use super::records::{check_keys, kubeconfig_purpose};
+use super::sealing::{self, KeyProvider};
 
 pub struct KubeconfigCollector {
     bus: Bus,
@@ -57,7 +53,7 @@ impl runtime::Handler for KubeconfigCollector {
             .map_err(|e| HandlerError::reject(pb::RejectCode::Invalid, e.to_string()))?
             .to_string();
         let kubeconfig = self.fetch(&site).await?;
-        let sealed = secrets::seal(self.keys.as_ref(), &purpose(&site), &kubeconfig)
+        let sealed = sealing::seal(self.keys.as_ref(), &kubeconfig_purpose(&site), &kubeconfig)
             .map_err(|e| HandlerError::Transient(e.to_string()))?;
         drop(kubeconfig);
         let revision = self.store.put(&keys::kubeconfig(&site), &sealed).await?;
@@ -74,14 +70,14 @@ pub async fn read_kubeconfig(bus: &Bus, keys: &dyn KeyProvider, site: &str) -> a
     let Some((sealed, _)) = store.get::<pb::SealedSecret>(&keys::kubeconfig(site)).await? else {
         return Ok(None);
     };
-    Ok(Some(secrets::open(keys, &purpose(site), &sealed)?))
+    Ok(Some(sealing::open(keys, &kubeconfig_purpose(site), &sealed)?))
 }
 
 /// Runs the kubeconfig consumer until `shutdown`. It does not start when a stored record was
-/// sealed under a key `keys` does not hold (see [`crate::secrets_service::check_keys`]): a
+/// sealed under a key `keys` does not hold (see [`check_keys`]): a
 /// collector with the wrong key would go on sealing under it.
 pub async fn run_kubeconfig(bus: Bus, keys: Arc<dyn KeyProvider>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    crate::secrets_service::check_keys(&bus, keys.as_ref()).await?;
+    check_keys(&bus, keys.as_ref()).await?;
     let collector = Arc::new(KubeconfigCollector::new(bus.clone(), keys).await?);
     let spec = ConsumerSpec::new(
         names::EVENTS_STREAM,

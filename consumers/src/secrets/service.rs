@@ -11,8 +11,6 @@
 //! an error. A record sealed under a key the ring does not hold stops the service from
 //! starting, and stops a rotation before it writes anything.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_nats::HeaderMap;
@@ -25,10 +23,12 @@ use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::records::{
+    bmc_purpose, check_keys, keys_missing, kubeconfig_purpose, missing, purpose_of, sealed_key_ids, sealed_records,
+};
+use super::sealing::{self, KeyProvider, KeyRing, SecretError};
 use crate::failpoint;
-use crate::kubeconfig;
 use crate::lease;
-use crate::secrets::{self, KeyProvider, KeyRing, SecretError};
 
 /// How a refusal of a BMC credentials request for a host with none stored starts; gateways
 /// read it as "no credentials" rather than as a failure.
@@ -46,141 +46,6 @@ const ROTATION_PASSES: usize = 5;
 const CONCURRENCY: usize = 32;
 const MAX_USERNAME: usize = 256;
 const MAX_PASSWORD: usize = 1024;
-
-/// What a host's sealed BMC credentials are bound to.
-pub fn bmc_purpose(site: &str, node: &str) -> String {
-    format!("bmc/{site}/{node}")
-}
-
-/// The purpose a record of the sealed-secrets bucket is bound to, from its key.
-fn purpose_of(key: &str) -> Option<String> {
-    if let Some(site) = key.strip_prefix(keys::KUBECONFIG_PREFIX) {
-        return Some(kubeconfig::purpose(site));
-    }
-    let (site, node) = key.strip_prefix(keys::BMC_PREFIX)?.split_once('.')?;
-    Some(bmc_purpose(site, node))
-}
-
-/// Sealed records that need keys a key provider does not hold.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MissingKeys {
-    /// How many records.
-    pub records: usize,
-    /// The ids of the keys they need.
-    pub needed: Vec<String>,
-    /// Where the provider's keys come from, and the ids it holds.
-    pub from: String,
-    pub held: Vec<String>,
-}
-
-impl std::fmt::Display for MissingKeys {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} sealed record(s) in {} need key(s) {}, which {} does not hold (it holds {})",
-            self.records,
-            names::KUBECONFIGS_BUCKET,
-            self.needed.join(", "),
-            self.from,
-            self.held.join(", ")
-        )
-    }
-}
-
-/// Why the secrets service (or the kubeconfig collector) does not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartupError {
-    #[error("{0}: start with the key file they were sealed under")]
-    KeysMissing(MissingKeys),
-    #[error("load the data key")]
-    Key(#[from] SecretError),
-    #[error("read the sealed records")]
-    Bus(#[from] BusError),
-}
-
-/// Where the key ring comes from.
-#[derive(Debug, Clone)]
-pub enum KeySource {
-    /// A key file that must exist.
-    File(PathBuf),
-    /// A key file created with a fresh key when neither it nor any sealed record exists
-    /// (`landfall up`).
-    CreateFile(PathBuf),
-    /// One key, as hex, from `from` (an environment variable): it opens and seals, but does
-    /// not rotate.
-    Hex { hex: String, from: String },
-}
-
-/// How many sealed records each key id sealed.
-pub async fn sealed_key_ids(store: &Kv) -> Result<BTreeMap<String, usize>, BusError> {
-    let mut ids = BTreeMap::new();
-    for (_, sealed, _) in sealed_records(store).await? {
-        *ids.entry(sealed.key_id).or_default() += 1;
-    }
-    Ok(ids)
-}
-
-/// Every sealed record (kubeconfigs and BMC credentials), by key, with its revision.
-async fn sealed_records(store: &Kv) -> Result<Vec<(String, pb::SealedSecret, u64)>, BusError> {
-    let mut all = store.scan::<pb::SealedSecret>(keys::KUBECONFIG_PREFIX).await?;
-    all.extend(store.scan::<pb::SealedSecret>(keys::BMC_PREFIX).await?);
-    Ok(all)
-}
-
-/// The key ids of `sealed` that `keys` does not hold, with how many records need them.
-fn missing(sealed: &BTreeMap<String, usize>, keys: &dyn KeyProvider) -> BTreeMap<String, usize> {
-    sealed.iter().filter(|(id, _)| keys.get(id).is_err()).map(|(id, n)| (id.clone(), *n)).collect()
-}
-
-fn keys_missing(missing: &BTreeMap<String, usize>, keys: &dyn KeyProvider) -> MissingKeys {
-    MissingKeys {
-        records: missing.values().sum(),
-        needed: missing.keys().cloned().collect(),
-        from: keys.source(),
-        held: keys.key_ids(),
-    }
-}
-
-/// Checks that `keys` opens every sealed record in store: a service started with the wrong key
-/// would seal new records under it and answer nothing it holds, so it does not start.
-///
-/// # Errors
-/// [`StartupError::KeysMissing`] naming the key ids, how many records need them, and the key
-/// source.
-pub async fn check_keys(bus: &Bus, keys: &dyn KeyProvider) -> Result<(), StartupError> {
-    let store = bus.kv(names::KUBECONFIGS_BUCKET).await?;
-    let missing = missing(&sealed_key_ids(&store).await?, keys);
-    if missing.is_empty() { Ok(()) } else { Err(StartupError::KeysMissing(keys_missing(&missing, keys))) }
-}
-
-/// Loads the key ring and checks it against the sealed records. A key file is created only
-/// for [`KeySource::CreateFile`], and only while no sealed record exists.
-///
-/// # Errors
-/// [`SecretError::NoKeyFile`] (inside [`StartupError::Key`]) when the file is missing but
-/// records exist; [`StartupError::KeysMissing`] when records need keys the ring lacks.
-pub async fn open_key_ring(bus: &Bus, source: KeySource) -> Result<Arc<KeyRing>, StartupError> {
-    let store = bus.kv(names::KUBECONFIGS_BUCKET).await?;
-    let sealed = sealed_key_ids(&store).await?;
-    let ring = match source {
-        KeySource::CreateFile(path) => KeyRing::load_or_create(&path, &sealed)?,
-        KeySource::File(path) if !path.exists() && !sealed.is_empty() => {
-            return Err(SecretError::NoKeyFile {
-                path,
-                records: sealed.values().sum(),
-                needed: sealed.keys().cloned().collect::<Vec<_>>().join(", "),
-            }
-            .into());
-        }
-        KeySource::File(path) => KeyRing::from_file(&path)?,
-        KeySource::Hex { hex, from } => KeyRing::from_hex(&hex, &from)?,
-    };
-    let missing = missing(&sealed, &ring);
-    if !missing.is_empty() {
-        return Err(StartupError::KeysMissing(keys_missing(&missing, &ring)));
-    }
-    Ok(Arc::new(ring))
-}
 
 /// Why a request was not answered. The text goes back in the error header: it names what
 /// was wrong and never carries a secret.
@@ -288,7 +153,7 @@ impl SecretsService {
             return Err(refused(format!("no kubeconfig stored for site {site}")));
         };
         let what = format!("open the kubeconfig of site {site} (sealed under key {})", sealed.key_id);
-        let kubeconfig = secrets::open(self.keys.as_ref(), &kubeconfig::purpose(site.as_str()), &sealed)
+        let kubeconfig = sealing::open(self.keys.as_ref(), &kubeconfig_purpose(site.as_str()), &sealed)
             .map_err(RequestError::secret(what))?;
         info!(%site, key_id = %sealed.key_id, "kubeconfig read");
         Ok(kubeconfig)
@@ -310,7 +175,7 @@ impl SecretsService {
         }
         let plain = creds.encode_to_vec();
         drop(creds);
-        let sealed = secrets::seal(self.keys.as_ref(), &bmc_purpose(site.as_str(), node.as_str()), &plain)
+        let sealed = sealing::seal(self.keys.as_ref(), &bmc_purpose(site.as_str(), node.as_str()), &plain)
             .map_err(RequestError::secret("seal the BMC credentials"))?;
         drop(plain);
         let revision = self.store.put(&keys::bmc_credentials(site.as_str(), node.as_str()), &sealed).await?;
@@ -357,7 +222,7 @@ impl SecretsService {
         };
         let what =
             format!("open the BMC credentials of node {node} of site {site} (sealed under key {})", sealed.key_id);
-        let plain = secrets::open(self.keys.as_ref(), &bmc_purpose(site.as_str(), node.as_str()), &sealed)
+        let plain = sealing::open(self.keys.as_ref(), &bmc_purpose(site.as_str(), node.as_str()), &sealed)
             .map_err(RequestError::secret(what))?;
         let creds = pb::BmcCredentials::decode(plain.as_slice())
             .map_err(|_| refused(format!("the BMC credentials of node {node} of site {site} do not decode")))?;
@@ -433,9 +298,9 @@ impl SecretsService {
             if sealed.key_id == new {
                 return Ok(false);
             }
-            let plain = secrets::open(self.keys.as_ref(), &purpose, &sealed)
+            let plain = sealing::open(self.keys.as_ref(), &purpose, &sealed)
                 .map_err(RequestError::secret(format!("open {key} (sealed under key {})", sealed.key_id)))?;
-            let again = secrets::seal(self.keys.as_ref(), &purpose, &plain)
+            let again = sealing::seal(self.keys.as_ref(), &purpose, &plain)
                 .map_err(RequestError::secret(format!("seal {key} again")))?;
             drop(plain);
             if again.key_id != new {
@@ -457,7 +322,8 @@ impl SecretsService {
 /// a process (replicas sharing a key file should not rotate at once).
 ///
 /// # Errors
-/// [`StartupError`] when a record needs a key the ring lacks; bus errors when subscribing.
+/// [`StartupError`](super::records::StartupError) when a record needs a key the ring lacks;
+/// bus errors when subscribing.
 pub async fn run_secrets_service(bus: Bus, keys: Arc<KeyRing>, shutdown: CancellationToken) -> anyhow::Result<()> {
     check_keys(&bus, keys.as_ref()).await?;
     let service = Arc::new(SecretsService {
@@ -492,51 +358,9 @@ pub async fn run_secrets_service(bus: Bus, keys: Arc<KeyRing>, shutdown: Cancell
     Ok(())
 }
 
-/// The kubeconfig collector and the secrets service under one key ring, until `shutdown`
-/// (`landfall serve kubeconfig`, `landfall up`). When one of them stops with an error, the
-/// other is stopped too.
-///
-/// # Errors
-/// The first error of either.
-pub async fn run_secrets(bus: Bus, keys: Arc<KeyRing>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let stop = shutdown.child_token();
-    let stopping = |r: anyhow::Result<()>| {
-        if r.is_err() {
-            stop.cancel();
-        }
-        r
-    };
-    let provider: Arc<dyn KeyProvider> = keys.clone();
-    let (collected, served) = tokio::join!(
-        async { stopping(kubeconfig::run_kubeconfig(bus.clone(), provider, stop.clone()).await) },
-        async { stopping(run_secrets_service(bus.clone(), keys, stop.clone()).await) },
-    );
-    collected.and(served)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::StaticKey;
-
-    #[test]
-    fn every_record_key_has_its_purpose() {
-        assert_eq!(purpose_of(&keys::kubeconfig("edge-01")).as_deref(), Some("kubeconfig/edge-01"));
-        assert_eq!(purpose_of(&keys::bmc_credentials("edge-01", "node-2")).as_deref(), Some("bmc/edge-01/node-2"));
-        assert_eq!(purpose_of("bmc.edge-01"), None);
-        assert_eq!(purpose_of("other.x"), None);
-    }
-
-    #[test]
-    fn missing_keys_are_named_with_their_records_and_the_key_source() {
-        let k = StaticKey::from_hex(&"11".repeat(32), "LANDFALL_SECRET_KEY").unwrap();
-        let sealed = BTreeMap::from([(k.id().to_string(), 3), ("aaaa".to_string(), 2), ("bbbb".to_string(), 1)]);
-        let missing = missing(&sealed, &k);
-        assert_eq!(missing.keys().collect::<Vec<_>>(), ["aaaa", "bbbb"]);
-        let text = keys_missing(&missing, &k).to_string();
-        assert!(text.starts_with("3 sealed record(s) in landfall-kubeconfigs need key(s) aaaa, bbbb"), "{text}");
-        assert!(text.contains("LANDFALL_SECRET_KEY") && text.contains(k.id()), "{text}");
-    }
 
     #[test]
     fn refusals_carry_their_causes_but_no_secret() {

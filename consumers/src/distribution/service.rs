@@ -22,7 +22,7 @@ use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::artifacts::{self, ArtifactStore};
+use super::artifacts::{self, ArtifactStore};
 
 /// The chunk size gateways are told to ask for.
 pub const DEFAULT_CHUNK_SIZE: u32 = 960 * 1024;

@@ -1,0 +1,224 @@
+//! The install saga, executed: `InstallSite` and `StageSite` started, the events that move a
+//! saga decided by [`crate::saga::decide`] and written with compare-and-set, outboxes published
+//! and cleared, the site lease let go when the saga ends, and what a crash left resumed.
+
+use std::time::Duration;
+
+use bus_schema::names::{self, keys};
+use bus_schema::pb::{self, BusEvent};
+use bus_schema::runtime::{Cas, Delivery, HandlerError};
+use tracing::{debug, info};
+
+use super::service::{CAS_ATTEMPTS, LEASE_RETRY, Orchestrator, invalid};
+use crate::clock::now_ms;
+use crate::lease::{self, Holder};
+use crate::saga::{self, Decision, Input};
+
+impl Orchestrator {
+    pub(super) async fn install_site(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::InstallSite = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id).map_err(invalid)?.to_string();
+        let saga_key = keys::saga(&d.envelope.id);
+
+        // A redelivery of an accepted command: finish what it started, nothing more.
+        if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
+            self.settle(&saga_key, existing, rev).await?;
+            return Ok(());
+        }
+
+        let design = self.design_at(&site, cmd.design_revision).await?;
+        let resolved = saga::resolve(&design, &self.catalog_for(&design).await?)
+            .map_err(|r| HandlerError::reject(r.code, r.reason))?;
+
+        lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
+        let new = saga::start(&d.envelope, &design, resolved, now_ms());
+        match self.sagas.create(&saga_key, &new).await? {
+            Cas::Written(rev) => {
+                info!(%site, saga = %d.envelope.id, nodes = design.nodes.len(), "install started");
+                let pointer = pb::SiteLease {
+                    site_id: site.clone(),
+                    saga_id: d.envelope.id.clone(),
+                    acquired_unix_ms: now_ms(),
+                    ..Default::default()
+                };
+                self.sagas.put(&keys::latest_install(&site), &pointer).await?;
+                self.settle(&saga_key, new, rev).await?;
+            }
+            Cas::Conflict => {
+                // Another replica created it first: make sure its outbox goes out.
+                if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
+                    self.settle(&saga_key, existing, rev).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stages a site's artifacts into its gateway's cache, ahead of an install. It changes no
+    /// node, so it takes no site lease; the job's id comes from the command's, so a redelivered
+    /// command sends no second job.
+    pub(super) async fn stage_site(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::StageSite = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id).map_err(invalid)?.to_string();
+        let design = self.design_at(&site, cmd.design_revision).await?;
+        let resolved = saga::resolve(&design, &self.catalog_for(&design).await?)
+            .map_err(|r| HandlerError::reject(r.code, r.reason))?;
+        let job = saga::stage_job(site.clone(), &resolved);
+        info!(%site, artifacts = job.artifacts.len(), "staging ahead of an install");
+        self.bus.publish_job(&job, &d.envelope.derive("stage_artifacts", None)).await?;
+        Ok(())
+    }
+
+    /// Publishes the saga's outbox, clears it, and releases the lease once the saga has ended.
+    /// Safe to repeat: the messages carry fixed ids, so a second publish is dropped as a duplicate.
+    pub(super) async fn settle(&self, key: &str, mut saga: pb::InstallSaga, rev: u64) -> Result<(), HandlerError> {
+        if !saga.outbox.is_empty() {
+            crate::failpoint::hit("saga-written-outbox-unpublished");
+            self.bus.publish_all(crate::decision::outgoing(&saga.outbox, &saga.saga_id)).await?;
+            crate::failpoint::hit("outbox-published-not-cleared");
+            saga.outbox.clear();
+            if self.sagas.update(key, &saga, rev).await? == Cas::Conflict {
+                // Someone else changed it meanwhile; they (or the next delivery) settle it.
+                return Ok(());
+            }
+        }
+        if saga::is_terminal(&saga) {
+            lease::release(&self.sagas, &saga.site_id, Holder::Saga(&saga.saga_id)).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes what sagas decided before a crash and did not get to publish. Redelivery
+    /// would get there too, but only after the ack wait; this resumes at once from KV state.
+    pub async fn recover(&self) -> Result<usize, HandlerError> {
+        let mut settled = 0;
+        for key in self.sagas.keys_with_prefix(&keys::saga("")).await? {
+            if let Some((saga, rev)) = self.sagas.get::<pb::InstallSaga>(&key).await?
+                && (!saga.outbox.is_empty() || saga::is_terminal(&saga))
+            {
+                settled += usize::from(!saga.outbox.is_empty());
+                self.settle(&key, saga, rev).await?;
+            }
+        }
+        Ok(settled)
+    }
+
+    pub(super) async fn on_event(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let Some(input) = input_of(d)? else { return Ok(()) };
+        let key = keys::saga(&d.envelope.correlation);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((current, rev)) = self.sagas.get::<pb::InstallSaga>(&key).await? else {
+                debug!(subject = %d.subject, correlation = %d.envelope.correlation, "event belongs to no install saga");
+                return Ok(());
+            };
+            if !current.outbox.is_empty() {
+                // A previous step decided but did not finish publishing: finish it first.
+                self.settle(&key, current, rev).await?;
+                continue;
+            }
+            match saga::decide(&current, &input, &d.envelope, now_ms()) {
+                Decision::Ignore => return Ok(()),
+                Decision::Wait => {
+                    return Err(HandlerError::Wait {
+                        reason: format!("{} arrived before the saga reached its phase", d.type_name),
+                        delay: Duration::from_millis(200),
+                    });
+                }
+                Decision::Apply(next) => match self.sagas.update(&key, next.as_ref(), rev).await? {
+                    Cas::Written(new_rev) => {
+                        observe_saga(&current, &next);
+                        if saga::is_terminal(&next) {
+                            info!(site = %next.site_id, saga = %next.saga_id, outcome = next.outcome, "install finished");
+                        }
+                        return self.settle(&key, *next, new_rev).await;
+                    }
+                    Cas::Conflict => continue,
+                },
+            }
+        }
+        Err(HandlerError::Transient(format!("saga {key} kept changing under {}", d.type_name)))
+    }
+}
+
+/// Records how long the saga spent in the phase it has just left and, once it has ended, in all.
+/// Only the write that moved it counts, so each is observed once whatever the replicas.
+fn observe_saga(before: &pb::InstallSaga, after: &pb::InstallSaga) {
+    if let Some((step, seconds)) = saga::phase_left(before, after) {
+        metrics::histogram!("landfall_saga_step_seconds", "step" => step).record(seconds);
+    }
+    if saga::is_terminal(after) && !saga::is_terminal(before) {
+        let kind = if after.join { "join" } else { "install" };
+        let outcome = match pb::InstallOutcome::try_from(after.outcome) {
+            Ok(pb::InstallOutcome::Success) => "success",
+            Ok(pb::InstallOutcome::PartialSuccess) => "partial_success",
+            _ => "failure",
+        };
+        let seconds = (after.finished_unix_ms - after.started_unix_ms).max(0) as f64 / 1000.0;
+        metrics::histogram!("landfall_saga_seconds", "kind" => kind, "outcome" => outcome).record(seconds);
+    }
+}
+
+/// The saga input an event carries; `None` for events the orchestrator does not act on.
+fn input_of(d: &Delivery) -> Result<Option<Input>, HandlerError> {
+    let kind = match names::parse_subject(&d.subject) {
+        Some(names::ParsedSubject::Event { aggregate, kind, .. }) => (aggregate, kind),
+        _ => return Ok(None),
+    };
+    let is = |a: &str, k: &str| kind == (a, k);
+    Ok(Some(if is(pb::ArtifactsStaged::AGGREGATE, pb::ArtifactsStaged::KIND) {
+        d.decode::<pb::ArtifactsStaged>()?;
+        Input::Staged
+    } else if is(pb::NodeOsProvisioning::AGGREGATE, pb::NodeOsProvisioning::KIND) {
+        let e: pb::NodeOsProvisioning = d.decode()?;
+        Input::OsState { node: e.node, state: e.state }
+    } else if is(pb::NodeOsProvisioned::AGGREGATE, pb::NodeOsProvisioned::KIND) {
+        Input::OsProvisioned { node: d.decode::<pb::NodeOsProvisioned>()?.node }
+    } else if is(pb::NodeFailed::AGGREGATE, pb::NodeFailed::KIND) {
+        let e: pb::NodeFailed = d.decode()?;
+        Input::NodeFailed { node: e.node, step: e.step, reason: e.reason }
+    } else if is(pb::NodeBinariesInstalled::AGGREGATE, pb::NodeBinariesInstalled::KIND) {
+        Input::BinariesInstalled { node: d.decode::<pb::NodeBinariesInstalled>()?.node }
+    } else if is(pb::ClusterReady::AGGREGATE, pb::ClusterReady::KIND) {
+        Input::ClusterReady(d.decode()?)
+    } else if is(pb::KubeconfigStored::AGGREGATE, pb::KubeconfigStored::KIND) {
+        d.decode::<pb::KubeconfigStored>()?;
+        Input::KubeconfigStored
+    } else if is(pb::ContainerPackagesApplied::AGGREGATE, pb::ContainerPackagesApplied::KIND) {
+        d.decode::<pb::ContainerPackagesApplied>()?;
+        Input::ContainersApplied
+    } else if is(pb::JobFailed::AGGREGATE, pb::JobFailed::KIND) {
+        let e: pb::JobFailed = d.decode()?;
+        Input::JobFailed { job: e.job, reason: e.reason }
+    } else {
+        return Ok(None);
+    }))
+}
+
+/// The events that move an install saga.
+pub fn saga_event_filters() -> Vec<String> {
+    vec![
+        pb::ArtifactsStaged::filter(),
+        pb::NodeOsProvisioning::filter(),
+        pb::NodeOsProvisioned::filter(),
+        pb::NodeFailed::filter(),
+        pb::NodeBinariesInstalled::filter(),
+        pb::ClusterReady::filter(),
+        pb::KubeconfigStored::filter(),
+        pb::ContainerPackagesApplied::filter(),
+        pb::JobFailed::filter(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bus_schema::pb::BusMessage;
+
+    #[test]
+    fn every_filter_is_an_event_subject() {
+        for f in saga_event_filters() {
+            assert!(f.starts_with("landfall.evt.*."), "{f}");
+        }
+        assert_eq!(pb::ClusterReady::TYPE, "landfall.v1.ClusterReady");
+    }
+}

@@ -1,0 +1,21 @@
+//! The provisioning orchestrator: commands in, sagas advanced in KV, jobs and events out.
+//!
+//! Two durable consumers share one [`Orchestrator`]: one on commands, one on the events that
+//! move sagas forward (a third counts rollouts' site reports). Any number of replicas may run;
+//! KV compare-and-set decides who wins.
+//!
+//! - [`service`]: the shared state every handler works on;
+//! - `register`, `design`, `nodes`: the command handlers, by what they change;
+//! - `install`: the install saga, executed (its decisions are [`crate::saga`]);
+//! - `run`: the consumers, started, and commands dispatched to their handlers.
+
+mod design;
+mod install;
+mod nodes;
+mod register;
+mod run;
+pub mod service;
+
+pub use install::saga_event_filters;
+pub use run::run_orchestrator;
+pub use service::Orchestrator;

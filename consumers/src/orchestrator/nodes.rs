@@ -1,0 +1,201 @@
+//! Nodes that come and go after the install: `NodeAdded` puts a node into its site's design
+//! and, at an installed site, starts its join saga; `NodeRemoved` takes it out under the lease.
+
+use bus_schema::domain::SiteDesign;
+use bus_schema::names::keys;
+use bus_schema::pb;
+use bus_schema::runtime::{Cas, Delivery, HandlerError};
+use tracing::{debug, info};
+
+use super::service::{CAS_ATTEMPTS, LEASE_RETRY, Orchestrator, invalid};
+use crate::clock::now_ms;
+use crate::lease::{self, Holder};
+use crate::saga;
+
+impl Orchestrator {
+    /// A node appeared at a site (its gateway saw a new host, or an operator said so). It goes
+    /// into the site's design; at an installed site it then joins the cluster: OS, its role's
+    /// packages at the site's current versions, binaries joining the running cluster, NodeReady.
+    /// A node the design has, and that runs something already, changes nothing.
+    pub(super) async fn node_added(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::NodeAdded = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id).map_err(invalid)?.to_string();
+        let node = bus_schema::domain::NodeDesign::try_from(cmd.node.unwrap_or_default()).map_err(invalid)?;
+        let name = node.name.to_string();
+        let saga_key = keys::saga(&d.envelope.id);
+        if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
+            self.settle(&saga_key, existing, rev).await?;
+            return Ok(());
+        }
+        let Some((current, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(&site)).await? else {
+            return Err(HandlerError::reject(
+                pb::RejectCode::UnknownSite,
+                format!("site {site} is not registered; a node cannot be added to it"),
+            ));
+        };
+        let current = SiteDesign::try_from(current).map_err(invalid)?;
+        if let Some(other) = current.nodes.iter().find(|n| n.boot_mac == node.boot_mac && n.name != node.name) {
+            return Err(HandlerError::reject(
+                pb::RejectCode::Conflict,
+                format!("boot MAC {} of {name} is already node {} of {site}", node.boot_mac, other.name),
+            ));
+        }
+        match current.node(&name) {
+            Some(known) if known.boot_mac != node.boot_mac => {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Conflict,
+                    format!("{site} already has a node {name}, with boot MAC {}", known.boot_mac),
+                ));
+            }
+            Some(_) if self.runs_something(&site, &name).await? => {
+                debug!(%site, node = %name, "node already known and running");
+                return Ok(());
+            }
+            _ => {}
+        }
+
+        lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
+        let design = self.add_node(&site, &node).await?;
+        if !self.site_installed(&site).await? {
+            // Not installed yet: the node is in the design, and the install brings it up.
+            lease::release(&self.sagas, &site, Holder::Saga(&d.envelope.id)).await?;
+            let evt = pb::NodeAccepted {
+                site_id: site.clone(),
+                node: Some(pb::NodeSpec::from(&node)),
+                joining: false,
+                hardware: cmd.hardware.clone(),
+            };
+            self.bus.publish_event(&evt, &d.envelope.derive("node_accepted", None)).await?;
+            info!(%site, node = %name, "node added to the design; the site's install will bring it up");
+            return Ok(());
+        }
+        let resolved = match saga::resolve(&design, &self.catalog_for(&design).await?) {
+            Ok(r) => r,
+            Err(r) => {
+                lease::release(&self.sagas, &site, Holder::Saga(&d.envelope.id)).await?;
+                return Err(HandlerError::reject(r.code, r.reason));
+            }
+        };
+        let new = saga::start_join(&d.envelope, &design, &name, cmd.hardware, resolved, now_ms());
+        match self.sagas.create(&saga_key, &new).await? {
+            Cas::Written(rev) => {
+                info!(%site, node = %name, saga = %d.envelope.id, "node joining");
+                self.settle(&saga_key, new, rev).await?;
+            }
+            Cas::Conflict => {
+                if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
+                    self.settle(&saga_key, existing, rev).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the node has reported running anything (`landfall-observed`).
+    async fn runs_something(&self, site: &str, node: &str) -> Result<bool, HandlerError> {
+        Ok(!self.observed.scan::<pb::ObservedVersion>(&keys::observed_node_prefix(site, node)).await?.is_empty())
+    }
+
+    /// Whether the site's latest install ended with a cluster (success or partial success).
+    async fn site_installed(&self, site: &str) -> Result<bool, HandlerError> {
+        let Some((latest, _)) = self.sagas.get::<pb::SiteLease>(&keys::latest_install(site)).await? else {
+            return Ok(false);
+        };
+        let saga = self.sagas.get::<pb::InstallSaga>(&keys::saga(&latest.saga_id)).await?;
+        Ok(saga.is_some_and(|(s, _)| {
+            matches!(
+                pb::InstallOutcome::try_from(s.outcome),
+                Ok(pb::InstallOutcome::Success | pb::InstallOutcome::PartialSuccess)
+            )
+        }))
+    }
+
+    /// Takes a node out of its site's design, under the site's lease (a saga or rollout working
+    /// on the site finishes first), and says so with `NodeLeft`.
+    ///
+    /// The event goes out before the design is written, with an id derived from the command: a
+    /// redelivery after a crash between the two publishes it again (dropped as a copy) and
+    /// writes the design. A node the design does not have is refused with the reason, unless
+    /// this is a redelivery: then it is the removal that finished before the crash.
+    pub(super) async fn node_removed(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::NodeRemoved = d.decode()?;
+        let site = bus_schema::domain::SiteId::try_from(cmd.site_id.clone()).map_err(invalid)?.to_string();
+        let key = keys::site(&site);
+        if self.sites.get::<pb::SiteDesign>(&key).await?.is_none() {
+            return Err(HandlerError::reject(
+                pb::RejectCode::UnknownSite,
+                format!("site {site} is not registered; no node can leave it"),
+            ));
+        }
+        lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
+        let removed = self.remove_node(&key, &cmd, d).await;
+        lease::release(&self.sagas, &site, Holder::Saga(&d.envelope.id)).await?;
+        removed
+    }
+
+    async fn remove_node(&self, key: &str, cmd: &pb::NodeRemoved, d: &Delivery) -> Result<(), HandlerError> {
+        let (site, name) = (cmd.site_id.as_str(), cmd.node.as_str());
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((current, rev)) = self.sites.get::<pb::SiteDesign>(key).await? else {
+                return Err(HandlerError::Transient(format!("site {site} vanished")));
+            };
+            let mut design = SiteDesign::try_from(current).map_err(invalid)?;
+            let Some(known) = design.node(name) else {
+                if d.delivered > 1 {
+                    info!(%site, node = %name, "node removal redelivered: the node has left already");
+                    return Ok(());
+                }
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Invalid,
+                    format!("{site} has no node {name} in its design"),
+                ));
+            };
+            if !cmd.boot_mac.is_empty() && !known.boot_mac.as_str().eq_ignore_ascii_case(&cmd.boot_mac) {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Conflict,
+                    format!(
+                        "node {name} of {site} has boot MAC {}, not {}: the host removed is another one",
+                        known.boot_mac, cmd.boot_mac
+                    ),
+                ));
+            }
+            let boot_mac = known.boot_mac.to_string();
+            design.nodes.retain(|n| n.name.as_str() != name);
+            let design = design.validate().map_err(|e| {
+                HandlerError::reject(pb::RejectCode::Conflict, format!("{site} without node {name}: {e}"))
+            })?;
+            let evt = pb::NodeLeft {
+                site_id: site.to_string(),
+                node: name.to_string(),
+                boot_mac,
+                reason: cmd.reason.clone(),
+            };
+            self.bus.publish_event(&evt, &d.envelope.derive("node_left", None)).await?;
+            if let Cas::Written(_) = self.sites.update(key, &pb::SiteDesign::from(&design), rev).await? {
+                info!(%site, node = %name, reason = %cmd.reason, "node left the site");
+                return Ok(());
+            }
+        }
+        Err(HandlerError::Transient(format!("site {site} design kept changing")))
+    }
+
+    /// Puts the node into the site's design (compare-and-set); returns the design with it.
+    async fn add_node(&self, site: &str, node: &bus_schema::domain::NodeDesign) -> Result<SiteDesign, HandlerError> {
+        let key = keys::site(site);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((current, rev)) = self.sites.get::<pb::SiteDesign>(&key).await? else {
+                return Err(HandlerError::Transient(format!("site {site} vanished")));
+            };
+            let mut design = SiteDesign::try_from(current).map_err(invalid)?;
+            if design.node(node.name.as_str()).is_some() {
+                return Ok(design);
+            }
+            design.nodes.push(node.clone());
+            let design = design.validate().map_err(invalid)?;
+            if let Cas::Written(_) = self.sites.update(&key, &pb::SiteDesign::from(&design), rev).await? {
+                return Ok(design);
+            }
+        }
+        Err(HandlerError::Transient(format!("site {site} design kept changing")))
+    }
+}

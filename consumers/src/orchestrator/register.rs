@@ -1,0 +1,102 @@
+//! Registrations: a site's design (`RegisterSite`) and a package version into the catalog
+//! (`RegisterPackage`), with the auto-rollout a newer version starts under an enabled policy.
+
+use bus_schema::domain::{Package, SiteDesign};
+use bus_schema::names::keys;
+use bus_schema::pb;
+use bus_schema::runtime::{self, Cas, Delivery, HandlerError};
+use tracing::{debug, info};
+
+use super::service::{Orchestrator, invalid};
+
+impl Orchestrator {
+    pub(super) async fn register_site(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::RegisterSite = d.decode()?;
+        let design = SiteDesign::try_from(cmd.design.unwrap_or_default()).map_err(invalid)?;
+        let site = design.site.to_string();
+        let revision = self.sites.put(&keys::site(&site), &pb::SiteDesign::from(&design)).await?;
+        info!(%site, nodes = design.nodes.len(), revision, "site registered");
+        let evt = pb::SiteRegistered { site_id: site, nodes: design.nodes.len() as u32, revision };
+        self.bus.publish_event(&evt, &d.envelope.derive("site_registered", None)).await?;
+        Ok(())
+    }
+
+    pub(super) async fn register_package(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::RegisterPackage = d.decode()?;
+        let pkg = Package::try_from(cmd.package.unwrap_or_default()).map_err(invalid)?;
+        let key = keys::package(pkg.name.as_str(), pkg.version.as_str());
+        let entry = pb::Package::from(&pkg);
+        match self.packages.create(&key, &entry).await? {
+            Cas::Written(_) => info!(package = %pkg.name, version = %pkg.version, "package registered"),
+            Cas::Conflict => {
+                // The same name and version twice: the same content is a no-op, other content a
+                // conflict. A version registered by its metadata alone takes the object key its
+                // upload brings.
+                let existing = self.packages.get::<pb::Package>(&key).await?;
+                if let Some((e, revision)) = existing {
+                    if e.sha256 != entry.sha256 || e.kind != entry.kind || e.size != entry.size {
+                        return Err(HandlerError::reject(
+                            pb::RejectCode::Conflict,
+                            format!(
+                                "{}@{} is already registered with other content (sha256:{}, {} bytes); publish a new \
+                                 version",
+                                pkg.name, pkg.version, e.sha256, e.size
+                            ),
+                        ));
+                    }
+                    if e.object_key.is_empty() && !entry.object_key.is_empty() {
+                        // A lost race with another replica leaves the same key: retried by NAK.
+                        if let Cas::Conflict = self.packages.update(&key, &entry, revision).await? {
+                            return Err(HandlerError::Transient(format!("{key} changed while registering")));
+                        }
+                        info!(package = %pkg.name, version = %pkg.version, "package bytes uploaded");
+                    }
+                }
+            }
+        }
+        if let Some(auto) = cmd.auto_rollout {
+            let policy = pb::PackagePolicy {
+                name: pkg.name.to_string(),
+                auto_rollout: Some(auto),
+                command_id: d.envelope.id.clone(),
+            };
+            self.packages.put(&keys::policy(pkg.name.as_str()), &policy).await?;
+        }
+        let evt = pb::PackageRegistered { package: Some(entry.clone()) };
+        self.bus.publish_event(&evt, &d.envelope.derive("package_registered", None)).await?;
+        self.auto_rollout(d, &entry).await
+    }
+
+    /// A newly registered version of a package with an enabled auto-rollout policy starts a
+    /// rollout to it, for the nodes that run an older one, when it is the newest registered.
+    async fn auto_rollout(&self, d: &Delivery, entry: &pb::Package) -> Result<(), HandlerError> {
+        let Some((policy, _)) = self.packages.get::<pb::PackagePolicy>(&keys::policy(&entry.name)).await? else {
+            return Ok(());
+        };
+        let Some(auto) = policy.auto_rollout.filter(|a| a.enabled) else { return Ok(()) };
+        let others: Vec<_> = runtime::package_refs(&self.packages)
+            .await?
+            .into_iter()
+            .filter(|r| r.name.as_str() == entry.name && r.version.as_str() != entry.version)
+            .collect();
+        let cmp =
+            |r: &bus_schema::domain::PackageRef| bus_schema::rollout::version_cmp(r.version.as_str(), &entry.version);
+        // Newer than every other version, and not the first: there are nodes it may replace.
+        if others.is_empty() || !others.iter().all(|r| cmp(r).is_lt()) {
+            debug!(package = %entry.name, version = %entry.version, "not a newer version: no auto-rollout");
+            return Ok(());
+        }
+        let cmd = pb::PatchPackage {
+            name: entry.name.clone(),
+            version: entry.version.clone(),
+            selector: auto.selector,
+            strategy: auto.strategy,
+            only_older: true,
+            trigger: format!("auto-rollout of {}@{}", entry.name, entry.version),
+        };
+        let env = d.envelope.derive("auto_rollout", None);
+        info!(package = %entry.name, version = %entry.version, rollout = %env.id, "auto-rollout starts");
+        self.bus.publish_command(&cmd, &env).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,141 @@
+//! The orchestrator's consumers, started: commands (dispatched by kind to their handlers), the
+//! events that move install sagas, the site reports of rollouts, and the rollout tick.
+
+use std::sync::Arc;
+
+use bus_schema::names;
+use bus_schema::pb::{self, BusEvent};
+use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, RejectAs};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::install::saga_event_filters;
+use super::service::Orchestrator;
+use crate::rollout;
+
+struct Commands(Arc<Orchestrator>);
+struct Events(Arc<Orchestrator>);
+
+impl runtime::Handler for Commands {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let result = self.dispatch(d).await;
+        count_command(d, &result);
+        result
+    }
+}
+
+/// Counts a command the orchestrator accepted or rejected, by type (`unknown` for a subject
+/// naming no command, so a stray publisher cannot grow the label set). A command that will be
+/// tried again (transient, or waiting for its site) is counted when it is settled.
+fn count_command(d: &Delivery, result: &Result<(), HandlerError>) {
+    let kind = d.kind().unwrap_or_default();
+    let type_name = pb::COMMAND_TYPES.iter().find(|(k, _)| *k == kind).map_or("unknown", |(_, t)| t);
+    match result {
+        Ok(()) => {
+            metrics::counter!("landfall_commands_total", "type" => type_name, "outcome" => "accepted").increment(1);
+        }
+        Err(HandlerError::Reject(r)) => {
+            let code = runtime::reject_code_label(r.code);
+            metrics::counter!("landfall_commands_total", "type" => type_name, "outcome" => "rejected", "code" => code)
+                .increment(1);
+        }
+        Err(HandlerError::Transient(_) | HandlerError::Wait { .. }) => {}
+    }
+}
+
+impl Commands {
+    async fn dispatch(&self, d: &Delivery) -> Result<(), HandlerError> {
+        use pb::BusCommand;
+        match d.kind()? {
+            pb::RegisterSite::KIND => self.0.register_site(d).await,
+            pb::RegisterPackage::KIND => self.0.register_package(d).await,
+            pb::InstallSite::KIND => self.0.install_site(d).await,
+            pb::StageSite::KIND => self.0.stage_site(d).await,
+            pb::ApplyDesign::KIND => self.0.apply_design(d).await,
+            pb::PatchPackage::KIND => self.0.rollouts.patch_package(d).await,
+            pb::PauseRollout::KIND => self.0.rollouts.pause(d).await,
+            pb::ResumeRollout::KIND => self.0.rollouts.resume(d).await,
+            pb::CancelRollout::KIND => self.0.rollouts.cancel(d).await,
+            pb::NodeAdded::KIND => self.0.node_added(d).await,
+            pb::NodeRemoved::KIND => self.0.node_removed(d).await,
+            other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such command {other:?}"))),
+        }
+    }
+}
+
+impl runtime::Handler for Events {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        self.0.on_event(d).await
+    }
+}
+
+struct RolloutEvents(Arc<Orchestrator>);
+
+impl runtime::Handler for RolloutEvents {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        self.0.rollouts.on_site_patched(d).await
+    }
+}
+
+/// Looks at the rollouts under way every [`rollout::TICK`] until `shutdown`.
+async fn tick_rollouts(orchestrator: Arc<Orchestrator>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(rollout::TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(e) = orchestrator.rollouts.tick().await {
+            warn!(error = %e, "rollout tick failed; trying again");
+        }
+    }
+}
+
+/// Runs the orchestrator's consumers until `shutdown`.
+pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let orchestrator = Arc::new(Orchestrator::new(bus.clone()).await?);
+    match orchestrator.recover().await {
+        Ok(0) => {}
+        Ok(n) => info!(sagas = n, "resumed sagas interrupted before publishing"),
+        Err(e) => warn!(error = %e, "could not resume interrupted sagas now; redelivery will"),
+    }
+    let commands = ConsumerSpec::new(
+        names::COMMANDS_STREAM,
+        names::ORCHESTRATOR_COMMANDS,
+        vec![names::COMMANDS_ALL.to_string()],
+        RejectAs::Command,
+    )
+    .ordered_by_token(names::COMMAND_SCOPE_TOKEN, Some(names::FLEET));
+    let events = ConsumerSpec::new(
+        names::EVENTS_STREAM,
+        names::ORCHESTRATOR_EVENTS,
+        saga_event_filters(),
+        RejectAs::Message { consumer: names::ORCHESTRATOR_EVENTS.to_string() },
+    )
+    // One site's events, one at a time: they all land on that site's saga record, and taking
+    // turns beats losing compare-and-set races. Sites still run in parallel.
+    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None);
+    let rollouts = ConsumerSpec::new(
+        names::EVENTS_STREAM,
+        names::ORCHESTRATOR_ROLLOUTS,
+        vec![pb::SitePatched::filter()],
+        RejectAs::Message { consumer: names::ORCHESTRATOR_ROLLOUTS.to_string() },
+    )
+    // Reports are handled side by side; those of one rollout are counted together in one
+    // write (see `Rollouts::count`).
+    .concurrency(512);
+    let ticks = tokio::spawn(tick_rollouts(orchestrator.clone(), shutdown.clone()));
+    let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
+    let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());
+    let r = runtime::consume(bus, rollouts, Arc::new(RolloutEvents(orchestrator)), shutdown);
+    let (c, e, r) = tokio::join!(c, e, r);
+    if let Err(err) = &c {
+        warn!(error = %err, "command consumer stopped");
+    }
+    let _ = ticks.await;
+    c?;
+    e?;
+    r?;
+    Ok(())
+}

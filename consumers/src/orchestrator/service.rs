@@ -1,0 +1,43 @@
+//! The orchestrator's shared state: the bus, the KV buckets it reads and writes, and the
+//! rollouts it carries out; and what its handlers share (retries, the invalid-field refusal).
+
+use std::time::Duration;
+
+use bus_schema::domain::InvalidField;
+use bus_schema::names;
+use bus_schema::pb;
+use bus_schema::runtime::{self, Bus, HandlerError, Kv};
+
+use crate::rollout::Rollouts;
+
+/// How long a command for a site that is busy with another saga waits before it is tried again.
+pub(super) const LEASE_RETRY: Duration = Duration::from_secs(1);
+/// How many times a compare-and-set race is retried inside one delivery.
+pub(super) const CAS_ATTEMPTS: usize = 64;
+
+pub(super) fn invalid(e: InvalidField) -> HandlerError {
+    HandlerError::reject(pb::RejectCode::Invalid, e.to_string())
+}
+
+/// Shared state of the orchestrator's consumers.
+pub struct Orchestrator {
+    pub(super) bus: Bus,
+    pub(super) sites: Kv,
+    pub(super) packages: Kv,
+    pub(super) sagas: Kv,
+    pub(super) observed: Kv,
+    pub rollouts: Rollouts,
+}
+
+impl Orchestrator {
+    pub async fn new(bus: Bus) -> Result<Self, runtime::BusError> {
+        Ok(Self {
+            sites: bus.kv(names::SITES_BUCKET).await?,
+            packages: bus.kv(names::PACKAGES_BUCKET).await?,
+            sagas: bus.kv(names::SAGAS_BUCKET).await?,
+            observed: bus.kv(names::OBSERVED_BUCKET).await?,
+            rollouts: Rollouts::new(bus.clone()).await?,
+            bus,
+        })
+    }
+}

@@ -1,0 +1,658 @@
+//! Rollout decisions, as pure functions: what a `PatchPackage` plans, and what a site's report,
+//! a pause, a resume, a cancel or a wave past its timeout does to the rollout; which sites to
+//! start and the job that starts one. Each takes what the executor read and the time it is
+//! (`now`, milliseconds since the epoch) and returns the records to write, with the events to
+//! publish in the rollout's outbox, and the jobs to send. No I/O, no clock: the executor reads,
+//! calls these, writes with compare-and-set, and publishes.
+
+use std::ops::Range;
+
+use bus_schema::domain::{PackageName, SiteDesign, Version};
+use bus_schema::pb::{self, BusEvent, BusJob};
+use bus_schema::rollout::{self as plan, Direction, ObservedVersions, Strategy};
+use bus_schema::runtime::Envelope;
+
+use crate::decision::{Refusal, outbox_entry};
+
+/// Sites per plan chunk: a chunk of 500 sites of 10 nodes is about 60 KB.
+pub const CHUNK_SIZE: u32 = 500;
+/// Progress events per rollout, at most (plus one per wave).
+const PROGRESS_STEPS: u32 = 10;
+
+fn bit(bits: &[u8], i: usize) -> bool {
+    bits.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
+}
+
+fn set_bit(bits: &mut Vec<u8>, i: usize) {
+    if bits.len() <= i / 8 {
+        bits.resize(i / 8 + 1, 0);
+    }
+    bits[i / 8] |= 1 << (i % 8);
+}
+
+fn count_bits(bits: &[u8], range: Range<usize>) -> usize {
+    range.filter(|&i| bit(bits, i)).count()
+}
+
+/// The envelope of the rollout itself (its id is the PatchPackage command's).
+fn envelope(r: &pb::Rollout) -> Envelope {
+    Envelope {
+        id: r.rollout_id.clone(),
+        correlation: r.rollout_id.clone(),
+        causation: r.rollout_id.clone(),
+        traceparent: r.traceparent.clone(),
+    }
+}
+
+fn push<E: BusEvent>(r: &mut pb::Rollout, evt: &E, env: &Envelope) {
+    r.outbox.push(outbox_entry(evt.subject(), evt, env));
+}
+
+/// The rollout's phase.
+pub fn phase(r: &pb::Rollout) -> pb::RolloutPhase {
+    pb::RolloutPhase::try_from(r.phase).unwrap_or(pb::RolloutPhase::Unspecified)
+}
+
+/// Whether the rollout has ended for good.
+pub fn is_terminal(r: &pb::Rollout) -> bool {
+    matches!(phase(r), pb::RolloutPhase::Completed | pb::RolloutPhase::Cancelled)
+}
+
+/// Plan indexes of wave `w`.
+pub fn wave_range(r: &pb::Rollout, w: u32) -> Range<usize> {
+    let w = w as usize;
+    let start = if w == 0 { 0 } else { r.wave_ends.get(w - 1).copied().unwrap_or(r.sites) as usize };
+    start..r.wave_ends.get(w).copied().unwrap_or(r.sites) as usize
+}
+
+fn failures_counted(r: &pb::Rollout) -> u32 {
+    r.failed.saturating_sub(r.failure_base)
+}
+
+fn threshold(r: &pb::Rollout) -> u32 {
+    r.strategy.as_ref().map_or(0, |s| s.failure_threshold)
+}
+
+/// Halts a running or paused rollout whose failures passed its threshold.
+fn check_halt(r: &mut pb::Rollout, cause: &Envelope) {
+    if !matches!(phase(r), pb::RolloutPhase::Running | pb::RolloutPhase::Paused) {
+        return;
+    }
+    if failures_counted(r) > threshold(r) {
+        r.phase = pb::RolloutPhase::Halted as i32;
+        r.reason = format!(
+            "{} node(s) failed, more than the failure threshold of {}{}",
+            failures_counted(r),
+            threshold(r),
+            if r.timed_out_sites > 0 {
+                format!(" ({} site(s) counted as failed after their wave timed out)", r.timed_out_sites)
+            } else {
+                String::new()
+            }
+        );
+        let evt = pb::RolloutHalted {
+            rollout_id: r.rollout_id.clone(),
+            reason: r.reason.clone(),
+            patched: r.patched,
+            failed: r.failed,
+            wave: r.wave,
+        };
+        push(r, &evt, &cause.derive("rollout_halted", None));
+    }
+}
+
+fn progress(r: &mut pb::Rollout) {
+    let evt = pb::RolloutProgress {
+        rollout_id: r.rollout_id.clone(),
+        wave: r.wave,
+        planned_nodes: r.planned_nodes,
+        patched: r.patched,
+        failed: r.failed,
+        sites_done: r.sites_done,
+        sites_total: r.sites,
+    };
+    let env = envelope(r).derive(&format!("rollout_progress/{}", r.sites_done), None);
+    push(r, &evt, &env);
+}
+
+/// Moves a running rollout on while its current wave is complete: the next wave, or the end.
+pub fn advance(r: &mut pb::Rollout, now_ms: i64) {
+    while phase(r) == pb::RolloutPhase::Running {
+        let range = wave_range(r, r.wave);
+        if count_bits(&r.done, range.clone()) < range.len() {
+            return;
+        }
+        if r.wave as usize + 1 >= r.wave_ends.len() {
+            r.phase = pb::RolloutPhase::Completed as i32;
+            r.finished_unix_ms = now_ms;
+            let evt = pb::RolloutCompleted {
+                rollout_id: r.rollout_id.clone(),
+                package: r.package.clone(),
+                planned_nodes: r.planned_nodes,
+                patched: r.patched,
+                failed: r.failed,
+                sites: r.sites,
+                duration_ms: now_ms.saturating_sub(r.started_unix_ms),
+            };
+            let env = envelope(r).derive("rollout_completed", None);
+            push(r, &evt, &env);
+            return;
+        }
+        r.wave += 1;
+        r.wave_started_unix_ms = now_ms;
+        wave_started(r);
+    }
+}
+
+fn wave_started(r: &mut pb::Rollout) {
+    let canary = r.wave == 0 && r.strategy.as_ref().is_some_and(|s| s.canary_sites > 0);
+    let evt = pb::RolloutWaveStarted { rollout_id: r.rollout_id.clone(), wave: r.wave, site_ids: vec![], canary };
+    let env = envelope(r).derive(&format!("wave_started/{}", r.wave), None);
+    push(r, &evt, &env);
+}
+
+// Planning.
+
+/// A `PatchPackage` whose fields are valid: the version to patch to, and how.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub name: PackageName,
+    pub version: Version,
+    strategy: Strategy,
+}
+
+/// Checks a `PatchPackage`'s package, version and strategy.
+///
+/// # Errors
+/// An `Invalid` refusal naming the field.
+pub fn request(cmd: &pb::PatchPackage) -> Result<Request, Refusal> {
+    let invalid =
+        |e: bus_schema::domain::InvalidField| Refusal { code: pb::RejectCode::Invalid, reason: e.to_string() };
+    Ok(Request {
+        name: PackageName::try_from(cmd.name.as_str()).map_err(invalid)?,
+        version: Version::try_from(cmd.version.as_str()).map_err(invalid)?,
+        strategy: Strategy::try_from(&cmd.strategy.clone().unwrap_or_default()).map_err(invalid)?,
+    })
+}
+
+/// The catalog entry of the version asked for, as read.
+///
+/// # Errors
+/// An `UnknownPackage` refusal when the catalog does not hold it.
+pub fn in_catalog(req: &Request, entry: Option<pb::Package>) -> Result<pb::Package, Refusal> {
+    entry.ok_or_else(|| Refusal {
+        code: pb::RejectCode::UnknownPackage,
+        reason: format!("{}@{} is not in the catalog (landfall package register)", req.name, req.version),
+    })
+}
+
+/// A planned rollout: its plan, in chunks written once, and its first record.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub chunks: Vec<pb::RolloutPlanChunk>,
+    /// Running, with its first wave started (or completed at once with nothing to patch), and
+    /// `RolloutPlanned` in its outbox.
+    pub rollout: pb::Rollout,
+}
+
+/// Plans the rollout `cmd` (envelope `cause`, whose id is the rollout's) asks for, over the
+/// sites' designs and what their nodes were seen to run.
+///
+/// # Errors
+/// `UnknownSite` when the selector names a site that is not registered; `Invalid` for any other
+/// selector or strategy that cannot be planned.
+pub fn plan(
+    cmd: &pb::PatchPackage,
+    req: &Request,
+    entry: pb::Package,
+    designs: &[SiteDesign],
+    observed: &ObservedVersions,
+    cause: &Envelope,
+    now: i64,
+) -> Result<Planned, Refusal> {
+    let id = &cause.id;
+    let selector = cmd.selector.clone().unwrap_or_default();
+    let direction = if cmd.only_older { Direction::OnlyOlder } else { Direction::Any };
+    let planned = plan::plan_with(&req.name, &req.version, direction, &selector, &req.strategy, designs, observed)
+        .map_err(|e| {
+            let code =
+                if e.field == "selector.site_ids" { pb::RejectCode::UnknownSite } else { pb::RejectCode::Invalid };
+            Refusal { code, reason: e.to_string() }
+        })?;
+
+    let chunks: Vec<pb::RolloutPlanChunk> = planned
+        .sites
+        .chunks(CHUNK_SIZE as usize)
+        .enumerate()
+        .map(|(n, sites)| pb::RolloutPlanChunk {
+            first_index: n as u32 * CHUNK_SIZE,
+            sites: sites
+                .iter()
+                .map(|s| pb::RolloutPlanSite {
+                    site_id: s.site.clone(),
+                    nodes: s.nodes.iter().map(|n| n.spec.clone()).collect(),
+                    from_versions: s.nodes.iter().map(|n| n.from_version.clone()).collect(),
+                    canary: s.canary,
+                })
+                .collect(),
+        })
+        .collect();
+
+    let canary_sites = planned.sites.iter().filter(|s| s.canary).count() as u32;
+    let strategy = &req.strategy;
+    let mut r = pb::Rollout {
+        rollout_id: id.clone(),
+        package: Some(pb::PackageRef { name: req.name.to_string(), version: req.version.to_string() }),
+        entry: Some(entry),
+        strategy: Some(pb::ResolvedStrategy {
+            canary_sites,
+            max_concurrent_sites: strategy.max_concurrent_sites,
+            max_unavailable: strategy.max_unavailable.to_string(),
+            failure_threshold: planned.failure_threshold,
+            wave_timeout_seconds: strategy.wave_timeout.map_or(0, |t| t.as_secs() as u32),
+            on_wave_timeout: strategy.on_wave_timeout as i32,
+        }),
+        phase: pb::RolloutPhase::Running as i32,
+        sites: planned.sites.len() as u32,
+        planned_nodes: planned.planned_nodes,
+        wave_ends: planned.wave_ends.clone(),
+        wave_started_unix_ms: now,
+        plan_chunks: chunks.len() as u32,
+        chunk_size: CHUNK_SIZE,
+        started_unix_ms: now,
+        trigger: if cmd.trigger.is_empty() { "operator".into() } else { cmd.trigger.clone() },
+        traceparent: cause.traceparent.clone(),
+        selector: Some(selector),
+        ..Default::default()
+    };
+    let evt = pb::RolloutPlanned {
+        rollout_id: id.clone(),
+        package: r.package.clone(),
+        sites: planned.site_plans(),
+        planned_nodes: planned.planned_nodes,
+        waves: planned.wave_ends.len() as u32,
+        nodes_at_target: planned.nodes_at_target,
+        nodes_not_installed: planned.nodes_not_installed,
+        trigger: r.trigger.clone(),
+        failure_threshold: planned.failure_threshold,
+    };
+    push(&mut r, &evt, &cause.derive("rollout_planned", None));
+    if r.sites > 0 {
+        wave_started(&mut r);
+    }
+    advance(&mut r, now);
+    Ok(Planned { chunks, rollout: r })
+}
+
+// An operator's commands.
+
+fn not_now(r: &pb::Rollout, phase: pb::RolloutPhase, what: &str) -> Refusal {
+    Refusal {
+        code: pb::RejectCode::Conflict,
+        reason: format!(
+            "rollout {} is {} and cannot be {what}",
+            r.rollout_id,
+            phase.as_str_name().trim_start_matches("ROLLOUT_PHASE_").to_lowercase()
+        ),
+    }
+}
+
+/// `PauseRollout`: a running rollout starts no more sites (those started finish). `None` when
+/// it is paused already.
+///
+/// # Errors
+/// A `Conflict` refusal when the rollout is neither running nor paused.
+pub fn pause(r: &pb::Rollout, reason: &str, cause: &Envelope) -> Result<Option<pb::Rollout>, Refusal> {
+    match phase(r) {
+        pb::RolloutPhase::Paused => Ok(None),
+        pb::RolloutPhase::Running => {
+            let mut next = r.clone();
+            next.phase = pb::RolloutPhase::Paused as i32;
+            next.reason = if reason.is_empty() { "paused by an operator".into() } else { reason.to_string() };
+            let evt = pb::RolloutPaused { rollout_id: r.rollout_id.clone(), reason: next.reason.clone() };
+            push(&mut next, &evt, &cause.derive("rollout_paused", None));
+            Ok(Some(next))
+        }
+        other => Err(not_now(r, other, "paused")),
+    }
+}
+
+/// `ResumeRollout`: a paused or halted rollout runs again (a halted one with a new failure
+/// budget) and moves on if its wave finished meanwhile. `None` when it is running already.
+///
+/// # Errors
+/// A `Conflict` refusal when the rollout has ended.
+pub fn resume(r: &pb::Rollout, cause: &Envelope, now: i64) -> Result<Option<pb::Rollout>, Refusal> {
+    match phase(r) {
+        pb::RolloutPhase::Running => Ok(None),
+        pb::RolloutPhase::Paused | pb::RolloutPhase::Halted => {
+            let mut next = r.clone();
+            if phase(r) == pb::RolloutPhase::Halted {
+                // Its failure budget starts again from here.
+                next.failure_base = r.failed;
+            }
+            next.phase = pb::RolloutPhase::Running as i32;
+            next.reason.clear();
+            let evt = pb::RolloutResumed { rollout_id: r.rollout_id.clone() };
+            push(&mut next, &evt, &cause.derive("rollout_resumed", None));
+            advance(&mut next, now);
+            Ok(Some(next))
+        }
+        other => Err(not_now(r, other, "resumed")),
+    }
+}
+
+/// `CancelRollout`: the rollout ends; sites that never reported let go of their leases.
+/// `None` when it is cancelled already.
+///
+/// # Errors
+/// A `Conflict` refusal when the rollout has completed.
+pub fn cancel(r: &pb::Rollout, reason: &str, cause: &Envelope, now: i64) -> Result<Option<pb::Rollout>, Refusal> {
+    match phase(r) {
+        pb::RolloutPhase::Cancelled => Ok(None),
+        pb::RolloutPhase::Completed => Err(not_now(r, pb::RolloutPhase::Completed, "cancelled")),
+        _ => {
+            let mut next = r.clone();
+            next.phase = pb::RolloutPhase::Cancelled as i32;
+            next.finished_unix_ms = now;
+            next.reason = if reason.is_empty() { "cancelled by an operator".into() } else { reason.to_string() };
+            let evt = pb::RolloutCancelled {
+                rollout_id: r.rollout_id.clone(),
+                reason: next.reason.clone(),
+                patched: r.patched,
+                failed: r.failed,
+            };
+            push(&mut next, &evt, &cause.derive("rollout_cancelled", None));
+            Ok(Some(next))
+        }
+    }
+}
+
+// Site reports.
+
+/// One site's report, as counted.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub index: usize,
+    pub patched: u32,
+    pub failed: u32,
+    pub cause: Envelope,
+}
+
+/// What a site's `SitePatched` comes to.
+#[derive(Debug, Clone)]
+pub struct SiteReport {
+    /// The site's record (`rollout.<id>.site.<site>`).
+    pub record: pb::RolloutSite,
+    /// The version the site's design moves to: set when any node was patched.
+    pub design_to: Option<pb::PackageRef>,
+    /// What the rollout counts.
+    pub count: Report,
+}
+
+/// The site's record, its design's move and its count, from its gateway's `SitePatched`
+/// (delivered with envelope `cause`).
+pub fn site_report(e: &pb::SitePatched, cause: &Envelope, now: i64) -> SiteReport {
+    SiteReport {
+        record: pb::RolloutSite {
+            rollout_id: e.rollout_id.clone(),
+            site_id: e.site_id.clone(),
+            plan_index: e.plan_index,
+            state: pb::RolloutSiteState::Done as i32,
+            patched: e.patched.clone(),
+            failed: e.failed.clone(),
+            skipped: e.skipped.clone(),
+            updated_unix_ms: now,
+        },
+        design_to: (!e.patched.is_empty()).then(|| e.package.clone().unwrap_or_default()),
+        count: Report {
+            index: e.plan_index as usize,
+            patched: e.patched.len() as u32,
+            failed: e.failed.len() as u32,
+            cause: cause.clone(),
+        },
+    }
+}
+
+/// Whether the report of the site at plan `index` has been counted (its record is written).
+pub fn counted(r: &pb::Rollout, index: usize) -> bool {
+    bit(&r.done, index)
+}
+
+/// Counts one site's report; `None` when it was counted already.
+pub fn count_site(
+    r: &pb::Rollout,
+    index: usize,
+    patched: u32,
+    failed: u32,
+    cause: &Envelope,
+    now_ms: i64,
+) -> Option<pb::Rollout> {
+    if index >= r.sites as usize || bit(&r.done, index) {
+        return None;
+    }
+    let mut next = r.clone();
+    set_bit(&mut next.done, index);
+    next.sites_done += 1;
+    next.patched += patched;
+    next.failed += failed;
+    check_halt(&mut next, cause);
+    let step = (next.sites / PROGRESS_STEPS).max(1);
+    let range = wave_range(&next, next.wave);
+    let wave_over = count_bits(&next.done, range.clone()) == range.len();
+    if next.sites_done.is_multiple_of(step) || wave_over {
+        progress(&mut next);
+    }
+    advance(&mut next, now_ms);
+    Some(next)
+}
+
+/// Counts the reports that arrived together, in one change; `None` when all were counted.
+pub fn count_reports(r: &pb::Rollout, reports: &[&Report], now: i64) -> Option<pb::Rollout> {
+    let mut next: Option<pb::Rollout> = None;
+    for rep in reports {
+        let current = next.as_ref().unwrap_or(r);
+        if let Some(n) = count_site(current, rep.index, rep.patched, rep.failed, &rep.cause, now) {
+            next = Some(n);
+        }
+    }
+    next
+}
+
+/// Moves a site's design to `package` wherever it wanted another version of it, so an install
+/// or a node added later runs what the rest of the site runs; `false` when nothing changed.
+pub fn move_design(design: &mut pb::SiteDesign, package: &pb::PackageRef) -> bool {
+    let mut changed = false;
+    for p in design.packages.iter_mut().flat_map(|rp| rp.packages.iter_mut()) {
+        if p.name == package.name && p.version != package.version {
+            p.version = package.version.clone();
+            changed = true;
+        }
+    }
+    changed
+}
+
+// Starting sites.
+
+/// Plan indexes of the current wave's sites neither started nor counted.
+pub fn pending_sites(r: &pb::Rollout) -> Vec<usize> {
+    wave_range(r, r.wave).filter(|&i| !bit(&r.dispatched, i) && !bit(&r.done, i)).collect()
+}
+
+/// Marks the sites at `started` as started; `false` when they all were.
+pub fn mark_dispatched(r: &mut pb::Rollout, started: &[usize]) -> bool {
+    if started.iter().all(|&i| bit(&r.dispatched, i)) {
+        return false;
+    }
+    for &i in started {
+        set_bit(&mut r.dispatched, i);
+    }
+    true
+}
+
+/// Whether a site's job reinstalls its binaries: an os-image patch reimages its nodes.
+pub fn reinstalls(r: &pb::Rollout) -> bool {
+    r.entry.as_ref().is_some_and(|e| e.kind == pb::PackageKind::OsImage as i32)
+}
+
+/// The job that patches the site at plan `index`, with its envelope. `installed` holds the
+/// catalog entries each role of the site's design names, read when [`reinstalls`] says so: its
+/// binaries are reinstalled after the reimage.
+pub fn patch_job(
+    r: &pb::Rollout,
+    index: usize,
+    site: pb::RolloutPlanSite,
+    installed: &[pb::RoleArtifacts],
+) -> (pb::PatchNodes, Envelope) {
+    let nodes = site.nodes.len() as u32;
+    let max_unavailable = plan::Amount::parse(
+        r.strategy.as_ref().map_or("", |st| st.max_unavailable.as_str()),
+        "max_unavailable",
+        plan::Amount::Count(1),
+    )
+    .unwrap_or(plan::Amount::Count(1))
+    .of(nodes)
+    .max(1);
+    let reinstall = installed
+        .iter()
+        .map(|ra| pb::RoleArtifacts {
+            role: ra.role,
+            packages: ra.packages.iter().filter(|e| e.kind == pb::PackageKind::Binary as i32).cloned().collect(),
+        })
+        .collect();
+    let env = envelope(r).derive(pb::PatchNodes::KIND, Some(&site.site_id));
+    let job = pb::PatchNodes {
+        site_id: site.site_id,
+        rollout_id: r.rollout_id.clone(),
+        plan_index: index as u32,
+        package: Some(r.entry.clone().unwrap_or_default()),
+        nodes: site.nodes,
+        max_unavailable,
+        max_failures: threshold(r).saturating_sub(failures_counted(r)),
+        reinstall,
+    };
+    (job, env)
+}
+
+// Waves that time out.
+
+/// Whether the running rollout's current wave has run past its timeout at `now`.
+pub fn wave_timed_out(r: &pb::Rollout, now: i64) -> bool {
+    let Some(timeout) = r.strategy.as_ref().map(|s| s.wave_timeout_seconds).filter(|t| *t > 0) else {
+        return false;
+    };
+    phase(r) == pb::RolloutPhase::Running && now.saturating_sub(r.wave_started_unix_ms) > i64::from(timeout) * 1000
+}
+
+/// Plan indexes of the current wave's sites that have not reported.
+pub fn silent_sites(r: &pb::Rollout) -> Vec<usize> {
+    wave_range(r, r.wave).filter(|&i| !bit(&r.done, i)).collect()
+}
+
+/// A wave past its timeout, and what the strategy says to do: abort the rollout (halt it), or
+/// count each silent site's planned nodes as failed and go on.
+#[derive(Debug, Clone)]
+pub struct WaveTimeout {
+    rollout_id: String,
+    wave: u32,
+    timeout: u32,
+    /// The silent sites, by plan index, as planned.
+    late: Vec<(usize, pb::RolloutPlanSite)>,
+    abort: bool,
+    /// What happened, for the halt reason and the log.
+    pub why: String,
+    cause: Envelope,
+}
+
+/// The current wave of `r` timed out with the sites `late` silent (see [`silent_sites`]).
+pub fn wave_timeout(r: &pb::Rollout, late: Vec<(usize, pb::RolloutPlanSite)>) -> WaveTimeout {
+    let timeout = r.strategy.as_ref().map_or(0, |s| s.wave_timeout_seconds);
+    let names: Vec<&str> = late.iter().map(|(_, s)| s.site_id.as_str()).take(10).collect();
+    let abort = r.strategy.as_ref().is_some_and(|s| s.on_wave_timeout == pb::WaveTimeoutAction::Abort as i32);
+    let wave = r.wave;
+    let why = format!(
+        "wave {wave} timed out after {timeout}s: {} site(s) did not report ({}{})",
+        late.len(),
+        names.join(", "),
+        if late.len() > names.len() { ", …" } else { "" }
+    );
+    let cause = envelope(r).derive(&format!("wave_timeout/{wave}"), None);
+    WaveTimeout { rollout_id: r.rollout_id.clone(), wave, timeout, late, abort, why, cause }
+}
+
+impl WaveTimeout {
+    /// Whether the rollout goes on past the wave (rather than halting).
+    pub fn goes_on(&self) -> bool {
+        !self.abort
+    }
+
+    /// When the rollout goes on, each silent site's record, saying why its nodes count as failed
+    /// (each of those sites lets go of its lease too); none when it halts.
+    pub fn site_records(&self, now: i64) -> Vec<pb::RolloutSite> {
+        if self.abort {
+            return vec![];
+        }
+        let timeout = self.timeout;
+        let reason = format!("no report within the wave timeout of {timeout}s (site offline?): counted as failed");
+        self.late
+            .iter()
+            .map(|(i, s)| pb::RolloutSite {
+                rollout_id: self.rollout_id.clone(),
+                site_id: s.site_id.clone(),
+                plan_index: *i as u32,
+                state: pb::RolloutSiteState::TimedOut as i32,
+                failed: s
+                    .nodes
+                    .iter()
+                    .map(|n| pb::NodeResult {
+                        node: n.name.clone(),
+                        role: n.role,
+                        outcome: pb::NodeOutcome::Failed as i32,
+                        failed_step: pb::PatchNodes::KIND.to_string(),
+                        reason: reason.clone(),
+                    })
+                    .collect(),
+                updated_unix_ms: now,
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// The rollout after the timeout: halted, or with the silent sites counted as failed and
+    /// moved on. `None` when it has left that wave or stopped running meanwhile.
+    pub fn apply(&self, current: &pb::Rollout, now: i64) -> Option<pb::Rollout> {
+        let wave = self.wave;
+        if current.wave != wave || phase(current) != pb::RolloutPhase::Running {
+            return None;
+        }
+        let mut next = current.clone();
+        if self.abort {
+            next.phase = pb::RolloutPhase::Halted as i32;
+            next.reason = format!("{}; the strategy says abort", self.why);
+            let evt = pb::RolloutHalted {
+                rollout_id: next.rollout_id.clone(),
+                reason: next.reason.clone(),
+                patched: next.patched,
+                failed: next.failed,
+                wave,
+            };
+            push(&mut next, &evt, &self.cause.derive("rollout_halted", None));
+            return Some(next);
+        }
+        for (i, s) in &self.late {
+            if !bit(&next.done, *i) {
+                set_bit(&mut next.done, *i);
+                next.sites_done += 1;
+                next.timed_out_sites += 1;
+                next.failed += s.nodes.len() as u32;
+            }
+        }
+        check_halt(&mut next, &self.cause);
+        progress(&mut next);
+        advance(&mut next, now);
+        Some(next)
+    }
+}
+
+#[cfg(test)]
+mod tests;

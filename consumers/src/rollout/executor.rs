@@ -1,0 +1,486 @@
+//! Rollouts, executed: read the rollout and what a decision needs from KV, call [`super::decide`],
+//! write its result with compare-and-set, publish the outbox, send the jobs, let go of leases.
+//! Nothing is decided here.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bus_schema::domain::SiteDesign;
+use bus_schema::names::{self, keys};
+use bus_schema::pb;
+use bus_schema::runtime::{Bus, BusError, Cas, Delivery, HandlerError, Kv};
+use futures::StreamExt;
+use tracing::{debug, info, warn};
+
+use super::decide::{self, Report};
+use crate::clock::now_ms;
+use crate::decision::{self, Refusal};
+use crate::lease::{self, Acquired, Holder};
+
+/// Sites of a wave started at once by one replica.
+const DISPATCH_PARALLEL: usize = 256;
+/// How many times a compare-and-set race is retried inside one delivery.
+const CAS_ATTEMPTS: usize = 256;
+
+/// How often every replica looks at the rollouts under way.
+pub const TICK: Duration = Duration::from_secs(1);
+
+fn reject(r: Refusal) -> HandlerError {
+    HandlerError::reject(r.code, r.reason)
+}
+
+/// Sets the rollout's node gauges from its record, as it was just written (or read by a tick).
+fn gauge_nodes(r: &pb::Rollout) {
+    for (state, n) in [("planned", r.planned_nodes), ("patched", r.patched), ("failed", r.failed)] {
+        metrics::gauge!("landfall_rollout_nodes", "rollout" => r.rollout_id.clone(), "state" => state)
+            .set(f64::from(n));
+    }
+}
+
+/// A rollout phase as metrics give it: `running`.
+fn phase_label(p: pb::RolloutPhase) -> &'static str {
+    match p {
+        pb::RolloutPhase::Unspecified => "unspecified",
+        pb::RolloutPhase::Running => "running",
+        pb::RolloutPhase::Paused => "paused",
+        pb::RolloutPhase::Halted => "halted",
+        pb::RolloutPhase::Completed => "completed",
+        pb::RolloutPhase::Cancelled => "cancelled",
+    }
+}
+
+/// The rollout's state, the plan it runs, and how to carry it out.
+pub struct Rollouts {
+    bus: Bus,
+    sites: Kv,
+    packages: Kv,
+    observed: Kv,
+    sagas: Kv,
+    /// Plan chunks by key: immutable once written.
+    chunks: Mutex<HashMap<String, Arc<pb::RolloutPlanChunk>>>,
+    /// Catalog entries by key: immutable once registered.
+    catalog: Mutex<HashMap<String, pb::Package>>,
+    /// Site reports waiting to be counted, by rollout: counted together in one write.
+    counting: Mutex<HashMap<String, Batch>>,
+    /// Rollouts this process is starting sites of: one dispatch at a time per rollout, or
+    /// every settle during a long dispatch would start the same sites again.
+    dispatching: Mutex<HashSet<String>>,
+}
+
+/// Site reports of one rollout waiting for the write that counts them.
+#[derive(Default)]
+struct Batch {
+    waiting: Vec<(Report, tokio::sync::oneshot::Sender<Result<(), String>>)>,
+    /// A handler is writing: it takes what arrives meanwhile in its next write.
+    writing: bool,
+}
+
+/// One site to start, from the plan.
+struct Start {
+    index: usize,
+    site: pb::RolloutPlanSite,
+}
+
+impl Rollouts {
+    pub async fn new(bus: Bus) -> Result<Self, BusError> {
+        Ok(Self {
+            sites: bus.kv(names::SITES_BUCKET).await?,
+            packages: bus.kv(names::PACKAGES_BUCKET).await?,
+            observed: bus.kv(names::OBSERVED_BUCKET).await?,
+            sagas: bus.kv(names::SAGAS_BUCKET).await?,
+            bus,
+            chunks: Mutex::default(),
+            catalog: Mutex::default(),
+            counting: Mutex::default(),
+            dispatching: Mutex::default(),
+        })
+    }
+
+    async fn catalog_entry(&self, name: &str, version: &str) -> Result<Option<pb::Package>, BusError> {
+        let key = keys::package(name, version);
+        if let Some(p) = self.catalog.lock().expect("catalog lock").get(&key) {
+            return Ok(Some(p.clone()));
+        }
+        let found = self.packages.get::<pb::Package>(&key).await?.map(|(p, _)| p);
+        if let Some(p) = &found {
+            self.catalog.lock().expect("catalog lock").insert(key, p.clone());
+        }
+        Ok(found)
+    }
+
+    async fn chunk(&self, rollout_id: &str, n: u32) -> Result<Arc<pb::RolloutPlanChunk>, BusError> {
+        let key = keys::rollout_plan(rollout_id, n);
+        if let Some(c) = self.chunks.lock().expect("chunks lock").get(&key) {
+            return Ok(c.clone());
+        }
+        let chunk = self.sagas.get::<pb::RolloutPlanChunk>(&key).await?.map(|(c, _)| Arc::new(c)).ok_or_else(|| {
+            BusError::Kv {
+                op: "get",
+                bucket: self.sagas.bucket().to_string(),
+                key: key.clone(),
+                source: "plan chunk missing".into(),
+            }
+        })?;
+        self.chunks.lock().expect("chunks lock").insert(key, chunk.clone());
+        Ok(chunk)
+    }
+
+    async fn plan_site(&self, r: &pb::Rollout, index: usize) -> Result<pb::RolloutPlanSite, BusError> {
+        let size = r.chunk_size.max(1) as usize;
+        let chunk = self.chunk(&r.rollout_id, (index / size) as u32).await?;
+        Ok(chunk.sites.get(index - chunk.first_index as usize).cloned().unwrap_or_default())
+    }
+
+    /// Plans and starts a rollout.
+    pub async fn patch_package(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::PatchPackage = d.decode()?;
+        let id = d.envelope.id.clone();
+        if let Some((existing, rev)) = self.sagas.get::<pb::Rollout>(&keys::rollout(&id)).await? {
+            // A redelivery of an accepted command: finish what it started.
+            self.settle(existing, rev).await?;
+            return Ok(());
+        }
+        let req = decide::request(&cmd).map_err(reject)?;
+        let entry = self.catalog_entry(req.name.as_str(), req.version.as_str()).await?;
+        let entry = decide::in_catalog(&req, entry).map_err(reject)?;
+        let designs: Vec<SiteDesign> = self
+            .sites
+            .scan::<pb::SiteDesign>(keys::SITE_PREFIX)
+            .await?
+            .into_iter()
+            .filter_map(|(key, d, _)| match SiteDesign::try_from(d) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    warn!(%key, error = %e, "skipping a site design that does not validate");
+                    None
+                }
+            })
+            .collect();
+        let observed = self
+            .observed
+            .scan_matching::<pb::ObservedVersion>(&keys::observed_package_everywhere(req.name.as_str()))
+            .await?
+            .into_iter()
+            .map(|(_, v, _)| ((v.site_id, v.node), Some(v.version)))
+            .collect();
+        let planned = decide::plan(&cmd, &req, entry, &designs, &observed, &d.envelope, now_ms()).map_err(reject)?;
+
+        // The plan, in immutable chunks.
+        let writes = planned.chunks.iter().enumerate().map(|(n, c)| {
+            let key = keys::rollout_plan(&id, n as u32);
+            async move { self.sagas.create(&key, c).await }
+        });
+        futures::future::try_join_all(writes).await?;
+
+        let r = planned.rollout;
+        info!(rollout = %id, package = %req.name, version = %req.version, sites = r.sites, nodes = r.planned_nodes, waves = r.wave_ends.len(), trigger = %r.trigger, "rollout planned");
+        match self.sagas.create(&keys::rollout(&id), &r).await? {
+            Cas::Written(rev) => {
+                gauge_nodes(&r);
+                self.settle(r, rev).await?;
+            }
+            Cas::Conflict => {
+                if let Some((existing, rev)) = self.sagas.get::<pb::Rollout>(&keys::rollout(&id)).await? {
+                    self.settle(existing, rev).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the rollout's outbox and clears it, then starts the sites of the current wave
+    /// that are not started yet (when it is running). Safe to repeat.
+    pub async fn settle(&self, mut r: pb::Rollout, rev: u64) -> Result<(), HandlerError> {
+        if !r.outbox.is_empty() {
+            crate::failpoint::hit("rollout-written-outbox-unpublished");
+            self.bus.publish_all(decision::outgoing(&r.outbox, &r.rollout_id)).await?;
+            r.outbox.clear();
+            if self.sagas.update(&keys::rollout(&r.rollout_id), &r, rev).await? == Cas::Conflict {
+                // Someone else changed it meanwhile; they (or the next tick) go on from here.
+                return Ok(());
+            }
+        }
+        if decide::phase(&r) == pb::RolloutPhase::Running {
+            self.dispatch(r).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts every site of the current wave not started yet whose lease it can take, marking
+    /// them started a slice at a time (other replicas and later ticks skip what is marked).
+    /// A dispatch already running in this process for the rollout covers this one.
+    async fn dispatch(&self, r: pb::Rollout) -> Result<(), HandlerError> {
+        let pending = decide::pending_sites(&r);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if !self.dispatching.lock().expect("dispatching lock").insert(r.rollout_id.clone()) {
+            return Ok(());
+        }
+        let result = self.dispatch_sites(&r, pending).await;
+        self.dispatching.lock().expect("dispatching lock").remove(&r.rollout_id);
+        result
+    }
+
+    async fn dispatch_sites(&self, r: &pb::Rollout, pending: Vec<usize>) -> Result<(), HandlerError> {
+        const SLICE: usize = 1024;
+        for slice in pending.chunks(SLICE) {
+            let mut starts = Vec::with_capacity(slice.len());
+            for &i in slice {
+                starts.push(Start { index: i, site: self.plan_site(r, i).await? });
+            }
+            let results: Vec<Result<Option<usize>, BusError>> = futures::stream::iter(starts)
+                .map(|s| self.start_site(r, s))
+                .buffer_unordered(DISPATCH_PARALLEL)
+                .collect()
+                .await;
+            let mut started = Vec::new();
+            for res in results {
+                if let Some(i) = res? {
+                    started.push(i);
+                }
+            }
+            if !started.is_empty() {
+                self.mark_dispatched(&r.rollout_id, &started).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the site's lease and sends its job; `None` while the site is busy.
+    async fn start_site(&self, r: &pb::Rollout, s: Start) -> Result<Option<usize>, BusError> {
+        let site = s.site.site_id.clone();
+        match lease::acquire(&self.sagas, &site, Holder::Rollout(&r.rollout_id)).await? {
+            Acquired::Yes => {}
+            Acquired::Busy(why) => {
+                debug!(rollout = %r.rollout_id, %site, %why, "site busy; it starts when free");
+                return Ok(None);
+            }
+        }
+        let installed = if decide::reinstalls(r) { self.installed(&site).await? } else { vec![] };
+        let (job, env) = decide::patch_job(r, s.index, s.site, &installed);
+        self.bus.publish_job(&job, &env).await?;
+        Ok(Some(s.index))
+    }
+
+    /// The catalog entries each role of the site's design names.
+    async fn installed(&self, site: &str) -> Result<Vec<pb::RoleArtifacts>, BusError> {
+        let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(site)).await? else { return Ok(vec![]) };
+        let mut out = Vec::new();
+        for rp in design.packages {
+            let mut packages = Vec::new();
+            for p in rp.packages {
+                if let Some(e) = self.catalog_entry(&p.name, &p.version).await? {
+                    packages.push(e);
+                }
+            }
+            out.push(pb::RoleArtifacts { role: rp.role, packages });
+        }
+        Ok(out)
+    }
+
+    async fn mark_dispatched(&self, rollout_id: &str, started: &[usize]) -> Result<(), HandlerError> {
+        let key = keys::rollout(rollout_id);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((mut r, rev)) = self.sagas.get::<pb::Rollout>(&key).await? else { return Ok(()) };
+            if !decide::mark_dispatched(&mut r, started) {
+                return Ok(());
+            }
+            if let Cas::Written(_) = self.sagas.update(&key, &r, rev).await? {
+                return Ok(());
+            }
+        }
+        Err(HandlerError::Transient(format!("rollout {rollout_id} kept changing")))
+    }
+
+    /// Reads, changes with `f`, and writes the rollout until the write wins; then settles it.
+    /// `f` returns `None` for "nothing to change".
+    async fn update(
+        &self,
+        rollout_id: &str,
+        mut f: impl FnMut(&pb::Rollout) -> Result<Option<pb::Rollout>, HandlerError>,
+    ) -> Result<(), HandlerError> {
+        let key = keys::rollout(rollout_id);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((current, rev)) = self.sagas.get::<pb::Rollout>(&key).await? else {
+                return Err(HandlerError::reject(pb::RejectCode::Invalid, format!("there is no rollout {rollout_id}")));
+            };
+            if !current.outbox.is_empty() {
+                self.settle(current, rev).await?;
+                continue;
+            }
+            let Some(next) = f(&current)? else {
+                return self.settle(current, rev).await;
+            };
+            match self.sagas.update(&key, &next, rev).await? {
+                Cas::Written(new) => {
+                    gauge_nodes(&next);
+                    return self.settle(next, new).await;
+                }
+                Cas::Conflict => continue,
+            }
+        }
+        Err(HandlerError::Transient(format!("rollout {rollout_id} kept changing")))
+    }
+
+    /// A site's report: its results recorded, its lease let go, the site's design moved to the
+    /// version, and the rollout counted and moved on.
+    pub async fn on_site_patched(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let e: pb::SitePatched = d.decode()?;
+        let key = keys::rollout(&e.rollout_id);
+        let Some((r, _)) = self.sagas.get::<pb::Rollout>(&key).await? else {
+            debug!(rollout = %e.rollout_id, site = %e.site_id, "site report of no known rollout");
+            return Ok(());
+        };
+        let report = decide::site_report(&e, &d.envelope, now_ms());
+        if !decide::counted(&r, report.count.index) {
+            let site_key = keys::rollout_site(&e.rollout_id, &e.site_id);
+            let (a, b) = tokio::join!(self.sagas.put(&site_key, &report.record), async {
+                match &report.design_to {
+                    Some(package) => self.move_design(&e.site_id, package).await,
+                    None => Ok(()),
+                }
+            });
+            a?;
+            b?;
+        }
+        lease::release(&self.sagas, &e.site_id, Holder::Rollout(&e.rollout_id)).await?;
+        let (patched, failed) = (report.count.patched, report.count.failed);
+        self.count(&e.rollout_id, report.count).await?;
+        if failed > 0 {
+            info!(rollout = %e.rollout_id, site = %e.site_id, patched, failed, "site patched with failures");
+        }
+        Ok(())
+    }
+
+    /// Counts a site's report on the rollout, together with the reports of other sites that
+    /// arrive meanwhile: one compare-and-set write for many sites (group commit). Returns once
+    /// the write that counts this report is stored, so the delivery is acknowledged only then.
+    async fn count(&self, rollout_id: &str, report: Report) -> Result<(), HandlerError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let lead = {
+            let mut counting = self.counting.lock().expect("counting lock");
+            let batch = counting.entry(rollout_id.to_string()).or_default();
+            batch.waiting.push((report, tx));
+            !std::mem::replace(&mut batch.writing, true)
+        };
+        if lead {
+            loop {
+                let batch = {
+                    let mut counting = self.counting.lock().expect("counting lock");
+                    let Some(b) = counting.get_mut(rollout_id) else { break };
+                    if b.waiting.is_empty() {
+                        counting.remove(rollout_id);
+                        break;
+                    }
+                    std::mem::take(&mut b.waiting)
+                };
+                let reports: Vec<&Report> = batch.iter().map(|(r, _)| r).collect();
+                let result = self
+                    .update(rollout_id, |r| Ok(decide::count_reports(r, &reports, now_ms())))
+                    .await
+                    .map_err(|e| e.to_string());
+                for (_, tx) in batch {
+                    let _ = tx.send(result.clone());
+                }
+            }
+        }
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(HandlerError::Transient(e)),
+            Err(_) => Err(HandlerError::Transient(format!("rollout {rollout_id}: the counting write was dropped"))),
+        }
+    }
+
+    /// Moves the site's design to `package` (see [`decide::move_design`]).
+    async fn move_design(&self, site: &str, package: &pb::PackageRef) -> Result<(), BusError> {
+        let key = keys::site(site);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some((mut design, rev)) = self.sites.get::<pb::SiteDesign>(&key).await? else { return Ok(()) };
+            if !decide::move_design(&mut design, package) {
+                return Ok(());
+            }
+            if let Cas::Written(_) = self.sites.update(&key, &design, rev).await? {
+                return Ok(());
+            }
+        }
+        Err(BusError::Kv { op: "update", bucket: self.sites.bucket().to_string(), key, source: "kept changing".into() })
+    }
+
+    pub async fn pause(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::PauseRollout = d.decode()?;
+        self.update(&cmd.rollout_id, |r| decide::pause(r, &cmd.reason, &d.envelope).map_err(reject)).await
+    }
+
+    pub async fn resume(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::ResumeRollout = d.decode()?;
+        self.update(&cmd.rollout_id, |r| decide::resume(r, &d.envelope, now_ms()).map_err(reject)).await
+    }
+
+    pub async fn cancel(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let cmd: pb::CancelRollout = d.decode()?;
+        self.update(&cmd.rollout_id, |r| decide::cancel(r, &cmd.reason, &d.envelope, now_ms()).map_err(reject)).await
+    }
+
+    /// One look at every rollout that has not ended: publish what a crash left in an outbox,
+    /// start sites that were busy, and end waves that ran out of time. Runs on every replica.
+    pub async fn tick(&self) -> Result<(), HandlerError> {
+        let rollouts = self.sagas.scan_matching::<pb::Rollout>(&keys::every_rollout()).await?;
+        // Every replica's gauges follow the records, whichever replica wrote them.
+        let mut phases: HashMap<pb::RolloutPhase, u32> = HashMap::new();
+        for (_, r, _) in &rollouts {
+            *phases.entry(decide::phase(r)).or_default() += 1;
+            gauge_nodes(r);
+        }
+        for p in [
+            pb::RolloutPhase::Running,
+            pb::RolloutPhase::Paused,
+            pb::RolloutPhase::Halted,
+            pb::RolloutPhase::Completed,
+            pb::RolloutPhase::Cancelled,
+        ] {
+            let n = phases.get(&p).copied().unwrap_or_default();
+            metrics::gauge!("landfall_rollouts", "phase" => phase_label(p)).set(f64::from(n));
+        }
+        for (_, r, rev) in rollouts {
+            if decide::is_terminal(&r) && r.outbox.is_empty() {
+                continue;
+            }
+            if decide::wave_timed_out(&r, now_ms()) {
+                self.time_out_wave(&r.rollout_id).await?;
+            } else {
+                self.settle(r, rev).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The current wave ran out of time: abort the rollout, or count the sites that did not
+    /// report as failed (each of their planned nodes) and go on.
+    async fn time_out_wave(&self, rollout_id: &str) -> Result<(), HandlerError> {
+        let Some((r, _)) = self.sagas.get::<pb::Rollout>(&keys::rollout(rollout_id)).await? else { return Ok(()) };
+        let now = now_ms();
+        if !decide::wave_timed_out(&r, now) {
+            return Ok(());
+        }
+        let mut late = Vec::new();
+        for i in decide::silent_sites(&r) {
+            late.push((i, self.plan_site(&r, i).await?));
+        }
+        let timeout = decide::wave_timeout(&r, late);
+        // Each silent site says why it counts as failed, in its record, and lets go of its lease.
+        for record in timeout.site_records(now) {
+            self.sagas.put(&keys::rollout_site(rollout_id, &record.site_id), &record).await?;
+            lease::release(&self.sagas, &record.site_id, Holder::Rollout(rollout_id)).await?;
+        }
+        self.update(rollout_id, |current| {
+            let next = timeout.apply(current, now);
+            if next.is_some() && timeout.goes_on() {
+                warn!(rollout = %rollout_id, why = %timeout.why, "wave timed out; going on");
+            }
+            Ok(next)
+        })
+        .await
+    }
+}

@@ -1,0 +1,71 @@
+//! How the gateway reaches and names a real site's parts ([`KubeSiteConfig`]): its namespace,
+//! the BPA's cluster, where images are served from, the hosts' user data, where the cluster's
+//! kubeconfig appears, and how long to wait.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the application cluster's kubeconfig appears once the BPA has built the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeconfigSource {
+    /// A Secret in the site's namespace, key `value` (Cluster API's convention).
+    Secret(String),
+    /// A file on the bootstrap machine (the BPA's kubespray writes `admin.conf`).
+    File(PathBuf),
+}
+
+/// The cloud-init user data a provisioned host gets (`spec.userData`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserData {
+    /// The gateway writes a Secret `<host>-user-data` per host: its hostname and these SSH keys
+    /// (the BPA's kubespray logs in with them).
+    Generated { ssh_authorized_keys: Vec<String> },
+    /// Every host references this Secret, which the site's operator provides.
+    Existing(String),
+}
+
+/// How the gateway reaches and names the site's parts.
+#[derive(Debug, Clone)]
+pub struct KubeSiteConfig {
+    pub site: String,
+    /// Where the BareMetalHosts and BPA resources live.
+    pub namespace: String,
+    /// The BPA's owner and cluster labels; the cluster is also the `Provisioning`'s name.
+    pub owner: String,
+    pub cluster: String,
+    pub kud_plugins: Vec<String>,
+    pub pod_subnet: String,
+    /// Where Ironic downloads os-images from: the site's cache served over HTTP, so the image
+    /// URL is this followed by `sha256/<hex>`.
+    pub image_base_url: String,
+    pub user_data: UserData,
+    pub cluster_kubeconfig: KubeconfigSource,
+    /// The BPA's REST API, which staged artifacts are handed to; none: nothing is uploaded.
+    pub bpa_url: Option<String>,
+    /// hosts.ini and the container packages' inventories.
+    pub state_dir: PathBuf,
+    pub provision_timeout: Duration,
+    pub install_timeout: Duration,
+}
+
+impl KubeSiteConfig {
+    /// A site's settings with the defaults: the BPA cluster named after the site, owned by
+    /// `landfall`, images under `http://localhost:8080/`, a kubeconfig Secret `<site>-kubeconfig`.
+    pub fn new(site: &str, namespace: &str, state_dir: PathBuf) -> Self {
+        Self {
+            site: site.to_string(),
+            namespace: namespace.to_string(),
+            owner: "landfall".into(),
+            cluster: site.to_string(),
+            kud_plugins: Vec::new(),
+            pod_subnet: "10.244.64.0/18".into(),
+            image_base_url: "http://localhost:8080/".into(),
+            user_data: UserData::Generated { ssh_authorized_keys: Vec::new() },
+            cluster_kubeconfig: KubeconfigSource::Secret(format!("{site}-kubeconfig")),
+            bpa_url: None,
+            state_dir,
+            provision_timeout: Duration::from_secs(2 * 3600),
+            install_timeout: Duration::from_secs(3 * 3600),
+        }
+    }
+}

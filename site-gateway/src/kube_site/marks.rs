@@ -1,0 +1,50 @@
+//! The names the gateway writes on the site's objects: the field manager of its server-side
+//! applies, and the annotations, label and finalizer it puts on hosts.
+
+use serde_json::{Value, json};
+
+/// The one field manager every server-side apply of the gateway uses: the fields it sets are
+/// its own, and it never forces fields another manager owns.
+pub const FIELD_MANAGER: &str = "landfall-gateway";
+
+/// On a host the gateway created for a node of the site's design: the node's name.
+pub const NODE: &str = "landfall.io/node";
+/// On a host the gateway announced (`NodeAdded`): the command's id.
+pub const ANNOUNCED: &str = "landfall.io/announced";
+/// Keeps a known host until the gateway has announced its removal (`NodeRemoved`).
+pub const FINALIZER: &str = "landfall.io/node-removal";
+/// The node's role for a host that arrives: `master` or `worker` (the default).
+pub const ROLE_LABEL: &str = "landfall.io/role";
+/// What a node runs, one annotation per package: `landfall.io/pkg.<name>: <version>`.
+pub fn package(name: &str) -> String {
+    format!("landfall.io/pkg.{name}")
+}
+
+/// Adds the gateway's finalizer to an intent's `metadata.finalizers` (a set).
+pub(super) fn add_finalizer(intent: &mut Value) {
+    let list = &mut intent["metadata"]["finalizers"];
+    if !list.is_array() {
+        *list = json!([]);
+    }
+    if let Some(items) = list.as_array_mut()
+        && !items.iter().any(|f| f == FINALIZER)
+    {
+        items.push(json!(FINALIZER));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_finalizer_is_added_once_beside_others() {
+        let mut intent = json!({"metadata": {"finalizers": ["x"]}});
+        add_finalizer(&mut intent);
+        add_finalizer(&mut intent);
+        assert_eq!(intent["metadata"]["finalizers"], json!(["x", FINALIZER]));
+        let mut bare = json!({"metadata": {}});
+        add_finalizer(&mut bare);
+        assert_eq!(bare["metadata"]["finalizers"], json!([FINALIZER]));
+    }
+}

@@ -1,0 +1,52 @@
+//! Patching one node of a real site to a package version: an os-image reimages it through Metal3
+//! (deprovisioned, then provisioned again, its binaries reinstalled), a binary goes into the
+//! BPA's `Software`, a container is applied to the application cluster. A node that runs the
+//! version already (its `landfall.io/pkg.<name>` annotation says so) is left alone.
+
+use bus_schema::pb;
+use tokio::sync::mpsc;
+
+use super::KubeSite;
+use super::cluster::versions;
+use crate::backend::{BackendError, HostRequest, PatchOutcome, PatchRequest, ProvisioningState};
+
+impl KubeSite {
+    /// Brings the node to the request's package version and says what it ran before.
+    pub(super) async fn patch(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {
+        let name = req.node.name.as_str();
+        let Some(host) = self.host(name).await? else {
+            return Err(BackendError::Permanent(format!("node {name} has no BareMetalHost")));
+        };
+        if host.state() != Some(ProvisioningState::Provisioned) {
+            let state = host.state().map_or("unknown".to_string(), |s| s.to_string());
+            return Err(BackendError::Permanent(format!("node {name} is not provisioned (state {state})")));
+        }
+        let package = &req.package;
+        let from = Self::version_on(&host, package.name.as_str());
+        if from.as_deref() == Some(package.version.as_str()) {
+            return Ok(PatchOutcome { from_version: from, changed: false });
+        }
+        match package.kind {
+            pb::PackageKind::OsImage => {
+                // Metal3 reimages only through deprovisioning: the image comes off, then the new one goes on.
+                self.deprovision(name).await?;
+                let (tx, _rx) = mpsc::unbounded_channel();
+                self.provision(&HostRequest::new(req.node.clone(), package), &tx).await?;
+                if !req.reinstall.is_empty() {
+                    self.set_software(&[req.node.role], &req.reinstall).await?;
+                    self.record_versions(name, versions(&req.reinstall)).await?;
+                }
+            }
+            pb::PackageKind::Binary => {
+                self.set_software(&[req.node.role], std::slice::from_ref(package)).await?;
+                self.record_versions(name, versions(std::slice::from_ref(package))).await?;
+            }
+            _ => {
+                let applier = self.applier(self.application_cluster().await?);
+                self.apply_container(&applier, package).await?;
+                self.record_versions(name, versions(std::slice::from_ref(package))).await?;
+            }
+        }
+        Ok(PatchOutcome { from_version: from, changed: true })
+    }
+}

@@ -1,0 +1,124 @@
+//! What the simulated site holds under its lock: its hosts (each with its Metal3 state, the
+//! image and binaries it runs, the provisioning under way), its cluster, the artifacts handed
+//! over, the failures injected and the effects counted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bus_schema::domain::{NodeDesign, Package, PackageRef};
+use tokio::sync::{mpsc, watch};
+use tracing::debug;
+
+use super::effects::SimEffects;
+use super::faults::Faults;
+use crate::backend::{BackendError, HostNotice, HostRequest, ImageSpec, ProvisioningState as S};
+
+#[derive(Debug, Default)]
+pub(super) struct State {
+    pub(super) hosts: BTreeMap<String, Host>,
+    pub(super) faults: Faults,
+    /// The hosts that arrived after the start, in order: what a new arrivals subscriber hears first.
+    pub(super) arrived: Vec<NodeDesign>,
+    /// The arrivals subscribers, told of each new host.
+    pub(super) arrival_watchers: Vec<mpsc::UnboundedSender<HostNotice>>,
+    /// The first master whose binaries installed: the cluster exists once it is set.
+    pub(super) cluster_master: Option<String>,
+    pub(super) kubeconfig: Option<Vec<u8>>,
+    /// Applied container packages, name to version.
+    pub(super) containers: BTreeMap<String, String>,
+    /// The artifacts handed to provisioning, by sha256.
+    pub(super) cache: BTreeSet<String>,
+    pub(super) effects: SimEffects,
+}
+
+impl State {
+    /// The host, when it is provisioned; a patch needs that.
+    pub(super) fn provisioned(&self, node: &str) -> Result<&Host, BackendError> {
+        match self.hosts.get(node) {
+            Some(h) if h.state() == S::Provisioned => Ok(h),
+            Some(h) => Err(BackendError::Permanent(format!("{node} is not provisioned (it is {})", h.state()))),
+            None => Err(BackendError::Permanent(format!("{node} is not provisioned (the site has no such host)"))),
+        }
+    }
+}
+
+/// What a site without its application cluster says to what needs one.
+pub(super) fn no_cluster() -> BackendError {
+    BackendError::Transient("no application cluster yet".into())
+}
+
+/// A binary as a node runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Binary {
+    pub(super) version: String,
+    pub(super) sha256: String,
+}
+
+impl Binary {
+    pub(super) fn of(package: &Package) -> Self {
+        Self { version: package.version.to_string(), sha256: package.sha256.to_string() }
+    }
+}
+
+/// The binaries a node runs, by name.
+pub(super) type BinarySet = BTreeMap<String, Binary>;
+
+pub(super) fn binary_set(packages: &[Package]) -> BinarySet {
+    packages.iter().map(|p| (p.name.to_string(), Binary::of(p))).collect()
+}
+
+/// A provisioning attempt's result, once it has one.
+pub(super) type Outcome = Option<Result<(), BackendError>>;
+
+/// An OS image as a host runs it: what Metal3 writes, and its name in the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Image {
+    pub(super) spec: ImageSpec,
+    pub(super) package: PackageRef,
+}
+
+impl Image {
+    pub(super) fn of(req: &HostRequest) -> Self {
+        Self { spec: req.image.clone(), package: req.package.clone() }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Host {
+    pub(super) state: watch::Sender<S>,
+    /// The image the host runs, when provisioned.
+    pub(super) image: Option<Image>,
+    /// The provisioning under way, which identical requests join.
+    pub(super) attempt: Option<Attempt>,
+    pub(super) binaries: Option<BinarySet>,
+    /// The progress channels of the `provision_host` calls waiting on this host.
+    pub(super) watchers: Vec<mpsc::UnboundedSender<S>>,
+}
+
+#[derive(Debug)]
+pub(super) struct Attempt {
+    pub(super) image: Image,
+    pub(super) done: watch::Receiver<Outcome>,
+}
+
+impl Host {
+    /// A host that has just appeared: `registering`.
+    pub(super) fn new() -> Self {
+        Self::in_state(S::Registering)
+    }
+
+    pub(super) fn in_state(state: S) -> Self {
+        let state = watch::Sender::new(state);
+        Self { state, image: None, attempt: None, binaries: None, watchers: Vec::new() }
+    }
+
+    pub(super) fn state(&self) -> S {
+        *self.state.borrow()
+    }
+
+    /// Moves the host to `state` and tells whoever watches it.
+    pub(super) fn set_state(&mut self, site: &str, host: &str, state: S) {
+        debug!(site, host, state = %state, "host state");
+        self.state.send_replace(state);
+        self.watchers.retain(|w| w.send(state).is_ok());
+    }
+}
