@@ -93,7 +93,7 @@ cluster:
 
 fn profiles_file() -> String {
     let mut packages = String::new();
-    for p in crate::up::demo_packages() {
+    for p in crate::run::demo::demo_packages() {
         let _ = writeln!(packages, "  - {{ name: {}, version: \"{}\" }}", p.name, p.version);
     }
     format!(
@@ -206,7 +206,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     fn demo_catalog() -> BTreeSet<PackageRef> {
-        crate::up::demo_packages()
+        crate::run::demo::demo_packages()
             .into_iter()
             .map(|p| PackageRef::try_from(pb::PackageRef { name: p.name, version: p.version }).unwrap())
             .collect()
