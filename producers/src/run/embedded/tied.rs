@@ -120,6 +120,13 @@ mod tests {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
         };
+        // setpriv sets the signal and then executes `sleep`: killing the parent before that
+        // would test nothing (the signal is not set yet), so wait until the child is `sleep`.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{child_pid}/comm")).map_or(true, |c| c.trim() != "sleep") {
+            assert!(Instant::now() < deadline, "the child never became `sleep`");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert!(alive(child_pid));
         parent.kill().unwrap();
         parent.wait().unwrap();
