@@ -1,9 +1,15 @@
-//! Fixtures the unit tests of several modules share: a message as a consumer receives it, and
-//! a rollout plan of three sites in two waves.
+//! Fixtures the unit tests of several modules share: the real command line parsed, a message as
+//! a consumer receives it, and a rollout plan of three sites in two waves.
 
 use bus_schema::pb::{self, BusMessage};
 use bus_schema::rollout::{self, Plan};
 use bus_schema::runtime::{Delivery, Envelope};
+
+/// `args` (the program name first) parsed as the real `landfall` command line.
+pub(crate) fn parse(args: &[&str]) -> Result<crate::Command, clap::Error> {
+    use clap::Parser;
+    crate::Cli::try_parse_from(args).map(|cli| cli.command)
+}
 
 /// `m` as a consumer receives it, correlated with `correlation`.
 pub(crate) fn delivery<M: BusMessage>(m: &M, correlation: &str) -> Delivery {

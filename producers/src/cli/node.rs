@@ -237,27 +237,13 @@ impl Host<'_> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-    use crate::testing::delivery;
-
-    /// The part of the command line these tests parse: `landfall node add …`.
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        command: Command,
-    }
-
-    #[derive(Debug, clap::Subcommand)]
-    enum Command {
-        #[command(subcommand)]
-        Node(NodeCommand),
-    }
+    use crate::Command;
+    use crate::testing::{delivery, parse};
 
     fn node_args(args: &[&str]) -> NodeAddArgs {
-        let cli = Cli::try_parse_from([&["landfall", "node", "add"], args].concat()).unwrap();
-        let Command::Node(NodeCommand::Add(a)) = cli.command;
+        let command = parse(&[&["landfall", "node", "add"], args].concat()).unwrap();
+        let Command::Node(NodeCommand::Add(a)) = command else { panic!("not node add") };
         a
     }
 
@@ -275,10 +261,7 @@ mod tests {
         assert!(err(&["e", "--name", "n", "--role", "master", "--mac", "52:54:00"]).starts_with("--mac"));
         let bad_bmc = ["e", "--name", "n", "--role", "master", "--mac", "52:54:00:00:00:01", "--bmc", "telnet://x"];
         assert!(err(&bad_bmc).starts_with("--bmc"));
-        assert!(
-            Cli::try_parse_from(["landfall", "node", "add", "e", "--name", "n", "--role", "boss", "--mac", "x"])
-                .is_err()
-        );
+        assert!(parse(&["landfall", "node", "add", "e", "--name", "n", "--role", "boss", "--mac", "x"]).is_err());
     }
 
     #[test]

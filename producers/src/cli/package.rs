@@ -94,26 +94,13 @@ pub async fn package_list(url: &str, output: Format) -> anyhow::Result<ExitCode>
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-
-    /// The part of the command line these tests parse: `landfall package …`.
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        command: Command,
-    }
-
-    #[derive(Debug, clap::Subcommand)]
-    enum Command {
-        #[command(subcommand)]
-        Package(PackageCommand),
-    }
+    use crate::Command;
+    use crate::testing::parse;
 
     #[test]
     fn register_takes_the_same_flags() {
-        let cli = Cli::try_parse_from([
+        let command = parse(&[
             "landfall",
             "package",
             "register",
@@ -134,7 +121,7 @@ mod tests {
             "1",
         ])
         .unwrap();
-        let Command::Package(PackageCommand::Register(r)) = cli.command else { panic!("not register") };
+        let Command::Package(PackageCommand::Register(r)) = command else { panic!("not register") };
         assert!(r.package.policy.auto_rollout);
         let policy = r.package.policy.rollout.auto_rollout().unwrap();
         assert!(policy.enabled);
@@ -142,6 +129,6 @@ mod tests {
         assert_eq!(policy.strategy.unwrap().canary_sites, 1);
         let both = ["landfall", "package", "register", "--name", "k", "--version", "1", "--kind", "binary"];
         let both = [&both[..], &["--sha256", "ab", "--size", "1", "--auto-rollout", "--no-auto-rollout"]].concat();
-        assert!(Cli::try_parse_from(both).is_err());
+        assert!(parse(&both).is_err());
     }
 }

@@ -310,33 +310,16 @@ async fn publish<C: BusCommand>(bus: &Bus, cmd: &C, env: &Envelope) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use bus_schema::runtime::Delivery;
-    use clap::Parser;
 
     use super::*;
+    use crate::Command;
+    use crate::cli::package::PackageCommand;
     use crate::cli::package_args::parse_label;
-    use crate::testing::delivery;
-
-    /// The part of the command line these tests parse: `landfall package patch …`.
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        command: Command,
-    }
-
-    #[derive(Debug, clap::Subcommand)]
-    enum Command {
-        #[command(subcommand)]
-        Package(PackageCommand),
-    }
-
-    #[derive(Debug, clap::Subcommand)]
-    enum PackageCommand {
-        Patch(PatchArgs),
-    }
+    use crate::testing::{delivery, parse};
 
     fn patch_args(args: &[&str]) -> PatchArgs {
-        let cli = Cli::try_parse_from([&["landfall", "package", "patch"], args].concat()).unwrap();
-        let Command::Package(PackageCommand::Patch(a)) = cli.command;
+        let command = parse(&[&["landfall", "package", "patch"], args].concat()).unwrap();
+        let Command::Package(PackageCommand::Patch(a)) = command else { panic!("not package patch") };
         a
     }
 
@@ -359,7 +342,7 @@ mod tests {
         assert!(parse_label("=eu").unwrap_err().contains("no key"));
         assert_eq!(parse_label("k=").unwrap(), ("k".into(), "".into()));
         assert_eq!(parse_label("k=a=b").unwrap(), ("k".into(), "a=b".into()), "the first = splits");
-        assert!(Cli::try_parse_from(["landfall", "package", "patch", "k", "1", "--labels", "nope"]).is_err());
+        assert!(parse(&["landfall", "package", "patch", "k", "1", "--labels", "nope"]).is_err());
     }
 
     #[test]
@@ -384,7 +367,7 @@ mod tests {
             &["--dry-run", "--wait"],
         ] {
             let all = [&["landfall", "package", "patch", "kubelet", "1.30.0"][..], args].concat();
-            assert!(Cli::try_parse_from(all).is_err(), "{args:?}");
+            assert!(parse(&all).is_err(), "{args:?}");
         }
     }
 
