@@ -12,12 +12,13 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::{Digest, Sha256};
+use tokio::process::Command;
 
 /// The oldest nats-server landfall runs on (older ones lack what the JetStream client needs).
 pub const MIN_VERSION: Version = Version(2, 10, 8);
@@ -72,20 +73,21 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// The version `binary --version` reports, or why there is none.
-fn version_of(binary: &Path) -> Result<Version, String> {
+async fn version_of(binary: &Path) -> Result<Version, String> {
     let out = Command::new(binary)
         .arg("--version")
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
+        .await
         .map_err(|e| format!("cannot run it ({e})"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     Version::parse(&text).ok_or_else(|| format!("its --version printed no version ({:?})", text.trim()))
 }
 
 /// Whether `binary` is a nats-server landfall supports; the error says why not.
-fn supported(binary: &Path) -> Result<Version, String> {
-    match version_of(binary)? {
+async fn supported(binary: &Path) -> Result<Version, String> {
+    match version_of(binary).await? {
         v if v >= MIN_VERSION => Ok(v),
         v => Err(format!("v{v} is older than {MIN_VERSION}")),
     }
@@ -98,13 +100,9 @@ fn supported(binary: &Path) -> Result<Version, String> {
 /// When none is found and the fetch fails: the message names everything tried, and why each
 /// did not do.
 pub async fn find_or_fetch() -> anyhow::Result<PathBuf> {
-    tokio::task::spawn_blocking(find_or_fetch_blocking).await.context("the nats-server search stopped")?
-}
-
-fn find_or_fetch_blocking() -> anyhow::Result<PathBuf> {
     if let Some(path) = std::env::var_os("LANDFALL_NATS_SERVER").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
-        return match supported(&path) {
+        return match supported(&path).await {
             Ok(_) => Ok(path),
             Err(why) => bail!("LANDFALL_NATS_SERVER={} is not a nats-server >= {MIN_VERSION}: {why}", path.display()),
         };
@@ -122,7 +120,7 @@ fn find_or_fetch_blocking() -> anyhow::Result<PathBuf> {
             tried.push(format!("{} ({place}): none", path.display()));
             continue;
         }
-        match supported(&path) {
+        match supported(&path).await {
             Ok(_) => return Ok(path),
             Err(why) => tried.push(format!("{} ({place}): {why}", path.display())),
         }
@@ -130,7 +128,7 @@ fn find_or_fetch_blocking() -> anyhow::Result<PathBuf> {
     let suite = std::env::var("LANDFALL_NATS_SUITE").ok().filter(|s| !s.is_empty());
     let suite = suite.as_deref().unwrap_or(DEFAULT_SUITE);
     eprintln!("landfall: no nats-server >= {MIN_VERSION} on this machine; fetching one from Debian {suite}");
-    match fetch(&cache, suite) {
+    match fetch(&cache, suite).await {
         Ok(path) => Ok(path),
         Err(e) => {
             tried.push(format!("fetching nats-server from Debian {suite}: {e:#}"));
@@ -145,13 +143,13 @@ fn find_or_fetch_blocking() -> anyhow::Result<PathBuf> {
 }
 
 /// Fetches Debian `suite`'s nats-server into `cache` and returns the binary.
-fn fetch(cache: &Path, suite: &str) -> anyhow::Result<PathBuf> {
+async fn fetch(cache: &Path, suite: &str) -> anyhow::Result<PathBuf> {
     let apt = PrivateApt::new(cache, suite)?;
     let dpkg_deb = on_path("dpkg-deb").context("no dpkg-deb on this machine (it unpacks the package)")?;
-    apt.update()?;
-    let package = apt.locate("nats-server")?;
+    apt.update().await?;
+    let package = apt.locate("nats-server").await?;
     let deb = apt.dir.join("pkg").join(&package.file);
-    download(&package, &deb)?;
+    download(&package, &deb).await?;
 
     let dest = cache.join("nats-server").join(&package.version);
     let staging = cache.join("nats-server").join(format!(".{}.{}", package.version, std::process::id()));
@@ -163,6 +161,7 @@ fn fetch(cache: &Path, suite: &str) -> anyhow::Result<PathBuf> {
         .arg(staging.join("root"))
         .stdin(Stdio::null())
         .output()
+        .await
         .context("run dpkg-deb")?;
     if !unpacked.status.success() {
         bail!("dpkg-deb -x {} failed: {}", deb.display(), String::from_utf8_lossy(&unpacked.stderr).trim());
@@ -174,7 +173,7 @@ fn fetch(cache: &Path, suite: &str) -> anyhow::Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&dest);
     std::fs::rename(&staging, &dest).with_context(|| format!("move the server into {}", dest.display()))?;
     let path = dest.join("nats-server");
-    let version = supported(&path).map_err(|why| {
+    let version = supported(&path).await.map_err(|why| {
         anyhow::anyhow!(
             "fetched nats-server {} from Debian {suite}, but {why} (try LANDFALL_NATS_SUITE=sid)",
             package.version
@@ -264,9 +263,9 @@ impl PrivateApt {
     }
 
     /// Reads the suite's package lists (a few MB) into the private directory.
-    fn update(&self) -> anyhow::Result<()> {
+    async fn update(&self) -> anyhow::Result<()> {
         let spinner = Spinner::start(format!("reading Debian {}'s package lists from {}", self.suite, self.mirror));
-        let out = self.command().args(["-q", "update"]).output().context("run apt-get update")?;
+        let out = self.command().args(["-q", "update"]).output().await.context("run apt-get update")?;
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         // apt-get update exits 0 even when it could not reach the mirror: its W:/E: lines say so.
         let failed: Vec<&str> =
@@ -284,12 +283,13 @@ impl PrivateApt {
     }
 
     /// Where `package` is downloaded from, with its size and digest.
-    fn locate(&self, package: &str) -> anyhow::Result<Located> {
+    async fn locate(&self, package: &str) -> anyhow::Result<Located> {
         let out = self
             .command()
             .current_dir(self.dir.join("pkg"))
             .args(["-q", "--print-uris", "download", package])
             .output()
+            .await
             .context("run apt-get download --print-uris")?;
         let text = String::from_utf8_lossy(&out.stdout);
         match text.lines().find_map(parse_print_uris) {
@@ -336,15 +336,10 @@ fn system_mirror() -> Option<String> {
 
 /// Downloads `package` to `to`, showing its size and progress, and checks its size and digest.
 /// A file already there with the right digest is kept.
-fn download(package: &Located, to: &Path) -> anyhow::Result<()> {
+async fn download(package: &Located, to: &Path) -> anyhow::Result<()> {
     if std::fs::read(to).is_ok_and(|bytes| hex(&Sha256::digest(&bytes)) == package.sha256) {
         return Ok(());
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(download_async(package, to))
-}
-
-async fn download_async(package: &Located, to: &Path) -> anyhow::Result<()> {
     // reqwest is built without a crypto provider and asks for the process's default even for
     // plain http; ring's is the one the workspace builds.
     let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
@@ -407,9 +402,9 @@ impl Bar {
             return Self(None);
         }
         let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-        if let Ok(style) =
-            ProgressStyle::with_template("{prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}")
-        {
+        if let Ok(style) = ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} {eta}",
+        ) {
             bar.set_style(style.progress_chars("█▉▊▋▌▍▎▏ "));
         }
         bar.set_prefix(what.to_string());
@@ -439,6 +434,9 @@ impl Spinner {
             return Self(None);
         }
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            bar.set_style(style);
+        }
         bar.set_message(format!("landfall: {message}"));
         bar.enable_steady_tick(Duration::from_millis(120));
         Self(Some(bar))
@@ -486,7 +484,7 @@ mod tests {
         }
         let cache = tempfile::tempdir().unwrap();
         // A child process, so the environment set here stays its own.
-        let out = Command::new(std::env::current_exe().unwrap())
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "embedded::fetch::tests::fetch_in_child", "--nocapture"])
             .env("LANDFALL_FETCH_CHILD", "1")
             .env_remove("LANDFALL_NATS_SERVER")
@@ -499,12 +497,12 @@ mod tests {
         assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     }
 
-    #[test]
-    fn fetch_in_child() {
+    #[tokio::test]
+    async fn fetch_in_child() {
         if std::env::var_os("LANDFALL_FETCH_CHILD").is_none() {
             return;
         }
-        let e = format!("{:#}", find_or_fetch_blocking().unwrap_err());
+        let e = format!("{:#}", find_or_fetch().await.unwrap_err());
         for part in [
             "LANDFALL_NATS_SERVER: not set",
             "(in the cache): none",
