@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bus_schema::domain::{NodeDesign, Package, Role, SiteId};
-use bus_schema::pb::{self, BusJob, BusMessage};
+use bus_schema::pb::{self, BusJob};
 use bus_schema::runtime::{
     self, Bus, ConsumerSpec, Delivery, Envelope, ErrorKind, HandlerError, RejectAs, error_reply,
 };
@@ -486,16 +486,15 @@ async fn serve_kubeconfig<B: SiteBackend>(
 ) -> anyhow::Result<()> {
     let subject = names::kubeconfig_rpc(site.as_str());
     let group = names::gateway_consumer(site.as_str());
-    runtime::serve_requests(&bus, subject, &group, 1, shutdown, move |_, payload| {
-        let (site, backend) = (site.clone(), backend.clone());
+    runtime::serve_requests(&bus, subject, &group, 1, shutdown, move |subject, payload| {
+        let backend = backend.clone();
         async move {
-            match prost::Message::decode(payload) {
-                Ok(pb::KubeconfigRequest { site_id }) if site_id == site.as_str() => match backend.kubeconfig().await {
+            match bus_schema::trust::decode_request::<pb::KubeconfigRequest>(&subject, &payload) {
+                Ok(_) => match backend.kubeconfig().await {
                     Ok(kc) => (async_nats::HeaderMap::new(), Bytes::from(kc)),
                     Err(e) => error_reply(&e.to_string()),
                 },
-                Ok(other) => error_reply(&format!("request for site {:?} reached {site}", other.site_id)),
-                Err(e) => error_reply(&format!("not a {}: {e}", pb::KubeconfigRequest::TYPE)),
+                Err(reason) => error_reply(&reason),
             }
         }
     })
