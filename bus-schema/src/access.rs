@@ -103,7 +103,10 @@ impl Role {
                 &[names::COMMANDS_STREAM, names::EVENTS_STREAM],
                 &[names::SITES_BUCKET, names::PACKAGES_BUCKET, names::OBSERVED_BUCKET, names::SAGAS_BUCKET],
             ),
-            Role::Observer => (&[names::EVENTS_STREAM], &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET]),
+            // The sagas and rollouts: a site's report counts only as the answer to their jobs.
+            Role::Observer => {
+                (&[names::EVENTS_STREAM], &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET, names::SAGAS_BUCKET])
+            }
             Role::Kubeconfig => {
                 (&[names::EVENTS_STREAM], &[names::KUBECONFIGS_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET])
             }

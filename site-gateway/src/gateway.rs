@@ -505,8 +505,9 @@ async fn serve_kubeconfig<B: SiteBackend>(
 /// Announces each host the site gains as a `NodeAdded` command and each it loses as a
 /// `NodeRemoved`, until `shutdown`; the backend hears back once the bus holds each.
 ///
-/// A command's id depends only on the host (site, name, boot MAC): a change a restarted gateway
-/// hears again is published with the id it had, and the stream drops the copy.
+/// A command's id depends only on the host (site, name, boot MAC, and its incarnation): a change a
+/// restarted gateway hears again is published with the id it had, and the stream drops the copy;
+/// a host deleted and created again is a new host.
 async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: Arc<B>, shutdown: CancellationToken) {
     let mut changes = backend.host_changes();
     loop {
@@ -515,8 +516,8 @@ async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: 
             n = changes.recv() => match n { Some(n) => n, None => return },
         };
         let published = match &notice.change {
-            HostChange::Arrived { node, hardware } => {
-                let id = ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str());
+            HostChange::Arrived { node, hardware, incarnation } => {
+                let id = ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str(), incarnation);
                 let cmd = pb::NodeAdded {
                     site_id: site.to_string(),
                     node: Some(pb::NodeSpec::from(node)),
@@ -524,8 +525,8 @@ async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: 
                 };
                 announce(&bus, &site, node.name.as_str(), &cmd, Envelope::root_with_id(id), &shutdown).await
             }
-            HostChange::Departed { node, boot_mac, reason } => {
-                let id = ids::node_removed_id(site.as_str(), node, boot_mac);
+            HostChange::Departed { node, boot_mac, reason, incarnation } => {
+                let id = ids::node_removed_id(site.as_str(), node, boot_mac, incarnation);
                 let cmd = pb::NodeRemoved {
                     site_id: site.to_string(),
                     node: node.clone(),
