@@ -112,9 +112,9 @@ fn push_event<E: BusEvent>(saga: &mut pb::InstallSaga, evt: &E, env: &Envelope) 
     saga.outbox.push(outbox_entry(evt.subject(), evt, env));
 }
 
-fn push_job<J: BusJob>(saga: &mut pb::InstallSaga, job: &J, env: &Envelope) {
+fn push_job<J: BusJob>(saga: &mut pb::InstallSaga, job: &J, env: &Envelope, nodes: Vec<String>) {
     saga.outbox.push(outbox_entry(job.subject(), job, env));
-    saga.jobs.push(pb::SentJob { id: env.id.clone(), kind: J::KIND.into() });
+    saga.jobs.push(pb::SentJob { id: env.id.clone(), kind: J::KIND.into(), nodes });
 }
 
 /// Whether a site's report, on a subject naming `site` and caused by `cause`, answers a job this
@@ -144,6 +144,13 @@ pub fn check_answer(
         return Ok(());
     }
     match saga.jobs.iter().find(|j| j.id == cause.causation) {
+        Some(job)
+            if let Some(node) = node
+                && !job.nodes.is_empty()
+                && !job.nodes.iter().any(|n| n == node) =>
+        {
+            Err(format!("the {} job {} is not about node {node}", job.kind, job.id))
+        }
         Some(job) if answers.contains(&job.kind.as_str()) => Ok(()),
         Some(job) => Err(format!("a {} job is not answered by this report", job.kind)),
         None => Err(format!("saga {} sent site {site} no job {}", saga.saga_id, cause.causation)),
@@ -187,7 +194,7 @@ pub fn start(cmd: &Envelope, design: &SiteDesign, resolved: Resolved, now_ms: i6
     };
     let started = pb::SiteInstallStarted { site_id: site.clone(), nodes: design_pb.nodes };
     push_event(&mut saga, &started, &cmd.derive("install_started", None));
-    push_job(&mut saga, &stage, &cmd.derive("stage_artifacts", None));
+    push_job(&mut saga, &stage, &cmd.derive("stage_artifacts", None), vec![]);
     saga
 }
 
@@ -250,7 +257,7 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
                 next.nodes[i].step = NodeStep::OsProvisioning as i32;
                 let image = os_image_for(&next, node.role);
                 let job = pb::ProvisionOs { site_id: site.clone(), node: Some(node.clone()), image };
-                push_job(&mut next, &job, &cause.derive("provision_os", Some(&node.name)));
+                push_job(&mut next, &job, &cause.derive("provision_os", Some(&node.name)), vec![node.name.clone()]);
             }
             true
         }
@@ -317,7 +324,7 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
             } else {
                 next.phase = InstallPhase::ApplyingContainers as i32;
                 let job = pb::ApplyContainerPackages { site_id: site, packages: containers };
-                push_job(&mut next, &job, &cause.derive("apply_container_packages", None));
+                push_job(&mut next, &job, &cause.derive("apply_container_packages", None), vec![]);
             }
             true
         }
@@ -416,7 +423,8 @@ fn after_os(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
         binaries: packages_of(saga, pb::PackageKind::Binary),
         join_existing: saga.join,
     };
-    push_job(saga, &job, &cause.derive("install_binaries", None));
+    let nodes = job.nodes.iter().map(|n| n.name.clone()).collect();
+    push_job(saga, &job, &cause.derive("install_binaries", None), nodes);
 }
 
 /// Once a joining node's binaries are installed or failed: the join is over.

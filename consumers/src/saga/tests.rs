@@ -253,6 +253,9 @@ fn a_site_report_counts_only_as_the_answer_to_a_job_the_saga_sent_that_site() {
     // Another site speaking of this saga.
     let e = check_answer(&s, "edge-9", &provisioned, Some("n0"), &answer).unwrap_err();
     assert!(e.contains(&format!("is site {site}'s, not site edge-9's")), "{e}");
+    // Another node of the saga, answered with n0's job.
+    let e = check_answer(&s, &site, &provisioned, Some("n1"), &answer).unwrap_err();
+    assert!(e.contains("is not about node n1"), "{e}");
     // A node the saga does not have.
     let e = check_answer(&s, &site, &provisioned, Some("intruder"), &answer).unwrap_err();
     assert!(e.contains("has no node intruder"), "{e}");
