@@ -117,6 +117,32 @@ fn push_job<J: BusJob>(saga: &mut pb::InstallSaga, job: &J, env: &Envelope, node
     saga.jobs.push(pb::SentJob { id: env.id.clone(), kind: J::KIND.into(), nodes });
 }
 
+/// Whether `site` may have the BMC credentials of `node` for job `job_id` of this saga: the
+/// saga is the site's and still running, it sent that job to provision that node's OS, and the
+/// node is being provisioned now. A site holds only its own jobs, and a job's grant ends with
+/// its step.
+///
+/// # Errors
+/// Why not, for the declined request.
+pub fn bmc_grant(saga: &pb::InstallSaga, site: &str, node: &str, job_id: &str) -> Result<(), String> {
+    if saga.site_id != site {
+        return Err(format!("saga {} is not site {site}'s", saga.saga_id));
+    }
+    if is_terminal(saga) {
+        return Err(format!("saga {} has ended", saga.saga_id));
+    }
+    let provisions =
+        |j: &pb::SentJob| j.id == job_id && j.kind == pb::ProvisionOs::KIND && j.nodes.iter().any(|n| n == node);
+    if !saga.jobs.iter().any(provisions) {
+        return Err(format!("saga {} sent no job {job_id} provisioning node {node}", saga.saga_id));
+    }
+    let step = saga.nodes.iter().find(|n| n.node.as_ref().is_some_and(|s| s.name == node)).map_or(0, |n| n.step);
+    if step != NodeStep::OsProvisioning as i32 {
+        return Err(format!("node {node} is not being provisioned"));
+    }
+    Ok(())
+}
+
 /// Whether a site's report, on a subject naming `site` and caused by `cause`, answers a job this
 /// saga sent that site: a job of a kind in `answers` (from the report's row in
 /// `bus_schema::trust`), for a node of the saga when it names one. A site holds only the jobs sent

@@ -110,8 +110,7 @@ impl<B: SiteBackend> Gateway<B> {
         let mut req = HostRequest::new(node.clone(), &image);
         // Driving the host's BMC needs its credentials, which the hub hands out only for this job.
         req.bmc =
-            crate::credentials::bmc_credentials(&self.bus, self.site.as_str(), node.name.as_str(), &d.envelope.id)
-                .await?;
+            crate::credentials::bmc_credentials(&self.bus, self.site.as_str(), node.name.as_str(), &d.envelope).await?;
         let image_name = req.package.key();
 
         // Every state the host passes through becomes an event, in order, while it provisions.

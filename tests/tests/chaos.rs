@@ -378,7 +378,9 @@ impl Deployment {
             hub(Kind::Orchestrator, &format!("orchestrator-{i}"), &["serve", "orchestrator"]);
         }
         hub(Kind::Observer, "observer", &["serve", "observer"]);
-        hub(Kind::Kubeconfig, "kubeconfig", &["serve", "kubeconfig", "--secret-key", TEST_KEY_HEX]);
+        let key = dir.path().join("secret.key");
+        landfall_tests::secrets::write_key_file(&key, TEST_KEY_HEX);
+        hub(Kind::Kubeconfig, "kubeconfig", &["serve", "kubeconfig", "--secret-key-file", key.to_str().unwrap()]);
         hub(Kind::Distribution, "distribution", &["serve", "distribution", "--store", &path("artifacts")]);
         hub(Kind::Api, "api", &["serve", "api", "--api-listen", &api_addr, "--api-tokens", tokens.to_str().unwrap()]);
 

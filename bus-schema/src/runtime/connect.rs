@@ -56,13 +56,35 @@ impl Access {
     /// # Errors
     /// When the file cannot be read or holds no seed.
     pub fn seed_from_file(path: &std::path::Path) -> Result<String, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        private_file(path)?;
+        let text = zeroize::Zeroizing::new(
+            std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?,
+        );
         text.lines()
             .map(str::trim)
             .find(|l| l.starts_with("SU"))
             .map(String::from)
             .ok_or_else(|| format!("{} holds no user nkey seed (a line starting with SU)", path.display()))
     }
+}
+
+/// Refuses a key file that anyone but its owner may read or write, saying how to fix it: a key
+/// others can read is a key others have.
+///
+/// # Errors
+/// The refusal, naming the file, its mode and the `chmod` that fixes it.
+pub fn private_file(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).map_err(|e| format!("reading {}: {e}", path.display()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} holds a key and others may read or write it (mode {:o}); make it the owner's alone: chmod 600 {}",
+            path.display(),
+            mode & 0o777,
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// A connection to the bus.

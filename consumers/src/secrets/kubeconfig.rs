@@ -64,8 +64,12 @@ impl runtime::Handler for KubeconfigCollector {
     }
 }
 
-/// Reads and opens a site's stored kubeconfig.
-pub async fn read_kubeconfig(bus: &Bus, keys: &dyn KeyProvider, site: &str) -> anyhow::Result<Option<Vec<u8>>> {
+/// Reads and opens a site's stored kubeconfig (zeroed when dropped).
+pub async fn read_kubeconfig(
+    bus: &Bus,
+    keys: &dyn KeyProvider,
+    site: &str,
+) -> anyhow::Result<Option<zeroize::Zeroizing<Vec<u8>>>> {
     let store = bus.kv(names::KUBECONFIGS_BUCKET).await?;
     let Some((sealed, _)) = store.get::<pb::SealedSecret>(&keys::kubeconfig(site)).await? else {
         return Ok(None);
