@@ -10,7 +10,8 @@
 //! else's, which a shared `_INBOX.>` would allow.
 
 use crate::names::{self, keys, kv_stream};
-use crate::pb::{self, BusCommand};
+use crate::pb;
+use crate::trust::{self, Channel, Party};
 
 /// The reply-subject prefix of every user without a key of its own.
 pub const INBOX_PREFIX: &str = "_INBOX";
@@ -96,8 +97,8 @@ impl Role {
             p.publish.push(js_api(&format!("STREAM.INFO.{stream}")));
             p.publish.push(js_api(&format!("STREAM.CREATE.{stream}")));
         }
-        // Any consumer may publish a MessageRejected event for garbage it was given.
-        p.publish.push(names::EVENTS_ALL.into());
+        // What the table of kinds (`trust::RULES`) says the role sends, and nothing else.
+        p.publish.extend(self.party().map(|party| sends(party, "*")).unwrap_or_default());
         let (streams, buckets): (&[&str], &[&str]) = match self {
             Role::Orchestrator => (
                 &[names::COMMANDS_STREAM, names::EVENTS_STREAM],
@@ -124,9 +125,6 @@ impl Role {
             p.publish.push(format!("$KV.{bucket}.>"));
         }
         match self {
-            Role::Orchestrator => {
-                p.publish.extend([names::JOBS_ALL.to_string(), names::COMMANDS_ALL.to_string()]);
-            }
             Role::Kubeconfig => {
                 p.publish.push(names::kubeconfig_rpc("*"));
                 p.subscribe.extend(
@@ -140,11 +138,49 @@ impl Role {
                 p.subscribe.extend([names::ARTIFACT_PLAN, names::ARTIFACT_CHUNK].map(names::svc_every_site));
                 p.allow_responses = true;
             }
-            Role::Api => p.publish.push(names::COMMANDS_ALL.into()),
             _ => {}
         }
         p
     }
+}
+
+impl Role {
+    /// The party of the table of kinds (`trust::RULES`) this user sends as.
+    fn party(&self) -> Option<Party> {
+        Some(match self {
+            Role::Orchestrator => Party::Orchestrator,
+            Role::Observer => Party::Observer,
+            Role::Kubeconfig => Party::Kubeconfig,
+            Role::Distribution => Party::Distribution,
+            Role::Api => Party::Api,
+            Role::Operator => Party::Operator,
+            Role::Site(_) => Party::Site,
+        })
+    }
+}
+
+/// The subjects `party` may publish on, from the table of kinds: each command, job, event and
+/// request kind it sends, at `site` (`*` for a hub service, which speaks for every site).
+/// Requests to sites and operators' requests are answered, not published into the streams, and
+/// travel as core requests: a party that sends them gets their subjects too.
+fn sends(party: Party, site: &str) -> Vec<String> {
+    let mut out: Vec<String> = trust::sent_by(party)
+        .map(|r| match r.channel {
+            Channel::Command if r.site_fields.is_empty() => names::command_subject(r.kind, names::FLEET),
+            Channel::Command => names::command_subject(r.kind, site),
+            Channel::Job => names::job_subject(site, r.kind),
+            Channel::Event if r.site_fields.is_empty() && r.kind != pb::rejection::KIND => {
+                names::event_subject(names::FLEET, r.aggregate, r.kind)
+            }
+            Channel::Event => names::event_subject(site, r.aggregate, r.kind),
+            Channel::Service => format!("landfall.svc.{site}.{}", r.kind),
+            Channel::SiteRpc => format!("landfall.rpc.{site}.{}", r.kind),
+            Channel::Admin => format!("landfall.admin.{}", r.kind),
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// A JetStream API subject, e.g. `$JS.API.STREAM.INFO.LANDFALL_JOBS`.
@@ -191,13 +227,9 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
     ];
     p.publish.extend(api.iter().cloned());
     p.publish.extend(api.iter().map(|s| in_domain(s, HUB_DOMAIN)));
-    p.publish.extend([
-        format!("$JS.ACK.{jobs}.{durable}.>"),
-        names::scope_events(site),
-        names::command_subject(pb::NodeAdded::KIND, site),
-        names::command_subject(pb::NodeRemoved::KIND, site),
-        names::site_services(site),
-    ]);
+    p.publish.push(format!("$JS.ACK.{jobs}.{durable}.>"));
+    // Only the kinds a gateway sends (host changes, its reports, its requests), on its own site.
+    p.publish.extend(sends(Party::Site, site));
     p.publish.extend(requesters.iter().map(|key| format!("{}.>", inbox(key))));
     p.subscribe.push(names::site_rpcs(site));
     p.allow_responses = true;
