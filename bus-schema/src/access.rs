@@ -103,7 +103,8 @@ impl Role {
             Role::Orchestrator | Role::Api => {
                 &[names::SITES_BUCKET, names::PACKAGES_BUCKET, names::OBSERVED_BUCKET, names::SAGAS_BUCKET]
             }
-            Role::Observer => &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET],
+            // The sagas and rollouts too: a site's report counts only as the answer to their jobs.
+            Role::Observer => &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET, names::SAGAS_BUCKET],
             Role::Kubeconfig => &[names::KUBECONFIGS_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET],
             Role::Distribution => &[names::PACKAGES_BUCKET],
             Role::Operator | Role::Site(_) => &[],

@@ -21,6 +21,7 @@ pub mod names;
 pub mod outgoing;
 pub mod pb;
 pub mod rollout;
+pub mod trust;
 
 #[cfg(feature = "runtime")]
 pub mod runtime;

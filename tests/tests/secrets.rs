@@ -378,7 +378,13 @@ async fn bmc_credentials_go_only_to_the_site_in_the_subject_while_its_lease_is_h
     assert_eq!(err, format!("node node-99 is not in the design of site {site}"));
     // Another site's subject asking for this site's host.
     let err = ask_bmc(&fleet.bus, &other, &site, &nodes[0]).await.unwrap_err();
-    assert_eq!(err, format!("request for site {site:?} came on the subject of site {other:?}"));
+    assert_eq!(
+        err,
+        format!(
+            "landfall.v1.BmcCredentialsRequest on landfall.svc.{other}.bmc_credentials speaks for site {other} only, \
+             and its site_id names {site:?}"
+        )
+    );
     fleet.stop().await;
 }
 

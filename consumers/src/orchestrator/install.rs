@@ -7,6 +7,7 @@ use std::time::Duration;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
 use bus_schema::runtime::{Cas, Delivery, HandlerError};
+use bus_schema::trust;
 use tracing::{debug, info};
 
 use super::service::{CAS_ATTEMPTS, LEASE_RETRY, Orchestrator, invalid};
@@ -111,6 +112,10 @@ impl Orchestrator {
                 debug!(subject = %d.subject, correlation = %d.envelope.correlation, "event belongs to no install saga");
                 return Ok(());
             };
+            let site = trust::subject_site(&d.subject).unwrap_or_default();
+            let answers = trust::rule_for_subject(&d.subject).map_or(&[][..], |r| r.answers);
+            saga::check_answer(&current, site, answers, input.node(), &d.envelope)
+                .map_err(|reason| HandlerError::reject(pb::RejectCode::Forbidden, reason))?;
             if !current.outbox.is_empty() {
                 // A previous step decided but did not finish publishing: finish it first.
                 self.settle(&key, current, rev).await?;

@@ -190,16 +190,9 @@ impl SecretsService {
     }
 
     async fn bmc_get(&self, subject: &str, payload: &[u8]) -> Result<pb::BmcCredentials, RequestError> {
-        let req: pb::BmcCredentialsRequest = decode(payload)?;
         // landfall.svc.<site>.bmc_credentials: the subject says which site asks (and what its
         // credentials on the bus allow it to ask for).
-        let asking = match names::parse_subject(subject) {
-            Some(names::ParsedSubject::Service { site, .. }) => site,
-            _ => "",
-        };
-        if req.site_id != asking {
-            return Err(refused(format!("request for site {:?} came on the subject of site {asking:?}", req.site_id)));
-        }
+        let req: pb::BmcCredentialsRequest = bus_schema::trust::decode_request(subject, payload).map_err(refused)?;
         let site = site_id(req.site_id)?;
         let node = node_name(req.node)?;
         let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(site.as_str())).await? else {

@@ -102,7 +102,7 @@ pub fn node_spec(args: &NodeAddArgs) -> anyhow::Result<NodeDesign> {
 /// ([`ids::node_added_id`]), so the join it starts (its correlation id) and its rejection can
 /// be told from any other.
 pub fn node_added_id(site: &SiteId, node: &NodeDesign) -> String {
-    ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str()).to_string()
+    ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str(), "").to_string()
 }
 
 fn encode<M: BusMessage>(m: &M) -> Vec<u8> {
