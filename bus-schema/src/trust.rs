@@ -83,8 +83,9 @@ const PEOPLE: &[Party] = &[Operator, Api];
 const PEOPLE_AND_SITES: &[Party] = &[Site, Operator, Api];
 const HUB: &[Party] = &[Orchestrator];
 const SITE: &[Party] = &[Site];
-/// Any consumer may reject what it was given; a gateway rejects jobs it cannot read.
-const CONSUMERS: &[Party] = &[Orchestrator, Observer, Kubeconfig, Site, Operator];
+/// Any consumer of events or jobs may reject what it was given; a gateway rejects jobs it cannot
+/// read. Only the orchestrator consumes commands.
+const CONSUMERS: &[Party] = &[Orchestrator, Observer, Kubeconfig, Site];
 
 macro_rules! rules {
     ($($channel:ident $ty:ident ($kind:expr $(, event of $agg:expr)?) from $senders:expr, sites [$($field:literal),*] $(, answers [$($job:expr),*])?;)*) => {
@@ -186,7 +187,7 @@ rules! {
     Event RolloutCancelled(pb::RolloutCancelled::KIND, event of pb::RolloutCancelled::AGGREGATE) from HUB, sites [];
     Event RolloutCompleted(pb::RolloutCompleted::KIND, event of pb::RolloutCompleted::AGGREGATE) from HUB, sites [];
     Event SecretKeyRotated(pb::SecretKeyRotated::KIND, event of pb::SecretKeyRotated::AGGREGATE) from &[Kubeconfig], sites [];
-    Event CommandRejected(pb::rejection::KIND, event of pb::rejection::COMMAND_AGGREGATE) from CONSUMERS, sites [];
+    Event CommandRejected(pb::rejection::KIND, event of pb::rejection::COMMAND_AGGREGATE) from HUB, sites [];
     Event MessageRejected(pb::rejection::KIND, event of pb::rejection::MESSAGE_AGGREGATE) from CONSUMERS, sites [];
 
     Service ArtifactPlanRequest(names::ARTIFACT_PLAN) from SITE, sites ["site_id"];

@@ -209,6 +209,44 @@ pub async fn connect_when_ready(url: &str, name: &str, access: &Access) -> Bus {
     }
 }
 
+/// The errors a server sent one client, as [`raw_client`] collects them.
+pub type ServerErrors = Arc<Mutex<Vec<String>>>;
+
+/// A plain client as `access` (no landfall runtime in between), and every error the server sent
+/// it: what a stolen key can do with its own tools.
+pub async fn raw_client(url: &str, access: &Access) -> (async_nats::Client, ServerErrors) {
+    let errors = ServerErrors::default();
+    let seen = errors.clone();
+    let key = access.public_key().unwrap().expect("a user with a key");
+    let client = async_nats::ConnectOptions::new()
+        .nkey(access.nkey_seed.clone().unwrap())
+        .custom_inbox_prefix(bus_schema::access::inbox(&key))
+        .event_callback(move |event| {
+            let seen = seen.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    seen.lock().unwrap().push(e.to_string());
+                }
+            }
+        })
+        .connect(url)
+        .await
+        .expect("connect as the user");
+    (client, errors)
+}
+
+/// Waits until the server has refused something whose message names `subject`.
+pub async fn refused(errors: &ServerErrors, subject: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(e) = errors.lock().unwrap().iter().find(|e| e.contains(subject)) {
+            return e.clone();
+        }
+        assert!(Instant::now() < deadline, "no permission violation for {subject}: {:?}", errors.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A nats-server run from a configuration file; killed on drop.
 pub struct ConfServer {
     pub name: String,

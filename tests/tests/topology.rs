@@ -5,7 +5,7 @@
 //! then cut again during a rollout while its gateway, a process of its own, is killed.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bus_schema::access::{HUB_DOMAIN, Role};
@@ -14,7 +14,7 @@ use bus_schema::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Access, Envelope, ReadEvent};
 use landfall_tests::fleet::{Fleet, RolloutRun, commands_stored, kubelet};
 use landfall_tests::procs::Service;
-use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready};
+use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready, raw_client, refused};
 use prost::Message;
 
 fn sites(n: usize) -> Vec<String> {
@@ -35,40 +35,6 @@ fn users(d: &Deployment) -> Arc<dyn Fn(&Role) -> Access + Send + Sync> {
         .map(|role| (role.user(), d.access(&role)))
         .collect();
     Arc::new(move |role: &Role| accesses[&role.user()].clone())
-}
-
-/// A raw client as `access`, and every error the server sent it.
-async fn raw_client(url: &str, access: &Access) -> (async_nats::Client, Arc<Mutex<Vec<String>>>) {
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let seen = errors.clone();
-    let key = access.public_key().unwrap().unwrap();
-    let client = async_nats::ConnectOptions::new()
-        .nkey(access.nkey_seed.clone().unwrap())
-        .custom_inbox_prefix(bus_schema::access::inbox(&key))
-        .event_callback(move |event| {
-            let seen = seen.clone();
-            async move {
-                if let async_nats::Event::ServerError(e) = event {
-                    seen.lock().unwrap().push(e.to_string());
-                }
-            }
-        })
-        .connect(url)
-        .await
-        .expect("connect as the site");
-    (client, errors)
-}
-
-/// Waits until the server has refused something whose message names `subject`.
-async fn refused(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(e) = errors.lock().unwrap().iter().find(|e| e.contains(subject)) {
-            return e.clone();
-        }
-        assert!(Instant::now() < deadline, "no permission violation for {subject}: {:?}", errors.lock().unwrap());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

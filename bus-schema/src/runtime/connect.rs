@@ -93,6 +93,8 @@ pub struct Bus {
     client: async_nats::Client,
     js: jetstream::Context,
     url: String,
+    /// Where this connection's replies arrive: `_INBOX_<key>` for a user with a key.
+    inbox_prefix: String,
 }
 
 impl Bus {
@@ -122,10 +124,11 @@ impl Bus {
         if patient {
             options = options.retry_on_initial_connect();
         }
+        let mut inbox_prefix = crate::access::INBOX_PREFIX.to_string();
         if let Some(key) = access.public_key().map_err(bad)? {
-            options = options
-                .nkey(access.nkey_seed.clone().unwrap_or_default())
-                .custom_inbox_prefix(crate::access::inbox(&key));
+            inbox_prefix = crate::access::inbox(&key);
+            options =
+                options.nkey(access.nkey_seed.clone().unwrap_or_default()).custom_inbox_prefix(inbox_prefix.clone());
         }
         if let Some(ca) = &access.ca_file {
             if !ca.is_file() {
@@ -178,7 +181,7 @@ impl Bus {
             Some(domain) => jetstream::with_domain(client.clone(), domain),
             None => jetstream::new(client.clone()),
         };
-        Ok(Self { client, js, url: url.to_string() })
+        Ok(Self { client, js, url: url.to_string(), inbox_prefix })
     }
 
     pub fn client(&self) -> &async_nats::Client {
@@ -191,5 +194,10 @@ impl Bus {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The prefix of this connection's reply subjects (`_INBOX_<key>`, or `_INBOX` without a key).
+    pub fn inbox_prefix(&self) -> &str {
+        &self.inbox_prefix
     }
 }

@@ -83,9 +83,11 @@ pub async fn consume<H: Handler>(
 ) -> Result<(), BusError> {
     let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
     let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
+    let (filter_subject, filter_subjects) = filters(&spec.filter_subjects);
     let config = consumer::pull::Config {
         durable_name: Some(spec.durable.clone()),
-        filter_subjects: spec.filter_subjects.clone(),
+        filter_subject,
+        filter_subjects,
         ack_policy: consumer::AckPolicy::Explicit,
         ack_wait: spec.ack_wait,
         max_deliver: -1,
@@ -149,6 +151,18 @@ pub async fn consume<H: Handler>(
     while in_flight.join_next().await.is_some() {}
     Ok(())
 }
+/// A consumer's filters as its config holds them. One filter goes in `filter_subject`, so that
+/// the create request names it in its subject (`CONSUMER.CREATE.<stream>.<name>.<filter>`),
+/// which the server checks against the config and a user's permissions can pin: a site may
+/// create its durable only with its own jobs as the filter. Several go in `filter_subjects`,
+/// which no create subject can carry.
+fn filters(filters: &[String]) -> (String, Vec<String>) {
+    match filters {
+        [one] => (one.clone(), Vec::new()),
+        many => (String::new(), many.to_vec()),
+    }
+}
+
 async fn handle_one<H: Handler>(bus: &Bus, spec: &ConsumerSpec, handler: &H, msg: jetstream::Message) {
     let (seq, delivered) = msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 1));
     let delivery = Delivery::from_parts(&msg.message, spec.stream, seq, delivered);
@@ -223,5 +237,19 @@ async fn settle_one<H: Handler>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_filter_is_the_filter_subject_so_the_create_subject_carries_it() {
+        let one = vec!["landfall.job.edge-01.>".to_string()];
+        assert_eq!(filters(&one), ("landfall.job.edge-01.>".to_string(), Vec::new()));
+        let two = vec!["a.>".to_string(), "b.>".to_string()];
+        assert_eq!(filters(&two), (String::new(), two.clone()));
+        assert_eq!(filters(&[]), (String::new(), Vec::new()));
     }
 }

@@ -30,7 +30,7 @@ impl KubeconfigCollector {
         let request = pb::KubeconfigRequest { site_id: site.to_string() }.encode_to_vec();
         let (_, kubeconfig) = self
             .bus
-            .request(names::kubeconfig_rpc(site), request.into(), Duration::from_secs(15))
+            .request_site(site, names::kubeconfig_rpc(site), request.into(), Duration::from_secs(15))
             .await
             .map_err(|e| {
                 HandlerError::Transient(match e {
