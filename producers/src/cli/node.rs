@@ -277,7 +277,6 @@ mod tests {
             node: "node-4".into(),
             step: "provision_os".into(),
             reason: "bmc".into(),
-            ..Default::default()
         };
         let (code, msg) = verdict(delivery(&failed, "x")).unwrap();
         assert_eq!((code, msg.as_str()), (1, "node node-4 could not join: provision_os: bmc"));
