@@ -115,7 +115,7 @@ fn b_node_names(s: &Scene) -> Vec<String> {
 
 // ---- Commands ----
 
-/// The headline: a host announced on A's own subject, for B's design.
+/// A host announced on A's own subject for B's design: the subject is A's, the payload names B.
 async fn node_added_naming_b_on_own_subject(t: &Intruder, _: &Scene) -> Outcome {
     let node = pb::NodeSpec {
         name: "intruder".into(),
@@ -491,7 +491,7 @@ async fn create_own_consumer(t: &Intruder, s: &Scene, subject: &str, filters: &[
             "B's waiting job (stream sequence {}) was then delivered through A's durable, to A's gateway",
             s.b_job_seq
         ),
-        None => "nothing of B's was delivered through it".to_string(),
+        None => "nothing of B's was seen delivered through it".to_string(),
     };
     let restored = t.js_api(&own_create(), own_consumer_with(t, &[names::site_jobs(A)]).await).await;
     assert!(matches!(restored, Outcome::Through(_)), "A's consumer was not put back: {restored}");
@@ -898,7 +898,7 @@ async fn a_stolen_site_key_reaches_nothing_of_another_site() {
         }
     }
     println!(
-        "compromised site: {} attacks, {} stopped, {got_through} got through; B changed in {} way(s)",
+        "compromised site: {} attacks, {} stopped, {got_through} got through; B or a rollout changed in {} way(s)",
         tried.len(),
         tried.len() - got_through,
         problems.len() - got_through
