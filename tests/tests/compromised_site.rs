@@ -383,8 +383,10 @@ async fn rollout_completed_on_own_scope(t: &Intruder, s: &Scene) -> Outcome {
 
 // ---- The hub's services ----
 
+/// A BMC credentials request for `node` of `site`, for job `job` (any other field left empty).
 fn bmc_request(site: &str, node: &str, job: &str) -> Vec<u8> {
-    pb::BmcCredentialsRequest { site_id: site.into(), node: node.into(), job_id: job.into() }.encode_to_vec()
+    let for_job = pb::BmcCredentialsRequest { job_id: job.into(), ..Default::default() };
+    pb::BmcCredentialsRequest { site_id: site.into(), node: node.into(), ..for_job }.encode_to_vec()
 }
 
 /// B's lease is held (its install is under way): only the subject stands between the thief and
