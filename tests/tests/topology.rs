@@ -27,16 +27,6 @@ fn deployment(n_sites: usize, hubs: usize, tls: Option<&TlsFiles>) -> Deployment
     Deployment::generate(&refs, hubs, tls)
 }
 
-/// Every role connects as its own user from `d`.
-fn users(d: &Deployment) -> Arc<dyn Fn(&Role) -> Access + Send + Sync> {
-    let accesses: BTreeMap<String, Access> = Role::services()
-        .into_iter()
-        .chain(d.sites.iter().map(|s| Role::Site(s.clone())))
-        .map(|role| (role.user(), d.access(&role)))
-        .collect();
-    Arc::new(move |role: &Role| accesses[&role.user()].clone())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_another_sites_work() {
     let d = deployment(2, 1, None);
@@ -44,7 +34,7 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
     let url = d.hub_urls("nats");
     // The whole system under the generated users: if any role lacked a permission it needs, the
     // install would not finish and the hub would log the violation.
-    let fleet = Fleet::builder(&url).sites(2).nodes(3).access(users(&d)).start().await;
+    let fleet = Fleet::builder(&url).sites(2).nodes(3).access(d.users(None)).start().await;
     let env = fleet.install("edge-01").await;
     let run = fleet.wait_install(&env).await;
     assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "{:?}", run.kinds());
@@ -112,7 +102,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
     let url = d.hub_urls("nats");
     let operator = d.access(&Role::Operator);
     let _ready = connect_when_ready(&url, "landfall-test-ready", &operator).await;
-    let fleet = Fleet::builder(&url).sites(3).nodes(3).access(users(&d)).start().await;
+    let fleet = Fleet::builder(&url).sites(3).nodes(3).access(d.users(None)).start().await;
     for name in [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM] {
         let info = fleet.bus.jetstream().get_stream(name).await.unwrap().info().await.unwrap().clone();
         assert_eq!(info.config.num_replicas, 3, "{name} is replicated on the cluster");
@@ -275,7 +265,7 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_
         a.ca_file = Some(ca.clone());
         a
     };
-    let roles = users(&d);
+    let roles = d.users(None);
     let fleet = Fleet::builder(&url)
         .sites(1)
         .nodes(4)

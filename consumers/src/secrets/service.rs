@@ -204,7 +204,11 @@ impl SecretsService {
             return Err(refused(format!("node {node} is not in the design of site {site}")));
         }
         // Only for the job that drives this host's BMC, while it does.
-        let grant = match self.sagas.get::<pb::InstallSaga>(&keys::saga(&req.correlation_id)).await? {
+        let saga = match req.correlation_id.as_str() {
+            "" => None,
+            id => self.sagas.get::<pb::InstallSaga>(&keys::saga(id)).await?,
+        };
+        let grant = match saga {
             Some((saga, _)) => saga::bmc_grant(&saga, site.as_str(), node.as_str(), &req.job_id),
             None => Err(format!("no install or join saga {:?}", req.correlation_id)),
         };
