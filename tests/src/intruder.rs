@@ -96,8 +96,15 @@ impl Intruder {
 
     /// The first permission violation naming `subject` the server sent since error number `from`.
     fn violation_since(&self, from: usize, subject: &str) -> Option<String> {
+        // The hub maps its own domain's API (`$JS.hub.API.…`) to `$JS.API.…` before it checks a
+        // permission, and its violation names the subject it checked.
+        let local = subject.replacen("$JS.hub.API.", "$JS.API.", 1);
         let errors = self.errors.lock().unwrap();
-        errors.iter().skip(from).find(|e| e.contains("Permissions Violation") && e.contains(subject)).cloned()
+        errors
+            .iter()
+            .skip(from)
+            .find(|e| e.contains("Permissions Violation") && (e.contains(subject) || e.contains(&local)))
+            .cloned()
     }
 
     /// Runs `op`, and answers the permission violation naming `subject` instead of its result
