@@ -45,8 +45,13 @@ enum Defence {
     /// A rollout counts a `SitePatched` only as the answer to the job it sent the site planned at
     /// that index (`rollout::decide::check_report`).
     RolloutJob,
-    /// The secrets service hands out BMC credentials only while the site's lease is held.
+    /// The secrets service hands out a host's BMC credentials only for the job the site's saga
+    /// sent to provision that host, while it does (`saga::bmc_grant`).
     SecretsLease,
+    /// The server's own check of a consumer create: the body's filter must be the subject's.
+    JetStream,
+    /// The observer writes a site's report only as the answer to a job the hub sent that site.
+    ObserverJob,
     /// A reply reaches a requester only through the inbox of a request it is waiting on.
     ReplyInbox,
 }
@@ -59,6 +64,8 @@ impl Defence {
             Defence::TrustTable => o.is_denied() || o.is_forbidden() || o.is_refused_with("speaks for site"),
             Defence::SagaJob | Defence::RolloutJob => o.is_denied() || o.is_forbidden(),
             Defence::SecretsLease => o.is_denied() || o.is_refused_with(NO_BMC_JOB),
+            Defence::JetStream => o.is_denied() || o.is_refused_with("JetStream API error"),
+            Defence::ObserverJob => o.is_denied() || o.is_forbidden(),
             Defence::ReplyInbox => matches!(o, Outcome::Denied(_) | Outcome::Ignored(_)),
         }
     }
@@ -319,6 +326,19 @@ async fn node_failed_in_b_saga(t: &Intruder, s: &Scene) -> Outcome {
 }
 
 /// A's own saga, with an answer to no job it was sent.
+/// A version claimed for its own node, answering no job any rollout sent it: the observer
+/// (whose versions the planner reads) refuses it.
+async fn node_patched_own_node_with_no_job(t: &Intruder, s: &Scene) -> Outcome {
+    let e = pb::NodePatched {
+        site_id: A.into(),
+        node: "node-1".into(),
+        rollout_id: s.r2.rollout_id.clone(),
+        package: package_ref(&s.r2),
+        from_version: "1.30.0".into(),
+    };
+    t.forge(&e.subject(), &e, &answering(&s.r2.rollout_id, &Envelope::root().id)).await
+}
+
 async fn node_os_provisioned_with_no_job_sent(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::NodeOsProvisioned { site_id: A.into(), node: "node-1".into(), image: "ubuntu".into() };
     t.forge(&e.subject(), &e, &answering(&s.a_install, &Envelope::root().id)).await
@@ -385,8 +405,24 @@ async fn rollout_completed_on_own_scope(t: &Intruder, s: &Scene) -> Outcome {
 
 /// A BMC credentials request for `node` of `site`, for job `job` (any other field left empty).
 fn bmc_request(site: &str, node: &str, job: &str) -> Vec<u8> {
-    let for_job = pb::BmcCredentialsRequest { job_id: job.into(), ..Default::default() };
+    bmc_request_in(site, node, job, "")
+}
+
+/// A request naming the job `job` of the saga `saga`.
+fn bmc_request_in(site: &str, node: &str, job: &str, saga: &str) -> Vec<u8> {
+    let for_job = pb::BmcCredentialsRequest { job_id: job.into(), correlation_id: saga.into(), ..Default::default() };
     pb::BmcCredentialsRequest { site_id: site.into(), node: node.into(), ..for_job }.encode_to_vec()
+}
+
+/// Its own host, naming B's running install and its job: the grant is for the saga's own site.
+async fn bmc_credentials_own_node_with_b_saga_job(t: &Intruder, s: &Scene) -> Outcome {
+    t.request(&names::bmc_credentials_svc(A), bmc_request_in(A, "node-1", &s.b_stage_job, &s.b_saga)).await
+}
+
+/// Its own host, naming its own install, which has ended: a job's grant ends with its step.
+async fn bmc_credentials_own_node_after_its_install_ended(t: &Intruder, s: &Scene) -> Outcome {
+    let job = bus_schema::ids::derived_id(&s.a_install, "provision_os", Some("node-1")).to_string();
+    t.request(&names::bmc_credentials_svc(A), bmc_request_in(A, "node-1", &job, &s.a_install)).await
 }
 
 /// B's lease is held (its install is under way): only the subject stands between the thief and
@@ -503,6 +539,13 @@ async fn create_own_consumer(t: &Intruder, s: &Scene, subject: &str, filters: &[
 
 fn own_create() -> String {
     js(&format!("CONSUMER.CREATE.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A)))
+}
+
+/// The one create subject a site may use, with its own jobs in the subject and B's in the body:
+/// the server refuses a body whose filter is not the subject's.
+async fn js_own_consumer_pinned_subject_with_b_filter_in_body(t: &Intruder, s: &Scene) -> Outcome {
+    let subject = format!("{}.{}", own_create(), names::site_jobs(A));
+    create_own_consumer(t, s, &subject, &[names::site_jobs(B)]).await
 }
 
 async fn js_own_consumer_filtered_on_b_jobs(t: &Intruder, s: &Scene) -> Outcome {
@@ -724,6 +767,7 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         SagaJob: job_failed_in_b_saga,
         SagaJob: node_failed_in_b_saga,
         SagaJob: node_os_provisioned_with_no_job_sent,
+        ObserverJob: node_patched_own_node_with_no_job,
         Permission: artifacts_staged_on_b_subject,
         Permission: node_patched_on_b_subject,
         Permission: site_installed_on_own_scope,
@@ -735,6 +779,8 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         TrustTable: bmc_credentials_for_b_node_on_own_subject,
         Permission: bmc_credentials_on_b_subject,
         SecretsLease: bmc_credentials_own_node_with_no_job,
+        SecretsLease: bmc_credentials_own_node_with_b_saga_job,
+        SecretsLease: bmc_credentials_own_node_after_its_install_ended,
         TrustTable: artifact_plan_naming_b,
         TrustTable: artifact_chunk_naming_b,
         Permission: artifact_plan_on_b_subject,
@@ -744,6 +790,7 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         Permission: js_own_consumer_with_b_filter_in_subject,
         Permission: js_own_consumer_unfiltered,
         Permission: js_own_consumer_filtered_on_b_through_hub_domain,
+        JetStream: js_own_consumer_pinned_subject_with_b_filter_in_body,
         Permission: js_own_consumer_by_the_legacy_durable_api,
         Permission: js_own_consumer_claims_jobs_of_a_site_not_yet_online,
         Permission: js_fetch_from_b_durable,
