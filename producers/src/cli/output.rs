@@ -22,7 +22,7 @@ pub enum Format {
 /// When the value cannot be written as YAML (it always can be as JSON).
 pub fn emit(format: Format, v: &Value) -> anyhow::Result<()> {
     match format {
-        Format::Yaml => print!("{}", serde_yaml::to_string(v)?),
+        Format::Yaml => print!("{}", serde_saphyr::to_string(v)?),
         _ => println!("{}", serde_json::to_string_pretty(v)?),
     }
     Ok(())
@@ -34,7 +34,7 @@ pub fn emit(format: Format, v: &Value) -> anyhow::Result<()> {
 /// As [`emit`].
 pub fn emit_line(format: Format, v: &Value) -> anyhow::Result<()> {
     match format {
-        Format::Yaml => print!("---\n{}", serde_yaml::to_string(v)?),
+        Format::Yaml => print!("---\n{}", serde_saphyr::to_string(v)?),
         _ => println!("{v}"),
     }
     Ok(())
