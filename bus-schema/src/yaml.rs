@@ -16,7 +16,6 @@
 
 mod stream;
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -104,14 +103,14 @@ type Shapes = BTreeMap<(u64, u64), &'static str>;
 /// Reads `text` as a `T` under `options`; `start` is where `text` begins in its source (line
 /// from 1, column from 0), so that positions are those of the whole source.
 fn read<T: DeserializeOwned>(text: &str, start: (u64, u64), options: Options, shapes: &Shapes) -> Result<T, Error> {
-    let path = RefCell::new(None);
+    let mut path = None;
     let read = serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
         serde_path_to_error::deserialize(de).map_err(|e| {
-            *path.borrow_mut() = Some(e.path().clone());
+            path = Some(e.path().clone());
             e.into_inner()
         })
     });
-    read.map_err(|e| error(&e, path.into_inner().as_ref(), start, shapes))
+    read.map_err(|e| error(&e, path.as_ref(), start, shapes))
 }
 
 /// A serde-saphyr error as an [`Error`]: the field from the path, the position moved from the
@@ -132,13 +131,9 @@ fn error(
     match e {
         serde_saphyr::Error::UnsupportedTag { tag, .. } => reason = tag_reason(tag),
         // A collection where a scalar goes: say which, as serde does.
-        serde_saphyr::Error::Unexpected { expected, .. } => {
+        serde_saphyr::Error::Unexpected { expected: expected @ ("string scalar" | "scalar"), .. } => {
             if let Some(found) = at.and_then(|at| shapes.get(&at)) {
-                let expected = match *expected {
-                    "string scalar" => "a string",
-                    "scalar" => "a scalar",
-                    other => other,
-                };
+                let expected = if *expected == "scalar" { "a scalar" } else { "a string" };
                 reason = format!("invalid type: {found}, expected {expected}");
             }
         }
