@@ -185,6 +185,13 @@ impl Role {
             p.publish.push(format!("$KV.{bucket}.{key}"));
         }
         match self {
+            // It makes each site's gateway durable when the site is registered, filtered on that
+            // site's jobs (the server holds the body's filter to the subject's).
+            Role::Orchestrator => {
+                let jobs = names::JOBS_STREAM;
+                p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
+                p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::site_jobs("*"))));
+            }
             Role::Kubeconfig => {
                 p.publish.push(names::kubeconfig_rpc("*"));
                 p.subscribe.extend(
@@ -328,9 +335,8 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
         js_api("INFO"),
         js_api(&format!("STREAM.INFO.{jobs}")),
         js_api(&format!("CONSUMER.INFO.{jobs}.{durable}")),
-        // Its own durable, and only with its own jobs as the filter: the server refuses a
-        // create whose body's filter is not the one in the subject.
-        js_api(&format!("CONSUMER.CREATE.{jobs}.{durable}.{}", names::site_jobs(site))),
+        // Its own durable, which the hub made when the site was registered: no create of any
+        // kind (a site could make its durable a push consumer that hands its jobs elsewhere).
         js_api(&format!("CONSUMER.MSG.NEXT.{jobs}.{durable}")),
         // A simulated site is built from the site's design, and only its own.
         js_api(&format!("STREAM.INFO.{sites}")),
@@ -434,12 +440,18 @@ mod tests {
     }
 
     #[test]
-    fn a_site_creates_only_its_own_durable_and_only_filtered_on_its_own_jobs() {
+    fn a_site_creates_no_consumer_and_uses_only_the_one_the_hub_made_for_it() {
         let p = site("edge-01");
         for api in ["$JS.API", "$JS.hub.API"] {
-            let ok = format!("{api}.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>");
-            assert!(may_publish(&p, &ok), "{ok}");
+            for ok in ["CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01", "CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-01"]
+            {
+                let subject = format!("{api}.{ok}");
+                assert!(may_publish(&p, &subject), "{subject}");
+            }
             for denied in [
+                // Not even its own, with its own filter: the hub made it (a site could make it a
+                // push consumer handing its jobs elsewhere).
+                "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>",
                 // Its durable filtered on another site's jobs, or on every site's.
                 "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-02.>",
                 "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.*.>",
@@ -597,7 +609,8 @@ mod tests {
                 let unnamed = format!("$JS.API.CONSUMER.CREATE.{stream}");
                 assert!(!may_publish(&p, &unnamed), "{role:?}: {unnamed}");
             }
-            assert!(!may_publish(&p, "$JS.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>"));
+            let site_durable = "$JS.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>";
+            assert_eq!(may_publish(&p, site_durable), role == Role::Orchestrator, "{role:?}: only the orchestrator");
         }
         // The API reads events with consumers of its own (named), and watches and scans buckets.
         let api = Role::Api.permissions("U", &[]);

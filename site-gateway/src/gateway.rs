@@ -588,15 +588,8 @@ pub async fn run_gateway<B: SiteBackend>(
     if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_err() {
         return Ok(());
     }
-    let consumer = names::gateway_consumer(site.as_str());
     // Provisioning takes minutes; all of a site's hosts provision at once.
-    let spec = ConsumerSpec::new(
-        names::JOBS_STREAM,
-        consumer.clone(),
-        vec![names::site_jobs(site.as_str())],
-        RejectAs::Message { consumer },
-    )
-    .concurrency(256);
+    let spec = ConsumerSpec::gateway(site.as_str());
     let gateway = Arc::new(Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
     info!(%site, "gateway running");
     let arrivals = tokio::spawn(announce_host_changes(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));

@@ -48,8 +48,6 @@ enum Defence {
     /// The secrets service hands out a host's BMC credentials only for the job the site's saga
     /// sent to provision that host, while it does (`saga::bmc_grant`).
     SecretsLease,
-    /// The server's own check of a consumer create: the body's filter must be the subject's.
-    JetStream,
     /// The observer writes a site's report only as the answer to a job the hub sent that site.
     ObserverJob,
     /// A reply reaches a requester only through the inbox of a request it is waiting on.
@@ -64,7 +62,6 @@ impl Defence {
             Defence::TrustTable => o.is_denied() || o.is_forbidden() || o.is_refused_with("speaks for site"),
             Defence::SagaJob | Defence::RolloutJob => o.is_denied() || o.is_forbidden(),
             Defence::SecretsLease => o.is_denied() || o.is_refused_with(NO_BMC_JOB),
-            Defence::JetStream => o.is_denied() || o.is_refused_with("JetStream API error"),
             Defence::ObserverJob => o.is_denied() || o.is_forbidden(),
             Defence::ReplyInbox => matches!(o, Outcome::Denied(_) | Outcome::Ignored(_)),
         }
@@ -541,11 +538,25 @@ fn own_create() -> String {
     js(&format!("CONSUMER.CREATE.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A)))
 }
 
-/// The one create subject a site may use, with its own jobs in the subject and B's in the body:
-/// the server refuses a body whose filter is not the subject's.
+/// The create subject of its own durable with its own jobs, and B's in the body (the server
+/// would refuse the mismatch too).
 async fn js_own_consumer_pinned_subject_with_b_filter_in_body(t: &Intruder, s: &Scene) -> Outcome {
     let subject = format!("{}.{}", own_create(), names::site_jobs(A));
     create_own_consumer(t, s, &subject, &[names::site_jobs(B)]).await
+}
+
+/// Its own durable as a push consumer delivering its jobs to a subject of the thief's choosing
+/// (the server checks no one's permissions on a delivery subject): the hub makes a site's
+/// durable, and a site may create none.
+async fn js_own_consumer_as_push_consumer(t: &Intruder, _: &Scene) -> Outcome {
+    let subject = format!("{}.{}", own_create(), names::site_jobs(A));
+    let config = json!({
+        "durable_name": names::gateway_consumer(A),
+        "filter_subject": names::site_jobs(A),
+        "deliver_subject": names::command_subject(pb::NodeAdded::KIND, B),
+        "ack_policy": "explicit",
+    });
+    t.js_api(&subject, json!({ "stream_name": names::JOBS_STREAM, "config": config })).await
 }
 
 async fn js_own_consumer_filtered_on_b_jobs(t: &Intruder, s: &Scene) -> Outcome {
@@ -790,7 +801,8 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         Permission: js_own_consumer_with_b_filter_in_subject,
         Permission: js_own_consumer_unfiltered,
         Permission: js_own_consumer_filtered_on_b_through_hub_domain,
-        JetStream: js_own_consumer_pinned_subject_with_b_filter_in_body,
+        Permission: js_own_consumer_pinned_subject_with_b_filter_in_body,
+        Permission: js_own_consumer_as_push_consumer,
         Permission: js_own_consumer_by_the_legacy_durable_api,
         Permission: js_own_consumer_claims_jobs_of_a_site_not_yet_online,
         Permission: js_fetch_from_b_durable,

@@ -87,16 +87,23 @@ fn filter(site: &str) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_site_creates_only_its_own_durable_and_only_on_its_own_jobs() {
+async fn a_site_creates_no_consumer_not_even_its_own() {
     let (d, _hubs, url, operator) = hub().await;
     let (client, errors) = raw_client(&url, &d.access(&site("edge-01"))).await;
     let jobs = names::JOBS_STREAM;
     let own = names::gateway_consumer("edge-01");
     let other = names::gateway_consumer("edge-02");
+    let pinned = |api: &str| format!("{api}.CONSUMER.CREATE.{jobs}.{own}.{}", names::site_jobs("edge-01"));
+    let push =
+        json!({"filter_subject": names::site_jobs("edge-01"), "deliver_subject": "landfall.cmd.node_added.edge-02"});
 
     // Refused by its permissions, through the hub's API and through the hub's domain alike.
     for api in ["$JS.API".to_string(), hub_api()] {
         for (subject, body) in [
+            // Its own durable, its own jobs as the filter: the hub makes it, not the site (which
+            // could make it a push consumer delivering its jobs wherever it likes).
+            (pinned(&api), create(&own, filter("edge-01"))),
+            (pinned(&api), create(&own, push.clone())),
             // Its durable, filtered on edge-02's jobs (or every site's).
             (format!("{api}.CONSUMER.CREATE.{jobs}.{own}.landfall.job.edge-02.>"), create(&own, filter("edge-02"))),
             (format!("{api}.CONSUMER.CREATE.{jobs}.{own}.landfall.job.*.>"), create(&own, filter("*"))),
@@ -112,72 +119,76 @@ async fn a_site_creates_only_its_own_durable_and_only_on_its_own_jobs() {
             publish_refused(&client, &errors, &subject, &body).await;
         }
     }
-    // Allowed by its permissions, refused by the server: the body's filter is not the subject's.
-    let pinned = |api: &str| format!("{api}.CONSUMER.CREATE.{jobs}.{own}.{}", names::site_jobs("edge-01"));
-    for api in ["$JS.API".to_string(), hub_api()] {
-        for body in [
-            create(&own, filter("edge-02")),
-            create(&own, json!({"filter_subjects": [names::site_jobs("edge-02")]})),
-            create(
-                &own,
-                json!({"filter_subject": names::site_jobs("edge-01"), "filter_subjects": [names::site_jobs("edge-02")]}),
-            ),
-        ] {
-            let answer = js_request(&client, &pinned(&api), &body).await;
-            assert_eq!(answer["error"]["code"], 400, "{answer}");
-        }
-    }
     let stream = operator.jetstream().get_stream(jobs).await.unwrap();
     for name in [&own, &other, &"spare".to_string()] {
         assert!(stream.consumer_info(name.as_str()).await.is_err(), "{name} was created");
     }
 
-    // What it may do, as its gateway does it: its durable, its own jobs as the filter.
-    let answer = js_request(&client, &pinned(&hub_api()), &create(&own, filter("edge-01"))).await;
+    // The orchestrator makes it; even it only with the filter its create subject names.
+    let (orchestrator, _) = raw_client(&url, &d.access(&Role::Orchestrator)).await;
+    for body in [
+        create(&own, filter("edge-02")),
+        create(&own, json!({"filter_subjects": [names::site_jobs("edge-02")]})),
+        create(
+            &own,
+            json!({"filter_subject": names::site_jobs("edge-01"), "filter_subjects": [names::site_jobs("edge-02")]}),
+        ),
+    ] {
+        let answer = js_request(&orchestrator, &pinned("$JS.API"), &body).await;
+        assert_eq!(answer["error"]["code"], 400, "{answer}");
+    }
+    let answer = js_request(&orchestrator, &pinned("$JS.API"), &create(&own, filter("edge-01"))).await;
     assert_eq!(answer["config"]["filter_subject"], names::site_jobs("edge-01"), "{answer}");
-    // And once it exists, it cannot be turned to another site's jobs.
-    let answer = js_request(&client, &pinned("$JS.API"), &create(&own, filter("edge-02"))).await;
-    assert_eq!(answer["error"]["code"], 400, "{answer}");
     let info = stream.consumer_info(own.as_str()).await.unwrap();
     assert_eq!(info.config.filter_subject, names::site_jobs("edge-01"));
-    println!("permissions: every other durable, filter and create subject refused to site edge-01");
+    // Once it exists, the site still may not touch it.
+    publish_refused(&client, &errors, &pinned("$JS.API"), &create(&own, push)).await;
+    println!("permissions: site edge-01 may create no consumer, its own included");
 }
 
-/// The gateway's own consume loop creates its durable under these permissions: one filter goes
-/// in the create subject.
+/// The gateway's own consume loop waits for the durable the hub makes when the site is
+/// registered, then consumes its jobs through the hub's domain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateways_consume_loop_creates_its_durable_through_the_hubs_domain() {
-    let (d, hubs, url, operator) = hub().await;
+async fn a_gateway_waits_for_the_durable_the_hub_makes_then_consumes_through_the_hubs_domain() {
+    let (d, _hubs, url, operator) = hub().await;
     let access = Access { js_domain: Some(HUB_DOMAIN.into()), ..d.access(&site("edge-01")) };
     let bus = Bus::connect_with(&url, "landfall-test-gateway", &access).await.unwrap();
-    let durable = names::gateway_consumer("edge-01");
-    let spec = runtime::ConsumerSpec::new(
-        names::JOBS_STREAM,
-        durable.clone(),
-        vec![names::site_jobs("edge-01")],
-        runtime::RejectAs::Message { consumer: durable.clone() },
-    );
-    struct Nothing;
-    impl runtime::Handler for Nothing {
+    let spec = runtime::ConsumerSpec::gateway("edge-01");
+    let durable = spec.durable.clone();
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl runtime::Handler for Count {
         async fn handle(&self, _: &runtime::Delivery) -> Result<(), runtime::HandlerError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(())
         }
     }
+    let handled = std::sync::Arc::new(Count(Default::default()));
     let shutdown = CancellationToken::new();
-    let run = tokio::spawn(runtime::consume(bus, spec, std::sync::Arc::new(Nothing), shutdown.clone()));
+    let run = tokio::spawn(runtime::consume(bus, spec, handled.clone(), shutdown.clone()));
     let stream = operator.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let info = loop {
-        if let Ok(info) = stream.consumer_info(durable.as_str()).await {
-            break info;
-        }
-        assert!(std::time::Instant::now() < deadline, "the gateway made no consumer:\n{}", hubs[0].log());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(stream.consumer_info(durable.as_str()).await.is_err(), "the site made its own consumer");
+
+    // The orchestrator makes it (as it does when the site is registered); the gateway finds it.
+    let orchestrator =
+        Bus::connect_with(&url, "landfall-test-orchestrator", &d.access(&Role::Orchestrator)).await.unwrap();
+    runtime::ensure_consumer(&orchestrator, &runtime::ConsumerSpec::gateway("edge-01")).await.unwrap();
+    operator
+        .jetstream()
+        .publish(names::job_subject("edge-01", "stage_artifacts"), Bytes::new())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while handled.0.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the gateway consumed nothing");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    }
+    let info = stream.consumer_info(durable.as_str()).await.unwrap();
     assert_eq!(info.config.filter_subject, names::site_jobs("edge-01"));
     shutdown.cancel();
     run.await.unwrap().unwrap();
-    assert!(!hubs[0].log().contains("Permissions Violation"), "{}", hubs[0].log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
