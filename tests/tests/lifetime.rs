@@ -87,9 +87,40 @@ fn a_killed_up_takes_its_nats_server_along_and_the_next_up_starts() {
     let (mut again, server) = start_with_server(&args, dir.path(), &[]);
     let stdout = BufReader::new(again.stdout.take().unwrap());
     assert!(stdout.lines().map_while(Result::ok).any(|l| l.starts_with("landfall is up")), "no banner the second time");
+
+    // What became of a demo site outlives the next start: a host that arrived joins its design,
+    // and `up` does not register the site over it again.
+    let url = format!("nats://127.0.0.1:{port}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let node_add = ["node", "add", "edge-01", "--name", "node-9", "--role", "worker", "--mac", "52:54:00:00:00:99"];
+    let out = rt.block_on(landfall_tests::cli::landfall(&url, &node_add));
+    assert!(out.status.success(), "{}", landfall_tests::cli::text(&out.stderr));
+    let has_node_9 = || {
+        rt.block_on(async {
+            let bus = bus_schema::runtime::Bus::connect(&url, "lifetime-test").await.unwrap();
+            let sites = bus.kv(bus_schema::names::SITES_BUCKET).await.unwrap();
+            let key = bus_schema::names::keys::site("edge-01");
+            let (design, _) = sites.get::<bus_schema::pb::SiteDesign>(&key).await.unwrap().unwrap();
+            design.nodes.iter().any(|n| n.name == "node-9")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !has_node_9() {
+        assert!(Instant::now() < deadline, "node-9 never joined edge-01's design");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     again.kill().unwrap();
     again.wait().unwrap();
     assert_gone(server, "the second landfall up");
+    let (mut third, server) = start_with_server(&args, dir.path(), &[]);
+    let stdout = BufReader::new(third.stdout.take().unwrap());
+    assert!(stdout.lines().map_while(Result::ok).any(|l| l.starts_with("landfall is up")), "no banner the third time");
+    assert!(has_node_9(), "the third start registered edge-01 over what it had become");
+    drop(rt);
+    let again = &mut third;
+    again.kill().unwrap();
+    again.wait().unwrap();
+    assert_gone(server, "the third landfall up");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::domain::{SiteDesign, SiteId};
-use bus_schema::names;
+use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
@@ -72,8 +72,8 @@ pub enum InstallAtStart {
     All,
 }
 
-/// Registers the demo packages and sites through the bus, as any client would, and waits
-/// until the orchestrator has applied them.
+/// Registers the demo packages, and the demo sites that are not registered yet, through the bus
+/// as any client would, and waits until the orchestrator has applied them.
 async fn register_demo(bus: &Bus, catalog: Vec<pb::Package>, designs: &[SiteDesign]) -> anyhow::Result<()> {
     let mut reader = bus.read_events(vec![pb::SiteRegistered::filter()], DeliverPolicy::New).await?;
     for p in catalog {
@@ -89,12 +89,20 @@ async fn register_demo(bus: &Bus, catalog: Vec<pb::Package>, designs: &[SiteDesi
         bus.publish_command(&pb::RegisterPackage { package: Some(p), auto_rollout }, &Envelope::root_with_id(id))
             .await?;
     }
+    // A demo site registered by an earlier run keeps what became of it (nodes that joined,
+    // designs applied): only the missing ones are registered.
+    let sites = bus.kv(names::SITES_BUCKET).await?;
+    let mut missing = 0;
     for d in designs {
+        if sites.get::<pb::SiteDesign>(&keys::site(d.site.as_str())).await?.is_some() {
+            continue;
+        }
         let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(d)) };
         bus.publish_command(&cmd, &Envelope::root()).await?;
+        missing += 1;
     }
     let mut registered = 0;
-    while registered < designs.len() {
+    while registered < missing {
         let next = tokio::time::timeout(Duration::from_secs(30), reader.next())
             .await
             .context("the orchestrator did not register the sites within 30 s")?;
