@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bus_schema::names::keys;
 use bus_schema::pb;
-use bus_schema::runtime::{BusError, Cas, HandlerError, Kv};
+use bus_schema::runtime::{BusError, HandlerError, Kv, Update};
 
 use crate::clock::now_ms;
 use crate::saga;
@@ -17,8 +17,6 @@ use crate::saga;
 /// How long a lease whose holder record does not exist yet is presumed to belong to a replica
 /// that is between taking the lease and writing its record (longer than any ack wait).
 pub const LEASE_GRACE: Duration = Duration::from_secs(60);
-/// How many times a compare-and-set race on a lease is retried.
-const CAS_ATTEMPTS: usize = 64;
 
 /// Who wants a site's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,28 +78,38 @@ pub(crate) async fn holder_busy(sagas: &Kv, lease: &pb::SiteLease) -> Result<boo
 
 /// Takes the site's lease for `holder`, or says who is busy with it. Taking it again for the
 /// same holder succeeds; a lease whose holder has ended is taken over.
+///
+/// Whether a holder has ended takes reads of its own, which a compare-and-set change must not
+/// make: the lease is looked at first, and taken over only if it is still the one looked at.
+/// A lease that another holder took meanwhile is theirs, so the site is busy.
 pub async fn acquire(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<Acquired, BusError> {
     let key = keys::site_lease(site);
+    let ended = match sagas.get::<pb::SiteLease>(&key).await? {
+        Some((held, _)) if !holder.is(&held) && !holder_busy(sagas, &held).await? => Some(held),
+        _ => None,
+    };
     let lease = holder.record(site);
-    for _ in 0..CAS_ATTEMPTS {
-        let Some((held, rev)) = sagas.get::<pb::SiteLease>(&key).await? else {
-            match sagas.create(&key, &lease).await? {
-                Cas::Written(_) => return Ok(Acquired::Yes),
-                Cas::Conflict => continue,
-            }
-        };
-        if holder.is(&held) {
-            return Ok(Acquired::Yes);
-        }
-        if holder_busy(sagas, &held).await? {
+    sagas.update_with(&key, |held: Option<&pb::SiteLease>| take(held, &lease, holder, ended.as_ref())).await
+}
+
+/// What taking the lease does to `held` (the lease as it is now): write `lease` when the site
+/// is free or its holder has `ended`, nothing when `holder` has it already, and nothing but
+/// saying who is busy otherwise.
+fn take(
+    held: Option<&pb::SiteLease>,
+    lease: &pb::SiteLease,
+    holder: Holder<'_>,
+    ended: Option<&pb::SiteLease>,
+) -> Update<pb::SiteLease, Acquired> {
+    match held {
+        None => Update::Put(lease.clone(), Acquired::Yes),
+        Some(held) if holder.is(held) => Update::Keep(Acquired::Yes),
+        Some(held) if ended == Some(held) => Update::Put(lease.clone(), Acquired::Yes),
+        Some(held) => {
             let what = if held.holder == pb::LeaseHolder::Rollout as i32 { "rollout" } else { "saga" };
-            return Ok(Acquired::Busy(format!("site {site} is busy with {what} {}", held.saga_id)));
-        }
-        if let Cas::Written(_) = sagas.update(&key, &lease, rev).await? {
-            return Ok(Acquired::Yes);
+            Update::Abort(Acquired::Busy(format!("site {} is busy with {what} {}", lease.site_id, held.saga_id)))
         }
     }
-    Err(BusError::Kv { op: "lease", bucket: sagas.bucket().to_string(), key, source: "lease kept changing".into() })
 }
 
 /// [`acquire`] for a command handler: a busy site asks for a redelivery after `retry`.
@@ -114,11 +122,52 @@ pub async fn acquire_or_wait(sagas: &Kv, site: &str, holder: Holder<'_>, retry: 
 
 /// Lets go of the site's lease if `holder` has it.
 pub async fn release(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<(), BusError> {
-    let key = keys::site_lease(site);
-    if let Some((held, rev)) = sagas.get::<pb::SiteLease>(&key).await?
-        && holder.is(&held)
-    {
-        sagas.delete_if(&key, rev).await?;
+    sagas
+        .update_with(&keys::site_lease(site), |held: Option<&pb::SiteLease>| match held {
+            Some(held) if holder.is(held) => Update::Delete(()),
+            _ => Update::Keep(()),
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: Holder<'_>, acquired_unix_ms: i64) -> pb::SiteLease {
+        pb::SiteLease { acquired_unix_ms, ..holder.record("edge-01") }
     }
-    Ok(())
+
+    #[test]
+    fn a_free_site_or_one_whose_holder_ended_is_taken() {
+        let mine = lease(Holder::Saga("s2"), 2);
+        assert_eq!(take(None, &mine, Holder::Saga("s2"), None), Update::Put(mine.clone(), Acquired::Yes));
+        let ended = lease(Holder::Saga("s1"), 1);
+        assert_eq!(
+            take(Some(&ended), &mine, Holder::Saga("s2"), Some(&ended)),
+            Update::Put(mine.clone(), Acquired::Yes)
+        );
+    }
+
+    #[test]
+    fn the_holder_keeps_its_lease_without_a_write() {
+        let mine = lease(Holder::Rollout("r1"), 2);
+        let held = lease(Holder::Rollout("r1"), 1);
+        assert_eq!(take(Some(&held), &mine, Holder::Rollout("r1"), None), Update::Keep(Acquired::Yes));
+    }
+
+    #[test]
+    fn a_lease_taken_by_another_since_it_was_looked_at_is_busy() {
+        let mine = lease(Holder::Saga("s2"), 2);
+        let ended = lease(Holder::Saga("s1"), 1);
+        let other = lease(Holder::Rollout("r9"), 3);
+        assert_eq!(
+            take(Some(&other), &mine, Holder::Saga("s2"), Some(&ended)),
+            Update::Abort(Acquired::Busy("site edge-01 is busy with rollout r9".into()))
+        );
+        assert_eq!(
+            take(Some(&ended), &mine, Holder::Saga("s2"), None),
+            Update::Abort(Acquired::Busy("site edge-01 is busy with saga s1".into()))
+        );
+    }
 }
