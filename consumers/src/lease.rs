@@ -78,37 +78,53 @@ pub(crate) async fn holder_busy(sagas: &Kv, lease: &pb::SiteLease) -> Result<boo
 
 /// Takes the site's lease for `holder`, or says who is busy with it. Taking it again for the
 /// same holder succeeds; a lease whose holder has ended is taken over.
-///
-/// Whether a holder has ended takes reads of its own, which a compare-and-set change must not
-/// make: the lease is looked at first, and taken over only if it is still the one looked at.
-/// A lease that another holder took meanwhile is theirs, so the site is busy.
 pub async fn acquire(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<Acquired, BusError> {
     let key = keys::site_lease(site);
-    let ended = match sagas.get::<pb::SiteLease>(&key).await? {
-        Some((held, _)) if !holder.is(&held) && !holder_busy(sagas, &held).await? => Some(held),
-        _ => None,
-    };
     let lease = holder.record(site);
-    sagas.update_with(&key, |held: Option<&pb::SiteLease>| take(held, &lease, holder, ended.as_ref())).await
+    let held = match sagas.update_with(&key, |held: Option<&pb::SiteLease>| take(held, &lease, holder, None)).await? {
+        Taken::Yes => return Ok(Acquired::Yes),
+        Taken::HeldBy(held) => held,
+    };
+    // Whether its holder has ended takes reads of its own, which a compare-and-set change must
+    // not make: look now, then take the lease over only if it is still the one looked at.
+    if holder_busy(sagas, &held).await? {
+        return Ok(busy(site, &held));
+    }
+    let taken = sagas.update_with(&key, |current: Option<&pb::SiteLease>| take(current, &lease, holder, Some(&held)));
+    Ok(match taken.await? {
+        Taken::Yes => Acquired::Yes,
+        // Another holder took it meanwhile.
+        Taken::HeldBy(other) => busy(site, &other),
+    })
+}
+
+fn busy(site: &str, held: &pb::SiteLease) -> Acquired {
+    let what = if held.holder == pb::LeaseHolder::Rollout as i32 { "rollout" } else { "saga" };
+    Acquired::Busy(format!("site {site} is busy with {what} {}", held.saga_id))
+}
+
+/// Whether a compare-and-set on the lease took it.
+#[derive(Debug, Clone, PartialEq)]
+enum Taken {
+    Yes,
+    /// Someone else holds it: this lease.
+    HeldBy(pb::SiteLease),
 }
 
 /// What taking the lease does to `held` (the lease as it is now): write `lease` when the site
-/// is free or its holder has `ended`, nothing when `holder` has it already, and nothing but
-/// saying who is busy otherwise.
+/// is free or its holder has `ended` (a lease looked at before), nothing when `holder` has it
+/// already, and nothing but saying who has it otherwise.
 fn take(
     held: Option<&pb::SiteLease>,
     lease: &pb::SiteLease,
     holder: Holder<'_>,
     ended: Option<&pb::SiteLease>,
-) -> Update<pb::SiteLease, Acquired> {
+) -> Update<pb::SiteLease, Taken> {
     match held {
-        None => Update::Put(lease.clone(), Acquired::Yes),
-        Some(held) if holder.is(held) => Update::Keep(Acquired::Yes),
-        Some(held) if ended == Some(held) => Update::Put(lease.clone(), Acquired::Yes),
-        Some(held) => {
-            let what = if held.holder == pb::LeaseHolder::Rollout as i32 { "rollout" } else { "saga" };
-            Update::Abort(Acquired::Busy(format!("site {} is busy with {what} {}", lease.site_id, held.saga_id)))
-        }
+        None => Update::Put(lease.clone(), Taken::Yes),
+        Some(held) if holder.is(held) => Update::Keep(Taken::Yes),
+        Some(held) if ended == Some(held) => Update::Put(lease.clone(), Taken::Yes),
+        Some(held) => Update::Abort(Taken::HeldBy(held.clone())),
     }
 }
 
@@ -141,33 +157,29 @@ mod tests {
     #[test]
     fn a_free_site_or_one_whose_holder_ended_is_taken() {
         let mine = lease(Holder::Saga("s2"), 2);
-        assert_eq!(take(None, &mine, Holder::Saga("s2"), None), Update::Put(mine.clone(), Acquired::Yes));
+        assert_eq!(take(None, &mine, Holder::Saga("s2"), None), Update::Put(mine.clone(), Taken::Yes));
         let ended = lease(Holder::Saga("s1"), 1);
-        assert_eq!(
-            take(Some(&ended), &mine, Holder::Saga("s2"), Some(&ended)),
-            Update::Put(mine.clone(), Acquired::Yes)
-        );
+        assert_eq!(take(Some(&ended), &mine, Holder::Saga("s2"), Some(&ended)), Update::Put(mine.clone(), Taken::Yes));
     }
 
     #[test]
     fn the_holder_keeps_its_lease_without_a_write() {
         let mine = lease(Holder::Rollout("r1"), 2);
         let held = lease(Holder::Rollout("r1"), 1);
-        assert_eq!(take(Some(&held), &mine, Holder::Rollout("r1"), None), Update::Keep(Acquired::Yes));
+        assert_eq!(take(Some(&held), &mine, Holder::Rollout("r1"), None), Update::Keep(Taken::Yes));
     }
 
     #[test]
-    fn a_lease_taken_by_another_since_it_was_looked_at_is_busy() {
+    fn a_lease_held_by_another_is_not_taken_unless_it_is_the_one_found_ended() {
         let mine = lease(Holder::Saga("s2"), 2);
-        let ended = lease(Holder::Saga("s1"), 1);
+        let held = lease(Holder::Saga("s1"), 1);
+        assert_eq!(take(Some(&held), &mine, Holder::Saga("s2"), None), Update::Abort(Taken::HeldBy(held.clone())));
         let other = lease(Holder::Rollout("r9"), 3);
         assert_eq!(
-            take(Some(&other), &mine, Holder::Saga("s2"), Some(&ended)),
-            Update::Abort(Acquired::Busy("site edge-01 is busy with rollout r9".into()))
+            take(Some(&other), &mine, Holder::Saga("s2"), Some(&held)),
+            Update::Abort(Taken::HeldBy(other.clone()))
         );
-        assert_eq!(
-            take(Some(&ended), &mine, Holder::Saga("s2"), None),
-            Update::Abort(Acquired::Busy("site edge-01 is busy with saga s1".into()))
-        );
+        assert_eq!(busy("edge-01", &other), Acquired::Busy("site edge-01 is busy with rollout r9".into()));
+        assert_eq!(busy("edge-01", &held), Acquired::Busy("site edge-01 is busy with saga s1".into()));
     }
 }

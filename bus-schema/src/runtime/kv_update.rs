@@ -165,7 +165,10 @@ impl Kv {
         M: prost::Message + Default,
     {
         for attempt in 1..=UPDATE_ATTEMPTS {
-            tokio::time::sleep(backoff(attempt)).await;
+            // Not even a zero sleep before the first: the timer would round it up to its next tick.
+            if attempt > 1 {
+                tokio::time::sleep(backoff(attempt)).await;
+            }
             let current = self.get::<M>(key).await?;
             let read = current.as_ref().map(|(_, rev)| *rev);
             let (write, result) = plan(read, change(current.as_ref().map(|(value, _)| value)));
