@@ -44,7 +44,7 @@ impl Orchestrator {
                 match existing {
                     None => Update::Put(record.clone(), Ok(())),
                     Some(e) if e.command_id == d.envelope.id => Update::Keep(Ok(())),
-                    Some(_) => Update::Abort(Err(HandlerError::Transient(format!(
+                    Some(_) => Update::Abort(Err(HandlerError::transient_reason(format!(
                         "design revision {revision} of {site} was taken; retrying"
                     )))),
                 }

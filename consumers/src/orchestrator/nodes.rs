@@ -182,7 +182,7 @@ fn removal(
 ) -> Result<Removal, HandlerError> {
     let (site, name) = (cmd.site_id.as_str(), cmd.node.as_str());
     let Some(current) = current else {
-        return Err(HandlerError::Transient(format!("site {site} vanished")));
+        return Err(HandlerError::transient_reason(format!("site {site} vanished")));
     };
     let mut design = SiteDesign::try_from(current.clone()).map_err(invalid)?;
     let Some(known) = design.node(name) else {
@@ -216,7 +216,7 @@ fn with_node(
     node: &bus_schema::domain::NodeDesign,
 ) -> Result<(SiteDesign, bool), HandlerError> {
     let Some(current) = current else {
-        return Err(HandlerError::Transient(format!("site {site} vanished")));
+        return Err(HandlerError::transient_reason(format!("site {site} vanished")));
     };
     let mut design = SiteDesign::try_from(current.clone()).map_err(invalid)?;
     if design.node(node.name.as_str()).is_some() {

@@ -69,10 +69,14 @@ pub struct Rollouts {
 /// Site reports of one rollout waiting for the write that counts them.
 #[derive(Default)]
 struct Batch {
-    waiting: Vec<(Report, tokio::sync::oneshot::Sender<Result<(), String>>)>,
+    waiting: Vec<(Report, tokio::sync::oneshot::Sender<Counted>)>,
     /// A handler is writing: it takes what arrives meanwhile in its next write.
     writing: bool,
 }
+
+/// Whether the write that counts a batch of reports went in; its failure is shared by every
+/// report of the batch.
+type Counted = Result<(), Arc<HandlerError>>;
 
 /// One site to start, from the plan.
 struct Start {
@@ -385,7 +389,7 @@ impl Rollouts {
                     .update(rollout_id, |r| Ok(decide::count_reports(r, &reports, now)))
                     .await
                     .map(drop)
-                    .map_err(|e| e.to_string());
+                    .map_err(Arc::new);
                 for (_, tx) in batch {
                     let _ = tx.send(result.clone());
                 }
@@ -393,8 +397,10 @@ impl Rollouts {
         }
         match rx.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(HandlerError::Transient(e)),
-            Err(_) => Err(HandlerError::Transient(format!("rollout {rollout_id}: the counting write was dropped"))),
+            Ok(Err(e)) => Err(HandlerError::transient(format!("counting a site's report on rollout {rollout_id}"), e)),
+            Err(_) => {
+                Err(HandlerError::transient_reason(format!("rollout {rollout_id}: the counting write was dropped")))
+            }
         }
     }
 
