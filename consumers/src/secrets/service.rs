@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use async_nats::HeaderMap;
-use bus_schema::domain::{NodeName, SiteId};
+use bus_schema::domain::{InvalidField, NodeName, SiteId};
 use bus_schema::ids;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusMessage};
@@ -54,6 +54,16 @@ enum RequestError {
     Declined(String),
     #[error("{0}")]
     Refused(String),
+    /// A field of the request is not valid.
+    #[error(transparent)]
+    Field(#[from] InvalidField),
+    /// The request is not the message asked for, or one of its fields is not valid.
+    #[error("{what}")]
+    Invalid {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("{what}")]
     Secret {
         what: String,
@@ -70,16 +80,13 @@ impl RequestError {
         move |source| RequestError::Secret { what, source }
     }
 
+    fn invalid(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        RequestError::Invalid { what: what.into(), source: Box::new(source) }
+    }
+
     /// The message with its causes, as the reply header carries it.
     fn text(&self) -> String {
-        let mut text = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        text
+        runtime::error_chain(self)
     }
 }
 
@@ -88,15 +95,15 @@ fn refused(reason: impl Into<String>) -> RequestError {
 }
 
 fn decode<M: BusMessage>(payload: &[u8]) -> Result<M, RequestError> {
-    M::decode(payload).map_err(|e| refused(format!("not a {}: {e}", M::TYPE)))
+    M::decode(payload).map_err(|e| RequestError::invalid(format!("not a {}", M::TYPE), e))
 }
 
 fn site_id(s: String) -> Result<SiteId, RequestError> {
-    SiteId::try_from(s).map_err(|e| refused(e.to_string()))
+    Ok(SiteId::try_from(s)?)
 }
 
 fn node_name(s: String) -> Result<NodeName, RequestError> {
-    NodeName::try_from(s).map_err(|e| refused(format!("node: {e}")))
+    NodeName::try_from(s).map_err(|e| RequestError::invalid("node", e))
 }
 
 /// The request kinds the service answers.
