@@ -1,16 +1,22 @@
 //! Who may do what on the bus: the NATS permissions of each service's user and of each site.
 //!
-//! A site is the least trusted party: its gateway (and its leaf node's link to the hub, which
-//! carries the same user) may consume its own jobs, publish its own events, announce hosts
-//! arriving or leaving at its own site, and ask the hub's services about its own site. Nothing
-//! else: not another site's jobs, not another command, not the key-value buckets beyond its own
-//! design. Hub services get what their role needs, on landfall's streams and buckets only.
+//! A site is the least trusted party: its key may be stolen. Its gateway (and its leaf node's link
+//! to the hub, which carries the same user) may consume its own jobs through its own durable
+//! consumer, created only with its own jobs as the filter, publish its own events, announce hosts
+//! arriving or leaving at its own site, ask the hub's services about its own site, and answer
+//! requests made of it into reply subjects scoped to it ([`site_replies`]). Nothing else: not
+//! another site's jobs, not another command, not the key-value buckets beyond its own design.
+//!
+//! Hub services get what their role needs, on landfall's streams and buckets only: their own
+//! durable consumers (no other's), consumers of their own making on what they read, and writes
+//! to the buckets (or keys) they own. None may delete or purge a stream.
 //!
 //! Every reply subject is the user's own ([`inbox`]): a user may receive its replies and no one
 //! else's, which a shared `_INBOX.>` would allow.
 
 use crate::names::{self, keys, kv_stream};
-use crate::pb::{self, BusCommand};
+use crate::pb;
+use crate::trust::{self, Channel, Party};
 
 /// The reply-subject prefix of every user without a key of its own.
 pub const INBOX_PREFIX: &str = "_INBOX";
@@ -18,6 +24,14 @@ pub const INBOX_PREFIX: &str = "_INBOX";
 /// The reply-subject prefix of the user with this public key.
 pub fn inbox(public_key: &str) -> String {
     format!("{INBOX_PREFIX}_{public_key}")
+}
+
+/// The reply subjects of requests made of one site, under the requester's inbox prefix
+/// (`<inbox>.site.<site>`, each request adding a token of its own). A site may publish into
+/// these and no other reply subject of the hub's users, which a reply crossing its leaf node's
+/// link needs; a site id is one subject token, so one site's cannot match another's.
+pub fn site_replies(inbox_prefix: &str, site: &str) -> String {
+    format!("{inbox_prefix}.site.{site}")
 }
 
 /// The hub's JetStream domain: a site's leaf node has a domain of its own, so its gateway
@@ -28,6 +42,9 @@ pub const HUB_DOMAIN: &str = "hub";
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Permissions {
     pub publish: Vec<String>,
+    /// Refused even where `publish` allows it: other services' durable consumers on a stream
+    /// this user makes consumers of its own on.
+    pub publish_deny: Vec<String>,
     pub subscribe: Vec<String>,
     /// May answer requests it received (publish once to their reply subjects).
     pub allow_responses: bool,
@@ -67,13 +84,66 @@ impl Role {
         [Role::Orchestrator, Role::Observer, Role::Kubeconfig, Role::Distribution, Role::Api, Role::Operator]
     }
 
+    /// The durable consumers a hub service owns, as (stream, name).
+    fn durables(&self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Role::Orchestrator => &[
+                (names::COMMANDS_STREAM, names::ORCHESTRATOR_COMMANDS),
+                (names::EVENTS_STREAM, names::ORCHESTRATOR_EVENTS),
+                (names::EVENTS_STREAM, names::ORCHESTRATOR_ROLLOUTS),
+            ],
+            Role::Observer => &[(names::EVENTS_STREAM, names::OBSERVER_EVENTS)],
+            Role::Kubeconfig => &[(names::EVENTS_STREAM, names::KUBECONFIG_EVENTS)],
+            Role::Distribution | Role::Api | Role::Operator | Role::Site(_) => &[],
+        }
+    }
+
+    /// The buckets a hub service reads (gets, scans, watches).
+    fn buckets_read(&self) -> &'static [&'static str] {
+        match self {
+            Role::Orchestrator | Role::Api => {
+                &[names::SITES_BUCKET, names::PACKAGES_BUCKET, names::OBSERVED_BUCKET, names::SAGAS_BUCKET]
+            }
+            // The sagas and rollouts too: a site's report counts only as the answer to their jobs.
+            Role::Observer => &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET, names::SAGAS_BUCKET],
+            Role::Kubeconfig => &[names::KUBECONFIGS_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET],
+            Role::Distribution => &[names::PACKAGES_BUCKET],
+            Role::Operator | Role::Site(_) => &[],
+        }
+    }
+
+    /// The keys a hub service writes, as (bucket, key pattern): only what it owns.
+    fn kv_writes(&self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Role::Orchestrator => &[
+                (names::SITES_BUCKET, ">"),
+                (names::SAGAS_BUCKET, ">"),
+                (names::PACKAGES_BUCKET, "pkg.>"),
+                (names::PACKAGES_BUCKET, "policy.>"),
+            ],
+            Role::Observer => &[(names::OBSERVED_BUCKET, ">")],
+            Role::Kubeconfig => &[(names::KUBECONFIGS_BUCKET, ">")],
+            // It announces where the artifact store is, and writes nothing else.
+            Role::Distribution => &[(names::PACKAGES_BUCKET, keys::ARTIFACT_STORE)],
+            Role::Api | Role::Operator | Role::Site(_) => &[],
+        }
+    }
+
+    /// The streams (not buckets) a hub service reads with consumers of its own making: the
+    /// API's read model and event feeds.
+    fn streams_read(&self) -> &'static [&'static str] {
+        match self {
+            Role::Api => &[names::EVENTS_STREAM],
+            _ => &[],
+        }
+    }
+
     /// What the user with `public_key` may do. A site may answer the requests of the users
-    /// with the keys `site_requesters` (the kubeconfig collector, operators): a reply across a
-    /// leaf node's link needs a permission of its own, as the link is not a client that
-    /// received the request.
+    /// with the keys `site_requesters` (the kubeconfig collector, operators) into the reply
+    /// subjects scoped to it ([`site_replies`]): a reply across a leaf node's link needs a
+    /// permission of its own, as the link is not a client that received the request.
     pub fn permissions(&self, public_key: &str, site_requesters: &[String]) -> Permissions {
         let mut p = Permissions { subscribe: vec![format!("{}.>", inbox(public_key))], ..Default::default() };
-        let all_streams = [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM];
         match self {
             Role::Site(site) => return site_permissions(site, p, site_requesters),
             Role::Operator => {
@@ -92,37 +162,35 @@ impl Role {
         }
         // Every hub service makes sure the streams and buckets exist when it starts.
         p.publish.push(js_api("INFO"));
+        let all_streams = [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM];
         for stream in all_streams.iter().map(|s| s.to_string()).chain(names::ALL_BUCKETS.iter().map(|b| kv_stream(b))) {
             p.publish.push(js_api(&format!("STREAM.INFO.{stream}")));
             p.publish.push(js_api(&format!("STREAM.CREATE.{stream}")));
         }
-        // Any consumer may publish a MessageRejected event for garbage it was given.
-        p.publish.push(names::EVENTS_ALL.into());
-        let (streams, buckets): (&[&str], &[&str]) = match self {
-            Role::Orchestrator => (
-                &[names::COMMANDS_STREAM, names::EVENTS_STREAM],
-                &[names::SITES_BUCKET, names::PACKAGES_BUCKET, names::OBSERVED_BUCKET, names::SAGAS_BUCKET],
-            ),
-            Role::Observer => (&[names::EVENTS_STREAM], &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET]),
-            Role::Kubeconfig => {
-                (&[names::EVENTS_STREAM], &[names::KUBECONFIGS_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET])
-            }
-            Role::Distribution => (&[], &[names::PACKAGES_BUCKET]),
-            Role::Api => (
-                &[names::EVENTS_STREAM, names::COMMANDS_STREAM],
-                &[names::SITES_BUCKET, names::PACKAGES_BUCKET, names::OBSERVED_BUCKET, names::SAGAS_BUCKET],
-            ),
-            Role::Operator | Role::Site(_) => unreachable!("handled above"),
-        };
-        for stream in streams.iter().map(|s| s.to_string()).chain(buckets.iter().map(|b| kv_stream(b))) {
-            p.publish.extend(reader(&stream));
+        // What the table of kinds (`trust::RULES`) says the role sends, and nothing else.
+        p.publish.extend(self.party().map(|party| sends(party, "*")).unwrap_or_default());
+        for (stream, durable) in self.durables() {
+            p.publish.extend(durable_consumer(stream, durable));
         }
-        for bucket in buckets {
-            p.publish.push(format!("$KV.{bucket}.>"));
+        for stream in
+            self.streams_read().iter().map(|s| s.to_string()).chain(self.buckets_read().iter().map(|b| kv_stream(b)))
+        {
+            p.publish.extend(own_consumers(&stream));
+            p.publish_deny.extend(others_durables(self, &stream));
+        }
+        for bucket in self.buckets_read() {
+            p.publish.extend(getter(&kv_stream(bucket)));
+        }
+        for (bucket, key) in self.kv_writes() {
+            p.publish.push(format!("$KV.{bucket}.{key}"));
         }
         match self {
+            // It makes each site's gateway durable when the site is registered, filtered on that
+            // site's jobs (the server holds the body's filter to the subject's).
             Role::Orchestrator => {
-                p.publish.extend([names::JOBS_ALL.to_string(), names::COMMANDS_ALL.to_string()]);
+                let jobs = names::JOBS_STREAM;
+                p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
+                p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::site_jobs("*"))));
             }
             Role::Kubeconfig => {
                 p.publish.push(names::kubeconfig_rpc("*"));
@@ -137,11 +205,49 @@ impl Role {
                 p.subscribe.extend([names::ARTIFACT_PLAN, names::ARTIFACT_CHUNK].map(names::svc_every_site));
                 p.allow_responses = true;
             }
-            Role::Api => p.publish.push(names::COMMANDS_ALL.into()),
             _ => {}
         }
         p
     }
+}
+
+impl Role {
+    /// The party of the table of kinds (`trust::RULES`) this user sends as.
+    fn party(&self) -> Option<Party> {
+        Some(match self {
+            Role::Orchestrator => Party::Orchestrator,
+            Role::Observer => Party::Observer,
+            Role::Kubeconfig => Party::Kubeconfig,
+            Role::Distribution => Party::Distribution,
+            Role::Api => Party::Api,
+            Role::Operator => Party::Operator,
+            Role::Site(_) => Party::Site,
+        })
+    }
+}
+
+/// The subjects `party` may publish on, from the table of kinds: each command, job, event and
+/// request kind it sends, at `site` (`*` for a hub service, which speaks for every site).
+/// Requests to sites and operators' requests are answered, not published into the streams, and
+/// travel as core requests: a party that sends them gets their subjects too.
+fn sends(party: Party, site: &str) -> Vec<String> {
+    let mut out: Vec<String> = trust::sent_by(party)
+        .map(|r| match r.channel {
+            Channel::Command if r.site_fields.is_empty() => names::command_subject(r.kind, names::FLEET),
+            Channel::Command => names::command_subject(r.kind, site),
+            Channel::Job => names::job_subject(site, r.kind),
+            Channel::Event if r.site_fields.is_empty() && r.kind != pb::rejection::KIND => {
+                names::event_subject(names::FLEET, r.aggregate, r.kind)
+            }
+            Channel::Event => names::event_subject(site, r.aggregate, r.kind),
+            Channel::Service => format!("landfall.svc.{site}.{}", r.kind),
+            Channel::SiteRpc => format!("landfall.rpc.{site}.{}", r.kind),
+            Channel::Admin => format!("landfall.admin.{}", r.kind),
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// A JetStream API subject, e.g. `$JS.API.STREAM.INFO.LANDFALL_JOBS`.
@@ -154,19 +260,70 @@ fn in_domain(subject: &str, domain: &str) -> String {
     subject.replacen("$JS.API.", &format!("$JS.{domain}.API."), 1)
 }
 
-/// What reading a stream takes: its consumers (durable or not), fetching, acknowledging,
-/// flow control, and getting messages by sequence or subject.
-fn reader(stream: &str) -> Vec<String> {
+/// What running one durable consumer of its own takes: creating it (the create subject names
+/// it; with one filter, the filter follows the name), its info, fetching and acknowledging.
+/// Not the legacy `CONSUMER.DURABLE.CREATE`, and not deleting it.
+fn durable_consumer(stream: &str, durable: &str) -> Vec<String> {
     vec![
-        js_api(&format!("CONSUMER.*.{stream}")),
-        js_api(&format!("CONSUMER.*.{stream}.>")),
+        js_api(&format!("CONSUMER.CREATE.{stream}.{durable}")),
+        js_api(&format!("CONSUMER.CREATE.{stream}.{durable}.>")),
+        js_api(&format!("CONSUMER.INFO.{stream}.{durable}")),
+        js_api(&format!("CONSUMER.MSG.NEXT.{stream}.{durable}")),
+        format!("$JS.ACK.{stream}.{durable}.>"),
+    ]
+}
+
+/// What reading a stream with consumers of one's own making takes (ordered readers, KV watches
+/// and scans, whose names the client or the server makes up): creating them, their info,
+/// fetching, flow control, and deleting the one an ordered reader replaces. Consumer names
+/// cannot be held to a pattern, so the names of other services' durables are refused apart
+/// ([`others_durables`]). The unnamed create (`CONSUMER.CREATE.<stream>`) carries the name in
+/// its body, where no permission can see it, so it is allowed only on streams that hold no
+/// durable consumer: the buckets' (a KV watch makes its consumer that way).
+fn own_consumers(stream: &str) -> Vec<String> {
+    let mut out = vec![
+        js_api(&format!("CONSUMER.CREATE.{stream}.*")),
+        js_api(&format!("CONSUMER.CREATE.{stream}.*.>")),
+        js_api(&format!("CONSUMER.INFO.{stream}.*")),
         js_api(&format!("CONSUMER.MSG.NEXT.{stream}.*")),
-        js_api(&format!("CONSUMER.DURABLE.CREATE.{stream}.*")),
+        js_api(&format!("CONSUMER.DELETE.{stream}.*")),
+        format!("$JS.FC.{stream}.>"),
+    ];
+    if durables_on(stream).next().is_none() {
+        out.push(js_api(&format!("CONSUMER.CREATE.{stream}")));
+    }
+    out
+}
+
+/// Every hub service's durable consumer on `stream`.
+fn durables_on(stream: &str) -> impl Iterator<Item = (Role, &'static str)> + '_ {
+    Role::services().into_iter().flat_map(move |role| {
+        role.durables().iter().filter(|(s, _)| *s == stream).map(move |(_, d)| (role.clone(), *d)).collect::<Vec<_>>()
+    })
+}
+
+/// The other services' durables on `stream`, which `role` may not create, change, fetch from
+/// or delete, though it makes consumers of its own there.
+fn others_durables(role: &Role, stream: &str) -> Vec<String> {
+    durables_on(stream)
+        .filter(|(owner, _)| owner != role)
+        .flat_map(|(_, durable)| {
+            [
+                js_api(&format!("CONSUMER.CREATE.{stream}.{durable}")),
+                js_api(&format!("CONSUMER.CREATE.{stream}.{durable}.>")),
+                js_api(&format!("CONSUMER.MSG.NEXT.{stream}.{durable}")),
+                js_api(&format!("CONSUMER.DELETE.{stream}.{durable}")),
+            ]
+        })
+        .collect()
+}
+
+/// Getting messages by sequence or subject (a KV get).
+fn getter(stream: &str) -> Vec<String> {
+    vec![
         js_api(&format!("STREAM.MSG.GET.{stream}")),
         js_api(&format!("DIRECT.GET.{stream}")),
         js_api(&format!("DIRECT.GET.{stream}.>")),
-        format!("$JS.ACK.{stream}.>"),
-        format!("$JS.FC.{stream}.>"),
     ]
 }
 
@@ -178,9 +335,8 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
         js_api("INFO"),
         js_api(&format!("STREAM.INFO.{jobs}")),
         js_api(&format!("CONSUMER.INFO.{jobs}.{durable}")),
-        js_api(&format!("CONSUMER.CREATE.{jobs}.{durable}")),
-        js_api(&format!("CONSUMER.CREATE.{jobs}.{durable}.>")),
-        js_api(&format!("CONSUMER.DURABLE.CREATE.{jobs}.{durable}")),
+        // Its own durable, which the hub made when the site was registered: no create of any
+        // kind (a site could make its durable a push consumer that hands its jobs elsewhere).
         js_api(&format!("CONSUMER.MSG.NEXT.{jobs}.{durable}")),
         // A simulated site is built from the site's design, and only its own.
         js_api(&format!("STREAM.INFO.{sites}")),
@@ -188,14 +344,10 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
     ];
     p.publish.extend(api.iter().cloned());
     p.publish.extend(api.iter().map(|s| in_domain(s, HUB_DOMAIN)));
-    p.publish.extend([
-        format!("$JS.ACK.{jobs}.{durable}.>"),
-        names::scope_events(site),
-        names::command_subject(pb::NodeAdded::KIND, site),
-        names::command_subject(pb::NodeRemoved::KIND, site),
-        names::site_services(site),
-    ]);
-    p.publish.extend(requesters.iter().map(|key| format!("{}.>", inbox(key))));
+    p.publish.push(format!("$JS.ACK.{jobs}.{durable}.>"));
+    // Only the kinds a gateway sends (host changes, its reports, its requests), on its own site.
+    p.publish.extend(sends(Party::Site, site));
+    p.publish.extend(requesters.iter().map(|key| format!("{}.>", site_replies(&inbox(key), site))));
     p.subscribe.push(names::site_rpcs(site));
     p.allow_responses = true;
     p
@@ -205,7 +357,8 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
 mod tests {
     use super::*;
 
-    /// NATS subject matching, enough to check the lists: `*` one token, `>` the rest.
+    /// NATS subject matching, enough to check the lists: `*` one token, `>` the rest. A
+    /// subject's own `*` or `>` tokens (a consumer's filter in a create subject) are literal.
     fn matches(pattern: &str, subject: &str) -> bool {
         let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
         loop {
@@ -223,9 +376,18 @@ mod tests {
         list.iter().any(|p| matches(p, subject))
     }
 
+    /// Whether the server lets the user publish `subject`: allowed, and not denied.
+    fn may_publish(p: &Permissions, subject: &str) -> bool {
+        allows(&p.publish, subject) && !allows(&p.publish_deny, subject)
+    }
+
+    fn site(id: &str) -> Permissions {
+        Role::Site(id.into()).permissions("UKEY", &["UKC".into(), "UOP".into()])
+    }
+
     #[test]
     fn a_site_reaches_its_own_work_and_nothing_of_another_site() {
-        let p = Role::Site("edge-01".into()).permissions("UKEY", &["UKC".into()]);
+        let p = site("edge-01");
         for ok in [
             "landfall.evt.edge-01.node.os_provisioned",
             "landfall.cmd.node_added.edge-01",
@@ -233,13 +395,20 @@ mod tests {
             "$JS.API.CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-01",
             "$JS.hub.API.CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-01",
             "$JS.ACK.LANDFALL_JOBS.gateway-edge-01.1.2.3.4.5",
-            "_INBOX_UKC.reply.1",
+            "_INBOX_UKC.site.edge-01.reply1",
         ] {
-            assert!(allows(&p.publish, ok), "{ok}");
+            assert!(may_publish(&p, ok), "{ok}");
         }
         for denied in [
             "landfall.evt.edge-02.node.os_provisioned",
             "landfall.evt.fleet.rollout.completed",
+            // Hub events in its own scope: the table says only the hub sends them.
+            "landfall.evt.edge-01.site.installed",
+            "landfall.evt.edge-01.cluster.kubeconfig_stored",
+            "landfall.evt.edge-01.site.design_applied",
+            "landfall.evt.edge-01.node.accepted",
+            "landfall.evt.edge-01.command.rejected",
+            "landfall.svc.edge-01.something_else",
             "landfall.cmd.install_site.edge-01",
             "landfall.cmd.node_added.edge-02",
             "landfall.cmd.patch_package.fleet",
@@ -254,8 +423,9 @@ mod tests {
             "$JS.ACK.LANDFALL_JOBS.gateway-edge-02.1.2.3.4.5",
             "_INBOX_UAPI.reply.1",
         ] {
-            assert!(!allows(&p.publish, denied), "{denied}");
+            assert!(!may_publish(&p, denied), "{denied}");
         }
+        assert!(p.publish_deny.is_empty(), "a site's list is only what it may do");
         assert!(allows(&p.subscribe, "_INBOX_UKEY.abc.1"));
         assert!(allows(&p.subscribe, "landfall.rpc.edge-01.kubeconfig"));
         for denied in [
@@ -270,23 +440,199 @@ mod tests {
     }
 
     #[test]
+    fn a_site_creates_no_consumer_and_uses_only_the_one_the_hub_made_for_it() {
+        let p = site("edge-01");
+        for api in ["$JS.API", "$JS.hub.API"] {
+            for ok in ["CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01", "CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-01"]
+            {
+                let subject = format!("{api}.{ok}");
+                assert!(may_publish(&p, &subject), "{subject}");
+            }
+            for denied in [
+                // Not even its own, with its own filter: the hub made it (a site could make it a
+                // push consumer handing its jobs elsewhere).
+                "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>",
+                // Its durable filtered on another site's jobs, or on every site's.
+                "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-02.>",
+                "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.*.>",
+                "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.>",
+                "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.>",
+                // Its durable with the filter only in the body, where no permission sees it.
+                "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01",
+                "CONSUMER.DURABLE.CREATE.LANDFALL_JOBS.gateway-edge-01",
+                // Another durable, or one without a name.
+                "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-02.landfall.job.edge-02.>",
+                "CONSUMER.CREATE.LANDFALL_JOBS.other.landfall.job.edge-01.>",
+                "CONSUMER.CREATE.LANDFALL_JOBS",
+                "CONSUMER.DELETE.LANDFALL_JOBS.gateway-edge-01",
+                "CONSUMER.DELETE.LANDFALL_JOBS.gateway-edge-02",
+            ] {
+                let subject = format!("{api}.{denied}");
+                assert!(!may_publish(&p, &subject), "{subject}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_site_answers_only_into_reply_subjects_scoped_to_it() {
+        let p = site("edge-01");
+        assert_eq!(site_replies(&inbox("UKC"), "edge-01"), "_INBOX_UKC.site.edge-01");
+        for ok in ["_INBOX_UKC.site.edge-01.abc", "_INBOX_UOP.site.edge-01.abc"] {
+            assert!(may_publish(&p, ok), "{ok}");
+        }
+        for denied in [
+            // The requesters' other replies: their shared request inbox, other sites' answers.
+            "_INBOX_UKC.abc.1",
+            "_INBOX_UKC.site.edge-02.abc",
+            "_INBOX_UOP.abc.1",
+            "_INBOX_UOP.site.edge-02.abc",
+            // Users that ask a site nothing.
+            "_INBOX_UAPI.site.edge-01.abc",
+            "_INBOX.site.edge-01.abc",
+        ] {
+            assert!(!may_publish(&p, denied), "{denied}");
+        }
+    }
+
+    #[test]
     fn hub_services_keep_to_their_role() {
         let api = Role::Api.permissions("UAPI", &[]);
-        assert!(allows(&api.publish, "landfall.cmd.install_site.edge-01"));
-        assert!(!allows(&api.publish, "landfall.job.edge-01.provision_os"));
-        assert!(!allows(&api.publish, "$JS.API.DIRECT.GET.KV_landfall-kubeconfigs.$KV.landfall-kubeconfigs.x"));
+        assert!(may_publish(&api, "landfall.cmd.install_site.edge-01"));
+        assert!(!may_publish(&api, "landfall.job.edge-01.provision_os"));
+        assert!(!may_publish(&api, "$JS.API.DIRECT.GET.KV_landfall-kubeconfigs.$KV.landfall-kubeconfigs.x"));
+        assert!(!may_publish(&api, "landfall.evt.edge-01.site.installed"), "the API publishes commands only");
         let observer = Role::Observer.permissions("UOBS", &[]);
-        assert!(!allows(&observer.publish, "landfall.cmd.install_site.edge-01"));
-        assert!(allows(&observer.publish, "$KV.landfall-observed.node.edge-01.m-1.kubelet"));
-        assert!(!allows(&observer.publish, "$KV.landfall-sites.site.edge-01"));
+        assert!(may_publish(&observer, "landfall.evt.edge-01.message.rejected"));
+        assert!(!may_publish(&observer, "landfall.evt.edge-01.site.installed"));
+        let kc = Role::Kubeconfig.permissions("UKC", &[]);
+        assert!(may_publish(&kc, "landfall.evt.edge-01.cluster.kubeconfig_stored"));
+        assert!(!may_publish(&kc, "landfall.evt.edge-01.node.os_provisioned"), "a site's report");
+        assert!(!may_publish(&kc, "landfall.cmd.install_site.edge-01"));
+        assert!(!may_publish(&observer, "landfall.cmd.install_site.edge-01"));
+        assert!(may_publish(&observer, "$KV.landfall-observed.node.edge-01.m-1.kubelet"));
+        assert!(!may_publish(&observer, "$KV.landfall-sites.site.edge-01"));
         let orchestrator = Role::Orchestrator.permissions("UORC", &[]);
-        assert!(allows(&orchestrator.publish, "landfall.job.edge-01.provision_os"));
-        assert!(!allows(&orchestrator.publish, "$JS.API.STREAM.DELETE.LANDFALL_JOBS"));
+        assert!(may_publish(&orchestrator, "landfall.job.edge-01.provision_os"));
+        assert!(may_publish(&orchestrator, "landfall.cmd.patch_package.fleet"), "auto-rollouts");
+        assert!(!may_publish(&orchestrator, "landfall.cmd.install_site.edge-01"));
+        assert!(!may_publish(&orchestrator, "landfall.evt.edge-01.node.os_provisioned"), "a site's report");
+        assert!(!may_publish(&orchestrator, "landfall.evt.edge-01.cluster.kubeconfig_stored"));
+        assert!(!may_publish(&orchestrator, "$JS.API.STREAM.DELETE.LANDFALL_JOBS"));
         let kubeconfig = Role::Kubeconfig.permissions("UKC", &[]);
         assert!(allows(&kubeconfig.subscribe, names::KUBECONFIG_GET_ADMIN));
-        assert!(allows(&kubeconfig.publish, "$KV.landfall-kubeconfigs.kubeconfig.edge-01"));
+        assert!(may_publish(&kubeconfig, "$KV.landfall-kubeconfigs.kubeconfig.edge-01"));
         for role in Role::services() {
             assert!(!allows(&role.permissions("U", &[]).subscribe, "_INBOX.x"), "{role:?}");
         }
+    }
+
+    #[test]
+    fn each_service_writes_only_the_buckets_it_owns_and_the_api_none() {
+        let writes = |role: Role, subject: &str| may_publish(&role.permissions("U", &[]), subject);
+        let every_bucket = |key: &str| names::ALL_BUCKETS.map(|b| format!("$KV.{b}.{key}"));
+        for subject in every_bucket("x").iter().chain(&every_bucket("artifact-store")) {
+            assert!(!writes(Role::Api, subject), "the API writes no KV: {subject}");
+        }
+        let owned = [
+            (
+                Role::Orchestrator,
+                vec![
+                    "$KV.landfall-sites.site.edge-01",
+                    "$KV.landfall-sagas.saga.x",
+                    "$KV.landfall-sagas.lease.edge-01",
+                    "$KV.landfall-packages.pkg.kubelet.1=2e30",
+                    "$KV.landfall-packages.policy.kubelet",
+                ],
+            ),
+            (Role::Observer, vec!["$KV.landfall-observed.node.edge-01.m-1.kubelet"]),
+            (
+                Role::Kubeconfig,
+                vec!["$KV.landfall-kubeconfigs.kubeconfig.edge-01", "$KV.landfall-kubeconfigs.bmc.edge-01.m-1"],
+            ),
+            (Role::Distribution, vec!["$KV.landfall-packages.artifact-store"]),
+        ];
+        for (role, subjects) in &owned {
+            for subject in subjects {
+                assert!(writes(role.clone(), subject), "{role:?} writes {subject}");
+            }
+            for (other, theirs) in &owned {
+                if other == role {
+                    continue;
+                }
+                for subject in theirs {
+                    assert!(!writes(role.clone(), subject), "{role:?} writes {other:?}'s {subject}");
+                }
+            }
+        }
+        assert!(
+            !writes(Role::Distribution, "$KV.landfall-packages.pkg.kubelet.1"),
+            "the catalog is the orchestrator's"
+        );
+    }
+
+    #[test]
+    fn each_service_runs_its_own_durables_and_no_others() {
+        let owners = [
+            (Role::Orchestrator, names::COMMANDS_STREAM, names::ORCHESTRATOR_COMMANDS),
+            (Role::Orchestrator, names::EVENTS_STREAM, names::ORCHESTRATOR_EVENTS),
+            (Role::Orchestrator, names::EVENTS_STREAM, names::ORCHESTRATOR_ROLLOUTS),
+            (Role::Observer, names::EVENTS_STREAM, names::OBSERVER_EVENTS),
+            (Role::Kubeconfig, names::EVENTS_STREAM, names::KUBECONFIG_EVENTS),
+        ];
+        for role in Role::services().into_iter().filter(|r| *r != Role::Operator) {
+            let p = role.permissions("U", &[]);
+            for (owner, stream, durable) in &owners {
+                let own = *owner == role;
+                let run = [
+                    format!("$JS.API.CONSUMER.CREATE.{stream}.{durable}"),
+                    format!("$JS.API.CONSUMER.CREATE.{stream}.{durable}.landfall.evt.*.cluster.ready"),
+                    format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"),
+                    format!("$JS.ACK.{stream}.{durable}.1.2.3.4.5"),
+                ];
+                for subject in &run {
+                    assert_eq!(may_publish(&p, subject), own, "{role:?}: {subject}");
+                }
+                for never in [
+                    format!("$JS.API.CONSUMER.DELETE.{stream}.{durable}"),
+                    format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}"),
+                ] {
+                    assert!(!may_publish(&p, &never), "{role:?}: {never}");
+                }
+            }
+            for stream in [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM] {
+                for never in ["STREAM.DELETE", "STREAM.PURGE", "STREAM.UPDATE", "STREAM.MSG.DELETE"] {
+                    let subject = format!("$JS.API.{never}.{stream}");
+                    assert!(!may_publish(&p, &subject), "{role:?}: {subject}");
+                }
+                // A name-less create names its consumer in the body: allowed only where no
+                // durable is, so no one renames another's durable through it.
+                let unnamed = format!("$JS.API.CONSUMER.CREATE.{stream}");
+                assert!(!may_publish(&p, &unnamed), "{role:?}: {unnamed}");
+            }
+            let site_durable = "$JS.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>";
+            assert_eq!(may_publish(&p, site_durable), role == Role::Orchestrator, "{role:?}: only the orchestrator");
+        }
+        // The API reads events with consumers of its own (named), and watches and scans buckets.
+        let api = Role::Api.permissions("U", &[]);
+        for ok in [
+            "$JS.API.CONSUMER.CREATE.LANDFALL_EVENTS.events-0a1b",
+            "$JS.API.CONSUMER.CREATE.LANDFALL_EVENTS.events-0a1b_1",
+            "$JS.API.CONSUMER.INFO.LANDFALL_EVENTS.events-0a1b",
+            "$JS.API.CONSUMER.MSG.NEXT.LANDFALL_EVENTS.events-0a1b",
+            "$JS.API.CONSUMER.DELETE.LANDFALL_EVENTS.events-0a1b",
+            "$JS.API.CONSUMER.CREATE.KV_landfall-sagas",
+            "$JS.API.CONSUMER.CREATE.KV_landfall-sagas.x1_1.$KV.landfall-sagas.rollout.r1.site.>",
+            "$JS.FC.KV_landfall-sites.x.1",
+            "$JS.API.DIRECT.GET.KV_landfall-sites.$KV.landfall-sites.site.edge-01",
+        ] {
+            assert!(may_publish(&api, ok), "{ok}");
+        }
+        for denied in ["$JS.API.CONSUMER.CREATE.KV_landfall-kubeconfigs", "$JS.API.CONSUMER.CREATE.LANDFALL_COMMANDS.x"]
+        {
+            assert!(!may_publish(&api, denied), "{denied}");
+        }
+        // Every durable landfall names has one owner.
+        let owned: Vec<(&str, &str)> = Role::services().iter().flat_map(|r| r.durables().iter().copied()).collect();
+        assert_eq!(owned, owners.iter().map(|(_, s, d)| (*s, *d)).collect::<Vec<_>>());
     }
 }

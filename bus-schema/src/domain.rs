@@ -543,7 +543,7 @@ packages:
 "#;
 
     fn parse(yaml: &str) -> Result<SiteDesign, String> {
-        serde_yaml::from_str::<SiteDesign>(yaml).map_err(|e| e.to_string())?.validate().map_err(|e| e.to_string())
+        crate::yaml::from_str::<SiteDesign>(yaml).map_err(|e| e.to_string())?.validate().map_err(|e| e.to_string())
     }
 
     #[test]

@@ -39,14 +39,24 @@ pub fn traceparent(parent: Option<&str>, correlation: &str, span_from: &Uuid) ->
 
 /// The id of the `NodeAdded` a gateway publishes for a host that appeared: the same host
 /// announced again (a gateway restart) gets the same id, so the command is carried out once.
-pub fn node_added_id(site: &str, node: &str, boot_mac: &str) -> Uuid {
-    derived_id(&format!("{site}/{node}/{boot_mac}"), "node_added", None)
+/// `incarnation` tells apart hosts of the same name and MAC deleted and created again (a
+/// BareMetalHost's uid): each is a new host, announced anew. Empty when the site has none.
+pub fn node_added_id(site: &str, node: &str, boot_mac: &str, incarnation: &str) -> Uuid {
+    derived_id(&host_key(site, node, boot_mac, incarnation), "node_added", None)
 }
 
 /// The id of the `NodeRemoved` a gateway publishes for a host that was deleted, the same
-/// for every announcement of that host's removal.
-pub fn node_removed_id(site: &str, node: &str, boot_mac: &str) -> Uuid {
-    derived_id(&format!("{site}/{node}/{boot_mac}"), "node_removed", None)
+/// for every announcement of that host's removal (and another for a host of the same name
+/// and MAC created again and deleted: its `incarnation` differs).
+pub fn node_removed_id(site: &str, node: &str, boot_mac: &str, incarnation: &str) -> Uuid {
+    derived_id(&host_key(site, node, boot_mac, incarnation), "node_removed", None)
+}
+
+fn host_key(site: &str, node: &str, boot_mac: &str, incarnation: &str) -> String {
+    match incarnation {
+        "" => format!("{site}/{node}/{boot_mac}"),
+        i => format!("{site}/{node}/{boot_mac}/{i}"),
+    }
 }
 
 #[cfg(test)]

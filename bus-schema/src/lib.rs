@@ -10,6 +10,8 @@
 //! - [`access`]: the NATS permissions of each service's user and of each site.
 //! - [`design`]: site design documents (profiles, inheritance, validation, node selection).
 //! - [`rollout`]: rollout planning (which nodes a `PatchPackage` touches, canaries, waves).
+//! - [`yaml`]: reading YAML that people write, under one set of rules, with errors that name
+//!   the field, line and column.
 //! - [`runtime`] (feature `runtime`): the one bus runtime every service uses.
 
 pub mod access;
@@ -21,6 +23,8 @@ pub mod names;
 pub mod outgoing;
 pub mod pb;
 pub mod rollout;
+pub mod trust;
+pub mod yaml;
 
 #[cfg(feature = "runtime")]
 pub mod runtime;

@@ -113,8 +113,13 @@ pub fn events_of_kind(aggregate: &str, kind: &str) -> String {
     format!("landfall.evt.*.{aggregate}.{kind}")
 }
 
+/// The kind of the kubeconfig collector's request to a site.
+pub const KUBECONFIG_RPC: &str = "kubeconfig";
+/// The kind of an operator's request that makes a host appear at a simulated site.
+pub const SIM_HOST_ARRIVAL_RPC: &str = "sim_host_arrival";
+
 pub fn kubeconfig_rpc(site: &str) -> String {
-    format!("landfall.rpc.{site}.kubeconfig")
+    format!("landfall.rpc.{site}.{KUBECONFIG_RPC}")
 }
 
 /// Every request the hub makes of one site (kubeconfigs, simulated arrivals).
@@ -129,7 +134,7 @@ pub fn site_services(site: &str) -> String {
 
 /// Request/reply to a simulated site: a new host appears there (`landfall node add`).
 pub fn sim_host_arrival_rpc(site: &str) -> String {
-    format!("landfall.rpc.{site}.sim_host_arrival")
+    format!("landfall.rpc.{site}.{SIM_HOST_ARRIVAL_RPC}")
 }
 
 /// The queue group distribution service replicas share requests in.
@@ -160,6 +165,10 @@ pub const ARTIFACT_PLAN: &str = "artifact_plan";
 pub const ARTIFACT_CHUNK: &str = "artifact_chunk";
 pub const BMC_CREDENTIALS: &str = "bmc_credentials";
 
+/// The kinds of the operators' requests (`landfall.admin.<kind>`).
+pub const KUBECONFIG_GET: &str = "kubeconfig_get";
+pub const BMC_CREDENTIALS_PUT: &str = "bmc_credentials_put";
+pub const ROTATE_KEY: &str = "rotate_key";
 /// Operators: a site's kubeconfig, opened.
 pub const KUBECONFIG_GET_ADMIN: &str = "landfall.admin.kubeconfig_get";
 /// Operators: seal and store a host's BMC credentials.
@@ -191,6 +200,15 @@ pub enum ParsedSubject<'a> {
         site: &'a str,
         kind: &'a str,
     },
+    /// The hub's request to a site: `landfall.rpc.<site>.<kind>`.
+    Rpc {
+        site: &'a str,
+        kind: &'a str,
+    },
+    /// An operator's request to the secrets service: `landfall.admin.<kind>`.
+    Admin {
+        kind: &'a str,
+    },
 }
 
 pub fn parse_subject(subject: &str) -> Option<ParsedSubject<'_>> {
@@ -200,6 +218,8 @@ pub fn parse_subject(subject: &str) -> Option<ParsedSubject<'_>> {
         ["landfall", "job", site, kind] => Some(ParsedSubject::Job { site, kind }),
         ["landfall", "evt", scope, aggregate, kind] => Some(ParsedSubject::Event { scope, aggregate, kind }),
         ["landfall", "svc", site, kind] => Some(ParsedSubject::Service { site, kind }),
+        ["landfall", "rpc", site, kind] => Some(ParsedSubject::Rpc { site, kind }),
+        ["landfall", "admin", kind] => Some(ParsedSubject::Admin { kind }),
         _ => None,
     }
 }

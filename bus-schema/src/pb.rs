@@ -173,6 +173,9 @@ macro_rules! job {
             const KIND: &'static str = $kind;
             fn site(&self) -> &str { &self.site_id }
         })*
+
+        /// Every job: its subject kind and its protobuf type.
+        pub const JOB_TYPES: &[(&str, &str)] = &[$(($kind, <$ty as BusMessage>::TYPE)),*];
     };
 }
 

@@ -13,6 +13,7 @@
 //!
 //! `artifacts`, `kubeconfig` and `secrets_service` keep the paths callers have always used.
 
+mod answers;
 mod clock;
 mod decision;
 pub mod distribution;

@@ -11,11 +11,14 @@ use bus_schema::runtime::{self, Bus, BusError, ConsumerSpec, Delivery, HandlerEr
 use futures::future::try_join_all;
 use tokio_util::sync::CancellationToken;
 
+use crate::answers::Jobs;
 use crate::clock::now_ms;
 
 pub struct Observer {
     observed: Kv,
     packages: Kv,
+    /// A site's report is written only as the answer to a job the hub sent that site.
+    jobs: Jobs,
     /// Catalog kinds by "name@version": entries never change once registered.
     kinds: Mutex<HashMap<String, i32>>,
 }
@@ -25,6 +28,7 @@ impl Observer {
         Ok(Self {
             observed: bus.kv(names::OBSERVED_BUCKET).await?,
             packages: bus.kv(names::PACKAGES_BUCKET).await?,
+            jobs: Jobs::new(bus.kv(names::SAGAS_BUCKET).await?),
             kinds: Mutex::default(),
         })
     }
@@ -74,17 +78,20 @@ impl Observer {
         let is = |a: &str, k: &str| (aggregate, kind) == (a, k);
         if is(pb::NodeOsProvisioned::AGGREGATE, pb::NodeOsProvisioned::KIND) {
             let e: pb::NodeOsProvisioned = d.decode()?;
+            self.jobs.check(d, Some(&e.node), None).await?;
             let Some((name, version)) = e.image.split_once('@') else { return Ok(()) };
             let found = [(name.to_string(), version.to_string(), pb::PackageKind::OsImage as i32)];
             self.record(d, &e.site_id, &[e.node], &found).await
         } else if is(pb::NodeBinariesInstalled::AGGREGATE, pb::NodeBinariesInstalled::KIND) {
             let e: pb::NodeBinariesInstalled = d.decode()?;
+            self.jobs.check(d, Some(&e.node), None).await?;
             let kind = pb::PackageKind::Binary as i32;
             let found: Vec<_> = e.binaries.into_iter().map(|p| (p.name, p.version, kind)).collect();
             self.record(d, &e.site_id, &[e.node], &found).await
         } else if is(pb::NodePatched::AGGREGATE, pb::NodePatched::KIND) {
             let e: pb::NodePatched = d.decode()?;
             let p = e.package.unwrap_or_default();
+            self.jobs.check(d, Some(&e.node), Some(&p)).await?;
             let kind = self.kind_of(&p.name, &p.version).await?;
             self.record(d, &e.site_id, &[e.node], &[(p.name, p.version, kind)]).await
         } else if is(pb::NodeReady::AGGREGATE, pb::NodeReady::KIND) {
@@ -100,6 +107,7 @@ impl Observer {
             // Container packages run on the cluster: every node of the site known so far runs them
             // (`observed_nodes` gives each node once).
             let e: pb::ContainerPackagesApplied = d.decode()?;
+            self.jobs.check(d, None, None).await?;
             let nodes: Vec<String> = runtime::observed_nodes(&self.observed, &keys::observed_site_prefix(&e.site_id))
                 .await?
                 .into_iter()

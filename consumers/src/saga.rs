@@ -31,6 +31,17 @@ pub enum Input {
 }
 
 impl Input {
+    /// The node the input is about, when it is about one.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Input::OsState { node, .. }
+            | Input::OsProvisioned { node }
+            | Input::NodeFailed { node, .. }
+            | Input::BinariesInstalled { node } => Some(node),
+            _ => None,
+        }
+    }
+
     /// The phase in which this input is expected.
     fn phase(&self) -> InstallPhase {
         match self {
@@ -101,8 +112,75 @@ fn push_event<E: BusEvent>(saga: &mut pb::InstallSaga, evt: &E, env: &Envelope) 
     saga.outbox.push(outbox_entry(evt.subject(), evt, env));
 }
 
-fn push_job<J: BusJob>(saga: &mut pb::InstallSaga, job: &J, env: &Envelope) {
+fn push_job<J: BusJob>(saga: &mut pb::InstallSaga, job: &J, env: &Envelope, nodes: Vec<String>) {
     saga.outbox.push(outbox_entry(job.subject(), job, env));
+    saga.jobs.push(pb::SentJob { id: env.id.clone(), kind: J::KIND.into(), nodes });
+}
+
+/// Whether `site` may have the BMC credentials of `node` for job `job_id` of this saga: the
+/// saga is the site's and still running, it sent that job to provision that node's OS, and the
+/// node is being provisioned now. A site holds only its own jobs, and a job's grant ends with
+/// its step.
+///
+/// # Errors
+/// Why not, for the declined request.
+pub fn bmc_grant(saga: &pb::InstallSaga, site: &str, node: &str, job_id: &str) -> Result<(), String> {
+    if saga.site_id != site {
+        return Err(format!("saga {} is not site {site}'s", saga.saga_id));
+    }
+    if is_terminal(saga) {
+        return Err(format!("saga {} has ended", saga.saga_id));
+    }
+    let provisions =
+        |j: &pb::SentJob| j.id == job_id && j.kind == pb::ProvisionOs::KIND && j.nodes.iter().any(|n| n == node);
+    if !saga.jobs.iter().any(provisions) {
+        return Err(format!("saga {} sent no job {job_id} provisioning node {node}", saga.saga_id));
+    }
+    let step = saga.nodes.iter().find(|n| n.node.as_ref().is_some_and(|s| s.name == node)).map_or(0, |n| n.step);
+    if step != NodeStep::OsProvisioning as i32 {
+        return Err(format!("node {node} is not being provisioned"));
+    }
+    Ok(())
+}
+
+/// Whether a site's report, on a subject naming `site` and caused by `cause`, answers a job this
+/// saga sent that site: a job of a kind in `answers` (from the report's row in
+/// `bus_schema::trust`), for a node of the saga when it names one. A site holds only the jobs sent
+/// to it, so anything else is a forgery: another site's saga, a node it was not asked about, a
+/// job it never got.
+///
+/// # Errors
+/// The reason, for the report's `FORBIDDEN` rejection.
+pub fn check_answer(
+    saga: &pb::InstallSaga,
+    site: &str,
+    answers: &[&str],
+    node: Option<&str>,
+    cause: &Envelope,
+) -> Result<(), String> {
+    if saga.site_id != site {
+        return Err(format!("saga {} is site {}'s, not site {site}'s", saga.saga_id, saga.site_id));
+    }
+    if let Some(node) = node
+        && !saga.nodes.iter().any(|n| n.node.as_ref().is_some_and(|s| s.name == node))
+    {
+        return Err(format!("saga {} has no node {node}", saga.saga_id));
+    }
+    if answers.is_empty() {
+        return Ok(());
+    }
+    match saga.jobs.iter().find(|j| j.id == cause.causation) {
+        Some(job)
+            if let Some(node) = node
+                && !job.nodes.is_empty()
+                && !job.nodes.iter().any(|n| n == node) =>
+        {
+            Err(format!("the {} job {} is not about node {node}", job.kind, job.id))
+        }
+        Some(job) if answers.contains(&job.kind.as_str()) => Ok(()),
+        Some(job) => Err(format!("a {} job is not answered by this report", job.kind)),
+        None => Err(format!("saga {} sent site {site} no job {}", saga.saga_id, cause.causation)),
+    }
 }
 
 fn packages_of(saga: &pb::InstallSaga, kind: pb::PackageKind) -> Vec<pb::Package> {
@@ -142,7 +220,7 @@ pub fn start(cmd: &Envelope, design: &SiteDesign, resolved: Resolved, now_ms: i6
     };
     let started = pb::SiteInstallStarted { site_id: site.clone(), nodes: design_pb.nodes };
     push_event(&mut saga, &started, &cmd.derive("install_started", None));
-    push_job(&mut saga, &stage, &cmd.derive("stage_artifacts", None));
+    push_job(&mut saga, &stage, &cmd.derive("stage_artifacts", None), vec![]);
     saga
 }
 
@@ -205,7 +283,7 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
                 next.nodes[i].step = NodeStep::OsProvisioning as i32;
                 let image = os_image_for(&next, node.role);
                 let job = pb::ProvisionOs { site_id: site.clone(), node: Some(node.clone()), image };
-                push_job(&mut next, &job, &cause.derive("provision_os", Some(&node.name)));
+                push_job(&mut next, &job, &cause.derive("provision_os", Some(&node.name)), vec![node.name.clone()]);
             }
             true
         }
@@ -272,7 +350,7 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
             } else {
                 next.phase = InstallPhase::ApplyingContainers as i32;
                 let job = pb::ApplyContainerPackages { site_id: site, packages: containers };
-                push_job(&mut next, &job, &cause.derive("apply_container_packages", None));
+                push_job(&mut next, &job, &cause.derive("apply_container_packages", None), vec![]);
             }
             true
         }
@@ -371,7 +449,8 @@ fn after_os(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
         binaries: packages_of(saga, pb::PackageKind::Binary),
         join_existing: saga.join,
     };
-    push_job(saga, &job, &cause.derive("install_binaries", None));
+    let nodes = job.nodes.iter().map(|n| n.name.clone()).collect();
+    push_job(saga, &job, &cause.derive("install_binaries", None), nodes);
 }
 
 /// Once a joining node's binaries are installed or failed: the join is over.
@@ -486,246 +565,4 @@ fn finish(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64, failure: Op
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use bus_schema::domain::SiteDesign;
-    use bus_schema::pb::BusMessage;
-    use prost::Message;
-
-    fn sha(c: char) -> String {
-        std::iter::repeat_n(c, 64).collect()
-    }
-
-    fn catalog() -> BTreeMap<String, Package> {
-        [
-            ("ubuntu", "22.04", pb::PackageKind::OsImage, 'a'),
-            ("kubelet", "1.29.1", pb::PackageKind::Binary, 'b'),
-            ("cni", "1.0", pb::PackageKind::Container, 'c'),
-        ]
-        .into_iter()
-        .map(|(n, v, k, c)| {
-            let p = Package {
-                name: n.try_into().unwrap(),
-                version: v.try_into().unwrap(),
-                kind: k,
-                sha256: sha(c).try_into().unwrap(),
-                size: 10,
-                object_key: format!("{n}/{v}"),
-            };
-            (format!("{n}@{v}"), p)
-        })
-        .collect()
-    }
-
-    fn design(nodes: usize) -> SiteDesign {
-        let pb_nodes = (0..nodes)
-            .map(|i| pb::NodeSpec {
-                name: format!("n{i}"),
-                role: if i == 0 { pb::Role::Master } else { pb::Role::Worker } as i32,
-                boot_mac: format!("52:54:00:00:00:{i:02x}"),
-                bmc_address: format!("ipmi://10.0.0.{i}"),
-                labels: Default::default(),
-            })
-            .collect();
-        let set: Vec<pb::PackageRef> = [("ubuntu", "22.04"), ("kubelet", "1.29.1"), ("cni", "1.0")]
-            .iter()
-            .map(|(n, v)| pb::PackageRef { name: n.to_string(), version: v.to_string() })
-            .collect();
-        SiteDesign::try_from(pb::SiteDesign {
-            site_id: "edge-1".into(),
-            labels: Default::default(),
-            nodes: pb_nodes,
-            packages: vec![
-                pb::RolePackages { role: pb::Role::Master as i32, packages: set.clone() },
-                pb::RolePackages { role: pb::Role::Worker as i32, packages: set },
-            ],
-        })
-        .unwrap()
-    }
-
-    fn apply(saga: &pb::InstallSaga, input: Input) -> pb::InstallSaga {
-        let cause = Envelope::root();
-        match decide(saga, &input, &cause, 1) {
-            Decision::Apply(mut s) => {
-                s.outbox.clear();
-                *s
-            }
-            other => panic!("{input:?} gave {other:?}"),
-        }
-    }
-
-    fn started(nodes: usize) -> pb::InstallSaga {
-        let d = design(nodes);
-        let saga = start(&Envelope::root(), &d, resolve(&d, &catalog()).unwrap(), 0);
-        assert_eq!(saga.outbox.len(), 2, "started event and stage job");
-        pb::InstallSaga { outbox: vec![], ..saga }
-    }
-
-    #[test]
-    fn resolve_refuses_unknown_packages_and_missing_images() {
-        let d = design(2);
-        let mut cat = catalog();
-        cat.remove("kubelet@1.29.1");
-        assert_eq!(resolve(&d, &cat).unwrap_err().code, pb::RejectCode::UnknownPackage);
-        let mut cat = catalog();
-        cat.get_mut("ubuntu@22.04").unwrap().kind = pb::PackageKind::Binary;
-        assert!(resolve(&d, &cat).unwrap_err().reason.contains("exactly one os-image"));
-    }
-
-    #[test]
-    fn happy_path_publishes_each_step_once() {
-        let saga = started(3);
-        let cause = Envelope::root();
-        let Decision::Apply(s) = decide(&saga, &Input::Staged, &cause, 1) else { panic!() };
-        assert_eq!(s.outbox.iter().filter(|o| o.message_type == pb::ProvisionOs::TYPE).count(), 3);
-        let ids: std::collections::BTreeSet<_> = s.outbox.iter().map(|o| o.message_id.clone()).collect();
-        assert_eq!(ids.len(), 3, "one distinct id per node");
-        // The same input again (a redelivery) changes nothing.
-        let s = apply(&saga, Input::Staged);
-        assert_eq!(decide(&s, &Input::Staged, &cause, 1), Decision::Ignore);
-
-        let s = apply(&s, Input::OsProvisioned { node: "n0".into() });
-        let s = apply(&s, Input::OsProvisioned { node: "n1".into() });
-        assert_eq!(decide(&s, &Input::OsProvisioned { node: "n1".into() }, &cause, 1), Decision::Ignore);
-        let Decision::Apply(s) = decide(&s, &Input::OsProvisioned { node: "n2".into() }, &cause, 1) else { panic!() };
-        assert_eq!(s.phase, InstallPhase::InstallingBinaries as i32);
-        assert_eq!(s.outbox.len(), 1);
-        assert_eq!(s.outbox[0].message_type, pb::InstallBinaries::TYPE);
-
-        // The kubeconfig may be stored before ClusterReady is processed: wait, don't drop it.
-        assert_eq!(decide(&s, &Input::KubeconfigStored, &cause, 1), Decision::Wait);
-        let ready = pb::ClusterReady {
-            site_id: "edge-1".into(),
-            masters: vec!["n0".into()],
-            workers: vec!["n1".into(), "n2".into()],
-            failed: vec![],
-        };
-        let s = apply(&s, Input::ClusterReady(ready));
-        let Decision::Apply(s) = decide(&s, &Input::KubeconfigStored, &cause, 1) else { panic!() };
-        assert_eq!(s.outbox[0].message_type, pb::ApplyContainerPackages::TYPE);
-        let s = pb::InstallSaga { outbox: vec![], ..*s };
-        let Decision::Apply(s) = decide(&s, &Input::ContainersApplied, &cause, 1) else { panic!() };
-        assert_eq!(s.phase, InstallPhase::Succeeded as i32);
-        assert_eq!(s.outbox[0].message_type, pb::SiteInstalled::TYPE);
-        let done = pb::SiteInstalled::decode(s.outbox[0].payload.as_slice()).unwrap();
-        assert!(done.results.iter().all(|r| r.outcome == pb::NodeOutcome::Succeeded as i32));
-        assert_eq!(decide(&s, &Input::ContainersApplied, &cause, 1), Decision::Ignore);
-    }
-
-    #[test]
-    fn each_phase_is_timed_from_when_the_saga_entered_it() {
-        let saga = start(&Envelope::root(), &design(2), resolve(&design(2), &catalog()).unwrap(), 1_000);
-        assert_eq!(saga.phase_started_unix_ms, 1_000);
-        let cause = Envelope::root();
-        let Decision::Apply(s) = decide(&saga, &Input::Staged, &cause, 3_500) else { panic!("staged applies") };
-        assert_eq!(s.phase_started_unix_ms, 3_500);
-        assert_eq!(phase_left(&saga, &s), Some(("staging", 2.5)));
-        let inspecting = Input::OsState { node: "n0".into(), state: "inspecting".into() };
-        let Decision::Apply(t) = decide(&s, &inspecting, &cause, 4_000) else { panic!("a new Metal3 state applies") };
-        assert_eq!((t.phase_started_unix_ms, phase_left(&s, &t)), (3_500, None), "same phase: nothing left");
-        let old = pb::InstallSaga { phase_started_unix_ms: 0, ..(*t).clone() };
-        let next = pb::InstallSaga { phase: InstallPhase::Failed as i32, phase_started_unix_ms: 9_000, ..(*t).clone() };
-        assert_eq!(phase_left(&old, &next), None, "a saga from before phases were timed");
-        assert_eq!(phase_left(&t, &next), Some(("provisioning_os", 5.5)));
-    }
-
-    #[test]
-    fn a_failed_worker_gives_partial_success_naming_it() {
-        let s = apply(&started(3), Input::Staged);
-        let s = apply(&s, Input::OsProvisioned { node: "n0".into() });
-        let s = apply(
-            &s,
-            Input::NodeFailed { node: "n2".into(), step: "provision_os".into(), reason: "disk on fire".into() },
-        );
-        let Decision::Apply(s) = decide(&s, &Input::OsProvisioned { node: "n1".into() }, &Envelope::root(), 1) else {
-            panic!()
-        };
-        let job = pb::InstallBinaries::decode(s.outbox[0].payload.as_slice()).unwrap();
-        assert_eq!(job.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n0", "n1"]);
-        let s = pb::InstallSaga { outbox: vec![], ..*s };
-        let ready = pb::ClusterReady {
-            site_id: "edge-1".into(),
-            masters: vec!["n0".into()],
-            workers: vec!["n1".into()],
-            failed: vec![],
-        };
-        let s = apply(&s, Input::ClusterReady(ready));
-        let s = apply(&s, Input::KubeconfigStored);
-        let Decision::Apply(s) = decide(&s, &Input::ContainersApplied, &Envelope::root(), 1) else { panic!() };
-        let failed = pb::SiteInstallFailed::decode(s.outbox[0].payload.as_slice()).unwrap();
-        assert_eq!(failed.outcome, pb::InstallOutcome::PartialSuccess as i32);
-        assert_eq!(failed.failed_nodes, ["n2"]);
-        assert!(failed.reason.contains("disk on fire"), "{}", failed.reason);
-        assert_eq!(failed.results.iter().filter(|r| r.outcome == pb::NodeOutcome::Succeeded as i32).count(), 2);
-    }
-
-    #[test]
-    fn losing_the_only_master_stops_the_install() {
-        let s = apply(&started(2), Input::Staged);
-        let s = apply(&s, Input::OsProvisioned { node: "n1".into() });
-        let Decision::Apply(s) = decide(
-            &s,
-            &Input::NodeFailed { node: "n0".into(), step: "provision_os".into(), reason: "x".into() },
-            &Envelope::root(),
-            1,
-        ) else {
-            panic!()
-        };
-        assert_eq!(s.phase, InstallPhase::Failed as i32);
-        let failed = pb::SiteInstallFailed::decode(s.outbox[0].payload.as_slice()).unwrap();
-        assert!(failed.reason.contains("no master"));
-    }
-
-    #[test]
-    fn a_job_failure_ends_the_saga() {
-        let s = started(2);
-        let Decision::Apply(s) = decide(
-            &s,
-            &Input::JobFailed { job: "stage_artifacts".into(), reason: "checksum mismatch".into() },
-            &Envelope::root(),
-            1,
-        ) else {
-            panic!()
-        };
-        assert!(is_terminal(&s));
-        assert_eq!(s.outcome, pb::InstallOutcome::Failure as i32);
-    }
-
-    #[test]
-    fn a_joining_worker_gets_os_and_binaries_then_node_ready() {
-        let d = design(3);
-        let saga = start_join(&Envelope::root(), &d, "n2", None, resolve(&d, &catalog()).unwrap(), 0);
-        assert!(saga.join);
-        let kinds: Vec<_> = saga.outbox.iter().map(|o| o.message_type.as_str()).collect();
-        assert_eq!(kinds, [pb::NodeAccepted::TYPE, pb::StageArtifacts::TYPE]);
-        let saga = pb::InstallSaga { outbox: vec![], ..saga };
-        let Decision::Apply(s) = decide(&saga, &Input::Staged, &Envelope::root(), 1) else { panic!() };
-        assert_eq!(s.outbox.len(), 1, "only the new node is provisioned");
-        let s = pb::InstallSaga { outbox: vec![], ..*s };
-        let Decision::Apply(s) = decide(&s, &Input::OsProvisioned { node: "n2".into() }, &Envelope::root(), 1) else {
-            panic!()
-        };
-        let job = pb::InstallBinaries::decode(s.outbox[0].payload.as_slice()).unwrap();
-        assert!(job.join_existing, "a worker alone joins the running cluster");
-        let s = pb::InstallSaga { outbox: vec![], ..*s };
-        let Decision::Apply(s) = decide(&s, &Input::BinariesInstalled { node: "n2".into() }, &Envelope::root(), 1)
-        else {
-            panic!()
-        };
-        assert_eq!(s.phase, InstallPhase::Succeeded as i32);
-        let ready = pb::NodeReady::decode(s.outbox[0].payload.as_slice()).unwrap();
-        assert_eq!((ready.node.as_str(), ready.packages.len()), ("n2", 3));
-    }
-
-    #[test]
-    fn a_joining_node_that_fails_says_where() {
-        let d = design(2);
-        let saga = start_join(&Envelope::root(), &d, "n1", None, resolve(&d, &catalog()).unwrap(), 0);
-        let s = apply(&pb::InstallSaga { outbox: vec![], ..saga }, Input::Staged);
-        let fail = Input::NodeFailed { node: "n1".into(), step: "provision_os".into(), reason: "bad disk".into() };
-        let Decision::Apply(s) = decide(&s, &fail, &Envelope::root(), 1) else { panic!() };
-        assert_eq!(s.phase, InstallPhase::Failed as i32);
-        let failed = pb::NodeJoinFailed::decode(s.outbox[0].payload.as_slice()).unwrap();
-        assert_eq!((failed.step.as_str(), failed.reason.as_str()), ("provision_os", "bad disk"));
-    }
-}
+mod tests;

@@ -198,8 +198,12 @@ fn quoted(list: &[String]) -> String {
 }
 
 fn permissions(p: &Permissions) -> String {
+    let deny = match p.publish_deny.is_empty() {
+        true => String::new(),
+        false => format!(", deny: [{}]", quoted(&p.publish_deny)),
+    };
     let mut out = format!(
-        "permissions: {{\n        publish: {{ allow: [{}] }}\n        subscribe: {{ allow: [{}] }}\n",
+        "permissions: {{\n        publish: {{ allow: [{}]{deny} }}\n        subscribe: {{ allow: [{}] }}\n",
         quoted(&p.publish),
         quoted(&p.subscribe)
     );
@@ -479,6 +483,28 @@ mod tests {
         assert!("h:x".parse::<Hub>().unwrap_err().contains("client port"));
         assert!("h:1:2:3:4:5".parse::<Hub>().is_err());
         assert!(":1".parse::<Hub>().is_err());
+    }
+
+    #[test]
+    fn a_site_answers_only_into_its_own_replies_and_services_are_denied_others_consumers() {
+        let user = |role: Role| User { role, key: key_pair(None).unwrap() };
+        let users = [user(Role::Kubeconfig), user(Role::Operator), user(Role::Api), user(Role::Site("edge-01".into()))];
+        let text = accounts(&users, &key_pair(None).unwrap());
+        let block = |name: &str| {
+            let start = text.find(&format!("# {name}\n")).unwrap();
+            text[start..].split("\n      # ").next().unwrap().to_string()
+        };
+        let site = block("site-edge-01");
+        for requester in &users[..2] {
+            let key = &requester.key.public_key;
+            assert!(site.contains(&format!("\"_INBOX_{key}.site.edge-01.>\"")), "{site}");
+            assert!(!site.contains(&format!("\"_INBOX_{key}.>\"")), "{site}");
+        }
+        assert!(!site.contains(&users[2].key.public_key), "the API asks a site nothing: {site}");
+        assert!(!site.contains("deny"), "{site}");
+        let api = block("api");
+        assert!(api.contains("deny: [\"$JS.API.CONSUMER.CREATE.LANDFALL_EVENTS.orchestrator-events\""), "{api}");
+        assert!(!api.contains("\"$KV."), "the API writes no bucket: {api}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Fixtures the unit tests of several modules share: the real command line parsed, a message as
 //! a consumer receives it, and a rollout plan of three sites in two waves.
 
+use bus_schema::names;
 use bus_schema::pb::{self, BusMessage};
 use bus_schema::rollout::{self, Plan};
 use bus_schema::runtime::{Delivery, Envelope};
@@ -13,8 +14,12 @@ pub(crate) fn parse(args: &[&str]) -> Result<crate::Command, clap::Error> {
 
 /// `m` as a consumer receives it, correlated with `correlation`.
 pub(crate) fn delivery<M: BusMessage>(m: &M, correlation: &str) -> Delivery {
+    // The event's subject, as its publisher would have sent it: in its site's scope, or the fleet's.
+    let rule = bus_schema::trust::rule(M::TYPE).expect("a message of the table of kinds");
+    let json = serde_json::to_value(m).expect("JSON");
+    let scope = json.get("site_id").and_then(|v| v.as_str()).filter(|s| !s.is_empty()).unwrap_or(names::FLEET);
     Delivery {
-        subject: String::new(),
+        subject: names::event_subject(scope, rule.aggregate, rule.kind),
         type_name: M::TYPE.to_string(),
         envelope: Envelope {
             id: "e".into(),

@@ -278,9 +278,11 @@ pub trait SiteBackend: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostChange {
     /// A host appeared that the site's design may not have: announced as `NodeAdded`.
-    Arrived { node: NodeDesign, hardware: Option<pb::HostHardware> },
+    /// `incarnation` tells this host apart from an earlier one of the same name and MAC (a
+    /// BareMetalHost's uid; empty where hosts have none).
+    Arrived { node: NodeDesign, hardware: Option<pb::HostHardware>, incarnation: String },
     /// A host was deleted: announced as `NodeRemoved`.
-    Departed { node: String, boot_mac: String, reason: String },
+    Departed { node: String, boot_mac: String, reason: String, incarnation: String },
 }
 
 /// A [`HostChange`] to announce, and who to tell once the bus holds the announcement.
@@ -294,7 +296,7 @@ pub struct HostNotice {
 impl HostNotice {
     /// A host arrival nobody needs to hear back about.
     pub fn arrived(node: NodeDesign) -> Self {
-        Self { change: HostChange::Arrived { node, hardware: None }, announced: None }
+        Self { change: HostChange::Arrived { node, hardware: None, incarnation: String::new() }, announced: None }
     }
 
     /// The node that arrived, when this is an arrival.

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use bus_schema::envelope::Envelope;
 use bus_schema::names;
 use bus_schema::pb;
 use bus_schema::runtime::{Bus, HandlerError, RequestError};
@@ -16,14 +17,14 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How the secrets service's refusal for a host with no credentials stored starts
 /// (`consumers::secrets_service::NO_BMC_CREDENTIALS`): that host is driven without any.
 pub const NONE_STORED: &str = "no BMC credentials stored";
-/// How its refusal starts when the site's lease is not held
+/// How its refusal starts when no job the hub sent drives the host's BMC now
 /// (`consumers::secrets_service::NO_BMC_JOB`): the job is a redelivery after its saga ended,
 /// and the backend, finding the host as the job wants it, needs no BMC.
 pub const NO_JOB: &str = "no job drives the BMCs of site";
 
-/// The BMC credentials of `node` at `site` for the job `job_id` (its `Nats-Msg-Id`), or `None`
-/// when the hub holds none for the host, or hands none out because no job of the site holds
-/// its lease (a job redelivered after its saga ended).
+/// The BMC credentials of `node` at `site` for the job `job` (its envelope: the id and the saga
+/// that sent it), or `None` when the hub holds none for the host, or hands none out because the
+/// job no longer drives the host (a job redelivered after its saga ended).
 ///
 /// # Errors
 /// [`HandlerError::Transient`] when no secrets service answers, or it refuses for another
@@ -32,11 +33,16 @@ pub async fn bmc_credentials(
     bus: &Bus,
     site: &str,
     node: &str,
-    job_id: &str,
+    job: &Envelope,
 ) -> Result<Option<BmcCredentials>, HandlerError> {
     let subject = names::bmc_credentials_svc(site);
-    let request =
-        pb::BmcCredentialsRequest { site_id: site.to_string(), node: node.to_string(), job_id: job_id.to_string() };
+    let job_id = job.id.as_str();
+    let request = pb::BmcCredentialsRequest {
+        site_id: site.to_string(),
+        node: node.to_string(),
+        job_id: job.id.clone(),
+        correlation_id: job.correlation.clone(),
+    };
     let creds: pb::BmcCredentials = match bus.request_message(subject.clone(), &request, REQUEST_TIMEOUT).await {
         Ok(creds) => creds,
         Err(e @ RequestError::TimedOut { .. }) => {
@@ -82,7 +88,7 @@ mod tests {
     #[test]
     fn none_stored_is_no_credentials_and_anything_else_an_error() {
         assert_eq!(answer_error("no BMC credentials stored for node n-1 of site edge-01"), None);
-        assert_eq!(answer_error("no job drives the BMCs of site edge-01 (its lease is not held)"), None);
+        assert_eq!(answer_error("no job drives the BMCs of site edge-01 for node n1: saga s1 has ended"), None);
         let key = "open the BMC credentials of node n-1 of site edge-01 (sealed under key ab): ...";
         assert_eq!(answer_error(key), Some(key));
     }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bus_schema::domain::{NodeDesign, Package, Role, SiteId};
-use bus_schema::pb::{self, BusJob, BusMessage};
+use bus_schema::pb::{self, BusJob};
 use bus_schema::runtime::{
     self, Bus, ConsumerSpec, Delivery, Envelope, ErrorKind, HandlerError, RejectAs, error_reply,
 };
@@ -114,8 +114,7 @@ impl<B: SiteBackend> Gateway<B> {
         let mut req = HostRequest::new(node.clone(), &image);
         // Driving the host's BMC needs its credentials, which the hub hands out only for this job.
         req.bmc =
-            crate::credentials::bmc_credentials(&self.bus, self.site.as_str(), node.name.as_str(), &d.envelope.id)
-                .await?;
+            crate::credentials::bmc_credentials(&self.bus, self.site.as_str(), node.name.as_str(), &d.envelope).await?;
         let image_name = req.package.key();
 
         // Every state the host passes through becomes an event, in order, while it provisions.
@@ -494,16 +493,15 @@ async fn serve_kubeconfig<B: SiteBackend>(
 ) -> anyhow::Result<()> {
     let subject = names::kubeconfig_rpc(site.as_str());
     let group = names::gateway_consumer(site.as_str());
-    runtime::serve_requests(&bus, subject, &group, 1, shutdown, move |_, payload| {
-        let (site, backend) = (site.clone(), backend.clone());
+    runtime::serve_requests(&bus, subject, &group, 1, shutdown, move |subject, payload| {
+        let backend = backend.clone();
         async move {
-            match prost::Message::decode(payload) {
-                Ok(pb::KubeconfigRequest { site_id }) if site_id == site.as_str() => match backend.kubeconfig().await {
+            match bus_schema::trust::decode_request::<pb::KubeconfigRequest>(&subject, &payload) {
+                Ok(_) => match backend.kubeconfig().await {
                     Ok(kc) => (async_nats::HeaderMap::new(), Bytes::from(kc)),
                     Err(e) => error_reply(&e.reason()),
                 },
-                Ok(other) => error_reply(&format!("request for site {:?} reached {site}", other.site_id)),
-                Err(e) => error_reply(&format!("not a {}: {e}", pb::KubeconfigRequest::TYPE)),
+                Err(reason) => error_reply(&reason),
             }
         }
     })
@@ -514,8 +512,9 @@ async fn serve_kubeconfig<B: SiteBackend>(
 /// Announces each host the site gains as a `NodeAdded` command and each it loses as a
 /// `NodeRemoved`, until `shutdown`; the backend hears back once the bus holds each.
 ///
-/// A command's id depends only on the host (site, name, boot MAC): a change a restarted gateway
-/// hears again is published with the id it had, and the stream drops the copy.
+/// A command's id depends only on the host (site, name, boot MAC, and its incarnation): a change a
+/// restarted gateway hears again is published with the id it had, and the stream drops the copy;
+/// a host deleted and created again is a new host.
 async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: Arc<B>, shutdown: CancellationToken) {
     let mut changes = backend.host_changes();
     loop {
@@ -524,8 +523,8 @@ async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: 
             n = changes.recv() => match n { Some(n) => n, None => return },
         };
         let published = match &notice.change {
-            HostChange::Arrived { node, hardware } => {
-                let id = ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str());
+            HostChange::Arrived { node, hardware, incarnation } => {
+                let id = ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str(), incarnation);
                 let cmd = pb::NodeAdded {
                     site_id: site.to_string(),
                     node: Some(pb::NodeSpec::from(node)),
@@ -533,8 +532,8 @@ async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: 
                 };
                 announce(&bus, &site, node.name.as_str(), &cmd, Envelope::root_with_id(id), &shutdown).await
             }
-            HostChange::Departed { node, boot_mac, reason } => {
-                let id = ids::node_removed_id(site.as_str(), node, boot_mac);
+            HostChange::Departed { node, boot_mac, reason, incarnation } => {
+                let id = ids::node_removed_id(site.as_str(), node, boot_mac, incarnation);
                 let cmd = pb::NodeRemoved {
                     site_id: site.to_string(),
                     node: node.clone(),
@@ -597,15 +596,8 @@ pub async fn run_gateway<B: SiteBackend>(
     if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_err() {
         return Ok(());
     }
-    let consumer = names::gateway_consumer(site.as_str());
     // Provisioning takes minutes; all of a site's hosts provision at once.
-    let spec = ConsumerSpec::new(
-        names::JOBS_STREAM,
-        consumer.clone(),
-        vec![names::site_jobs(site.as_str())],
-        RejectAs::Message { consumer },
-    )
-    .concurrency(256);
+    let spec = ConsumerSpec::gateway(site.as_str());
     let gateway = Arc::new(Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
     info!(%site, "gateway running");
     let arrivals = tokio::spawn(announce_host_changes(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));

@@ -35,12 +35,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use bus_schema::yaml;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use serde::Deserialize;
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map, Value};
 use tempfile::TempDir;
 
 /// The script that finds or builds the binaries, relative to this crate.
@@ -157,12 +157,13 @@ impl KubeApiServer {
     /// [`crd_to_v1`]) and waits until it is Established and its resource is served. Every
     /// document of a multi-document YAML is installed.
     pub async fn install_crd(&self, yaml: &str) {
-        for document in serde_yaml::Deserializer::from_str(yaml) {
-            let value = Value::deserialize(document).unwrap_or_else(|e| panic!("install_crd: not YAML: {e}"));
+        for document in yaml::documents(yaml) {
+            let value: Value =
+                document.and_then(|d| d.parse()).unwrap_or_else(|e| panic!("install_crd: not YAML: {e}"));
             if value.is_null() {
                 continue;
             }
-            let crd: CustomResourceDefinition = serde_yaml::from_value(crd_to_v1(value))
+            let crd: CustomResourceDefinition = serde_json::from_value(crd_to_v1(value))
                 .unwrap_or_else(|e| panic!("install_crd: not a CustomResourceDefinition: {e}"));
             self.apply_crd(&crd).await;
         }
@@ -527,7 +528,7 @@ pub fn crd_to_v1(mut crd: Value) -> Value {
         return crd;
     }
     crd["apiVersion"] = V1.into();
-    let Some(spec) = crd.get_mut("spec").and_then(Value::as_mapping_mut) else { return crd };
+    let Some(spec) = crd.get_mut("spec").and_then(Value::as_object_mut) else { return crd };
     let preserve_unknown = spec.remove("preserveUnknownFields").and_then(|v| v.as_bool()).unwrap_or(true);
     let version = spec.remove("version");
     let schema = spec.remove("validation").and_then(|v| v.get("openAPIV3Schema").cloned());
@@ -536,14 +537,14 @@ pub fn crd_to_v1(mut crd: Value) -> Value {
     if !spec.contains_key("versions")
         && let Some(name) = version
     {
-        let mut only = Mapping::new();
+        let mut only = Map::new();
         only.insert("name".into(), name);
         only.insert("served".into(), true.into());
         only.insert("storage".into(), true.into());
-        spec.insert("versions".into(), Value::Sequence(vec![only.into()]));
+        spec.insert("versions".into(), Value::Array(vec![only.into()]));
     }
-    let Some(versions) = spec.get_mut("versions").and_then(Value::as_sequence_mut) else { return crd };
-    for version in versions.iter_mut().filter_map(Value::as_mapping_mut) {
+    let Some(versions) = spec.get_mut("versions").and_then(Value::as_array_mut) else { return crd };
+    for version in versions.iter_mut().filter_map(Value::as_object_mut) {
         for (key, value) in [("subresources", &subresources), ("additionalPrinterColumns", &columns)] {
             if let Some(value) = value
                 && !version.contains_key(key)
@@ -554,19 +555,19 @@ pub fn crd_to_v1(mut crd: Value) -> Value {
         if let Some(schema) = &schema
             && !version.contains_key("schema")
         {
-            let mut wrapper = Mapping::new();
+            let mut wrapper = Map::new();
             wrapper.insert("openAPIV3Schema".into(), schema.clone());
             version.insert("schema".into(), wrapper.into());
         }
-        if let Some(columns) = version.get_mut("additionalPrinterColumns").and_then(Value::as_sequence_mut) {
-            for column in columns.iter_mut().filter_map(Value::as_mapping_mut) {
+        if let Some(columns) = version.get_mut("additionalPrinterColumns").and_then(Value::as_array_mut) {
+            for column in columns.iter_mut().filter_map(Value::as_object_mut) {
                 if let Some(path) = column.remove("JSONPath") {
                     column.insert("jsonPath".into(), path);
                 }
             }
         }
         if let Some(root) =
-            version.get_mut("schema").and_then(|s| s.get_mut("openAPIV3Schema")).and_then(Value::as_mapping_mut)
+            version.get_mut("schema").and_then(|s| s.get_mut("openAPIV3Schema")).and_then(Value::as_object_mut)
         {
             if !root.contains_key("type") {
                 root.insert("type".into(), "object".into());
@@ -580,23 +581,23 @@ pub fn crd_to_v1(mut crd: Value) -> Value {
 }
 
 /// Marks every open object schema under (and including) `schema` as keeping unknown fields.
-fn preserve_unknown_fields(schema: &mut Mapping, is_root: bool) {
+fn preserve_unknown_fields(schema: &mut Map<String, Value>, is_root: bool) {
     let is_object = schema.get("type").and_then(Value::as_str) == Some("object");
     if is_object && !schema.contains_key("properties") && !schema.contains_key("additionalProperties") {
         schema.insert("x-kubernetes-preserve-unknown-fields".into(), true.into());
     }
-    if let Some(properties) = schema.get_mut("properties").and_then(Value::as_mapping_mut) {
+    if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
         for (name, property) in properties.iter_mut() {
-            if is_root && name.as_str() == Some("metadata") {
+            if is_root && name == "metadata" {
                 continue;
             }
-            if let Some(property) = property.as_mapping_mut() {
+            if let Some(property) = property.as_object_mut() {
                 preserve_unknown_fields(property, false);
             }
         }
     }
     for key in ["items", "additionalProperties"] {
-        if let Some(nested) = schema.get_mut(key).and_then(Value::as_mapping_mut) {
+        if let Some(nested) = schema.get_mut(key).and_then(Value::as_object_mut) {
             preserve_unknown_fields(nested, false);
         }
     }
@@ -610,8 +611,8 @@ mod tests {
 
     #[test]
     fn crd_to_v1_converts_the_bpa_provisioning_crd() {
-        let converted = crd_to_v1(serde_yaml::from_str(PROVISIONING).unwrap());
-        let expected: Value = serde_yaml::from_str(
+        let converted = crd_to_v1(yaml::from_str(PROVISIONING).unwrap());
+        let expected: Value = yaml::from_str(
             r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
@@ -660,8 +661,8 @@ spec:
         assert!(properties["apiVersion"]["description"].as_str().unwrap().starts_with("APIVersion defines"));
         properties["apiVersion"]["description"] = "APIVERSION".into();
         properties["kind"]["description"] = "KIND".into();
-        assert_eq!(converted, expected, "{}", serde_yaml::to_string(&converted).unwrap());
-        let _: CustomResourceDefinition = serde_yaml::from_value(converted).expect("a v1 CRD");
+        assert_eq!(converted, expected, "{}", serde_json::to_string_pretty(&converted).unwrap());
+        let _: CustomResourceDefinition = serde_json::from_value(converted).expect("a v1 CRD");
     }
 
     #[test]
@@ -686,7 +687,7 @@ spec:
             list: {type: array, items: {type: object}}
             map: {type: object, additionalProperties: {type: string}}
 "#;
-        let converted = crd_to_v1(serde_yaml::from_str(v1beta1).unwrap());
+        let converted = crd_to_v1(yaml::from_str(v1beta1).unwrap());
         let version = &converted["spec"]["versions"][0];
         assert_eq!(version["name"], "v1");
         assert_eq!(version["served"], true);
@@ -704,9 +705,9 @@ spec:
         for gone in ["version", "validation", "additionalPrinterColumns"] {
             assert!(converted["spec"].get(gone).is_none(), "spec.{gone} is still there");
         }
-        let _: CustomResourceDefinition = serde_yaml::from_value(converted).expect("a v1 CRD");
+        let _: CustomResourceDefinition = serde_json::from_value(converted).expect("a v1 CRD");
 
-        let pruned = crd_to_v1(serde_yaml::from_str(&format!("{v1beta1}  preserveUnknownFields: false\n")).unwrap());
+        let pruned = crd_to_v1(yaml::from_str(&format!("{v1beta1}  preserveUnknownFields: false\n")).unwrap());
         let open =
             &pruned["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["open"];
         assert!(open.get("x-kubernetes-preserve-unknown-fields").is_none(), "{open:?}");
@@ -715,7 +716,7 @@ spec:
 
     #[test]
     fn crd_to_v1_leaves_v1_alone() {
-        let v1: Value = serde_yaml::from_str(SITE_CRDS[0]).unwrap();
+        let v1: Value = yaml::from_str(SITE_CRDS[0]).unwrap();
         assert_eq!(crd_to_v1(v1.clone()), v1);
     }
 

@@ -5,12 +5,14 @@ pub mod api;
 pub mod bpa_rest;
 pub mod cli;
 pub mod fleet;
+pub mod intruder;
 pub mod kube;
 pub mod kube_site;
 pub mod nats;
 pub mod procs;
 pub mod s3;
 pub mod secrets;
+pub mod site_state;
 pub mod topology;
 
 /// The python the Python tests run (`$LANDFALL_PYTHON`, a virtualenv made by

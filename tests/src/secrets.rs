@@ -90,7 +90,33 @@ pub async fn rotate_key(bus: &Bus) -> Result<pb::KeyRotated, String> {
 
 /// A gateway's request for a host's BMC credentials, on the subject of `subject_site`.
 pub async fn ask_bmc(bus: &Bus, subject_site: &str, site: &str, node: &str) -> Result<pb::BmcCredentials, String> {
-    let req = pb::BmcCredentialsRequest { site_id: site.into(), node: node.into(), job_id: "test-job".into() };
+    ask_bmc_for(bus, subject_site, site, node, &bmc_job(node)).await
+}
+
+/// The envelope of the provision job of `node` that [`grant_bmc`] records.
+pub fn bmc_job(node: &str) -> bus_schema::envelope::Envelope {
+    bus_schema::envelope::Envelope {
+        id: format!("provision-{node}"),
+        correlation: "saga-granting".into(),
+        causation: "saga-granting".into(),
+        traceparent: String::new(),
+    }
+}
+
+/// Asks for `node`'s BMC credentials for the job `job`.
+pub async fn ask_bmc_for(
+    bus: &Bus,
+    subject_site: &str,
+    site: &str,
+    node: &str,
+    job: &bus_schema::envelope::Envelope,
+) -> Result<pb::BmcCredentials, String> {
+    let req = pb::BmcCredentialsRequest {
+        site_id: site.into(),
+        node: node.into(),
+        job_id: job.id.clone(),
+        correlation_id: job.correlation.clone(),
+    };
     request(bus, &names::bmc_credentials_svc(subject_site), &req).await.map(decode)
 }
 
@@ -191,6 +217,35 @@ pub async fn landfall_with_stdin(url: &str, args: &[&str], stdin: &[u8], log_dir
     std::fs::write(log_dir.join(format!("landfall-cli-{}-{n}.log", std::process::id())), &out.stderr)
         .expect("write the CLI's log");
     out
+}
+
+/// Writes a running install saga of `site` that sent a provision job ([`bmc_job`]) for each of
+/// `nodes`, all of them being provisioned: what the secrets service grants BMC credentials for.
+pub async fn grant_bmc(bus: &Bus, site: &str, nodes: &[String]) {
+    let sagas = bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    let saga = pb::InstallSaga {
+        saga_id: "saga-granting".into(),
+        site_id: site.into(),
+        phase: pb::InstallPhase::ProvisioningOs as i32,
+        nodes: nodes
+            .iter()
+            .map(|n| pb::NodeProgress {
+                node: Some(pb::NodeSpec { name: n.clone(), ..Default::default() }),
+                step: pb::NodeStep::OsProvisioning as i32,
+                ..Default::default()
+            })
+            .collect(),
+        jobs: nodes
+            .iter()
+            .map(|n| pb::SentJob {
+                id: bmc_job(n).id,
+                kind: <pb::ProvisionOs as pb::BusJob>::KIND.into(),
+                nodes: vec![n.clone()],
+            })
+            .collect(),
+        ..Default::default()
+    };
+    sagas.put(&names::keys::saga("saga-granting"), &saga).await.unwrap();
 }
 
 #[cfg(test)]

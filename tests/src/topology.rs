@@ -6,6 +6,7 @@
 //! let d = Deployment::generate(&["edge-01"], 3, None);
 //! let mut hubs = d.start_hubs();              // three servers, one cluster
 //! let access = d.access(&Role::Operator);     // the operator's key
+//! let fleet = Fleet::builder(&url).access(d.users(None)).start().await;  // a user per service
 //! ```
 
 use producers::embedded::tied;
@@ -18,11 +19,13 @@ use std::time::{Duration, Instant};
 
 use bus_schema::access::Role;
 use bus_schema::runtime::{Access, Bus};
+use std::collections::BTreeMap;
 use tempfile::TempDir;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream as AsyncTcpStream};
 use tokio_util::sync::CancellationToken;
 
+use crate::fleet::AccessFor;
 use crate::nats::free_port;
 
 /// How long a server may take to accept clients.
@@ -169,6 +172,17 @@ impl Deployment {
         }
     }
 
+    /// How every role connects: each hub service and each site as its own user, verifying the
+    /// hub with `ca` when it speaks TLS.
+    pub fn users(&self, ca: Option<&Path>) -> AccessFor {
+        let accesses: BTreeMap<String, Access> = Role::services()
+            .into_iter()
+            .chain(self.sites.iter().map(|s| Role::Site(s.clone())))
+            .map(|role| (role.user(), Access { ca_file: ca.map(Path::to_path_buf), ..self.access(&role) }))
+            .collect();
+        Arc::new(move |role: &Role| accesses[&role.user()].clone())
+    }
+
     /// Every hub server's client URL, comma-separated (what a service is given).
     pub fn hub_urls(&self, scheme: &str) -> String {
         self.hubs.iter().map(|p| format!("{scheme}://127.0.0.1:{}", p.client)).collect::<Vec<_>>().join(",")
@@ -206,6 +220,46 @@ pub async fn connect_when_ready(url: &str, name: &str, access: &Access) -> Bus {
             }
             Err(e) => panic!("JetStream did not answer within 30 s: {e}"),
         }
+    }
+}
+
+/// Every error the server sent one raw client (permission violations among them), in order.
+pub type ServerErrors = Arc<Mutex<Vec<String>>>;
+
+/// A plain NATS client as `access` (its nkey, its own reply inbox, TLS with its CA), and every
+/// error the server sends it: what a party holding that user's key can do outside landfall's code.
+pub async fn raw_client(url: &str, access: &Access) -> (async_nats::Client, ServerErrors) {
+    let errors = ServerErrors::default();
+    let seen = errors.clone();
+    let key = access.public_key().expect("a user's nkey seed").expect("an nkey seed");
+    let mut options = async_nats::ConnectOptions::new()
+        .nkey(access.nkey_seed.clone().expect("an nkey seed"))
+        .custom_inbox_prefix(bus_schema::access::inbox(&key))
+        .event_callback(move |event| {
+            let seen = seen.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    seen.lock().unwrap().push(e.to_string());
+                }
+            }
+        });
+    if let Some(ca) = &access.ca_file {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    let servers: Vec<&str> = url.split(',').collect();
+    let client = options.connect(servers).await.expect("connect as the user");
+    (client, errors)
+}
+
+/// Waits until the server has refused something whose message names `subject`.
+pub async fn refused(errors: &ServerErrors, subject: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(e) = errors.lock().unwrap().iter().find(|e| e.contains(subject)) {
+            return e.clone();
+        }
+        assert!(Instant::now() < deadline, "no permission violation for {subject}: {:?}", errors.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -310,7 +310,7 @@ impl Client {
             bmc_address: format!("ipmi://10.2.{site}.{number}"),
             labels: Default::default(),
         };
-        let id = ids::node_added_id(&site_id, &node.name, &node.boot_mac).to_string();
+        let id = ids::node_added_id(&site_id, &node.name, &node.boot_mac, "").to_string();
         let what = format!("NodeAdded {site_id}/{}", node.name);
         self.post(&pb::NodeAdded { site_id, node: Some(node), hardware: None }, &id, what).await;
         id
@@ -378,7 +378,9 @@ impl Deployment {
             hub(Kind::Orchestrator, &format!("orchestrator-{i}"), &["serve", "orchestrator"]);
         }
         hub(Kind::Observer, "observer", &["serve", "observer"]);
-        hub(Kind::Kubeconfig, "kubeconfig", &["serve", "kubeconfig", "--secret-key", TEST_KEY_HEX]);
+        let key = dir.path().join("secret.key");
+        landfall_tests::secrets::write_key_file(&key, TEST_KEY_HEX);
+        hub(Kind::Kubeconfig, "kubeconfig", &["serve", "kubeconfig", "--secret-key-file", key.to_str().unwrap()]);
         hub(Kind::Distribution, "distribution", &["serve", "distribution", "--store", &path("artifacts")]);
         hub(Kind::Api, "api", &["serve", "api", "--api-listen", &api_addr, "--api-tokens", tokens.to_str().unwrap()]);
 
@@ -809,7 +811,7 @@ async fn node_add_cli(client: &Client, url: &str, users: Option<&Users>, site: u
     let out = landfall_tests::cli::landfall(url, &args).await;
     let (stdout, stderr) = (landfall_tests::cli::text(&out.stdout), landfall_tests::cli::text(&out.stderr));
     assert!(out.status.success(), "landfall {args:?}: {}\n{stdout}\n{stderr}", out.status);
-    let id = ids::node_added_id(&site_id, &name, &mac).to_string();
+    let id = ids::node_added_id(&site_id, &name, &mac, "").to_string();
     client.track(&id, pb::NodeAdded::TYPE, format!("NodeAdded {site_id}/{name} (landfall node add)"));
     id
 }

@@ -111,7 +111,7 @@ async fn output_formats_agree_and_completions_cover_every_command() {
     let yaml_out = landfall(&server.url(), &["package", "list", "-o", "yaml"]).await;
     assert!(json_out.status.success() && yaml_out.status.success(), "{}", text(&yaml_out.stderr));
     let from_json: serde_json::Value = serde_json::from_slice(&json_out.stdout).unwrap();
-    let from_yaml: serde_json::Value = serde_yaml::from_slice(&yaml_out.stdout).unwrap();
+    let from_yaml: serde_json::Value = bus_schema::yaml::from_str(&text(&yaml_out.stdout)).unwrap();
     assert_eq!(from_json, from_yaml);
     assert_eq!(from_json.as_array().unwrap().len(), fleet.catalog.len());
     // `text` is still understood, as `table`.

@@ -98,10 +98,10 @@ impl Up {
             std::thread::sleep(Duration::from_millis(200));
         }
         let text = std::fs::read_to_string(data.join("api-tokens.yaml")).expect("landfall up wrote api-tokens.yaml");
-        let file: serde_yaml::Value = serde_yaml::from_str(&text).expect("api-tokens.yaml is YAML");
+        let file: serde_json::Value = bus_schema::yaml::from_str(&text).expect("api-tokens.yaml is YAML");
         let token = |role: &str| {
             file["tokens"]
-                .as_sequence()
+                .as_array()
                 .and_then(|ts| ts.iter().find(|t| t["role"].as_str() == Some(role)))
                 .and_then(|t| t["token"].as_str())
                 .unwrap_or_else(|| panic!("no {role} token in api-tokens.yaml"))

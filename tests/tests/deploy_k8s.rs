@@ -51,11 +51,9 @@ fn render(dir: &Path) -> Vec<Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("kustomize printed UTF-8");
-    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| {
-            let yaml = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).expect("kustomize printed YAML");
-            serde_json::to_value(yaml).expect("every object converts to JSON")
-        })
+    let objects: Vec<Value> = bus_schema::yaml::documents(&text)
+        .into_iter()
+        .map(|doc| doc.and_then(|d| d.parse::<Value>()).expect("kustomize printed YAML"))
         .filter(|v| !v.is_null())
         .collect();
     assert!(!objects.is_empty(), "{} rendered no objects", dir.display());
@@ -356,7 +354,7 @@ fn the_gateway_role_grants_exactly_what_the_kube_backend_does() {
         ("icn-bpa/bpa_v1alpha1_provisioning_crd.yaml", "bpa.akraino.org", "provisionings"),
         ("icn-bpa/bpa_v1alpha1_software_crd.yaml", "bpa.akraino.org", "softwares"),
     ] {
-        let crd: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(crds.join(file)).unwrap()).unwrap();
+        let crd: Value = bus_schema::yaml::from_str(&std::fs::read_to_string(crds.join(file)).unwrap()).unwrap();
         assert_eq!(crd["spec"]["group"].as_str(), Some(group), "{file}");
         assert_eq!(crd["spec"]["names"]["plural"].as_str(), Some(plural), "{file}");
         assert_eq!(crd["spec"]["scope"].as_str(), Some("Namespaced"), "{file}");

@@ -279,7 +279,7 @@ async fn the_kubeconfig_is_stored_sealed_and_opens_with_the_key() {
     assert!(!stored.key_id.is_empty());
 
     let plain = consumers::kubeconfig::read_kubeconfig(&fleet.bus, fleet.keys.as_ref(), &site).await.unwrap().unwrap();
-    let text = String::from_utf8(plain.clone()).unwrap();
+    let text = String::from_utf8(plain.to_vec()).unwrap();
     assert!(text.contains("kind: Config"), "{text}");
 
     // What is stored is ciphertext: the kubeconfig's bytes appear nowhere in the KV record,

@@ -271,7 +271,8 @@ async fn a_field_another_manager_owns_is_never_taken_over() {
 }
 
 /// A host announced once stays announced across a gateway restart; deleting it gives
-/// NodeRemoved, the node leaves the design, and the host goes once the gateway lets it.
+/// NodeRemoved, the node leaves the design, and the host goes once the gateway lets it. Created
+/// again with the same name and MAC, it is a new host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restart_announces_nothing_again_and_a_deleted_host_leaves_the_design() {
     let mut rig = KubeSiteRig::start().await;
@@ -302,6 +303,20 @@ async fn a_restart_announces_nothing_again_and_a_deleted_host_leaves_the_design(
         assert!(tokio::time::Instant::now() < deadline, "the gateway's finalizer held the host");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // The same name and MAC created again is another host (another uid): it joins again, and
+    // leaves again when it is deleted; neither announcement is dropped as a copy of the first.
+    rig.create_host("w-9", "worker", &mac(9), "10.1.0.99").await;
+    assert_eq!(wait_commands::<pb::NodeAdded>(&rig, 2).await.len(), 2, "{}", rig.gateway_log());
+    rig.wait_design(|n| n.contains("w-9")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !rig.hosts().get("w-9").await.unwrap().annotations().contains_key(marks::ANNOUNCED) {
+        assert!(tokio::time::Instant::now() < deadline, "the new host was not marked announced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rig.hosts().delete("w-9", &DeleteParams::default()).await.unwrap();
+    assert_eq!(wait_commands::<pb::NodeRemoved>(&rig, 2).await.len(), 2, "{}", rig.gateway_log());
+    rig.wait_design(|n| !n.contains("w-9")).await;
 }
 
 /// Metal3's error for a host reaches the bus as NodeFailed with its errorType and errorMessage.

@@ -199,7 +199,10 @@ async fn one_install_shows_in_every_services_metrics_and_one_trace_id_finds_its_
 
     let mut orchestrator = start("orchestrator", &url, dir.path(), &["serve", "orchestrator"]);
     let mut observer = start("observer", &url, dir.path(), &["serve", "observer"]);
-    let mut kubeconfig = start("kubeconfig", &url, dir.path(), &["serve", "kubeconfig", "--secret-key", TEST_KEY_HEX]);
+    let key = dir.path().join("secret.key");
+    landfall_tests::secrets::write_key_file(&key, TEST_KEY_HEX);
+    let key_arg = ["serve", "kubeconfig", "--secret-key-file", key.to_str().unwrap()];
+    let mut kubeconfig = start("kubeconfig", &url, dir.path(), &key_arg);
 
     // The simulated site is built from the registered design: register it before its gateway starts.
     let design = producers::up::demo_site(0, 2);

@@ -14,8 +14,8 @@ use landfall_tests::cli::text;
 use landfall_tests::fleet::{Fleet, TEST_KEY_HEX};
 use landfall_tests::nats::NatsServer;
 use landfall_tests::secrets::{
-    ask_bmc, assert_nowhere_on_disk, capture_logs, contains, every_stored_message, get_kubeconfig, key_file,
-    landfall_with_stdin, put_bmc, rotate_key, sealed_records, write_key_file,
+    ask_bmc, ask_bmc_for, assert_nowhere_on_disk, bmc_job, capture_logs, contains, every_stored_message,
+    get_kubeconfig, grant_bmc, key_file, landfall_with_stdin, put_bmc, rotate_key, sealed_records, write_key_file,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -40,18 +40,6 @@ async fn revisions(bus: &Bus) -> Vec<(String, u64)> {
 }
 
 /// The site's lease as an install that has just begun holds it.
-async fn hold_lease(bus: &Bus, site: &str) {
-    let sagas = bus.kv(names::SAGAS_BUCKET).await.unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-    let lease = pb::SiteLease {
-        site_id: site.into(),
-        saga_id: "saga-about-to-be-written".into(),
-        acquired_unix_ms: now,
-        holder: pb::LeaseHolder::Unspecified as i32,
-    };
-    sagas.put(&keys::site_lease(site), &lease).await.unwrap();
-}
-
 /// The event payloads of one type.
 async fn events_of<M: BusEvent + BusMessage>(bus: &Bus) -> Vec<M> {
     let mut reader = bus.read_events(vec![M::filter()], DeliverPolicy::All).await.unwrap();
@@ -68,7 +56,8 @@ async fn kubeconfig_get_after_an_install_returns_the_simulated_kubeconfig() {
     let server = NatsServer::start();
     let fleet = installed(&server, 1).await;
     let site = fleet.site_id(0);
-    let stored = consumers::kubeconfig::read_kubeconfig(&fleet.bus, fleet.keys.as_ref(), &site).await.unwrap().unwrap();
+    let stored =
+        consumers::kubeconfig::read_kubeconfig(&fleet.bus, fleet.keys.as_ref(), &site).await.unwrap().unwrap().to_vec();
     assert!(text(&stored).contains("kind: Config"));
 
     assert_eq!(get_kubeconfig(&fleet.bus, &site).await.unwrap(), stored);
@@ -201,7 +190,7 @@ async fn rotation_is_refused_and_writes_nothing_when_a_record_is_under_an_unknow
     assert!(events_of::<pb::SecretKeyRotated>(&fleet.bus).await.is_empty());
 
     // Reading that record says which key it needs.
-    hold_lease(&fleet.bus, &site).await;
+    grant_bmc(&fleet.bus, &site, std::slice::from_ref(&node)).await;
     let err = ask_bmc(&fleet.bus, &site, &site, &node).await.unwrap_err();
     assert!(err.contains(&format!("sealed under key {}", stranger.id())), "{err}");
     fleet.stop().await;
@@ -245,6 +234,25 @@ async fn a_service_with_the_wrong_key_file_refuses_to_start_and_changes_nothing(
 
     assert_eq!(revisions(&fleet.bus).await, before, "no record written");
     assert_eq!(std::fs::read(&wrong).unwrap(), wrong_file, "the key file is unchanged");
+
+    // A key file others may read is refused before anything else, with the fix.
+    let open = dir.path().join("open.key");
+    write_key_file(&open, TEST_KEY_HEX);
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let args = ["serve", "kubeconfig", "--secret-key-file", open.to_str().unwrap()];
+    let out = tokio::time::timeout(Duration::from_secs(30), landfall_with_stdin(&url, &args, b"", capture_logs()))
+        .await
+        .expect("serve kubeconfig exits");
+    assert!(!out.status.success());
+    let fix =
+        format!("others may read or write it (mode 644); make it the owner's alone: chmod 600 {}", open.display());
+    assert!(text(&out.stderr).contains(&fix), "{}", text(&out.stderr));
+    // And no key on the command line, where every process of the machine can read it.
+    let args = ["serve", "kubeconfig", "--secret-key", TEST_KEY_HEX];
+    let out = tokio::time::timeout(Duration::from_secs(30), landfall_with_stdin(&url, &args, b"", capture_logs()))
+        .await
+        .expect("serve kubeconfig exits");
+    assert!(!out.status.success(), "a key on the command line is refused");
     fleet.stop().await;
 }
 
@@ -345,7 +353,7 @@ async fn a_gateway_gets_bmc_credentials_during_an_install() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bmc_credentials_go_only_to_the_site_in_the_subject_while_its_lease_is_held() {
+async fn bmc_credentials_go_only_to_the_job_that_drives_the_host_while_it_does() {
     capture_logs();
     // The refusals a gateway reads as "no credentials" are the ones the service gives.
     assert_eq!(site_gateway::credentials::NONE_STORED, secrets_service::NO_BMC_CREDENTIALS);
@@ -355,30 +363,54 @@ async fn bmc_credentials_go_only_to_the_site_in_the_subject_while_its_lease_is_h
     let (site, other) = (fleet.site_id(0), fleet.site_id(1));
     let nodes = node_names(&fleet, 0);
     put_bmc(&fleet.bus, &site, &nodes[0], "admin", "pw-lease").await.unwrap();
+    let job = bmc_job(&nodes[0]);
 
-    // No job runs at the site: refused, and a gateway (with a job redelivered after its saga
-    // ended) goes on without credentials.
+    // No job the hub sent drives the host: refused, and a gateway (with a job redelivered after
+    // its saga ended) goes on without credentials.
     let err = ask_bmc(&fleet.bus, &site, &site, &nodes[0]).await.unwrap_err();
-    assert_eq!(err, format!("no job drives the BMCs of site {site} (its lease is not held)"));
-    let refused = site_gateway::credentials::bmc_credentials(&fleet.bus, &site, &nodes[0], "job-1").await.unwrap();
+    assert_eq!(
+        err,
+        format!(
+            "no job drives the BMCs of site {site} for node {}: no install or join saga \"saga-granting\"",
+            nodes[0]
+        )
+    );
+    let refused = site_gateway::credentials::bmc_credentials(&fleet.bus, &site, &nodes[0], &job).await.unwrap();
     assert!(refused.is_none());
 
-    hold_lease(&fleet.bus, &site).await;
+    grant_bmc(&fleet.bus, &site, &nodes).await;
     let creds = ask_bmc(&fleet.bus, &site, &site, &nodes[0]).await.unwrap();
     assert_eq!((creds.username.as_str(), creds.password.as_str()), ("admin", "pw-lease"));
-    let got = site_gateway::credentials::bmc_credentials(&fleet.bus, &site, &nodes[0], "job-1").await.unwrap();
+    let got = site_gateway::credentials::bmc_credentials(&fleet.bus, &site, &nodes[0], &job).await.unwrap();
     assert_eq!(got.map(|c| (c.username, c.password)), Some(("admin".to_string(), "pw-lease".to_string())));
+    // Another node's job, a job the saga never sent, another site's saga: nothing.
+    let err = ask_bmc_for(&fleet.bus, &site, &site, &nodes[0], &bmc_job(&nodes[1])).await.unwrap_err();
+    assert!(err.contains(&format!("sent no job provision-{} provisioning node {}", nodes[1], nodes[0])), "{err}");
+    let forged = bus_schema::envelope::Envelope { id: "made-up".into(), ..job.clone() };
+    let err = ask_bmc_for(&fleet.bus, &site, &site, &nodes[0], &forged).await.unwrap_err();
+    assert!(err.starts_with(secrets_service::NO_BMC_JOB), "{err}");
+    let other_nodes = node_names(&fleet, 1);
+    put_bmc(&fleet.bus, &other, &other_nodes[0], "admin", "pw-other").await.unwrap();
+    let err = ask_bmc_for(&fleet.bus, &other, &other, &other_nodes[0], &bmc_job(&other_nodes[0])).await.unwrap_err();
+    assert!(err.contains(&format!("is not site {other}'s")), "{err}");
     // A node with none stored: the gateway drives it without credentials.
     let err = ask_bmc(&fleet.bus, &site, &site, &nodes[1]).await.unwrap_err();
     assert_eq!(err, format!("no BMC credentials stored for node {} of site {site}", nodes[1]));
-    let none = site_gateway::credentials::bmc_credentials(&fleet.bus, &site, &nodes[1], "job-1").await.unwrap();
+    let none =
+        site_gateway::credentials::bmc_credentials(&fleet.bus, &site, &nodes[1], &bmc_job(&nodes[1])).await.unwrap();
     assert!(none.is_none());
     // Not in the site's design.
     let err = ask_bmc(&fleet.bus, &site, &site, "node-99").await.unwrap_err();
     assert_eq!(err, format!("node node-99 is not in the design of site {site}"));
     // Another site's subject asking for this site's host.
     let err = ask_bmc(&fleet.bus, &other, &site, &nodes[0]).await.unwrap_err();
-    assert_eq!(err, format!("request for site {site:?} came on the subject of site {other:?}"));
+    assert_eq!(
+        err,
+        format!(
+            "landfall.v1.BmcCredentialsRequest on landfall.svc.{other}.bmc_credentials speaks for site {other} only, \
+             and its site_id names {site:?}"
+        )
+    );
     fleet.stop().await;
 }
 

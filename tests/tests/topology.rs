@@ -5,7 +5,7 @@
 //! then cut again during a rollout while its gateway, a process of its own, is killed.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bus_schema::access::{HUB_DOMAIN, Role};
@@ -14,7 +14,7 @@ use bus_schema::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Access, Envelope, ReadEvent};
 use landfall_tests::fleet::{Fleet, RolloutRun, commands_stored, kubelet};
 use landfall_tests::procs::Service;
-use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready};
+use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready, raw_client, refused};
 use prost::Message;
 
 fn sites(n: usize) -> Vec<String> {
@@ -27,50 +27,6 @@ fn deployment(n_sites: usize, hubs: usize, tls: Option<&TlsFiles>) -> Deployment
     Deployment::generate(&refs, hubs, tls)
 }
 
-/// Every role connects as its own user from `d`.
-fn users(d: &Deployment) -> Arc<dyn Fn(&Role) -> Access + Send + Sync> {
-    let accesses: BTreeMap<String, Access> = Role::services()
-        .into_iter()
-        .chain(d.sites.iter().map(|s| Role::Site(s.clone())))
-        .map(|role| (role.user(), d.access(&role)))
-        .collect();
-    Arc::new(move |role: &Role| accesses[&role.user()].clone())
-}
-
-/// A raw client as `access`, and every error the server sent it.
-async fn raw_client(url: &str, access: &Access) -> (async_nats::Client, Arc<Mutex<Vec<String>>>) {
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let seen = errors.clone();
-    let key = access.public_key().unwrap().unwrap();
-    let client = async_nats::ConnectOptions::new()
-        .nkey(access.nkey_seed.clone().unwrap())
-        .custom_inbox_prefix(bus_schema::access::inbox(&key))
-        .event_callback(move |event| {
-            let seen = seen.clone();
-            async move {
-                if let async_nats::Event::ServerError(e) = event {
-                    seen.lock().unwrap().push(e.to_string());
-                }
-            }
-        })
-        .connect(url)
-        .await
-        .expect("connect as the site");
-    (client, errors)
-}
-
-/// Waits until the server has refused something whose message names `subject`.
-async fn refused(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(e) = errors.lock().unwrap().iter().find(|e| e.contains(subject)) {
-            return e.clone();
-        }
-        assert!(Instant::now() < deadline, "no permission violation for {subject}: {:?}", errors.lock().unwrap());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_another_sites_work() {
     let d = deployment(2, 1, None);
@@ -78,7 +34,7 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
     let url = d.hub_urls("nats");
     // The whole system under the generated users: if any role lacked a permission it needs, the
     // install would not finish and the hub would log the violation.
-    let fleet = Fleet::builder(&url).sites(2).nodes(3).access(users(&d)).start().await;
+    let fleet = Fleet::builder(&url).sites(2).nodes(3).access(d.users(None)).start().await;
     let env = fleet.install("edge-01").await;
     let run = fleet.wait_install(&env).await;
     assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "{:?}", run.kinds());
@@ -146,7 +102,7 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
     let url = d.hub_urls("nats");
     let operator = d.access(&Role::Operator);
     let _ready = connect_when_ready(&url, "landfall-test-ready", &operator).await;
-    let fleet = Fleet::builder(&url).sites(3).nodes(3).access(users(&d)).start().await;
+    let fleet = Fleet::builder(&url).sites(3).nodes(3).access(d.users(None)).start().await;
     for name in [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM] {
         let info = fleet.bus.jetstream().get_stream(name).await.unwrap().info().await.unwrap().clone();
         assert_eq!(info.config.num_replicas, 3, "{name} is replicated on the cluster");
@@ -309,7 +265,7 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_
         a.ca_file = Some(ca.clone());
         a
     };
-    let roles = users(&d);
+    let roles = d.users(None);
     let fleet = Fleet::builder(&url)
         .sites(1)
         .nodes(4)

@@ -13,13 +13,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde::de::IgnoredAny;
 
 use super::error::{DesignError, Errors};
 use super::inherit::{ListPatch, MapPatch, Named, ScalarPatch, text_map};
 use super::net::Cidr;
 pub use super::origin::{Kind, Origin};
 use crate::domain::{PackageRef, Role};
+use crate::yaml;
 
 /// One parsed document, with where it was read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -360,21 +361,25 @@ impl Parsed {
     /// Reads the documents of `text`, from `source`, after those read before.
     pub fn read(&mut self, text: &str, source: &str) -> &mut Self {
         let mut errors = Errors::default();
-        let heads = serde_yaml::Deserializer::from_str(text);
-        let bodies = serde_yaml::Deserializer::from_str(text);
-        for (position, (head, body)) in heads.zip(bodies).enumerate() {
+        for (position, document) in yaml::documents(text).into_iter().enumerate() {
             let index = position + 1;
-            let head = match Value::deserialize(head) {
-                Ok(head) => head,
+            let unnamed = || format!("{source} #{index}");
+            let document = match document {
+                Ok(document) => document,
                 Err(e) => {
-                    errors.push(yaml_error(format!("{source} #{index}"), &e));
+                    errors.push(yaml_error(unnamed(), e));
                     break;
                 }
             };
-            if head.is_null() {
-                continue;
-            }
-            match parse_document(&head, body, source, index) {
+            let head = match document.skim::<serde_json::Value>() {
+                Ok(serde_json::Value::Null) => continue,
+                Ok(head) => head,
+                Err(e) => {
+                    errors.push(yaml_error(unnamed(), e));
+                    continue;
+                }
+            };
+            match parse_document(&head, &document, source, index) {
                 Ok(document) => self.documents.push(document),
                 Err(refused) => {
                     errors.push(refused.error);
@@ -433,57 +438,53 @@ struct Refused {
     origin: Option<Origin>,
 }
 
-/// Parses one non-empty document: `head` says its kind and name, `body` is read as that kind.
+/// Parses one non-empty document: `head` says its kind and name, the document is read as that
+/// kind.
 fn parse_document(
-    head: &Value,
-    body: serde_yaml::Deserializer<'_>,
+    head: &serde_json::Value,
+    document: &yaml::Document<'_>,
     source: &str,
     index: usize,
 ) -> Result<Document, Box<Refused>> {
-    let text = |key: &str| head.get(key).and_then(Value::as_str);
+    let text = |key: &str| head.get(key).and_then(serde_json::Value::as_str);
     let (kind, name) = (text("kind"), text("name"));
     let location = format!("{}/{} ({source} #{index})", kind.unwrap_or("?"), name.unwrap_or("?"));
     let refuse = |field: &str, reason: &str| {
         Box::new(Refused { error: DesignError::new(&location, field, reason), origin: None })
     };
-    if !head.is_mapping() {
+    if !head.is_object() {
         return Err(refuse("(document)", "a design document is a mapping with kind and name"));
+    }
+    let name = name.filter(|n| !n.is_empty());
+    if kind.is_none() || name.is_none() {
+        // What the YAML rules refuse (a tagged kind, say) explains a missing kind or name best.
+        if let Err(e) = document.parse::<IgnoredAny>() {
+            return Err(Box::new(Refused { error: yaml_error(location.clone(), e), origin: None }));
+        }
     }
     let kind: Kind = match kind {
         Some(kind) => kind.parse().map_err(|reason: String| refuse("kind", &reason))?,
         None => return Err(refuse("kind", "missing: every document says its kind")),
     };
-    let Some(name) = name.filter(|n| !n.is_empty()) else {
+    let Some(name) = name else {
         return Err(refuse("name", "missing: every document has a name"));
     };
     let origin = Origin { kind, name: name.to_string(), source: source.to_string(), index };
-    let fail = |e: serde_yaml::Error| {
-        Box::new(Refused { error: yaml_error(location.clone(), &e), origin: Some(origin.clone()) })
-    };
     let body = match kind {
-        Kind::Site => Body::Site(Site::deserialize(body).map_err(fail)?),
-        Kind::HardwareProfile => Body::HardwareProfile(HardwareProfile::deserialize(body).map_err(fail)?),
-        Kind::HostProfile => Body::HostProfile(HostProfile::deserialize(body).map_err(fail)?),
-        Kind::Node => Body::Node(Node::deserialize(body).map_err(fail)?),
+        Kind::Site => document.parse().map(Body::Site),
+        Kind::HardwareProfile => document.parse().map(Body::HardwareProfile),
+        Kind::HostProfile => document.parse().map(Body::HostProfile),
+        Kind::Node => document.parse().map(Body::Node),
     };
+    let body = body.map_err(|e| Box::new(Refused { error: yaml_error(location, e), origin: Some(origin) }))?;
     Ok(Document { source: source.to_string(), index, body })
 }
 
-/// A serde_yaml error as a [`DesignError`]: its leading field path becomes the field, its
-/// position moves into the reason.
-fn yaml_error(document: String, error: &serde_yaml::Error) -> DesignError {
-    let mut message = error.to_string();
-    if let Some(at) = error.location() {
-        let suffix = format!(" at line {} column {}", at.line(), at.column());
-        if let Some(stripped) = message.strip_suffix(&suffix) {
-            message = format!("{stripped} (line {}, column {})", at.line(), at.column());
-        }
-    }
-    let is_path = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "._[]".contains(c));
-    match message.split_once(": ") {
-        Some((path, reason)) if is_path(path) => DesignError::new(document, path, reason),
-        _ => DesignError::new(document, "(document)", message),
-    }
+/// A YAML error as a [`DesignError`]: its field path becomes the field, its position goes into
+/// the reason.
+fn yaml_error(document: String, error: yaml::Error) -> DesignError {
+    let field = if error.field.is_empty() { "(document)".to_string() } else { error.field.clone() };
+    DesignError::new(document, field, error.reason_at())
 }
 
 #[cfg(test)]
@@ -577,6 +578,37 @@ addressing: [{ network: provisioning, ip: 10.1.0.11 }]
         assert!(errors[2].reason.contains("\"Rack\" is not a kind"), "{}", errors[2].reason);
         assert!(errors[4].reason.starts_with("item 1: unknown field `ntwork`"), "{}", errors[4].reason);
         assert!(errors[5].reason.contains("host bits are set"), "{}", errors[5].reason);
+    }
+
+    #[test]
+    fn unquoted_tags_are_refused_at_their_line_in_the_whole_file() {
+        let text = "kind: Site\nname: s\n\
+                    ---\nkind: HostProfile\nname: p\ninterfaces:\n  - '!eno1'\n  - !eno2\n\
+                    ---\nkind: HostProfile\nname: q\nkernelParameters: { nosmt: ~, isolcpus: !2-7 }\n\
+                    ---\nkind: HostProfile\nname: r\nrole: [master]\n\
+                    ---\nkind: !Node\nname: n\n";
+        let mut parsed = Parsed::default();
+        parsed.read(text, "t.yaml");
+        let got: Vec<_> =
+            parsed.errors().iter().map(|e| (e.document.as_str(), e.field.as_str(), e.reason.as_str())).collect();
+        let tag = |tag: &str, item: &str, at: &str| {
+            format!(
+                "{item}{tag} is read as a YAML tag, which is not supported here; write '{tag}' in quotes for text \
+                 that starts with '!' (e.g. a '!name' removal) ({at})"
+            )
+        };
+        assert_eq!(
+            got,
+            [
+                ("HostProfile/p (t.yaml #2)", "interfaces", tag("!eno2", "item 2: ", "line 8, column 5").as_str()),
+                ("HostProfile/q (t.yaml #3)", "kernelParameters.isolcpus", &tag("!2-7", "", "line 12, column 41")),
+                ("HostProfile/r (t.yaml #4)", "role", "invalid type: sequence, expected a string (line 16, column 7)"),
+                ("?/n (t.yaml #5)", "kind", &tag("!Node", "", "line 18, column 7")),
+            ]
+        );
+        // Refused for its content, a document is still known by its kind and name.
+        let unreadable: Vec<String> = parsed.unreadable().map(Origin::location).collect();
+        assert_eq!(unreadable, ["HostProfile/p (t.yaml #2)", "HostProfile/q (t.yaml #3)", "HostProfile/r (t.yaml #4)"]);
     }
 
     #[test]

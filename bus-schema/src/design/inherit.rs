@@ -7,7 +7,12 @@
 //! - A map holds keys, each replacing the inherited key, and `'!key'` keys removing an inherited
 //!   key ([`MapPatch`]).
 //!
-//! `!` starts a YAML tag, so these markers must be quoted: `role: '!'`, `- '!eno2'`.
+//! `!` starts a YAML tag, so these markers must be quoted: `role: '!'`, `- '!eno2'`. An
+//! unquoted one is refused by the YAML rules ([`crate::yaml`]), which refuse tags: read as a
+//! tag, `- !eno2` would otherwise be an empty entry.
+//!
+//! List entries and map values are read untyped first (as [`serde_json::Value`]), as the YAML
+//! rules type them, and then as the entry or as text.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -15,7 +20,7 @@ use std::marker::PhantomData;
 
 use serde::de::{DeserializeOwned, Error as _, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_yaml::Value;
+use serde_json::Value;
 
 use super::origin::Origin;
 use crate::domain::PackageRef;
@@ -212,7 +217,6 @@ enum ListItem<T> {
 fn list_item<T: DeserializeOwned>(value: Value) -> Result<ListItem<T>, String> {
     match value {
         Value::String(s) => removal(&s).map(ListItem::Remove),
-        Value::Tagged(tagged) => Err(tag_hint(&tagged.tag)),
         other => T::deserialize(other).map(ListItem::Set).map_err(|e| e.to_string()),
     }
 }
@@ -259,10 +263,7 @@ impl<'de> Deserialize<'de> for MapPatch {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut patch = MapPatch::default();
                 while let Some((key, value)) = map.next_entry::<Value, Value>()? {
-                    let key = match key {
-                        Value::Tagged(tagged) => return Err(A::Error::custom(tag_hint(&tagged.tag))),
-                        other => text(&other).ok_or_else(|| A::Error::custom("a key must be a string"))?,
-                    };
+                    let key = text(&key).ok_or_else(|| A::Error::custom("a key must be a string"))?;
                     if key.starts_with(CLEAR) {
                         let name = removal(&key).map_err(A::Error::custom)?;
                         patch.remove.insert(name);
@@ -301,19 +302,15 @@ fn removal(s: &str) -> Result<String, String> {
     }
 }
 
-/// Explains an unquoted `!name`, which YAML reads as a tag.
-fn tag_hint(tag: &serde_yaml::value::Tag) -> String {
-    format!("{tag} is read as a YAML tag; write '{tag}' in quotes to remove an inherited entry")
-}
-
-/// A scalar's text; `None` for sequences, maps and tagged values.
+/// A scalar's text, numbers as YAML writes them (`1.5`, `1e20`); `None` for sequences and maps.
 fn text(value: &Value) -> Option<String> {
     match value {
         Value::Null => Some(String::new()),
         Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) if n.is_f64() => Some(n.to_string().replace("e+", "e")),
         Value::Number(n) => Some(n.to_string()),
         Value::String(s) => Some(s.clone()),
-        Value::Sequence(_) | Value::Mapping(_) | Value::Tagged(_) => None,
+        Value::Array(_) | Value::Object(_) => None,
     }
 }
 
@@ -348,7 +345,7 @@ mod tests {
     }
 
     fn layer(yaml: &str) -> Result<Layer, String> {
-        serde_yaml::from_str(yaml).map_err(|e| e.to_string())
+        crate::yaml::from_str(yaml).map_err(|e| e.to_string())
     }
 
     fn origin(name: &str) -> Origin {
@@ -416,9 +413,9 @@ mod tests {
             #[serde(deserialize_with = "text_map")]
             labels: BTreeMap<String, String>,
         }
-        let ok: Labels = serde_yaml::from_str("labels: { rack: 1, tier: gold }").unwrap();
+        let ok: Labels = crate::yaml::from_str("labels: { rack: 1, tier: gold }").unwrap();
         assert_eq!(ok.labels["rack"], "1");
-        let err = serde_yaml::from_str::<Labels>("labels: { '!rack': ~ }").unwrap_err().to_string();
+        let err = crate::yaml::from_str::<Labels>("labels: { '!rack': ~ }").unwrap_err().to_string();
         assert!(err.contains("only inheritable maps"), "{err}");
     }
 }

@@ -56,7 +56,10 @@ impl Access {
     /// # Errors
     /// When the file cannot be read or holds no seed.
     pub fn seed_from_file(path: &std::path::Path) -> Result<String, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        private_file(path)?;
+        let text = zeroize::Zeroizing::new(
+            std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?,
+        );
         text.lines()
             .map(str::trim)
             .find(|l| l.starts_with("SU"))
@@ -65,12 +68,33 @@ impl Access {
     }
 }
 
+/// Refuses a key file that anyone but its owner may read or write, saying how to fix it: a key
+/// others can read is a key others have.
+///
+/// # Errors
+/// The refusal, naming the file, its mode and the `chmod` that fixes it.
+pub fn private_file(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).map_err(|e| format!("reading {}: {e}", path.display()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} holds a key and others may read or write it (mode {:o}); make it the owner's alone: chmod 600 {}",
+            path.display(),
+            mode & 0o777,
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 /// A connection to the bus.
 #[derive(Clone)]
 pub struct Bus {
     client: async_nats::Client,
     js: jetstream::Context,
     url: String,
+    /// Where this connection's replies arrive: `_INBOX_<key>` for a user with a key.
+    inbox_prefix: String,
 }
 
 impl Bus {
@@ -100,10 +124,11 @@ impl Bus {
         if patient {
             options = options.retry_on_initial_connect();
         }
+        let mut inbox_prefix = crate::access::INBOX_PREFIX.to_string();
         if let Some(key) = access.public_key().map_err(bad)? {
-            options = options
-                .nkey(access.nkey_seed.clone().unwrap_or_default())
-                .custom_inbox_prefix(crate::access::inbox(&key));
+            inbox_prefix = crate::access::inbox(&key);
+            options =
+                options.nkey(access.nkey_seed.clone().unwrap_or_default()).custom_inbox_prefix(inbox_prefix.clone());
         }
         if let Some(ca) = &access.ca_file {
             if !ca.is_file() {
@@ -156,7 +181,7 @@ impl Bus {
             Some(domain) => jetstream::with_domain(client.clone(), domain),
             None => jetstream::new(client.clone()),
         };
-        Ok(Self { client, js, url: url.to_string() })
+        Ok(Self { client, js, url: url.to_string(), inbox_prefix })
     }
 
     pub fn client(&self) -> &async_nats::Client {
@@ -169,5 +194,10 @@ impl Bus {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The prefix of this connection's reply subjects (`_INBOX_<key>`, or `_INBOX` without a key).
+    pub fn inbox_prefix(&self) -> &str {
+        &self.inbox_prefix
     }
 }

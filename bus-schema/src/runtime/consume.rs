@@ -16,6 +16,7 @@ use super::connect::Bus;
 use super::delivery::{Delivery, HandlerError, RejectAs};
 use super::error::{BoxError, BusError, boxed, error_chain, retry_delay};
 use super::keyed_order::KeyedOrder;
+use crate::names;
 
 /// What a consume loop does with each message.
 pub trait Handler: Send + Sync + 'static {
@@ -69,6 +70,46 @@ impl ConsumerSpec {
         self.concurrency = n.max(1);
         self
     }
+
+    /// The durable consumer of one site's gateway: its own jobs, 256 at once (a site's hosts all
+    /// provision together). The hub makes it when the site is registered ([`ensure_consumer`]),
+    /// so a site's user needs no right to create a consumer of any kind.
+    pub fn gateway(site: &str) -> Self {
+        let durable = names::gateway_consumer(site);
+        Self::new(
+            names::JOBS_STREAM,
+            durable.clone(),
+            vec![names::site_jobs(site)],
+            RejectAs::Message { consumer: durable },
+        )
+        .concurrency(256)
+    }
+
+    fn pull_config(&self) -> consumer::pull::Config {
+        let (filter_subject, filter_subjects) = filters(&self.filter_subjects);
+        consumer::pull::Config {
+            durable_name: Some(self.durable.clone()),
+            filter_subject,
+            filter_subjects,
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            max_deliver: -1,
+            max_ack_pending: (self.concurrency as i64 * 4).max(256),
+            ..Default::default()
+        }
+    }
+}
+
+/// Makes the durable consumer `spec` names when it does not exist yet, and leaves one that does
+/// alone.
+///
+/// # Errors
+/// [`BusError::Consume`] when the stream or the JetStream API cannot be reached.
+pub async fn ensure_consumer(bus: &Bus, spec: &ConsumerSpec) -> Result<(), BusError> {
+    let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
+    let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
+    stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map_err(|e| consume_err(boxed(e)))?;
+    Ok(())
 }
 /// Runs a consume loop until `shutdown`, then lets in-flight messages finish.
 ///
@@ -83,16 +124,20 @@ pub async fn consume<H: Handler>(
 ) -> Result<(), BusError> {
     let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
     let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
-    let config = consumer::pull::Config {
-        durable_name: Some(spec.durable.clone()),
-        filter_subjects: spec.filter_subjects.clone(),
-        ack_policy: consumer::AckPolicy::Explicit,
-        ack_wait: spec.ack_wait,
-        max_deliver: -1,
-        max_ack_pending: (spec.concurrency as i64 * 4).max(256),
-        ..Default::default()
+    // A site's gateway may not create its consumer: the hub made it when the site was
+    // registered. Until then (or while the hub is out of reach) it waits, asking again.
+    let consumer = loop {
+        match stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await {
+            Ok(c) => break c,
+            Err(e) => {
+                warn!(consumer = %spec.durable, error = %e, "no consumer yet (the hub makes a site's when it is registered); asking again");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+            }
+        }
     };
-    let consumer = stream.get_or_create_consumer(&spec.durable, config).await.map_err(|e| consume_err(boxed(e)))?;
     let spec = Arc::new(spec);
     let permits = Arc::new(tokio::sync::Semaphore::new(spec.concurrency));
     let mut in_flight = JoinSet::new();
@@ -149,6 +194,18 @@ pub async fn consume<H: Handler>(
     while in_flight.join_next().await.is_some() {}
     Ok(())
 }
+/// A consumer's filters as its config holds them. One filter goes in `filter_subject`, so that
+/// the create request names it in its subject (`CONSUMER.CREATE.<stream>.<name>.<filter>`),
+/// which the server checks against the config and a user's permissions can pin: a site may
+/// create its durable only with its own jobs as the filter. Several go in `filter_subjects`,
+/// which no create subject can carry.
+fn filters(filters: &[String]) -> (String, Vec<String>) {
+    match filters {
+        [one] => (one.clone(), Vec::new()),
+        many => (String::new(), many.to_vec()),
+    }
+}
+
 async fn handle_one<H: Handler>(bus: &Bus, spec: &ConsumerSpec, handler: &H, msg: jetstream::Message) {
     let (seq, delivered) = msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 1));
     let delivery = Delivery::from_parts(&msg.message, spec.stream, seq, delivered);
@@ -281,5 +338,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("error=transient: bus: publish to landfall.evt.x: no responders"), "{text}");
+    }
+
+    #[test]
+    fn one_filter_is_the_filter_subject_so_the_create_subject_carries_it() {
+        let one = vec!["landfall.job.edge-01.>".to_string()];
+        assert_eq!(filters(&one), ("landfall.job.edge-01.>".to_string(), Vec::new()));
+        let two = vec!["a.>".to_string(), "b.>".to_string()];
+        assert_eq!(filters(&two), (String::new(), two.clone()));
+        assert_eq!(filters(&[]), (String::new(), Vec::new()));
     }
 }

@@ -56,10 +56,12 @@ impl Delivery {
         }
     }
 
-    /// Decodes the payload as `M`, checking the type header when there is one.
+    /// Decodes the payload as `M`, checking the type header when there is one, and checks it
+    /// against its subject ([`crate::trust::check`]: it speaks for the subject's site only).
     ///
     /// # Errors
-    /// A [`HandlerError::Reject`] with code `MALFORMED` that says what was wrong.
+    /// A [`HandlerError::Reject`] with code `MALFORMED` (undecodable, wrong type) or `FORBIDDEN`
+    /// (a field names another site than the subject's), saying what was wrong.
     pub fn decode<M: BusMessage>(&self) -> Result<M, HandlerError> {
         if !self.type_name.is_empty() && self.type_name != M::TYPE {
             return Err(HandlerError::reject(
@@ -67,9 +69,12 @@ impl Delivery {
                 format!("{} carries {}, expected {}", self.subject, self.type_name, M::TYPE),
             ));
         }
-        M::decode(self.payload.clone()).map_err(|e| {
+        let message = M::decode(self.payload.clone()).map_err(|e| {
             HandlerError::reject(pb::RejectCode::Malformed, format!("payload is not a valid {}: {e}", M::TYPE))
-        })
+        })?;
+        crate::trust::check(&self.subject, &message)
+            .map_err(|e| HandlerError::reject(pb::RejectCode::Forbidden, e.to_string()))?;
+        Ok(message)
     }
 }
 
@@ -132,6 +137,7 @@ pub fn reject_code_label(code: pb::RejectCode) -> &'static str {
         pb::RejectCode::Conflict => "conflict",
         pb::RejectCode::TooLarge => "too_large",
         pb::RejectCode::Unsupported => "unsupported",
+        pb::RejectCode::Forbidden => "forbidden",
     }
 }
 

@@ -10,6 +10,10 @@ use crate::names;
 
 impl Bus {
     /// An ordered, ephemeral reader of the events stream, for people and dashboards.
+    ///
+    /// The reader is named here ([`reader_name`]), so its create request names it in the
+    /// subject: a user's permissions can then refuse the names of other services' durables,
+    /// which an unnamed create (naming its consumer in the body) would hide.
     pub async fn read_events(
         &self,
         filters: Vec<String>,
@@ -19,6 +23,7 @@ impl Bus {
         let stream = self.jetstream().get_stream(names::EVENTS_STREAM).await.map_err(|e| consume_err(boxed(e)))?;
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
+                name: Some(reader_name()),
                 filter_subjects: filters,
                 deliver_policy: deliver,
                 ..Default::default()
@@ -30,6 +35,11 @@ impl Bus {
         let messages = consumer.messages().await.map_err(|e| consume_err(boxed(e)))?;
         Ok(EventReader { messages, pending_at_start: pending })
     }
+}
+
+/// A new event reader's consumer name: unique, and never a durable's (`events-<uuid>`).
+fn reader_name() -> String {
+    format!("events-{}", uuid::Uuid::new_v4().simple())
 }
 
 /// Events in stream order; see [`Bus::read_events`].

@@ -39,8 +39,8 @@ mod topology;
 mod version;
 
 pub use catalog::{observed_nodes, package_refs};
-pub use connect::{Access, Bus};
-pub use consume::{ConsumerSpec, Handler, consume};
+pub use connect::{Access, Bus, private_file};
+pub use consume::{ConsumerSpec, Handler, consume, ensure_consumer};
 pub use delivery::{Delivery, HandlerError, RejectAs, Rejection, reject_code_label};
 pub use error::{BusError, ErrorKind, error_chain, retry_delay};
 pub use events::{EventReader, ReadEvent};

@@ -110,8 +110,8 @@ impl Bus {
             Some(names::ParsedSubject::Command { scope, .. }) => scope,
             Some(names::ParsedSubject::Job { site, .. }) => site,
             Some(names::ParsedSubject::Event { scope, .. }) => scope,
-            Some(names::ParsedSubject::Service { site, .. }) => site,
-            None => names::FLEET,
+            Some(names::ParsedSubject::Service { site, .. } | names::ParsedSubject::Rpc { site, .. }) => site,
+            Some(names::ParsedSubject::Admin { .. }) | None => names::FLEET,
         };
         // A scope that is not a valid token (garbage on a wildcard) is answered in the fleet scope.
         let scope = if crate::domain::SiteId::try_from(scope).is_ok() { scope } else { names::FLEET };

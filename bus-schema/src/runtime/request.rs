@@ -1,6 +1,7 @@
 //! Asking a service: one core request and its answer, a refusal (the `Landfall-Error` header
 //! [`super::error_reply`] sets) read as [`RequestError::Refused`], so no caller reads that
-//! header by hand.
+//! header by hand. A request made of a site ([`Bus::request_site`]) is answered into a reply
+//! subject scoped to that site, the only replies a site may send across its leaf node's link.
 
 use std::time::Duration;
 
@@ -63,6 +64,13 @@ impl RequestError {
     }
 }
 
+/// A reply subject for one request to `site`: the site's scope under `inbox_prefix`, then the
+/// unique last token of `fresh_inbox` (a new inbox of the connection).
+fn site_reply(inbox_prefix: &str, site: &str, fresh_inbox: &str) -> String {
+    let unique = fresh_inbox.rsplit('.').next().unwrap_or(fresh_inbox);
+    format!("{}.{unique}", crate::access::site_replies(inbox_prefix, site))
+}
+
 /// The answer's headers and body, or the service's refusal.
 fn answer(subject: &str, reply: async_nats::Message) -> Result<Reply, RequestError> {
     let h = reply.headers.unwrap_or_default();
@@ -82,6 +90,31 @@ impl Bus {
     /// [`RequestError::Failed`] when the request could not be sent.
     pub async fn request(&self, subject: String, payload: Bytes, timeout: Duration) -> Result<Reply, RequestError> {
         let request = async_nats::Request::new().payload(payload).timeout(Some(timeout));
+        let reply = self
+            .client()
+            .send_request(subject.clone(), request)
+            .await
+            .map_err(|e| RequestError::sending(&subject, timeout, e))?;
+        answer(&subject, reply)
+    }
+
+    /// [`Bus::request`] of one site's gateway (`subject` is one of `landfall.rpc.<site>.…`): the
+    /// answer comes back on a reply subject of this connection's scoped to `site`
+    /// ([`crate::access::site_replies`]), the only replies of the hub's users a site may
+    /// publish, so the answer can cross the site's leaf node's link and no other site's can
+    /// land there.
+    ///
+    /// # Errors
+    /// As [`Bus::request`].
+    pub async fn request_site(
+        &self,
+        site: &str,
+        subject: String,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Reply, RequestError> {
+        let reply = site_reply(self.inbox_prefix(), site, &self.client().new_inbox());
+        let request = async_nats::Request::new().payload(payload).timeout(Some(timeout)).inbox(reply);
         let reply = self
             .client()
             .send_request(subject.clone(), request)
@@ -148,6 +181,13 @@ mod tests {
         assert_eq!(&body[..], b"body");
         let (_, body) = answer("s", reply(None, b"")).unwrap();
         assert!(body.is_empty(), "an empty answer is an answer");
+    }
+
+    #[test]
+    fn a_reply_to_a_site_is_scoped_to_it_and_unique() {
+        let reply = site_reply("_INBOX_UKC", "edge-01", "_INBOX_UKC.Zq3x9");
+        assert_eq!(reply, "_INBOX_UKC.site.edge-01.Zq3x9");
+        assert_ne!(reply, site_reply("_INBOX_UKC", "edge-01", "_INBOX_UKC.Ab7k2"));
     }
 
     #[test]

@@ -15,8 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use bus_schema::names::{self, keys};
-use bus_schema::pb::{self, BusMessage};
+use bus_schema::pb;
 use bus_schema::runtime::{self, Bus, Kv, Reply, error_reply};
+use bus_schema::trust;
 use bytes::Bytes;
 use prost::Message;
 use tokio_util::sync::CancellationToken;
@@ -111,27 +112,11 @@ pub async fn run_distribution(
     Ok(())
 }
 
-fn decode<M: Message + Default + BusMessage>(
-    subject: &str,
-    payload: &[u8],
-    site_id: impl Fn(&M) -> &str,
-) -> Result<M, String> {
-    let msg = M::decode(payload).map_err(|e| format!("not a {}: {e}", M::TYPE))?;
-    let site = match names::parse_subject(subject) {
-        Some(names::ParsedSubject::Service { site, .. }) => site,
-        _ => return Err(format!("{subject} is not a service subject")),
-    };
-    if site_id(&msg) != site {
-        return Err(format!("request for site {:?} came on the subject of {site}", site_id(&msg)));
-    }
-    Ok(msg)
-}
-
 impl Distribution {
     /// What the site's cache lacks of what it wants: each wanted package must be in the
     /// catalog as sent, and the store must hold its bytes.
     async fn plan(&self, subject: &str, payload: &[u8]) -> Result<Reply, String> {
-        let req: pb::ArtifactPlanRequest = decode(subject, payload, |r: &pb::ArtifactPlanRequest| &r.site_id)?;
+        let req: pb::ArtifactPlanRequest = trust::decode_request(subject, payload)?;
         self.config.stats.plans.fetch_add(1, Ordering::Relaxed);
         let inventory: BTreeSet<&str> = req.inventory.iter().map(String::as_str).collect();
         let mut plan = pb::ArtifactPlan::default();
@@ -184,7 +169,7 @@ impl Distribution {
 
     /// One range of an artifact, with the digest of the bytes as read.
     async fn chunk(&self, subject: &str, payload: &[u8]) -> Result<Reply, String> {
-        let req: pb::ChunkRequest = decode(subject, payload, |r: &pb::ChunkRequest| &r.site_id)?;
+        let req: pb::ChunkRequest = trust::decode_request(subject, payload)?;
         if req.object_key != artifacts::object_key(&req.sha256) {
             return Err(format!("{:?} is not the object key of sha256:{}", req.object_key, req.sha256));
         }

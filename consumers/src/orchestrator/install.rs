@@ -7,6 +7,7 @@ use std::time::Duration;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
 use bus_schema::runtime::{Cas, Delivery, HandlerError, Update};
+use bus_schema::trust;
 use tracing::{debug, info};
 
 use super::service::{LEASE_RETRY, Orchestrator, invalid};
@@ -100,12 +101,17 @@ impl Orchestrator {
         let Some(input) = input_of(d)? else { return Ok(()) };
         let key = keys::saga(&d.envelope.correlation);
         let now = now_ms();
+        let site = trust::subject_site(&d.subject).unwrap_or_default();
+        let answers = trust::rule_for_subject(&d.subject).map_or(&[][..], |r| r.answers);
         // A saga whose outbox a previous step did not finish publishing takes this step on top:
         // the new messages follow the old ones in the outbox, and both go out below.
         let (step, saga) = self
             .sagas
             .update_with_entry(&key, |current: Option<&pb::InstallSaga>| {
                 let Some(current) = current else { return Update::Keep(Step::Ignored) };
+                if let Err(reason) = saga::check_answer(current, site, answers, input.node(), &d.envelope) {
+                    return Update::Abort(Step::Forbidden(reason));
+                }
                 match saga::decide(current, &input, &d.envelope, now) {
                     Decision::Ignore => Update::Keep(Step::Ignored),
                     Decision::Wait => Update::Abort(Step::Wait),
@@ -121,6 +127,7 @@ impl Orchestrator {
             return Ok(());
         };
         match step {
+            Step::Forbidden(reason) => Err(HandlerError::reject(pb::RejectCode::Forbidden, reason)),
             Step::Ignored => self.settle_pending(&key, saga, rev).await,
             Step::Wait => {
                 self.settle_pending(&key, saga, rev).await?;
@@ -147,6 +154,8 @@ impl Orchestrator {
 
 /// What an event did to its saga.
 enum Step {
+    /// It does not come from where an answer for the saga must (see [`saga::check_answer`]).
+    Forbidden(String),
     /// Already applied, or stale.
     Ignored,
     /// It came before the saga reached its phase.

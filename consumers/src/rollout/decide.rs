@@ -414,6 +414,55 @@ pub fn site_report(e: &pb::SitePatched, cause: &Envelope, now: i64) -> SiteRepor
     }
 }
 
+/// The id of the `PatchNodes` job rollout `r` sends `site` (derived: the same every time).
+pub fn patch_job_id(r: &pb::Rollout, site: &str) -> String {
+    envelope(r).derive(pb::PatchNodes::KIND, Some(site)).id
+}
+
+/// Whether a site's report answers the job rollout `r` sent it: the site is the one planned at
+/// the report's index (`planned`, read from the plan), its job was sent, the report was caused by
+/// that job, and names only that job's nodes and the rollout's package. A site can hold only its
+/// own job, so a report that does not answer one is a forgery.
+///
+/// # Errors
+/// The reason, for the report's `FORBIDDEN` rejection.
+pub fn check_report(
+    r: &pb::Rollout,
+    planned: &pb::RolloutPlanSite,
+    e: &pb::SitePatched,
+    cause: &Envelope,
+) -> Result<(), String> {
+    let index = e.plan_index as usize;
+    if index >= r.sites as usize || planned.site_id != e.site_id {
+        return Err(format!("rollout {} planned no site {} at index {index}", r.rollout_id, e.site_id));
+    }
+    if !bit(&r.dispatched, index) {
+        return Err(format!("rollout {} has sent site {} no job", r.rollout_id, e.site_id));
+    }
+    if cause.causation != patch_job_id(r, &e.site_id) {
+        return Err(format!(
+            "the report answers message {}, not the job rollout {} sent site {}",
+            cause.causation, r.rollout_id, e.site_id
+        ));
+    }
+    let job_nodes: std::collections::BTreeSet<&str> = planned.nodes.iter().map(|n| n.name.as_str()).collect();
+    let named = e.patched.iter().chain(&e.skipped).map(String::as_str).chain(e.failed.iter().map(|f| f.node.as_str()));
+    for node in named {
+        if !job_nodes.contains(node) {
+            return Err(format!("node {node} was not in the job rollout {} sent site {}", r.rollout_id, e.site_id));
+        }
+    }
+    let entry = r.entry.clone().unwrap_or_default();
+    let package = e.package.clone().unwrap_or_default();
+    if (package.name.as_str(), package.version.as_str()) != (entry.name.as_str(), entry.version.as_str()) {
+        return Err(format!(
+            "the report is of {}@{}, rollout {} patches {}@{}",
+            package.name, package.version, r.rollout_id, entry.name, entry.version
+        ));
+    }
+    Ok(())
+}
+
 /// Whether the report of the site at plan `index` has been counted (its record is written).
 pub fn counted(r: &pb::Rollout, index: usize) -> bool {
     bit(&r.done, index)

@@ -340,6 +340,12 @@ impl Rollouts {
             debug!(rollout = %e.rollout_id, site = %e.site_id, "site report of no known rollout");
             return Ok(());
         };
+        let planned = match e.plan_index < r.sites {
+            true => self.plan_site(&r, e.plan_index as usize).await?,
+            false => pb::RolloutPlanSite::default(),
+        };
+        decide::check_report(&r, &planned, &e, &d.envelope)
+            .map_err(|reason| HandlerError::reject(pb::RejectCode::Forbidden, reason))?;
         let report = decide::site_report(&e, &d.envelope, now_ms());
         if !decide::counted(&r, report.count.index) {
             let site_key = keys::rollout_site(&e.rollout_id, &e.site_id);

@@ -30,7 +30,7 @@ impl KubeconfigCollector {
         let request = pb::KubeconfigRequest { site_id: site.to_string() }.encode_to_vec();
         let (_, kubeconfig) = self
             .bus
-            .request(names::kubeconfig_rpc(site), request.into(), Duration::from_secs(15))
+            .request_site(site, names::kubeconfig_rpc(site), request.into(), Duration::from_secs(15))
             .await
             .map_err(|e| {
                 let context = match &e {
@@ -65,8 +65,12 @@ impl runtime::Handler for KubeconfigCollector {
     }
 }
 
-/// Reads and opens a site's stored kubeconfig.
-pub async fn read_kubeconfig(bus: &Bus, keys: &dyn KeyProvider, site: &str) -> anyhow::Result<Option<Vec<u8>>> {
+/// Reads and opens a site's stored kubeconfig (zeroed when dropped).
+pub async fn read_kubeconfig(
+    bus: &Bus,
+    keys: &dyn KeyProvider,
+    site: &str,
+) -> anyhow::Result<Option<zeroize::Zeroizing<Vec<u8>>>> {
     let store = bus.kv(names::KUBECONFIGS_BUCKET).await?;
     let Some((sealed, _)) = store.get::<pb::SealedSecret>(&keys::kubeconfig(site)).await? else {
         return Ok(None);

@@ -20,11 +20,15 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
+use zeroize::{Zeroize, Zeroizing};
 
 pub const ALGORITHM: &str = "xchacha20poly1305";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
+    /// The key file may be read by others: refused, with the fix.
+    #[error("{0}")]
+    KeyFileOpen(String),
     #[error("read key file {path}")]
     ReadKey {
         path: PathBuf,
@@ -87,6 +91,12 @@ struct DataKey {
     key: [u8; 32],
 }
 
+impl Drop for DataKey {
+    fn drop(&mut self) {
+        self.key.zeroize();
+    }
+}
+
 impl fmt::Debug for DataKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DataKey").field("id", &self.id).finish_non_exhaustive()
@@ -140,8 +150,7 @@ impl StaticKey {
     }
 
     pub fn from_file(path: &Path) -> Result<Self, SecretError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| SecretError::ReadKey { path: path.into(), source })?;
+        let text = read_private(path)?;
         Self::from_hex(&text, &path.display().to_string())
     }
 
@@ -307,8 +316,7 @@ impl KeyRing {
 
     fn read(path: &Path) -> Result<Loaded, SecretError> {
         let stamp = FileStamp::of(path);
-        let text =
-            std::fs::read_to_string(path).map_err(|source| SecretError::ReadKey { path: path.into(), source })?;
+        let text = read_private(path)?;
         Ok(Loaded { keys: parse_keys(&text, &path.display().to_string())?, stamp })
     }
 
@@ -401,7 +409,7 @@ impl KeyRing {
                 found: loaded.keys[0].id.clone(),
             });
         }
-        let retired: Vec<String> = loaded.keys.drain(1..).map(|k| k.id).collect();
+        let retired: Vec<String> = loaded.keys.drain(1..).map(|k| k.id.clone()).collect();
         if !retired.is_empty() {
             write_atomic(path, &render_keys(&loaded.keys))
                 .map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
@@ -449,6 +457,13 @@ impl KeyProvider for KeyRing {
 }
 
 /// Creates `path` (and its directory) with `text`, mode 0600; fails if it exists.
+/// Reads a key file that only its owner may read, zeroed when dropped.
+fn read_private(path: &Path) -> Result<Zeroizing<String>, SecretError> {
+    bus_schema::runtime::private_file(path).map_err(SecretError::KeyFileOpen)?;
+    let text = std::fs::read_to_string(path).map_err(|source| SecretError::ReadKey { path: path.into(), source })?;
+    Ok(Zeroizing::new(text))
+}
+
 fn write_new_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(dir) = path.parent() {
@@ -497,7 +512,11 @@ pub fn seal(keys: &dyn KeyProvider, purpose: &str, plaintext: &[u8]) -> Result<p
 }
 
 /// Opens a sealed record made for `purpose`.
-pub fn open(keys: &dyn KeyProvider, purpose: &str, sealed: &pb::SealedSecret) -> Result<Vec<u8>, SecretError> {
+pub fn open(
+    keys: &dyn KeyProvider,
+    purpose: &str,
+    sealed: &pb::SealedSecret,
+) -> Result<Zeroizing<Vec<u8>>, SecretError> {
     if sealed.algorithm != ALGORITHM {
         return Err(SecretError::Algorithm(sealed.algorithm.clone()));
     }
@@ -506,6 +525,7 @@ pub fn open(keys: &dyn KeyProvider, purpose: &str, sealed: &pb::SealedSecret) ->
     let cipher = XChaCha20Poly1305::new(&key.into());
     cipher
         .decrypt(&XNonce::from(nonce), Payload { msg: &sealed.ciphertext, aad: purpose.as_bytes() })
+        .map(Zeroizing::new)
         .map_err(|_| SecretError::Open)
 }
 
@@ -554,7 +574,7 @@ mod tests {
         let b = seal(&k, "kubeconfig/edge-1", b"secret").unwrap();
         assert_ne!(a.nonce, b.nonce);
         assert!(!a.ciphertext.windows(6).any(|w| w == b"secret"));
-        assert_eq!(open(&k, "kubeconfig/edge-1", &a).unwrap(), b"secret");
+        assert_eq!(open(&k, "kubeconfig/edge-1", &a).unwrap().as_slice(), b"secret");
     }
 
     #[test]
@@ -567,35 +587,55 @@ mod tests {
         assert!(matches!(StaticKey::from_hex("abc", "env"), Err(SecretError::BadKey { .. })));
     }
 
+    fn write_private(path: &Path, text: impl AsRef<[u8]>) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    #[test]
+    fn a_key_file_others_may_read_is_refused_with_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = TempDir::new("ring-open");
+        let path = dir.0.join("secret.key");
+        write_private(&path, K1);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = KeyRing::from_file(&path).unwrap_err().to_string();
+        assert!(e.contains(&format!("(mode 640); make it the owner's alone: chmod 600 {}", path.display())), "{e}");
+        assert!(StaticKey::from_file(&path).is_err());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(KeyRing::from_file(&path).is_ok());
+    }
+
     #[test]
     fn a_single_key_file_of_today_reads_as_a_ring_of_one() {
         let dir = TempDir::new("ring-one");
         let path = dir.0.join("secret.key");
-        std::fs::write(&path, K1).unwrap();
+        write_private(&path, K1);
         let ring = KeyRing::from_file(&path).unwrap();
         let fixed = StaticKey::from_hex(K1, "test").unwrap();
         assert_eq!(ring.key_ids(), vec![fixed.id().to_string()]);
         let sealed = seal(&fixed, "p", b"x").unwrap();
-        assert_eq!(open(&ring, "p", &sealed).unwrap(), b"x");
+        assert_eq!(open(&ring, "p", &sealed).unwrap().as_slice(), b"x");
     }
 
     #[test]
     fn the_first_key_seals_and_every_key_opens() {
         let dir = TempDir::new("ring-two");
         let path = dir.0.join("secret.key");
-        std::fs::write(&path, format!("# new\n{K2}\n\n  # old\n{K1}\n{K1}\n")).unwrap();
+        write_private(&path, format!("# new\n{K2}\n\n  # old\n{K1}\n{K1}\n"));
         let ring = KeyRing::from_file(&path).unwrap();
         let (k1, k2) = (StaticKey::from_hex(K1, "t").unwrap(), StaticKey::from_hex(K2, "t").unwrap());
         assert_eq!(ring.key_ids(), vec![k2.id().to_string(), k1.id().to_string()]);
         assert_eq!(ring.current_id(), k2.id());
         let old = seal(&k1, "p", b"old").unwrap();
-        assert_eq!(open(&ring, "p", &old).unwrap(), b"old");
+        assert_eq!(open(&ring, "p", &old).unwrap().as_slice(), b"old");
         assert_eq!(seal(&ring, "p", b"new").unwrap().key_id, k2.id());
 
-        std::fs::write(&path, format!("{K1}\nnot a key\n")).unwrap();
+        write_private(&path, format!("{K1}\nnot a key\n"));
         let err = KeyRing::from_file(&path).unwrap_err();
         assert!(err.to_string().contains("line 2"), "{err}");
-        std::fs::write(&path, "# only a comment\n").unwrap();
+        write_private(&path, "# only a comment\n");
         assert!(matches!(KeyRing::from_file(&path), Err(SecretError::NoKeys { .. })));
     }
 
@@ -613,7 +653,7 @@ mod tests {
         assert_eq!(mode(&path), 0o600);
         // Another process reading the file sees both keys.
         assert_eq!(KeyRing::from_file(&path).unwrap().key_ids(), vec![new.clone(), old.clone()]);
-        assert_eq!(open(&ring, "p", &sealed).unwrap(), b"before");
+        assert_eq!(open(&ring, "p", &sealed).unwrap().as_slice(), b"before");
 
         assert!(matches!(ring.retire(&old), Err(SecretError::RotatedElsewhere { .. })));
         assert_eq!(ring.retire(&new).unwrap(), vec![old.clone()]);
@@ -633,7 +673,7 @@ mod tests {
         let new = elsewhere.rotate().unwrap();
         let sealed = seal(&elsewhere, "p", b"x").unwrap();
         // An unknown key id makes the ring read the file again.
-        assert_eq!(open(&here, "p", &sealed).unwrap(), b"x");
+        assert_eq!(open(&here, "p", &sealed).unwrap().as_slice(), b"x");
         assert_eq!(here.current_id(), new);
 
         let third = KeyRing::from_file(&path).unwrap();

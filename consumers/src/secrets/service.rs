@@ -4,7 +4,8 @@
 //! - `landfall.admin.kubeconfig_get`: a site's kubeconfig, opened;
 //! - `landfall.admin.bmc_credentials_put`: seal and store a host's BMC credentials;
 //! - `landfall.svc.<site>.bmc_credentials`: a gateway's request for a host's credentials,
-//!   answered only while the site's lease is held (an install or join drives its BMCs);
+//!   answered only for the provision job an install or join saga sent that site for that
+//!   host, while the host is being provisioned;
 //! - `landfall.admin.rotate_key`: seal every record again under a new key, then retire the old.
 //!
 //! Secrets travel only in request and reply bodies, never in a stream, a log line, an event or
@@ -28,14 +29,14 @@ use super::records::{
 };
 use super::sealing::{self, KeyProvider, KeyRing, SecretError};
 use crate::failpoint;
-use crate::lease;
+use crate::saga;
 
 /// How a refusal of a BMC credentials request for a host with none stored starts; gateways
 /// read it as "no credentials" rather than as a failure.
 pub const NO_BMC_CREDENTIALS: &str = "no BMC credentials stored";
-/// How a refusal of a BMC credentials request starts when the site's lease is not held: no
-/// job of the site drives a BMC now (a job redelivered after its saga ended needs none, since
-/// the backend finds the host done). Gateways go on without credentials.
+/// How a refusal of a BMC credentials request starts when no job the hub sent drives that
+/// host's BMC now (a job redelivered after its saga ended needs none, since the backend finds
+/// the host done). Gateways go on without credentials.
 pub const NO_BMC_JOB: &str = "no job drives the BMCs of site";
 /// How many passes over the bucket a rotation makes before it gives up on records that keep
 /// being written under an old key.
@@ -161,7 +162,8 @@ impl SecretsService {
         let kubeconfig = sealing::open(self.keys.as_ref(), &kubeconfig_purpose(site.as_str()), &sealed)
             .map_err(RequestError::secret(what))?;
         info!(%site, key_id = %sealed.key_id, "kubeconfig read");
-        Ok(kubeconfig)
+        // The reply carries a copy; this one is zeroed when dropped.
+        Ok(kubeconfig.to_vec())
     }
 
     async fn bmc_put(&self, payload: &[u8]) -> Result<pb::SecretStored, RequestError> {
@@ -195,16 +197,9 @@ impl SecretsService {
     }
 
     async fn bmc_get(&self, subject: &str, payload: &[u8]) -> Result<pb::BmcCredentials, RequestError> {
-        let req: pb::BmcCredentialsRequest = decode(payload)?;
         // landfall.svc.<site>.bmc_credentials: the subject says which site asks (and what its
         // credentials on the bus allow it to ask for).
-        let asking = match names::parse_subject(subject) {
-            Some(names::ParsedSubject::Service { site, .. }) => site,
-            _ => "",
-        };
-        if req.site_id != asking {
-            return Err(refused(format!("request for site {:?} came on the subject of site {asking:?}", req.site_id)));
-        }
+        let req: pb::BmcCredentialsRequest = bus_schema::trust::decode_request(subject, payload).map_err(refused)?;
         let site = site_id(req.site_id)?;
         let node = node_name(req.node)?;
         let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(site.as_str())).await? else {
@@ -213,12 +208,17 @@ impl SecretsService {
         if !design.nodes.iter().any(|n| n.name == node.as_str()) {
             return Err(refused(format!("node {node} is not in the design of site {site}")));
         }
-        let busy = match self.sagas.get::<pb::SiteLease>(&keys::site_lease(site.as_str())).await? {
-            Some((held, _)) => lease::holder_busy(&self.sagas, &held).await?,
-            None => false,
+        // Only for the job that drives this host's BMC, while it does.
+        let saga = match req.correlation_id.as_str() {
+            "" => None,
+            id => self.sagas.get::<pb::InstallSaga>(&keys::saga(id)).await?,
         };
-        if !busy {
-            return Err(RequestError::Declined(format!("{NO_BMC_JOB} {site} (its lease is not held)")));
+        let grant = match saga {
+            Some((saga, _)) => saga::bmc_grant(&saga, site.as_str(), node.as_str(), &req.job_id),
+            None => Err(format!("no install or join saga {:?}", req.correlation_id)),
+        };
+        if let Err(why) = grant {
+            return Err(RequestError::Declined(format!("{NO_BMC_JOB} {site} for node {node}: {why}")));
         }
         let Some((sealed, _)) =
             self.store.get::<pb::SealedSecret>(&keys::bmc_credentials(site.as_str(), node.as_str())).await?

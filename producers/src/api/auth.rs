@@ -97,7 +97,7 @@ impl Tokens {
     }
 
     pub fn from_yaml(text: &str) -> anyhow::Result<Self> {
-        let file: TokensFile = serde_yaml::from_str(text)?;
+        let file: TokensFile = bus_schema::yaml::from_str(text)?;
         let mut tokens = Self::default();
         for e in file.tokens {
             let digest = match (e.token, e.sha256) {
@@ -168,7 +168,7 @@ pub fn local_tokens(data_dir: &Path) -> anyhow::Result<(Tokens, String, String)>
     }
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let tokens = Tokens::from_yaml(&text).with_context(|| format!("in {}", path.display()))?;
-    let file: TokensFile = serde_yaml::from_str(&text)?;
+    let file: TokensFile = bus_schema::yaml::from_str(&text)?;
     let first =
         |role: Role| file.tokens.iter().find(|t| t.role == role).and_then(|t| t.token.clone()).unwrap_or_default();
     Ok((tokens, first(Role::Operator), first(Role::Viewer)))

@@ -102,7 +102,7 @@ pub fn node_spec(args: &NodeAddArgs) -> anyhow::Result<NodeDesign> {
 /// ([`ids::node_added_id`]), so the join it starts (its correlation id) and its rejection can
 /// be told from any other.
 pub fn node_added_id(site: &SiteId, node: &NodeDesign) -> String {
-    ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str()).to_string()
+    ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str(), "").to_string()
 }
 
 fn encode<M: BusMessage>(m: &M) -> Vec<u8> {
@@ -120,7 +120,7 @@ pub async fn node_add(url: &str, args: &NodeAddArgs) -> anyhow::Result<ExitCode>
     };
     let request = pb::SimulateHostArrival { site_id: site.to_string(), node: Some(pb::NodeSpec::from(&node)) };
     let subject = names::sim_host_arrival_rpc(site.as_str());
-    match bus.request(subject, encode(&request).into(), Duration::from_secs(5)).await {
+    match bus.request_site(site.as_str(), subject, encode(&request).into(), Duration::from_secs(5)).await {
         Ok(_) => {}
         Err(RequestError::TimedOut { .. }) => bail!("simulated site {site} did not answer within 5 s"),
         Err(RequestError::NoResponders { .. }) => {
@@ -273,10 +273,10 @@ mod tests {
         let other = pb::NodeReady { node: "node-5".into(), ..ready.clone() };
         assert_eq!(verdict(delivery(&other, "x")), None);
         let failed = pb::NodeJoinFailed {
+            site_id: "edge-01".into(),
             node: "node-4".into(),
             step: "provision_os".into(),
             reason: "bmc".into(),
-            ..Default::default()
         };
         let (code, msg) = verdict(delivery(&failed, "x")).unwrap();
         assert_eq!((code, msg.as_str()), (1, "node node-4 could not join: provision_os: bmc"));

@@ -72,7 +72,8 @@ pub fn read_site_design(file: &Path) -> anyhow::Result<SiteDesign> {
 /// Parses a flat site design read from `source`: its YAML, then the checks of the design as a
 /// whole (the first problem found).
 pub fn parse_site_design(text: &str, source: &str) -> anyhow::Result<SiteDesign> {
-    let design: SiteDesign = serde_yaml::from_str(text).with_context(|| format!("{source} is not a site design"))?;
+    let design: SiteDesign =
+        bus_schema::yaml::from_str(text).with_context(|| format!("{source} is not a site design"))?;
     design.validate().with_context(|| format!("{source} is not a valid site design"))
 }
 

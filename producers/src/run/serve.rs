@@ -33,21 +33,19 @@ pub enum ServeCommand {
 #[derive(Debug, clap::Args)]
 pub struct KeyArgs {
     /// A file of data keys, one per line as 64 hex digits (the first seals, the others only
-    /// open); `landfall kubeconfig rotate-key` rewrites it.
-    #[arg(long, env = "LANDFALL_SECRET_KEY_FILE", conflicts_with = "secret_key")]
+    /// open), readable by its owner only; `landfall kubeconfig rotate-key` rewrites it. Keys
+    /// are never taken from the command line or the environment, where other processes of the
+    /// machine can read them.
+    #[arg(long, env = "LANDFALL_SECRET_KEY_FILE")]
     pub secret_key_file: Option<PathBuf>,
-    /// The data key itself, 64 hex digits (prefer the file: a key given here cannot rotate).
-    #[arg(long, env = "LANDFALL_SECRET_KEY", hide_env_values = true)]
-    pub secret_key: Option<String>,
 }
 
 impl KeyArgs {
     pub fn source(&self) -> anyhow::Result<KeySource> {
-        Ok(match (&self.secret_key_file, &self.secret_key) {
-            (Some(path), _) => KeySource::File(path.clone()),
-            (None, Some(hex)) => KeySource::Hex { hex: hex.clone(), from: "LANDFALL_SECRET_KEY".into() },
-            (None, None) => anyhow::bail!("no data key: pass --secret-key-file or set LANDFALL_SECRET_KEY"),
-        })
+        match &self.secret_key_file {
+            Some(path) => Ok(KeySource::File(path.clone())),
+            None => anyhow::bail!("no data key: pass --secret-key-file (a file of 64-hex-digit keys, mode 0600)"),
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
+use bus_schema::yaml;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::core::{GroupVersion, GroupVersionKind};
 use kube::discovery::{self, ApiResource, Scope};
@@ -371,10 +372,14 @@ impl Planned {
 /// `kind: List` documents stand for their items. Documents are numbered from 1, counting the
 /// empty ones, as they stand in the file.
 fn parse_manifests(bytes: &[u8]) -> Result<Vec<Manifest>, BackendError> {
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| BackendError::permanent("the manifests are not UTF-8 text", e))?;
     let mut manifests = Vec::new();
-    for (i, document) in serde_yaml::Deserializer::from_slice(bytes).enumerate() {
+    for (i, document) in yaml::documents(text).into_iter().enumerate() {
         let at = format!("document {}", i + 1);
-        let value = serde_json::Value::deserialize(document).map_err(|e| BackendError::permanent(at.clone(), e))?;
+        let value = document
+            .and_then(|d| d.parse::<serde_json::Value>())
+            .map_err(|e| BackendError::permanent(at.clone(), e))?;
         manifest(value, at, &mut manifests)?;
     }
     Ok(manifests)

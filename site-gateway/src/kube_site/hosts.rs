@@ -113,6 +113,7 @@ fn departure(host: &BareMetalHost) -> HostChange {
         node: host.name_any(),
         boot_mac: host.spec.boot_mac_address.clone().unwrap_or_default(),
         reason: "BareMetalHost deleted".into(),
+        incarnation: host.metadata.uid.clone().unwrap_or_default(),
     }
 }
 
@@ -128,9 +129,10 @@ fn consider(site: &str, host: &BareMetalHost, refused: &mut HashSet<String>) -> 
     }
     match node_of(host) {
         Ok(node) => {
-            let id = ids::node_added_id(site, node.name.as_str(), node.boot_mac.as_str()).to_string();
-            info!(%site, host = %name, mac = %node.boot_mac, "new host");
-            Some((HostChange::Arrived { node, hardware: host.hardware() }, Mark::Announced(id)))
+            let incarnation = host.metadata.uid.clone().unwrap_or_default();
+            let id = ids::node_added_id(site, node.name.as_str(), node.boot_mac.as_str(), &incarnation).to_string();
+            info!(%site, host = %name, mac = %node.boot_mac, uid = %incarnation, "new host");
+            Some((HostChange::Arrived { node, hardware: host.hardware(), incarnation }, Mark::Announced(id)))
         }
         Err(reason) => {
             if refused.insert(name.clone()) {

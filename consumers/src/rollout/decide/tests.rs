@@ -313,3 +313,53 @@ fn a_wave_past_its_timeout_halts_when_the_strategy_says_abort() {
     assert_eq!((next.failed, next.sites_done), (0, 0));
     assert_eq!(kinds(&next), ["RolloutHalted"]);
 }
+
+#[test]
+fn a_site_report_counts_only_as_the_answer_to_the_job_that_site_was_sent() {
+    let mut r = rollout(&[3], 10);
+    r.entry = Some(pb::Package { name: "kubelet".into(), version: "1.31.0".into(), ..Default::default() });
+    assert!(mark_dispatched(&mut r, &[1]));
+    let planned = plan_site("edge-2", 2);
+    let (job, job_env) = patch_job(&r, 1, planned.clone(), &[]);
+    let honest = pb::SitePatched {
+        site_id: "edge-2".into(),
+        rollout_id: "r1".into(),
+        plan_index: 1,
+        patched: vec!["n0".into()],
+        failed: vec![pb::NodeResult { node: "n1".into(), ..Default::default() }],
+        skipped: vec![],
+        package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.31.0".into() }),
+    };
+    let cause = job_env.derive("site_patched", None);
+    assert_eq!(job.plan_index, 1);
+    assert_eq!(check_report(&r, &planned, &honest, &cause), Ok(()));
+
+    let refused = |e: pb::SitePatched, planned: &pb::RolloutPlanSite, cause: &Envelope| {
+        check_report(&r, planned, &e, cause).expect_err("a forgery")
+    };
+    // Another site's place in the plan (it would mark that site done).
+    let e = refused(pb::SitePatched { plan_index: 0, ..honest.clone() }, &plan_site("edge-1", 2), &cause);
+    assert!(e.contains("planned no site edge-2 at index 0"), "{e}");
+    // A place past the plan's end.
+    let e = refused(pb::SitePatched { plan_index: 9, ..honest.clone() }, &pb::RolloutPlanSite::default(), &cause);
+    assert!(e.contains("index 9"), "{e}");
+    // A site the rollout has not started.
+    let e = refused(
+        pb::SitePatched { site_id: "edge-3".into(), plan_index: 2, ..honest.clone() },
+        &plan_site("edge-3", 2),
+        &cause,
+    );
+    assert!(e.contains("has sent site edge-3 no job"), "{e}");
+    // Caused by something other than the job.
+    let e = refused(honest.clone(), &planned, &Envelope::root());
+    assert!(e.contains("not the job rollout r1 sent site edge-2"), "{e}");
+    // A node the job did not name.
+    let e = refused(pb::SitePatched { patched: vec!["intruder".into()], ..honest.clone() }, &planned, &cause);
+    assert!(e.contains("node intruder was not in the job"), "{e}");
+    let failed = vec![pb::NodeResult { node: "other".into(), ..Default::default() }];
+    assert!(check_report(&r, &planned, &pb::SitePatched { failed, ..honest.clone() }, &cause).is_err());
+    // Another package.
+    let package = Some(pb::PackageRef { name: "kubelet".into(), version: "9.9.9".into() });
+    let e = refused(pb::SitePatched { package, ..honest.clone() }, &planned, &cause);
+    assert!(e.contains("kubelet@9.9.9"), "{e}");
+}

@@ -1,0 +1,302 @@
+//! Who may send each message, and what it may say: the one table every check is derived from.
+//!
+//! A site's NATS user may publish only on subjects that name its own site, and that is all the
+//! server checks. So the site a subject names is the only site a message on it may speak for:
+//! every field that names a site must name that one ([`check`]), and a state-changing report from
+//! a site counts only as the answer to a job the hub sent that site ([`Rule::answers`]; the
+//! consumer that keeps the job's record checks the job's id, nodes and rollout). The same table
+//! says which parties may publish each kind (`access` gives each NATS user exactly those subjects).
+//!
+//! A message kind missing from [`RULES`] is refused by [`check`]; the tests below fail for a
+//! kind of the contract that has no row, and run every row's site fields against a forgery.
+
+use crate::names::{self, ParsedSubject};
+use crate::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
+
+/// The parties that publish on the bus (each a NATS user of its own in production).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Party {
+    /// People and their tools: the CLI, `landfall up`.
+    Operator,
+    /// The HTTP API, publishing commands for its users.
+    Api,
+    Orchestrator,
+    Observer,
+    /// The kubeconfig collector and the secrets service.
+    Kubeconfig,
+    Distribution,
+    /// A site's gateway: the least trusted party.
+    Site,
+}
+
+/// How a message travels, and so what its subject looks like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// `landfall.cmd.<kind>.<scope>`, stored in `LANDFALL_COMMANDS`.
+    Command,
+    /// `landfall.job.<site>.<kind>`, stored in `LANDFALL_JOBS`.
+    Job,
+    /// `landfall.evt.<scope>.<aggregate>.<kind>`, stored in `LANDFALL_EVENTS`.
+    Event,
+    /// A site's core request to a hub service: `landfall.svc.<site>.<kind>`.
+    Service,
+    /// The hub's core request to a site: `landfall.rpc.<site>.<kind>`.
+    SiteRpc,
+    /// An operator's core request to the secrets service: `landfall.admin.<kind>`.
+    Admin,
+}
+
+/// One message kind: who may send it and which of its fields must agree with its subject.
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    /// The protobuf full name (the `Landfall-Type` header).
+    pub type_name: &'static str,
+    pub channel: Channel,
+    /// An event's aggregate (`node` in `landfall.evt.<site>.node.os_provisioned`); empty for
+    /// other channels.
+    pub aggregate: &'static str,
+    /// The kind as the subject spells it: `node_added`, `os_provisioned`, `artifact_plan`.
+    pub kind: &'static str,
+    pub senders: &'static [Party],
+    /// Fields (dotted paths into the message) that must name the subject's site.
+    pub site_fields: &'static [&'static str],
+    /// For a site's state-changing report: the kinds of job it may answer. Such a report is
+    /// accepted only with the id of a job of one of these kinds that the hub sent that site
+    /// (its causation), and only for that job's nodes and rollout.
+    pub answers: &'static [&'static str],
+}
+
+impl Rule {
+    pub fn allows(&self, party: Party) -> bool {
+        self.senders.contains(&party)
+    }
+}
+
+/// Why a message was refused, for its `REJECT_CODE_FORBIDDEN` rejection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Forbidden(pub String);
+
+use Party::{Api, Kubeconfig, Observer, Operator, Orchestrator, Site};
+
+const PEOPLE: &[Party] = &[Operator, Api];
+const PEOPLE_AND_SITES: &[Party] = &[Site, Operator, Api];
+const HUB: &[Party] = &[Orchestrator];
+const SITE: &[Party] = &[Site];
+/// Any consumer of events or jobs may reject what it was given; a gateway rejects jobs it cannot
+/// read. Only the orchestrator consumes commands.
+const CONSUMERS: &[Party] = &[Orchestrator, Observer, Kubeconfig, Site];
+
+macro_rules! rules {
+    ($($channel:ident $ty:ident ($kind:expr $(, event of $agg:expr)?) from $senders:expr, sites [$($field:literal),*] $(, answers [$($job:expr),*])?;)*) => {
+        /// Every message kind that travels as a command, job, event or request.
+        pub const RULES: &[Rule] = &[$(Rule {
+            type_name: <pb::$ty as BusMessage>::TYPE,
+            channel: Channel::$channel,
+            aggregate: first(&[$($agg,)? ""]),
+            kind: $kind,
+            senders: $senders,
+            site_fields: &[$($field),*],
+            answers: &[$($($job),*)?],
+        }),*];
+
+        /// The message of type `type_name` read from JSON and encoded (for the table's tests and
+        /// for tools that build a message by its name).
+        pub fn encode_json(type_name: &str, json: serde_json::Value) -> Option<Result<Vec<u8>, serde_json::Error>> {
+            match type_name {
+                $(<pb::$ty as BusMessage>::TYPE => Some(
+                    serde_json::from_value::<pb::$ty>(json).map(|m| prost::Message::encode_to_vec(&m)),
+                ),)*
+                _ => None,
+            }
+        }
+
+        /// [`check`] for a payload of the type `type_name` (`None`: not a type of [`RULES`]).
+        pub fn check_payload(subject: &str, type_name: &str, payload: &[u8]) -> Option<Result<(), Forbidden>> {
+            match type_name {
+                $(<pb::$ty as BusMessage>::TYPE => Some(
+                    <pb::$ty as prost::Message>::decode(payload)
+                        .map_err(|e| Forbidden(format!("payload is not a valid {type_name}: {e}")))
+                        .and_then(|m| check(subject, &m)),
+                ),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+rules! {
+    Command RegisterSite(pb::RegisterSite::KIND) from PEOPLE, sites ["design.site_id"];
+    Command InstallSite(pb::InstallSite::KIND) from PEOPLE, sites ["site_id"];
+    Command ApplyDesign(pb::ApplyDesign::KIND) from PEOPLE, sites ["site_id"];
+    Command StageSite(pb::StageSite::KIND) from PEOPLE, sites ["site_id"];
+    Command NodeAdded(pb::NodeAdded::KIND) from PEOPLE_AND_SITES, sites ["site_id"];
+    Command NodeRemoved(pb::NodeRemoved::KIND) from PEOPLE_AND_SITES, sites ["site_id"];
+    Command RegisterPackage(pb::RegisterPackage::KIND) from PEOPLE, sites [];
+    Command PatchPackage(pb::PatchPackage::KIND) from &[Operator, Api, Orchestrator], sites [];
+    Command PauseRollout(pb::PauseRollout::KIND) from PEOPLE, sites [];
+    Command ResumeRollout(pb::ResumeRollout::KIND) from PEOPLE, sites [];
+    Command CancelRollout(pb::CancelRollout::KIND) from PEOPLE, sites [];
+
+    Job StageArtifacts(pb::StageArtifacts::KIND) from HUB, sites ["site_id"];
+    Job ProvisionOs(pb::ProvisionOs::KIND) from HUB, sites ["site_id"];
+    Job InstallBinaries(pb::InstallBinaries::KIND) from HUB, sites ["site_id"];
+    Job ApplyContainerPackages(pb::ApplyContainerPackages::KIND) from HUB, sites ["site_id"];
+    Job PatchNodes(pb::PatchNodes::KIND) from HUB, sites ["site_id"];
+
+    Event SiteRegistered(pb::SiteRegistered::KIND, event of pb::SiteRegistered::AGGREGATE) from HUB, sites ["site_id"];
+    Event DesignApplied(pb::DesignApplied::KIND, event of pb::DesignApplied::AGGREGATE) from HUB, sites ["site_id"];
+    Event SiteInstallStarted(pb::SiteInstallStarted::KIND, event of pb::SiteInstallStarted::AGGREGATE) from HUB, sites ["site_id"];
+    Event SiteInstalled(pb::SiteInstalled::KIND, event of pb::SiteInstalled::AGGREGATE) from HUB, sites ["site_id"];
+    Event SiteInstallFailed(pb::SiteInstallFailed::KIND, event of pb::SiteInstallFailed::AGGREGATE) from HUB, sites ["site_id"];
+    Event NodeAccepted(pb::NodeAccepted::KIND, event of pb::NodeAccepted::AGGREGATE) from HUB, sites ["site_id"];
+    Event NodeLeft(pb::NodeLeft::KIND, event of pb::NodeLeft::AGGREGATE) from HUB, sites ["site_id"];
+    Event NodeReady(pb::NodeReady::KIND, event of pb::NodeReady::AGGREGATE) from HUB, sites ["site_id"];
+    Event NodeJoinFailed(pb::NodeJoinFailed::KIND, event of pb::NodeJoinFailed::AGGREGATE) from HUB, sites ["site_id"];
+    Event KubeconfigStored(pb::KubeconfigStored::KIND, event of pb::KubeconfigStored::AGGREGATE) from &[Kubeconfig], sites ["site_id"];
+    Event BmcCredentialsStored(pb::BmcCredentialsStored::KIND, event of pb::BmcCredentialsStored::AGGREGATE) from &[Kubeconfig], sites ["site_id"];
+
+    Event ArtifactsStaged(pb::ArtifactsStaged::KIND, event of pb::ArtifactsStaged::AGGREGATE) from SITE, sites ["site_id"],
+        answers [pb::StageArtifacts::KIND];
+    Event NodeOsProvisioning(pb::NodeOsProvisioning::KIND, event of pb::NodeOsProvisioning::AGGREGATE) from SITE, sites ["site_id"],
+        answers [pb::ProvisionOs::KIND];
+    Event NodeOsProvisioned(pb::NodeOsProvisioned::KIND, event of pb::NodeOsProvisioned::AGGREGATE) from SITE, sites ["site_id"],
+        answers [pb::ProvisionOs::KIND];
+    Event NodeFailed(pb::NodeFailed::KIND, event of pb::NodeFailed::AGGREGATE) from SITE, sites ["site_id"],
+        answers [pb::ProvisionOs::KIND, pb::InstallBinaries::KIND];
+    Event NodeBinariesInstalled(pb::NodeBinariesInstalled::KIND, event of pb::NodeBinariesInstalled::AGGREGATE) from SITE, sites ["site_id"],
+        answers [pb::InstallBinaries::KIND];
+    Event ClusterReady(pb::ClusterReady::KIND, event of pb::ClusterReady::AGGREGATE) from SITE, sites ["site_id"],
+        answers [pb::InstallBinaries::KIND];
+    Event ContainerPackagesApplied(pb::ContainerPackagesApplied::KIND, event of pb::ContainerPackagesApplied::AGGREGATE) from SITE, sites ["site_id"],
+        answers [pb::ApplyContainerPackages::KIND];
+    Event JobFailed(pb::JobFailed::KIND, event of pb::JobFailed::AGGREGATE) from SITE, sites ["site_id"],
+        answers [pb::StageArtifacts::KIND, pb::ProvisionOs::KIND, pb::InstallBinaries::KIND,
+                 pb::ApplyContainerPackages::KIND, pb::PatchNodes::KIND];
+    Event NodePatched(pb::NodePatched::KIND, event of pb::NodePatched::AGGREGATE) from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event NodePatchFailed(pb::NodePatchFailed::KIND, event of pb::NodePatchFailed::AGGREGATE) from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event SitePatched(pb::SitePatched::KIND, event of pb::SitePatched::AGGREGATE) from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+
+    Event PackageRegistered(pb::PackageRegistered::KIND, event of pb::PackageRegistered::AGGREGATE) from HUB, sites [];
+    Event RolloutPlanned(pb::RolloutPlanned::KIND, event of pb::RolloutPlanned::AGGREGATE) from HUB, sites [];
+    Event RolloutWaveStarted(pb::RolloutWaveStarted::KIND, event of pb::RolloutWaveStarted::AGGREGATE) from HUB, sites [];
+    Event RolloutProgress(pb::RolloutProgress::KIND, event of pb::RolloutProgress::AGGREGATE) from HUB, sites [];
+    Event RolloutHalted(pb::RolloutHalted::KIND, event of pb::RolloutHalted::AGGREGATE) from HUB, sites [];
+    Event RolloutPaused(pb::RolloutPaused::KIND, event of pb::RolloutPaused::AGGREGATE) from HUB, sites [];
+    Event RolloutResumed(pb::RolloutResumed::KIND, event of pb::RolloutResumed::AGGREGATE) from HUB, sites [];
+    Event RolloutCancelled(pb::RolloutCancelled::KIND, event of pb::RolloutCancelled::AGGREGATE) from HUB, sites [];
+    Event RolloutCompleted(pb::RolloutCompleted::KIND, event of pb::RolloutCompleted::AGGREGATE) from HUB, sites [];
+    Event SecretKeyRotated(pb::SecretKeyRotated::KIND, event of pb::SecretKeyRotated::AGGREGATE) from &[Kubeconfig], sites [];
+    Event CommandRejected(pb::rejection::KIND, event of pb::rejection::COMMAND_AGGREGATE) from HUB, sites [];
+    Event MessageRejected(pb::rejection::KIND, event of pb::rejection::MESSAGE_AGGREGATE) from CONSUMERS, sites [];
+
+    Service ArtifactPlanRequest(names::ARTIFACT_PLAN) from SITE, sites ["site_id"];
+    Service ChunkRequest(names::ARTIFACT_CHUNK) from SITE, sites ["site_id"];
+    Service BmcCredentialsRequest(names::BMC_CREDENTIALS) from SITE, sites ["site_id"];
+
+    SiteRpc KubeconfigRequest(names::KUBECONFIG_RPC) from &[Kubeconfig, Operator], sites ["site_id"];
+    SiteRpc SimulateHostArrival(names::SIM_HOST_ARRIVAL_RPC) from &[Operator], sites ["site_id"];
+
+    Admin KubeconfigGet(names::KUBECONFIG_GET) from &[Operator], sites [];
+    Admin PutBmcCredentials(names::BMC_CREDENTIALS_PUT) from &[Operator], sites [];
+    Admin RotateKey(names::ROTATE_KEY) from &[Operator], sites [];
+}
+
+const fn first(options: &[&'static str]) -> &'static str {
+    options[0]
+}
+
+/// The row of the message type `type_name`.
+pub fn rule(type_name: &str) -> Option<&'static Rule> {
+    RULES.iter().find(|r| r.type_name == type_name)
+}
+
+/// The rows that `party` may send.
+pub fn sent_by(party: Party) -> impl Iterator<Item = &'static Rule> {
+    RULES.iter().filter(move |r| r.allows(party))
+}
+
+impl Rule {
+    /// The kind as the subject spells it: `node_added`, or `node.os_provisioned` for an event.
+    pub fn subject_kind(&self) -> String {
+        if self.aggregate.is_empty() { self.kind.to_string() } else { format!("{}.{}", self.aggregate, self.kind) }
+    }
+}
+
+/// The site a subject speaks for, and the kind it names (`None` for the site: the fleet, or an
+/// operator's request).
+fn parse(subject: &str) -> Option<(Channel, Option<&str>, String)> {
+    fn site(s: &str) -> Option<&str> {
+        (s != names::FLEET).then_some(s)
+    }
+    Some(match names::parse_subject(subject)? {
+        ParsedSubject::Command { kind, scope } => (Channel::Command, site(scope), kind.to_string()),
+        ParsedSubject::Job { site: s, kind } => (Channel::Job, Some(s), kind.to_string()),
+        ParsedSubject::Event { scope, aggregate, kind } => (Channel::Event, site(scope), format!("{aggregate}.{kind}")),
+        ParsedSubject::Service { site: s, kind } => (Channel::Service, Some(s), kind.to_string()),
+        ParsedSubject::Rpc { site: s, kind } => (Channel::SiteRpc, Some(s), kind.to_string()),
+        ParsedSubject::Admin { kind } => (Channel::Admin, None, kind.to_string()),
+    })
+}
+
+/// The row of the kind a subject names (`landfall.evt.edge-01.node.failed`: `NodeFailed`).
+pub fn rule_for_subject(subject: &str) -> Option<&'static Rule> {
+    let (channel, _, kind) = parse(subject)?;
+    RULES.iter().find(|r| r.channel == channel && r.subject_kind() == kind)
+}
+
+/// The site the subject names, when it names one.
+pub fn subject_site(subject: &str) -> Option<&str> {
+    parse(subject).and_then(|(_, site, _)| site)
+}
+
+/// Checks a decoded message against the subject it came on: its kind is the subject's, and
+/// every field [`Rule::site_fields`] names holds the subject's site.
+///
+/// # Errors
+/// [`Forbidden`], saying which field named which site.
+pub fn check<M: BusMessage>(subject: &str, message: &M) -> Result<(), Forbidden> {
+    let rule = rule(M::TYPE).ok_or_else(|| Forbidden(format!("{} is not a message anyone may send", M::TYPE)))?;
+    let (channel, site, kind) =
+        parse(subject).ok_or_else(|| Forbidden(format!("{subject} is not a subject a {} travels on", M::TYPE)))?;
+    if channel != rule.channel || kind != rule.subject_kind() {
+        return Err(Forbidden(format!("{subject} is not a subject a {} travels on", M::TYPE)));
+    }
+    if rule.site_fields.is_empty() {
+        // Fleet-wide commands and events travel in the fleet's scope; rejections in the scope
+        // of what they answer.
+        let rejection = rule.kind == pb::rejection::KIND;
+        if matches!(channel, Channel::Command | Channel::Event) && !rejection && site.is_some() {
+            return Err(Forbidden(format!("{} is fleet-wide, and {subject} names a site", M::TYPE)));
+        }
+        return Ok(());
+    }
+    let Some(site) = site else {
+        return Err(Forbidden(format!("{} names a site, and {subject} names none", M::TYPE)));
+    };
+    let json = serde_json::to_value(message).map_err(|e| Forbidden(format!("{} cannot be read: {e}", M::TYPE)))?;
+    for field in rule.site_fields {
+        let value = field.split('.').try_fold(&json, |v, part| v.get(part));
+        let named = value.and_then(|v| v.as_str()).unwrap_or_default();
+        if named != site {
+            return Err(Forbidden(format!(
+                "{} on {subject} speaks for site {site} only, and its {field} names {named:?}",
+                M::TYPE
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a core request's payload as `M` and [`check`]s it against the subject it came on.
+///
+/// # Errors
+/// The reason, for the refusal's `Landfall-Error` header: not an `M`, or forbidden.
+pub fn decode_request<M: BusMessage>(subject: &str, payload: &[u8]) -> Result<M, String> {
+    let message = M::decode(payload).map_err(|e| format!("not a {}: {e}", M::TYPE))?;
+    check(subject, &message).map_err(|e| e.0)?;
+    Ok(message)
+}
+
+#[cfg(test)]
+mod tests;
