@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bus_schema::names::keys;
 use bus_schema::pb;
-use bus_schema::runtime::{BusError, Cas, HandlerError, Kv};
+use bus_schema::runtime::{BusError, HandlerError, Kv, Update};
 
 use crate::clock::now_ms;
 use crate::saga;
@@ -17,8 +17,6 @@ use crate::saga;
 /// How long a lease whose holder record does not exist yet is presumed to belong to a replica
 /// that is between taking the lease and writing its record (longer than any ack wait).
 pub const LEASE_GRACE: Duration = Duration::from_secs(60);
-/// How many times a compare-and-set race on a lease is retried.
-const CAS_ATTEMPTS: usize = 64;
 
 /// Who wants a site's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,25 +81,51 @@ pub(crate) async fn holder_busy(sagas: &Kv, lease: &pb::SiteLease) -> Result<boo
 pub async fn acquire(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<Acquired, BusError> {
     let key = keys::site_lease(site);
     let lease = holder.record(site);
-    for _ in 0..CAS_ATTEMPTS {
-        let Some((held, rev)) = sagas.get::<pb::SiteLease>(&key).await? else {
-            match sagas.create(&key, &lease).await? {
-                Cas::Written(_) => return Ok(Acquired::Yes),
-                Cas::Conflict => continue,
-            }
-        };
-        if holder.is(&held) {
-            return Ok(Acquired::Yes);
-        }
-        if holder_busy(sagas, &held).await? {
-            let what = if held.holder == pb::LeaseHolder::Rollout as i32 { "rollout" } else { "saga" };
-            return Ok(Acquired::Busy(format!("site {site} is busy with {what} {}", held.saga_id)));
-        }
-        if let Cas::Written(_) = sagas.update(&key, &lease, rev).await? {
-            return Ok(Acquired::Yes);
-        }
+    let held = match sagas.update_with(&key, |held: Option<&pb::SiteLease>| take(held, &lease, holder, None)).await? {
+        Taken::Yes => return Ok(Acquired::Yes),
+        Taken::HeldBy(held) => held,
+    };
+    // Whether its holder has ended takes reads of its own, which a compare-and-set change must
+    // not make: look now, then take the lease over only if it is still the one looked at.
+    if holder_busy(sagas, &held).await? {
+        return Ok(busy(site, &held));
     }
-    Err(BusError::Kv { op: "lease", bucket: sagas.bucket().to_string(), key, source: "lease kept changing".into() })
+    let taken = sagas.update_with(&key, |current: Option<&pb::SiteLease>| take(current, &lease, holder, Some(&held)));
+    Ok(match taken.await? {
+        Taken::Yes => Acquired::Yes,
+        // Another holder took it meanwhile.
+        Taken::HeldBy(other) => busy(site, &other),
+    })
+}
+
+fn busy(site: &str, held: &pb::SiteLease) -> Acquired {
+    let what = if held.holder == pb::LeaseHolder::Rollout as i32 { "rollout" } else { "saga" };
+    Acquired::Busy(format!("site {site} is busy with {what} {}", held.saga_id))
+}
+
+/// Whether a compare-and-set on the lease took it.
+#[derive(Debug, Clone, PartialEq)]
+enum Taken {
+    Yes,
+    /// Someone else holds it: this lease.
+    HeldBy(pb::SiteLease),
+}
+
+/// What taking the lease does to `held` (the lease as it is now): write `lease` when the site
+/// is free or its holder has `ended` (a lease looked at before), nothing when `holder` has it
+/// already, and nothing but saying who has it otherwise.
+fn take(
+    held: Option<&pb::SiteLease>,
+    lease: &pb::SiteLease,
+    holder: Holder<'_>,
+    ended: Option<&pb::SiteLease>,
+) -> Update<pb::SiteLease, Taken> {
+    match held {
+        None => Update::Put(lease.clone(), Taken::Yes),
+        Some(held) if holder.is(held) => Update::Keep(Taken::Yes),
+        Some(held) if ended == Some(held) => Update::Put(lease.clone(), Taken::Yes),
+        Some(held) => Update::Abort(Taken::HeldBy(held.clone())),
+    }
 }
 
 /// [`acquire`] for a command handler: a busy site asks for a redelivery after `retry`.
@@ -114,11 +138,48 @@ pub async fn acquire_or_wait(sagas: &Kv, site: &str, holder: Holder<'_>, retry: 
 
 /// Lets go of the site's lease if `holder` has it.
 pub async fn release(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<(), BusError> {
-    let key = keys::site_lease(site);
-    if let Some((held, rev)) = sagas.get::<pb::SiteLease>(&key).await?
-        && holder.is(&held)
-    {
-        sagas.delete_if(&key, rev).await?;
+    sagas
+        .update_with(&keys::site_lease(site), |held: Option<&pb::SiteLease>| match held {
+            Some(held) if holder.is(held) => Update::Delete(()),
+            _ => Update::Keep(()),
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: Holder<'_>, acquired_unix_ms: i64) -> pb::SiteLease {
+        pb::SiteLease { acquired_unix_ms, ..holder.record("edge-01") }
     }
-    Ok(())
+
+    #[test]
+    fn a_free_site_or_one_whose_holder_ended_is_taken() {
+        let mine = lease(Holder::Saga("s2"), 2);
+        assert_eq!(take(None, &mine, Holder::Saga("s2"), None), Update::Put(mine.clone(), Taken::Yes));
+        let ended = lease(Holder::Saga("s1"), 1);
+        assert_eq!(take(Some(&ended), &mine, Holder::Saga("s2"), Some(&ended)), Update::Put(mine.clone(), Taken::Yes));
+    }
+
+    #[test]
+    fn the_holder_keeps_its_lease_without_a_write() {
+        let mine = lease(Holder::Rollout("r1"), 2);
+        let held = lease(Holder::Rollout("r1"), 1);
+        assert_eq!(take(Some(&held), &mine, Holder::Rollout("r1"), None), Update::Keep(Taken::Yes));
+    }
+
+    #[test]
+    fn a_lease_held_by_another_is_not_taken_unless_it_is_the_one_found_ended() {
+        let mine = lease(Holder::Saga("s2"), 2);
+        let held = lease(Holder::Saga("s1"), 1);
+        assert_eq!(take(Some(&held), &mine, Holder::Saga("s2"), None), Update::Abort(Taken::HeldBy(held.clone())));
+        let other = lease(Holder::Rollout("r9"), 3);
+        assert_eq!(
+            take(Some(&other), &mine, Holder::Saga("s2"), Some(&held)),
+            Update::Abort(Taken::HeldBy(other.clone()))
+        );
+        assert_eq!(busy("edge-01", &other), Acquired::Busy("site edge-01 is busy with rollout r9".into()));
+        assert_eq!(busy("edge-01", &held), Acquired::Busy("site edge-01 is busy with saga s1".into()));
+    }
 }

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
 use bus_schema::domain::{NodeDesign, Package, PackageRef, Role};
 use bus_schema::pb;
@@ -170,17 +171,58 @@ pub struct PatchOutcome {
     pub changed: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// The cause under a [`BackendError`], shared so that the error can be cloned.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// Why a site could not do what the gateway asked. `Permanent` and `Transient` say what was
+/// being done and keep the error that says why as their source; [`BackendError::reason`] gives
+/// the whole chain, for an event or a log line.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BackendError {
     /// Metal3 reported an error for the host (`status.errorType`, `status.errorMessage`).
     #[error("host {host}: {error_type}: {message}")]
     HostFailed { host: String, error_type: String, message: String },
     /// Doing it again will not help.
-    #[error("{0}")]
-    Permanent(String),
+    #[error("{context}")]
+    Permanent {
+        context: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// The site is unreachable or busy; try again.
-    #[error("{0}")]
-    Transient(String),
+    #[error("{context}")]
+    Transient {
+        context: String,
+        #[source]
+        source: Option<Cause>,
+    },
+}
+
+impl BackendError {
+    /// Doing it again will not help: `context` failed because of `source`.
+    pub fn permanent(context: impl Into<String>, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        BackendError::Permanent { context: context.into(), source: Some(Arc::from(source.into())) }
+    }
+
+    /// Doing it again will not help, for a reason no other error gives.
+    pub fn permanent_reason(reason: impl Into<String>) -> Self {
+        BackendError::Permanent { context: reason.into(), source: None }
+    }
+
+    /// Try again: `context` failed because of `source`.
+    pub fn transient(context: impl Into<String>, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        BackendError::Transient { context: context.into(), source: Some(Arc::from(source.into())) }
+    }
+
+    /// Try again, for a reason no other error gives (a cluster not there yet).
+    pub fn transient_reason(reason: impl Into<String>) -> Self {
+        BackendError::Transient { context: reason.into(), source: None }
+    }
+
+    /// The message with every cause under it, joined by `: `.
+    pub fn reason(&self) -> String {
+        bus_schema::runtime::error_chain(self)
+    }
 }
 
 /// A site's bare-metal and binary provisioning, as the gateway drives it.

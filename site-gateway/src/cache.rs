@@ -15,7 +15,7 @@ use std::time::Duration;
 use bus_schema::domain::{Package, Sha256 as Sha256Digest};
 use bus_schema::names;
 use bus_schema::pb::{self, BusMessage};
-use bus_schema::runtime::{self, Bus, Reply, RequestError};
+use bus_schema::runtime::{Bus, Reply, RequestError};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
@@ -31,15 +31,43 @@ const CHUNK_TIMEOUT: Duration = Duration::from_secs(20);
 /// How often a chunk that fails its digest is fetched again before the transfer gives up.
 const REFETCHES: u32 = 3;
 
+/// Why staging did not complete: what was being done, and the error that says why when
+/// there is one.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     /// The hub is unreachable or busy, or the cache's disk failed: try again later; what
     /// arrived so far is kept.
-    #[error("{0}")]
-    Transient(String),
+    #[error("{context}")]
+    Transient {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// Trying again will not help (the hub refused, or its copy is damaged).
-    #[error("{0}")]
-    Permanent(String),
+    #[error("{context}")]
+    Permanent {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl CacheError {
+    fn transient(context: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        CacheError::Transient { context: context.into(), source: Some(Box::new(source)) }
+    }
+
+    fn transient_reason(reason: impl Into<String>) -> Self {
+        CacheError::Transient { context: reason.into(), source: None }
+    }
+
+    fn permanent(context: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        CacheError::Permanent { context: context.into(), source: Some(Box::new(source)) }
+    }
+
+    fn permanent_reason(reason: impl Into<String>) -> Self {
+        CacheError::Permanent { context: reason.into(), source: None }
+    }
 }
 
 /// What staging found and did.
@@ -70,7 +98,7 @@ pub struct ArtifactCache {
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> CacheError {
-    CacheError::Transient(format!("artifact cache: {what} {}: {e}", path.display()))
+    CacheError::transient(format!("artifact cache: {what} {}", path.display()), e)
 }
 
 fn hex(digest: &[u8]) -> String {
@@ -138,7 +166,7 @@ impl ArtifactCache {
             };
             // The catalog or the store saying no will say it again: permanent.
             let reply =
-                request(bus, names::artifact_plan_svc(site), req.encode_to_vec(), CacheError::Permanent).await?;
+                request(bus, names::artifact_plan_svc(site), req.encode_to_vec(), CacheError::permanent).await?;
             let plan: pb::ArtifactPlan = decode(reply)?;
             for t in &plan.transfers {
                 self.fetch(bus, site, t, &mut staged).await?;
@@ -159,7 +187,7 @@ impl ArtifactCache {
             }
             let path = self.path(sha);
             if !path.exists() {
-                return Err(CacheError::Transient(format!(
+                return Err(CacheError::transient_reason(format!(
                     "artifact {}@{} is not in the cache after staging",
                     p.name, p.version
                 )));
@@ -183,7 +211,10 @@ impl ArtifactCache {
         staged: &mut Staged,
     ) -> Result<(), CacheError> {
         if !is_digest(&t.sha256) || t.chunk_size == 0 {
-            return Err(CacheError::Permanent(format!("the hub's transfer plan is invalid for sha256:{}", t.sha256)));
+            return Err(CacheError::permanent_reason(format!(
+                "the hub's transfer plan is invalid for sha256:{}",
+                t.sha256
+            )));
         }
         let lock = self.transfer_lock(&t.sha256);
         let _transfer = lock.lock().await;
@@ -236,7 +267,7 @@ impl ArtifactCache {
                     Ok(bytes) if bytes.len() == length as usize => break bytes,
                     Ok(bytes) => {
                         let got_len = bytes.len();
-                        return Err(CacheError::Permanent(format!(
+                        return Err(CacheError::permanent_reason(format!(
                             "chunk at {at} of sha256:{} has {got_len} bytes, not {length}",
                             t.sha256
                         )));
@@ -248,7 +279,7 @@ impl ArtifactCache {
                         got = chunk(at).await.2;
                     }
                     Err(ChunkError::Damaged { expected, actual }) => {
-                        return Err(CacheError::Transient(format!(
+                        return Err(CacheError::transient_reason(format!(
                             "chunk at {at} of sha256:{} failed its digest {} times (sent {expected}, got {actual})",
                             t.sha256,
                             attempts + 1
@@ -272,7 +303,7 @@ impl ArtifactCache {
         if offset != t.size || actual != t.sha256 {
             // Every chunk matched what the hub read, so the hub's copy is what is damaged.
             let _ = tokio::fs::remove_file(&partial).await;
-            return Err(CacheError::Permanent(format!(
+            return Err(CacheError::permanent_reason(format!(
                 "artifact sha256:{} arrived as {offset} bytes with sha256:{actual}: the artifact store's copy ({}) is \
                  damaged; it was not put in the cache",
                 t.sha256, t.object_key
@@ -319,23 +350,18 @@ async fn request(
     bus: &Bus,
     subject: String,
     payload: Vec<u8>,
-    refused: fn(String) -> CacheError,
+    refused: fn(String, RequestError) -> CacheError,
 ) -> Result<Reply, CacheError> {
     bus.request(subject.clone(), payload.into(), CHUNK_TIMEOUT).await.map_err(|e| match e {
-        RequestError::TimedOut { .. } => {
-            CacheError::Transient(format!("no answer on {subject} within {CHUNK_TIMEOUT:?}"))
-        }
-        RequestError::Refused { reason, .. } => refused(format!("distribution service: {reason}")),
-        e => CacheError::Transient(format!(
-            "{} (is the distribution service running? `landfall serve distribution`)",
-            runtime::error_chain(&e)
-        )),
+        RequestError::TimedOut { .. } => CacheError::transient("asking the distribution service", e),
+        RequestError::Refused { .. } => refused("distribution service".into(), e),
+        e => CacheError::transient("asking the distribution service (is it running? `landfall serve distribution`)", e),
     })
 }
 
 async fn request_chunk(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<Bytes, ChunkError> {
     // The plan found the object, so a chunk refused is a read that failed this time: transient.
-    let (headers, body) = request(bus, subject, payload, CacheError::Transient).await.map_err(ChunkError::Failed)?;
+    let (headers, body) = request(bus, subject, payload, CacheError::transient).await.map_err(ChunkError::Failed)?;
     let expected = headers.get(names::headers::CHUNK_SHA256).map(|v| v.as_str().to_string()).unwrap_or_default();
     let actual = hex(&Sha256::digest(&body));
     if actual != expected {
@@ -345,7 +371,7 @@ async fn request_chunk(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<B
 }
 
 fn decode<M: Message + Default + BusMessage>((_, body): Reply) -> Result<M, CacheError> {
-    M::decode(body).map_err(|e| CacheError::Permanent(format!("the hub's answer is not a {}: {e}", M::TYPE)))
+    M::decode(body).map_err(|e| CacheError::permanent(format!("the hub's answer is not a {}", M::TYPE), e))
 }
 
 #[cfg(test)]

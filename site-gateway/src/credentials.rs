@@ -7,7 +7,7 @@ use std::time::Duration;
 use bus_schema::envelope::Envelope;
 use bus_schema::names;
 use bus_schema::pb;
-use bus_schema::runtime::{self, Bus, HandlerError, RequestError};
+use bus_schema::runtime::{Bus, HandlerError, RequestError};
 use tracing::warn;
 
 use crate::backend::BmcCredentials;
@@ -45,10 +45,8 @@ pub async fn bmc_credentials(
     };
     let creds: pb::BmcCredentials = match bus.request_message(subject.clone(), &request, REQUEST_TIMEOUT).await {
         Ok(creds) => creds,
-        Err(RequestError::TimedOut { .. }) => {
-            return Err(HandlerError::Transient(format!(
-                "no secrets service answered on {subject} within {REQUEST_TIMEOUT:?}"
-            )));
+        Err(e @ RequestError::TimedOut { .. }) => {
+            return Err(HandlerError::transient(format!("bmc credentials of {node} at {site}"), e));
         }
         Err(RequestError::Refused { reason, .. }) => {
             return match answer_error(&reason) {
@@ -58,19 +56,21 @@ pub async fn bmc_credentials(
                     }
                     Ok(None)
                 }
-                Some(reason) => Err(HandlerError::Transient(format!("bmc credentials of {node} at {site}: {reason}"))),
+                Some(reason) => {
+                    Err(HandlerError::transient_reason(format!("bmc credentials of {node} at {site}: {reason}")))
+                }
             };
         }
         Err(RequestError::Malformed { source, .. }) => {
-            return Err(HandlerError::Transient(format!(
-                "bmc credentials of {node} at {site} do not decode: {source}"
-            )));
+            return Err(HandlerError::transient(format!("bmc credentials of {node} at {site} do not decode"), source));
         }
         Err(e) => {
-            return Err(HandlerError::Transient(format!(
-                "bmc credentials of {node} at {site}: {} (is the secrets service running? `landfall serve kubeconfig`)",
-                runtime::error_chain(&e)
-            )));
+            return Err(HandlerError::transient(
+                format!(
+                    "bmc credentials of {node} at {site} (is the secrets service running? `landfall serve kubeconfig`)"
+                ),
+                e,
+            ));
         }
     };
     Ok(Some(BmcCredentials { username: creds.username, password: creds.password }))

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::backend::{BackendError, ClusterRequest, HostChange, HostRequest, PatchRequest, SiteBackend};
+use crate::backend::{BackendError, Cause, ClusterRequest, HostChange, HostRequest, PatchRequest, SiteBackend};
 use crate::cache::{ArtifactCache, CacheError, Staged};
 
 /// The gateway of one site.
@@ -49,8 +49,8 @@ impl<B: SiteBackend> Gateway<B> {
     /// A transient backend error is retried (NAK); any other fails the job for good.
     async fn backend_failed(&self, d: &Delivery, job: &str, e: BackendError) -> Result<(), HandlerError> {
         match e {
-            BackendError::Transient(e) => Err(HandlerError::Transient(e)),
-            other => self.job_failed(d, job, other.to_string()).await,
+            e @ BackendError::Transient { .. } => Err(HandlerError::transient(job, e)),
+            other => self.job_failed(d, job, other.reason()).await,
         }
     }
 
@@ -65,8 +65,12 @@ impl<B: SiteBackend> Gateway<B> {
     async fn stage_into_cache(&self, artifacts: &[Package]) -> Result<Staged, BackendError> {
         let (staged, cached) =
             self.cache.stage(&self.bus, self.site.as_str(), artifacts).await.map_err(|e| match e {
-                CacheError::Transient(e) => BackendError::Transient(e),
-                CacheError::Permanent(e) => BackendError::Permanent(e),
+                CacheError::Transient { context, source } => {
+                    BackendError::Transient { context, source: source.map(Cause::from) }
+                }
+                CacheError::Permanent { context, source } => {
+                    BackendError::Permanent { context, source: source.map(Cause::from) }
+                }
             })?;
         self.backend.stage_artifacts(&cached).await?;
         Ok(staged)
@@ -143,11 +147,13 @@ impl<B: SiteBackend> Gateway<B> {
                 };
                 self.publish(&evt, &d.envelope.derive("os_provisioned", Some(&node_name))).await
             }
-            Err(BackendError::Transient(e)) => Err(HandlerError::Transient(e)),
+            Err(e @ BackendError::Transient { .. }) => {
+                Err(HandlerError::transient(format!("provisioning the os of {node_name}"), e))
+            }
             Err(e) => {
                 let (error_type, reason) = match e {
                     BackendError::HostFailed { error_type, message, .. } => (error_type, message),
-                    other => (String::new(), other.to_string()),
+                    other => (String::new(), other.reason()),
                 };
                 warn!(site = %self.site, node = %node_name, %error_type, %reason, "os provisioning failed");
                 let evt = pb::NodeFailed {
@@ -242,10 +248,12 @@ impl<B: SiteBackend> Gateway<B> {
         // first; a site that cannot get them fails every node with the reason.
         let mut needed = vec![package.clone()];
         needed.extend(reinstall.values().flatten().cloned());
-        let staged = match self.stage_into_cache(&needed).await {
+        let unstaged = match self.stage_into_cache(&needed).await {
             Ok(_) => None,
-            Err(BackendError::Transient(e)) => return Err(HandlerError::Transient(e)),
-            Err(e) => Some(e.to_string()),
+            Err(e @ BackendError::Transient { .. }) => {
+                return Err(HandlerError::transient("staging the patch's artifacts", e));
+            }
+            Err(e) => Some(e),
         };
         let mut run = PatchRun::new(nodes, job.max_unavailable, job.max_failures, site_patched);
         loop {
@@ -258,7 +266,7 @@ impl<B: SiteBackend> Gateway<B> {
             let patches = batch.iter().map(|node| {
                 let reinstall = reinstall.get(&node.role).cloned().unwrap_or_default();
                 let req = PatchRequest { node: node.clone(), package: package.clone(), reinstall };
-                self.patch_node(d, &job.rollout_id, req, staged.clone())
+                self.patch_node(d, &job.rollout_id, req, unstaged.clone())
             });
             for (node, failure) in batch.iter().zip(join_all(patches).await) {
                 run.record(node, failure?);
@@ -285,12 +293,12 @@ impl<B: SiteBackend> Gateway<B> {
         d: &Delivery,
         rollout_id: &str,
         req: PatchRequest,
-        unstaged: Option<String>,
+        unstaged: Option<BackendError>,
     ) -> Result<Option<String>, HandlerError> {
         let node = req.node.name.as_str();
         let package = Some(pb::PackageRef::from(&req.package.reference()));
         let result = match unstaged {
-            Some(reason) => Err(BackendError::Permanent(format!("artifact not staged: {reason}"))),
+            Some(e) => Err(BackendError::permanent("artifact not staged", e)),
             None => self.backend.patch_node(&req).await,
         };
         match result {
@@ -307,9 +315,9 @@ impl<B: SiteBackend> Gateway<B> {
                 self.publish(&evt, &d.envelope.derive("node_patched", Some(node))).await?;
                 Ok(None)
             }
-            Err(BackendError::Transient(e)) => Err(HandlerError::Transient(e)),
+            Err(e @ BackendError::Transient { .. }) => Err(HandlerError::transient(format!("patching {node}"), e)),
             Err(e) => {
-                let reason = e.to_string();
+                let reason = e.reason();
                 warn!(site = %self.site, node, %reason, "node patch failed");
                 let evt = pb::NodePatchFailed {
                     site_id: self.site.to_string(),
@@ -391,7 +399,7 @@ impl JobTimer {
     fn finish(self, result: &Result<(), HandlerError>) {
         let outcome = match result {
             Ok(()) => "done",
-            Err(HandlerError::Transient(_) | HandlerError::Wait { .. }) => "retried",
+            Err(HandlerError::Transient { .. } | HandlerError::Wait { .. }) => "retried",
             Err(HandlerError::Reject(_)) => "rejected",
         };
         let seconds = self.started.elapsed().as_secs_f64();
@@ -491,7 +499,7 @@ async fn serve_kubeconfig<B: SiteBackend>(
             match bus_schema::trust::decode_request::<pb::KubeconfigRequest>(&subject, &payload) {
                 Ok(_) => match backend.kubeconfig().await {
                     Ok(kc) => (async_nats::HeaderMap::new(), Bytes::from(kc)),
-                    Err(e) => error_reply(&e.to_string()),
+                    Err(e) => error_reply(&e.reason()),
                 },
                 Err(reason) => error_reply(&reason),
             }

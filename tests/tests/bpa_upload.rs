@@ -114,7 +114,7 @@ async fn a_cut_transfer_resumes_from_the_bpas_offset_on_the_next_upload() {
 
     let no_retries = BpaUploader::new(&bpa.url(), "edge", "edge-01").unwrap().with_retries(1, Duration::ZERO);
     let err = no_retries.upload(&a.package, &a.path).await.unwrap_err();
-    assert!(matches!(err, BackendError::Transient(_)), "{err:?}");
+    assert!(matches!(err, BackendError::Transient { .. }), "{err:?}");
     let (record, held) = bpa.image("binary_images", &name).unwrap();
     assert_eq!(held.len() as u64, cut);
     assert_eq!(record["upload_complete"], false);
@@ -171,7 +171,8 @@ async fn a_complete_image_of_the_same_name_and_another_length_is_refused() {
 
     let err = uploader(&bpa).upload(&ours.package, &ours.path).await.unwrap_err();
 
-    let BackendError::Permanent(message) = &err else { panic!("not permanent: {err:?}") };
+    let BackendError::Permanent { .. } = &err else { panic!("not permanent: {err:?}") };
+    let message = err.reason();
     assert!(message.contains(&(3 * MIB).to_string()) && message.contains(&(2 * MIB).to_string()), "{message}");
     assert!(message.contains("kubelet-1.29.1_k3s1"), "{message}");
     let (_, held) = bpa.image("binary_images", "kubelet-1.29.1_k3s1").unwrap();
@@ -188,7 +189,8 @@ async fn an_image_of_the_same_name_and_length_but_another_digest_is_refused() {
 
     let err = uploader(&bpa).upload(&ours.package, &ours.path).await.unwrap_err();
 
-    let BackendError::Permanent(message) = &err else { panic!("not permanent: {err:?}") };
+    let BackendError::Permanent { .. } = &err else { panic!("not permanent: {err:?}") };
+    let message = err.reason();
     assert!(message.contains(theirs.package.sha256.as_str()) && message.contains(ours.package.sha256.as_str()));
     assert_eq!(bpa.bytes_received(), MIB);
 }
@@ -204,7 +206,7 @@ async fn an_unreachable_bpa_is_transient() {
 
     let err = bpa.upload(&a.package, &a.path).await.unwrap_err();
 
-    assert!(matches!(err, BackendError::Transient(_)), "{err:?}");
+    assert!(matches!(err, BackendError::Transient { .. }), "{err:?}");
 }
 
 #[tokio::test]
@@ -258,7 +260,7 @@ async fn offset_races_are_read_again_and_continued_a_bounded_number_of_times() {
     let b = artifact("kubelet", "1.30.0", PackageKind::Binary, MIB, 3);
     bpa.fail_patches(409, 100);
     let err = uploader(&bpa).upload(&b.package, &b.path).await.unwrap_err();
-    assert!(matches!(&err, BackendError::Transient(m) if m.contains("409")), "{err:?}");
+    assert!(matches!(&err, BackendError::Transient { .. } if err.reason().contains("409")), "{err:?}");
     let patches = bpa.requests().iter().filter(|r| r.contains("kubelet-1.30.0") && r.starts_with("PATCH")).count();
     assert_eq!(patches, 4, "one patch and three more after reading the offset again");
 }
@@ -274,12 +276,16 @@ async fn a_busy_bpa_is_retried_then_transient_and_a_refusal_is_permanent() {
     let b = artifact("kubelet", "1.30.0", PackageKind::Binary, MIB, 3);
     bpa.fail_patches(503, 3);
     let err = uploader(&bpa).upload(&b.package, &b.path).await.unwrap_err();
-    assert!(matches!(&err, BackendError::Transient(m) if m.contains("503")), "{err:?}");
+    assert!(matches!(&err, BackendError::Transient { .. } if err.reason().contains("503")), "{err:?}");
 
     let c = artifact("kubelet", "1.31.0", PackageKind::Binary, MIB, 4);
     bpa.fail_patches(400, 1);
     let err = uploader(&bpa).upload(&c.package, &c.path).await.unwrap_err();
-    assert!(matches!(&err, BackendError::Permanent(m) if m.contains("400") && m.contains("injected")), "{err:?}");
+    let message = err.reason();
+    assert!(
+        matches!(&err, BackendError::Permanent { .. }) && message.contains("400") && message.contains("injected"),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -291,7 +297,7 @@ async fn two_gateways_at_once_never_have_a_byte_accepted_twice() {
     let (first, second) = tokio::join!(one.upload(&a.package, &a.path), other.upload(&a.package, &a.path));
     // Either may give up on the moving offset; a later call finishes what is left.
     for result in [&first, &second] {
-        assert!(matches!(result, Ok(_) | Err(BackendError::Transient(_))), "{result:?}");
+        assert!(matches!(result, Ok(_) | Err(BackendError::Transient { .. })), "{result:?}");
     }
     let last = uploader(&bpa).upload(&a.package, &a.path).await.unwrap();
 

@@ -152,7 +152,7 @@ fn inventory_at(path: &Path) -> Option<serde_json::Value> {
 
 fn permanent(result: Result<ApplySummary, BackendError>) -> String {
     match result {
-        Err(BackendError::Permanent(message)) => message,
+        Err(e @ BackendError::Permanent { .. }) => e.reason(),
         other => panic!("want a permanent error, got {other:?}"),
     }
 }

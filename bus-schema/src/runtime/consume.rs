@@ -14,7 +14,7 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::connect::Bus;
 use super::delivery::{Delivery, HandlerError, RejectAs};
-use super::error::{BoxError, BusError, boxed, retry_delay};
+use super::error::{BoxError, BusError, boxed, error_chain, retry_delay};
 use super::keyed_order::KeyedOrder;
 use crate::names;
 
@@ -261,10 +261,10 @@ async fn settle_one<H: Handler>(
             debug!(consumer, subject = %delivery.subject, %reason, "not yet, redelivering later");
             let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
         }
-        Err(HandlerError::Transient(reason)) => {
+        Err(e @ HandlerError::Transient { .. }) => {
             metrics::counter!("landfall_messages_retried_total", "consumer" => consumer.to_string()).increment(1);
             let delay = retry_delay(delivered);
-            warn!(consumer, subject = %delivery.subject, delivered, ?delay, %reason, "transient failure, will retry");
+            log_retry(consumer, &delivery.subject, delivered, delay, &e);
             let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
         }
         Err(HandlerError::Reject(rejection)) => {
@@ -283,9 +283,62 @@ async fn settle_one<H: Handler>(
     }
 }
 
+/// Logs a transient failure with every cause under it: what the handler was doing, and why.
+fn log_retry(consumer: &str, subject: &str, delivered: i64, delay: Duration, error: &HandlerError) {
+    warn!(consumer, subject, delivered, ?delay, error = %error_chain(error), "transient failure, will retry");
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
+
+    /// Log output, kept in memory.
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logs {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("logs lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_transient_failure_is_logged_with_every_cause() {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset by the hub");
+        let bus = BusError::Kv {
+            op: "get",
+            bucket: "landfall-sagas".into(),
+            key: "lease.edge-01".into(),
+            source: boxed(reset),
+        };
+        let failures = [
+            HandlerError::transient("reading the lease of edge-01", bus),
+            HandlerError::from(BusError::Publish { subject: "landfall.evt.x".into(), source: "no responders".into() }),
+        ];
+        tracing::subscriber::with_default(subscriber, || {
+            for e in &failures {
+                log_retry("orchestrator", "landfall.cmd.install_site.edge-01", 2, Duration::from_secs(1), e);
+            }
+        });
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.contains(
+                "error=transient: reading the lease of edge-01: kv get landfall-sagas/lease.edge-01: connection reset by the hub"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("error=transient: bus: publish to landfall.evt.x: no responders"), "{text}");
+    }
 
     #[test]
     fn one_filter_is_the_filter_subject_so_the_create_subject_carries_it() {

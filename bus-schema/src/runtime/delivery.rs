@@ -85,11 +85,18 @@ pub struct Rejection {
     pub reason: String,
 }
 
+/// What a handler answers when it did not carry a message out. The consume loop logs a
+/// transient failure with every cause under it ([`error_chain`]).
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
-    /// Try again later (NAK with backoff).
-    #[error("transient: {0}")]
-    Transient(String),
+    /// Try again later (NAK with backoff): what failed and, when another error says why, that
+    /// error. Built with [`HandlerError::transient`] or [`HandlerError::transient_reason`].
+    #[error("transient: {context}")]
+    Transient {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// Not now, by design (e.g. waiting for a site lease): redeliver after this delay.
     #[error("not yet: {reason}")]
     Wait { reason: String, delay: Duration },
@@ -101,6 +108,21 @@ pub enum HandlerError {
 impl HandlerError {
     pub fn reject(code: pb::RejectCode, reason: impl Into<String>) -> Self {
         HandlerError::Reject(Rejection { code, reason: reason.into() })
+    }
+
+    /// Try again later: `context` (what was being done) failed because of `source`.
+    ///
+    /// ```ignore
+    /// kv.get::<pb::SiteLease>(&key).await.map_err(|e| HandlerError::transient("reading the lease", e))?;
+    /// ```
+    pub fn transient(context: impl Into<String>, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        HandlerError::Transient { context: context.into(), source: Some(source.into()) }
+    }
+
+    /// Try again later, for a reason no other error gives (a record not there yet, an empty
+    /// answer).
+    pub fn transient_reason(reason: impl Into<String>) -> Self {
+        HandlerError::Transient { context: reason.into(), source: None }
     }
 }
 
@@ -119,12 +141,14 @@ pub fn reject_code_label(code: pb::RejectCode) -> &'static str {
     }
 }
 
+/// A bus failure worth retrying is transient, and keeps the failure as its source; one that
+/// retrying cannot fix (a value that does not decode, a message too large) is rejected, with
+/// every cause in the reason people read.
 impl From<BusError> for HandlerError {
     fn from(e: BusError) -> Self {
-        let text = error_chain(&e);
         match e.kind() {
-            ErrorKind::Reject => HandlerError::reject(pb::RejectCode::Invalid, text),
-            _ => HandlerError::Transient(text),
+            ErrorKind::Reject => HandlerError::reject(pb::RejectCode::Invalid, error_chain(&e)),
+            _ => HandlerError::transient("bus", e),
         }
     }
 }

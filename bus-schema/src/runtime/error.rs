@@ -54,6 +54,9 @@ pub enum BusError {
         #[source]
         source: BoxError,
     },
+    /// A compare-and-set update lost to another writer on every attempt.
+    #[error("kv update {bucket}/{key}: it kept changing for {attempts} attempts")]
+    KeptChanging { bucket: String, key: String, attempts: u32 },
     #[error("decode {what} from kv {bucket}/{key}")]
     KvDecode {
         what: &'static str,

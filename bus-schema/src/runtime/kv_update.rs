@@ -92,12 +92,13 @@ impl Kv {
     ///
     /// and a refusal found in the value is an `Abort` carrying the caller's error, with
     /// `T = Result<_, HandlerError>` and a `.await??` at the call. When the caller needs the
-    /// entry's revision afterwards (to write it again), use [`Kv::update_with_revision`].
+    /// entry's revision afterwards (to write it again), use [`Kv::update_with_revision`]; the
+    /// record too (to publish its outbox), [`Kv::update_with_entry`].
     ///
     /// # Errors
     /// The value does not decode as `M` ([`BusError::KvDecode`]), the store fails
-    /// ([`BusError::Kv`]), or the key kept changing for every attempt ([`BusError::Kv`] with
-    /// op `update`, transient).
+    /// ([`BusError::Kv`]), or the key kept changing for every attempt
+    /// ([`BusError::KeptChanging`], transient).
     pub async fn update_with<M, T>(
         &self,
         key: &str,
@@ -109,6 +110,27 @@ impl Kv {
         Ok(self.update_with_revision(key, change).await?.0)
     }
 
+    /// Creates `key` holding `value` unless it holds something already: whether this call
+    /// created it, and the entry as it stands (the value written, or the one found).
+    ///
+    /// # Errors
+    /// As [`Kv::update_with`].
+    pub async fn create_or_get<M>(&self, key: &str, value: &M) -> Result<(bool, (M, u64)), BusError>
+    where
+        M: prost::Message + Default + Clone,
+    {
+        let (created, entry) = self
+            .update_with_entry(key, |current: Option<&M>| match current {
+                None => Update::Put(value.clone(), true),
+                Some(_) => Update::Keep(false),
+            })
+            .await?;
+        match entry {
+            Some(entry) => Ok((created, entry)),
+            None => unreachable!("a key just created or found holds a value"),
+        }
+    }
+
     /// [`Kv::update_with`], also returning the entry's revision once done: the new one after a
     /// `Put`, `None` after a `Delete`, and the one read after `Keep` or `Abort` (`None` when the
     /// key is absent).
@@ -118,35 +140,64 @@ impl Kv {
     pub async fn update_with_revision<M, T>(
         &self,
         key: &str,
-        mut change: impl FnMut(Option<&M>) -> Update<M, T>,
+        change: impl FnMut(Option<&M>) -> Update<M, T>,
     ) -> Result<(T, Option<u64>), BusError>
     where
         M: prost::Message + Default,
     {
+        let (result, entry) = self.update_with_entry(key, change).await?;
+        Ok((result, entry.map(|(_, rev)| rev)))
+    }
+
+    /// [`Kv::update_with`], also returning the entry as it stands once done, with its revision:
+    /// the value written after a `Put`, the value read after `Keep` or `Abort`, `None` after a
+    /// `Delete` or when the key is absent. For a caller that goes on with the record (publish
+    /// its outbox, write it again) without reading it once more.
+    ///
+    /// # Errors
+    /// As [`Kv::update_with`].
+    pub async fn update_with_entry<M, T>(
+        &self,
+        key: &str,
+        mut change: impl FnMut(Option<&M>) -> Update<M, T>,
+    ) -> Result<(T, Option<(M, u64)>), BusError>
+    where
+        M: prost::Message + Default,
+    {
         for attempt in 1..=UPDATE_ATTEMPTS {
-            tokio::time::sleep(backoff(attempt)).await;
+            // Not even a zero sleep before the first: the timer would round it up to its next tick.
+            if attempt > 1 {
+                tokio::time::sleep(backoff(attempt)).await;
+            }
             let current = self.get::<M>(key).await?;
             let read = current.as_ref().map(|(_, rev)| *rev);
             let (write, result) = plan(read, change(current.as_ref().map(|(value, _)| value)));
             let written = match write {
-                Write::Nothing => return Ok((result, read)),
-                Write::Create(value) => self.create(key, &value).await?,
-                Write::Update(value, rev) => self.update(key, &value, rev).await?,
+                Write::Nothing => return Ok((result, current)),
+                Write::Create(value) => written(self.create(key, &value).await?, value),
+                Write::Update(value, rev) => written(self.update(key, &value, rev).await?, value),
                 Write::Delete(rev) => match self.delete_if(key, rev).await? {
                     Cas::Written(_) => return Ok((result, None)),
-                    Cas::Conflict => Cas::Conflict,
+                    Cas::Conflict => None,
                 },
             };
-            if let Cas::Written(rev) = written {
-                return Ok((result, Some(rev)));
+            if let Some(entry) = written {
+                return Ok((result, Some(entry)));
             }
         }
-        Err(BusError::Kv {
-            op: "update",
+        Err(BusError::KeptChanging {
             bucket: self.bucket().to_string(),
             key: key.to_string(),
-            source: format!("it kept changing for {UPDATE_ATTEMPTS} attempts").into(),
+            attempts: UPDATE_ATTEMPTS,
         })
+    }
+}
+
+/// `value` with its new revision, when the write went in.
+fn written<M>(cas: Cas, value: M) -> Option<(M, u64)> {
+    match cas {
+        Cas::Written(rev) => Some((value, rev)),
+        Cas::Conflict => None,
     }
 }
 

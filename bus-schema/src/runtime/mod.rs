@@ -13,7 +13,8 @@
 //!   runtime so that decisions can build one), rejection events.
 //! - `events.rs`: an ordered reader of the events stream ([`Bus::read_events`]).
 //! - `kv.rs`: [`Kv`], a bucket of protobuf values with compare-and-set writes and scans;
-//!   `kv_update.rs`: [`Kv::update_with`], read–apply–compare-and-set–retry.
+//!   `kv_update.rs`: [`Kv::update_with`], read–apply–compare-and-set–retry (and
+//!   [`Kv::create_or_get`] on top of it).
 //! - `catalog.rs`: the package catalog and the observed state, read as a whole.
 //! - `delivery.rs`: what a handler gets ([`Delivery`]) and answers ([`HandlerError`]).
 //! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages

@@ -7,7 +7,7 @@ use bus_schema::design;
 use bus_schema::domain::{Package, SiteDesign};
 use bus_schema::names::keys;
 use bus_schema::pb;
-use bus_schema::runtime::{self, Cas, ConsumerSpec, Delivery, HandlerError};
+use bus_schema::runtime::{self, ConsumerSpec, Delivery, HandlerError, Update};
 use tracing::{debug, info};
 
 use super::service::{Orchestrator, invalid};
@@ -38,22 +38,18 @@ impl Orchestrator {
         }
         let revision = latest.as_ref().map_or(1, |l| l.revision + 1);
         let record = planned.revision(revision, cmd.sources, &d.envelope.id, now_ms());
-        match self.sites.create(&keys::design_revision(site.as_str(), revision), &record).await? {
-            Cas::Written(_) => {}
-            // This command got there first (a redelivery) or another apply did: look again.
-            Cas::Conflict => {
-                let (existing, _) = self
-                    .sites
-                    .get::<pb::DesignRevision>(&keys::design_revision(site.as_str(), revision))
-                    .await?
-                    .ok_or_else(|| HandlerError::Transient(format!("design revision {revision} of {site} vanished")))?;
-                if existing.command_id != d.envelope.id {
-                    return Err(HandlerError::Transient(format!(
+        // This command got there first (a redelivery), or another apply did: then look again.
+        self.sites
+            .update_with(&keys::design_revision(site.as_str(), revision), |existing: Option<&pb::DesignRevision>| {
+                match existing {
+                    None => Update::Put(record.clone(), Ok(())),
+                    Some(e) if e.command_id == d.envelope.id => Update::Keep(Ok(())),
+                    Some(_) => Update::Abort(Err(HandlerError::transient_reason(format!(
                         "design revision {revision} of {site} was taken; retrying"
-                    )));
+                    )))),
                 }
-            }
-        }
+            })
+            .await??;
         self.sites.put(&keys::design_latest(site.as_str()), &record).await?;
         self.sites.put(&keys::site(site.as_str()), &planned.effective).await?;
         // A design may be what registers the site: its gateway's durable is the hub's to make.

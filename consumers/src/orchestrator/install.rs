@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
-use bus_schema::runtime::{Cas, Delivery, HandlerError};
+use bus_schema::runtime::{Cas, Delivery, HandlerError, Update};
 use bus_schema::trust;
 use tracing::{debug, info};
 
-use super::service::{CAS_ATTEMPTS, LEASE_RETRY, Orchestrator, invalid};
+use super::service::{LEASE_RETRY, Orchestrator, invalid};
 use crate::clock::now_ms;
 use crate::lease::{self, Holder};
 use crate::saga::{self, Decision, Input};
@@ -33,26 +33,19 @@ impl Orchestrator {
 
         lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
         let new = saga::start(&d.envelope, &design, resolved, now_ms());
-        match self.sagas.create(&saga_key, &new).await? {
-            Cas::Written(rev) => {
-                info!(%site, saga = %d.envelope.id, nodes = design.nodes.len(), "install started");
-                let pointer = pb::SiteLease {
-                    site_id: site.clone(),
-                    saga_id: d.envelope.id.clone(),
-                    acquired_unix_ms: now_ms(),
-                    ..Default::default()
-                };
-                self.sagas.put(&keys::latest_install(&site), &pointer).await?;
-                self.settle(&saga_key, new, rev).await?;
-            }
-            Cas::Conflict => {
-                // Another replica created it first: make sure its outbox goes out.
-                if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
-                    self.settle(&saga_key, existing, rev).await?;
-                }
-            }
+        // Created here, or by another replica first: either way its outbox goes out.
+        let (created, (saga, rev)) = self.sagas.create_or_get(&saga_key, &new).await?;
+        if created {
+            info!(%site, saga = %d.envelope.id, nodes = design.nodes.len(), "install started");
+            let pointer = pb::SiteLease {
+                site_id: site.clone(),
+                saga_id: d.envelope.id.clone(),
+                acquired_unix_ms: now_ms(),
+                ..Default::default()
+            };
+            self.sagas.put(&keys::latest_install(&site), &pointer).await?;
         }
-        Ok(())
+        self.settle(&saga_key, saga, rev).await
     }
 
     /// Stages a site's artifacts into its gateway's cache, ahead of an install. It changes no
@@ -107,59 +100,100 @@ impl Orchestrator {
     pub(super) async fn on_event(&self, d: &Delivery) -> Result<(), HandlerError> {
         let Some(input) = input_of(d)? else { return Ok(()) };
         let key = keys::saga(&d.envelope.correlation);
-        for _ in 0..CAS_ATTEMPTS {
-            let Some((current, rev)) = self.sagas.get::<pb::InstallSaga>(&key).await? else {
-                debug!(subject = %d.subject, correlation = %d.envelope.correlation, "event belongs to no install saga");
-                return Ok(());
-            };
-            let site = trust::subject_site(&d.subject).unwrap_or_default();
-            let answers = trust::rule_for_subject(&d.subject).map_or(&[][..], |r| r.answers);
-            saga::check_answer(&current, site, answers, input.node(), &d.envelope)
-                .map_err(|reason| HandlerError::reject(pb::RejectCode::Forbidden, reason))?;
-            if !current.outbox.is_empty() {
-                // A previous step decided but did not finish publishing: finish it first.
-                self.settle(&key, current, rev).await?;
-                continue;
-            }
-            match saga::decide(&current, &input, &d.envelope, now_ms()) {
-                Decision::Ignore => return Ok(()),
-                Decision::Wait => {
-                    return Err(HandlerError::Wait {
-                        reason: format!("{} arrived before the saga reached its phase", d.type_name),
-                        delay: Duration::from_millis(200),
-                    });
+        let now = now_ms();
+        let site = trust::subject_site(&d.subject).unwrap_or_default();
+        let answers = trust::rule_for_subject(&d.subject).map_or(&[][..], |r| r.answers);
+        // A saga whose outbox a previous step did not finish publishing takes this step on top:
+        // the new messages follow the old ones in the outbox, and both go out below.
+        let (step, saga) = self
+            .sagas
+            .update_with_entry(&key, |current: Option<&pb::InstallSaga>| {
+                let Some(current) = current else { return Update::Keep(Step::Ignored) };
+                if let Err(reason) = saga::check_answer(current, site, answers, input.node(), &d.envelope) {
+                    return Update::Abort(Step::Forbidden(reason));
                 }
-                Decision::Apply(next) => match self.sagas.update(&key, next.as_ref(), rev).await? {
-                    Cas::Written(new_rev) => {
-                        observe_saga(&current, &next);
-                        if saga::is_terminal(&next) {
-                            info!(site = %next.site_id, saga = %next.saga_id, outcome = next.outcome, "install finished");
-                        }
-                        return self.settle(&key, *next, new_rev).await;
+                match saga::decide(current, &input, &d.envelope, now) {
+                    Decision::Ignore => Update::Keep(Step::Ignored),
+                    Decision::Wait => Update::Abort(Step::Wait),
+                    Decision::Apply(next) => {
+                        let observed = SagaMetrics::of(current, &next);
+                        Update::Put(*next, Step::Applied(observed))
                     }
-                    Cas::Conflict => continue,
-                },
+                }
+            })
+            .await?;
+        let Some((saga, rev)) = saga else {
+            debug!(subject = %d.subject, correlation = %d.envelope.correlation, "event belongs to no install saga");
+            return Ok(());
+        };
+        match step {
+            Step::Forbidden(reason) => Err(HandlerError::reject(pb::RejectCode::Forbidden, reason)),
+            Step::Ignored => self.settle_pending(&key, saga, rev).await,
+            Step::Wait => {
+                self.settle_pending(&key, saga, rev).await?;
+                Err(HandlerError::Wait {
+                    reason: format!("{} arrived before the saga reached its phase", d.type_name),
+                    delay: Duration::from_millis(200),
+                })
+            }
+            Step::Applied(observed) => {
+                observed.record();
+                if saga::is_terminal(&saga) {
+                    info!(site = %saga.site_id, saga = %saga.saga_id, outcome = saga.outcome, "install finished");
+                }
+                self.settle(&key, saga, rev).await
             }
         }
-        Err(HandlerError::Transient(format!("saga {key} kept changing under {}", d.type_name)))
+    }
+
+    /// Settles a saga read but not written, if a previous step left its outbox unpublished.
+    async fn settle_pending(&self, key: &str, saga: pb::InstallSaga, rev: u64) -> Result<(), HandlerError> {
+        if saga.outbox.is_empty() { Ok(()) } else { self.settle(key, saga, rev).await }
     }
 }
 
-/// Records how long the saga spent in the phase it has just left and, once it has ended, in all.
-/// Only the write that moved it counts, so each is observed once whatever the replicas.
-fn observe_saga(before: &pb::InstallSaga, after: &pb::InstallSaga) {
-    if let Some((step, seconds)) = saga::phase_left(before, after) {
-        metrics::histogram!("landfall_saga_step_seconds", "step" => step).record(seconds);
+/// What an event did to its saga.
+enum Step {
+    /// It does not come from where an answer for the saga must (see [`saga::check_answer`]).
+    Forbidden(String),
+    /// Already applied, or stale.
+    Ignored,
+    /// It came before the saga reached its phase.
+    Wait,
+    /// The saga moved; what to observe of the move.
+    Applied(SagaMetrics),
+}
+
+/// What a saga's move adds to the metrics: how long it spent in the phase it has just left
+/// and, once it has ended, in all. Only the write that moved it counts, so each is observed
+/// once whatever the replicas.
+struct SagaMetrics {
+    phase_left: Option<(&'static str, f64)>,
+    /// Kind, outcome and seconds of a saga that has just ended.
+    ended: Option<(&'static str, &'static str, f64)>,
+}
+
+impl SagaMetrics {
+    fn of(before: &pb::InstallSaga, after: &pb::InstallSaga) -> Self {
+        let ended = (saga::is_terminal(after) && !saga::is_terminal(before)).then(|| {
+            let kind = if after.join { "join" } else { "install" };
+            let outcome = match pb::InstallOutcome::try_from(after.outcome) {
+                Ok(pb::InstallOutcome::Success) => "success",
+                Ok(pb::InstallOutcome::PartialSuccess) => "partial_success",
+                _ => "failure",
+            };
+            (kind, outcome, (after.finished_unix_ms - after.started_unix_ms).max(0) as f64 / 1000.0)
+        });
+        Self { phase_left: saga::phase_left(before, after), ended }
     }
-    if saga::is_terminal(after) && !saga::is_terminal(before) {
-        let kind = if after.join { "join" } else { "install" };
-        let outcome = match pb::InstallOutcome::try_from(after.outcome) {
-            Ok(pb::InstallOutcome::Success) => "success",
-            Ok(pb::InstallOutcome::PartialSuccess) => "partial_success",
-            _ => "failure",
-        };
-        let seconds = (after.finished_unix_ms - after.started_unix_ms).max(0) as f64 / 1000.0;
-        metrics::histogram!("landfall_saga_seconds", "kind" => kind, "outcome" => outcome).record(seconds);
+
+    fn record(self) {
+        if let Some((step, seconds)) = self.phase_left {
+            metrics::histogram!("landfall_saga_step_seconds", "step" => step).record(seconds);
+        }
+        if let Some((kind, outcome, seconds)) = self.ended {
+            metrics::histogram!("landfall_saga_seconds", "kind" => kind, "outcome" => outcome).record(seconds);
+        }
     }
 }
 

@@ -4,10 +4,10 @@
 use bus_schema::domain::SiteDesign;
 use bus_schema::names::keys;
 use bus_schema::pb;
-use bus_schema::runtime::{Cas, Delivery, HandlerError};
+use bus_schema::runtime::{Delivery, HandlerError, Update};
 use tracing::{debug, info};
 
-use super::service::{CAS_ATTEMPTS, LEASE_RETRY, Orchestrator, invalid};
+use super::service::{LEASE_RETRY, Orchestrator, invalid};
 use crate::clock::now_ms;
 use crate::lease::{self, Holder};
 use crate::saga;
@@ -77,18 +77,12 @@ impl Orchestrator {
             }
         };
         let new = saga::start_join(&d.envelope, &design, &name, cmd.hardware, resolved, now_ms());
-        match self.sagas.create(&saga_key, &new).await? {
-            Cas::Written(rev) => {
-                info!(%site, node = %name, saga = %d.envelope.id, "node joining");
-                self.settle(&saga_key, new, rev).await?;
-            }
-            Cas::Conflict => {
-                if let Some((existing, rev)) = self.sagas.get::<pb::InstallSaga>(&saga_key).await? {
-                    self.settle(&saga_key, existing, rev).await?;
-                }
-            }
+        // Created here, or by another replica first: either way its outbox goes out.
+        let (created, (saga, rev)) = self.sagas.create_or_get(&saga_key, &new).await?;
+        if created {
+            info!(%site, node = %name, saga = %d.envelope.id, "node joining");
         }
-        Ok(())
+        self.settle(&saga_key, saga, rev).await
     }
 
     /// Whether the node has reported running anything (`landfall-observed`).
@@ -135,67 +129,99 @@ impl Orchestrator {
 
     async fn remove_node(&self, key: &str, cmd: &pb::NodeRemoved, d: &Delivery) -> Result<(), HandlerError> {
         let (site, name) = (cmd.site_id.as_str(), cmd.node.as_str());
-        for _ in 0..CAS_ATTEMPTS {
-            let Some((current, rev)) = self.sites.get::<pb::SiteDesign>(key).await? else {
-                return Err(HandlerError::Transient(format!("site {site} vanished")));
-            };
-            let mut design = SiteDesign::try_from(current).map_err(invalid)?;
-            let Some(known) = design.node(name) else {
-                if d.delivered > 1 {
-                    info!(%site, node = %name, "node removal redelivered: the node has left already");
-                    return Ok(());
-                }
-                return Err(HandlerError::reject(
-                    pb::RejectCode::Invalid,
-                    format!("{site} has no node {name} in its design"),
-                ));
-            };
-            if !cmd.boot_mac.is_empty() && !known.boot_mac.as_str().eq_ignore_ascii_case(&cmd.boot_mac) {
-                return Err(HandlerError::reject(
-                    pb::RejectCode::Conflict,
-                    format!(
-                        "node {name} of {site} has boot MAC {}, not {}: the host removed is another one",
-                        known.boot_mac, cmd.boot_mac
-                    ),
-                ));
-            }
-            let boot_mac = known.boot_mac.to_string();
-            design.nodes.retain(|n| n.name.as_str() != name);
-            let design = design.validate().map_err(|e| {
-                HandlerError::reject(pb::RejectCode::Conflict, format!("{site} without node {name}: {e}"))
-            })?;
-            let evt = pb::NodeLeft {
-                site_id: site.to_string(),
-                node: name.to_string(),
-                boot_mac,
-                reason: cmd.reason.clone(),
-            };
-            self.bus.publish_event(&evt, &d.envelope.derive("node_left", None)).await?;
-            if let Cas::Written(_) = self.sites.update(key, &pb::SiteDesign::from(&design), rev).await? {
-                info!(%site, node = %name, reason = %cmd.reason, "node left the site");
-                return Ok(());
-            }
+        let redelivered = d.delivered > 1;
+        let current = self.sites.get::<pb::SiteDesign>(key).await?.map(|(design, _)| design);
+        let Removal::Remove { left, .. } = removal(current.as_ref(), cmd, redelivered)? else {
+            info!(%site, node = %name, "node removal redelivered: the node has left already");
+            return Ok(());
+        };
+        self.bus.publish_event(&left, &d.envelope.derive("node_left", None)).await?;
+        let removed = self
+            .sites
+            .update_with(key, |current: Option<&pb::SiteDesign>| match removal(current, cmd, redelivered) {
+                Ok(Removal::Remove { design, .. }) => Update::Put(*design, Ok(true)),
+                Ok(Removal::Gone) => Update::Keep(Ok(false)),
+                Err(refused) => Update::Abort(Err(refused)),
+            })
+            .await??;
+        if removed {
+            info!(%site, node = %name, reason = %cmd.reason, "node left the site");
+        } else {
+            info!(%site, node = %name, "node removal redelivered: the node has left already");
         }
-        Err(HandlerError::Transient(format!("site {site} design kept changing")))
+        Ok(())
     }
 
     /// Puts the node into the site's design (compare-and-set); returns the design with it.
     async fn add_node(&self, site: &str, node: &bus_schema::domain::NodeDesign) -> Result<SiteDesign, HandlerError> {
-        let key = keys::site(site);
-        for _ in 0..CAS_ATTEMPTS {
-            let Some((current, rev)) = self.sites.get::<pb::SiteDesign>(&key).await? else {
-                return Err(HandlerError::Transient(format!("site {site} vanished")));
-            };
-            let mut design = SiteDesign::try_from(current).map_err(invalid)?;
-            if design.node(node.name.as_str()).is_some() {
-                return Ok(design);
-            }
-            design.nodes.push(node.clone());
-            let design = design.validate().map_err(invalid)?;
-            if let Cas::Written(_) = self.sites.update(&key, &pb::SiteDesign::from(&design), rev).await? {
-                return Ok(design);
-            }
-        }
-        Err(HandlerError::Transient(format!("site {site} design kept changing")))
+        self.sites
+            .update_with(&keys::site(site), |current: Option<&pb::SiteDesign>| match with_node(site, current, node) {
+                Ok((design, false)) => Update::Keep(Ok(design)),
+                Ok((design, true)) => Update::Put(pb::SiteDesign::from(&design), Ok(design)),
+                Err(refused) => Update::Abort(Err(refused)),
+            })
+            .await?
     }
+}
+
+/// What removing a node does to its site's design.
+enum Removal {
+    /// The design without the node, and the event that says it left.
+    Remove { design: Box<pb::SiteDesign>, left: pb::NodeLeft },
+    /// The node is not in the design, and this is a redelivery: the removal finished before.
+    Gone,
+}
+
+/// Takes `cmd`'s node out of `current`, the site's design: refused when the site is gone, the
+/// node is another host, or the design is not valid without it; a node the design does not
+/// have is refused unless `redelivered`.
+fn removal(
+    current: Option<&pb::SiteDesign>,
+    cmd: &pb::NodeRemoved,
+    redelivered: bool,
+) -> Result<Removal, HandlerError> {
+    let (site, name) = (cmd.site_id.as_str(), cmd.node.as_str());
+    let Some(current) = current else {
+        return Err(HandlerError::transient_reason(format!("site {site} vanished")));
+    };
+    let mut design = SiteDesign::try_from(current.clone()).map_err(invalid)?;
+    let Some(known) = design.node(name) else {
+        if redelivered {
+            return Ok(Removal::Gone);
+        }
+        return Err(HandlerError::reject(pb::RejectCode::Invalid, format!("{site} has no node {name} in its design")));
+    };
+    if !cmd.boot_mac.is_empty() && !known.boot_mac.as_str().eq_ignore_ascii_case(&cmd.boot_mac) {
+        return Err(HandlerError::reject(
+            pb::RejectCode::Conflict,
+            format!(
+                "node {name} of {site} has boot MAC {}, not {}: the host removed is another one",
+                known.boot_mac, cmd.boot_mac
+            ),
+        ));
+    }
+    let boot_mac = known.boot_mac.to_string();
+    design.nodes.retain(|n| n.name.as_str() != name);
+    let design = design
+        .validate()
+        .map_err(|e| HandlerError::reject(pb::RejectCode::Conflict, format!("{site} without node {name}: {e}")))?;
+    let left = pb::NodeLeft { site_id: site.to_string(), node: name.to_string(), boot_mac, reason: cmd.reason.clone() };
+    Ok(Removal::Remove { design: Box::new(pb::SiteDesign::from(&design)), left })
+}
+
+/// `current`, the site's design, with `node` in it, and whether it had to be added.
+fn with_node(
+    site: &str,
+    current: Option<&pb::SiteDesign>,
+    node: &bus_schema::domain::NodeDesign,
+) -> Result<(SiteDesign, bool), HandlerError> {
+    let Some(current) = current else {
+        return Err(HandlerError::transient_reason(format!("site {site} vanished")));
+    };
+    let mut design = SiteDesign::try_from(current.clone()).map_err(invalid)?;
+    if design.node(node.name.as_str()).is_some() {
+        return Ok((design, false));
+    }
+    design.nodes.push(node.clone());
+    Ok((design.validate().map_err(invalid)?, true))
 }

@@ -4,7 +4,7 @@
 use bus_schema::domain::{Package, SiteDesign};
 use bus_schema::names::keys;
 use bus_schema::pb;
-use bus_schema::runtime::{self, Cas, ConsumerSpec, Delivery, HandlerError};
+use bus_schema::runtime::{self, ConsumerSpec, Delivery, HandlerError, Update};
 use tracing::{debug, info};
 
 use super::service::{Orchestrator, invalid};
@@ -29,33 +29,33 @@ impl Orchestrator {
         let pkg = Package::try_from(cmd.package.unwrap_or_default()).map_err(invalid)?;
         let key = keys::package(pkg.name.as_str(), pkg.version.as_str());
         let entry = pb::Package::from(&pkg);
-        match self.packages.create(&key, &entry).await? {
-            Cas::Written(_) => info!(package = %pkg.name, version = %pkg.version, "package registered"),
-            Cas::Conflict => {
-                // The same name and version twice: the same content is a no-op, other content a
-                // conflict. A version registered by its metadata alone takes the object key its
-                // upload brings.
-                let existing = self.packages.get::<pb::Package>(&key).await?;
-                if let Some((e, revision)) = existing {
-                    if e.sha256 != entry.sha256 || e.kind != entry.kind || e.size != entry.size {
-                        return Err(HandlerError::reject(
-                            pb::RejectCode::Conflict,
-                            format!(
-                                "{}@{} is already registered with other content (sha256:{}, {} bytes); publish a new \
-                                 version",
-                                pkg.name, pkg.version, e.sha256, e.size
-                            ),
-                        ));
-                    }
-                    if e.object_key.is_empty() && !entry.object_key.is_empty() {
-                        // A lost race with another replica leaves the same key: retried by NAK.
-                        if let Cas::Conflict = self.packages.update(&key, &entry, revision).await? {
-                            return Err(HandlerError::Transient(format!("{key} changed while registering")));
-                        }
-                        info!(package = %pkg.name, version = %pkg.version, "package bytes uploaded");
-                    }
+        // The same name and version twice: the same content is a no-op, other content a
+        // conflict. A version registered by its metadata alone takes the object key its upload
+        // brings.
+        let registered = self
+            .packages
+            .update_with(&key, |existing: Option<&pb::Package>| match existing {
+                None => Update::Put(entry.clone(), Ok(Registered::New)),
+                Some(e) if e.sha256 != entry.sha256 || e.kind != entry.kind || e.size != entry.size => {
+                    Update::Abort(Err(HandlerError::reject(
+                        pb::RejectCode::Conflict,
+                        format!(
+                            "{}@{} is already registered with other content (sha256:{}, {} bytes); publish a new \
+                             version",
+                            pkg.name, pkg.version, e.sha256, e.size
+                        ),
+                    )))
                 }
-            }
+                Some(e) if e.object_key.is_empty() && !entry.object_key.is_empty() => {
+                    Update::Put(entry.clone(), Ok(Registered::Uploaded))
+                }
+                Some(_) => Update::Keep(Ok(Registered::Already)),
+            })
+            .await??;
+        match registered {
+            Registered::New => info!(package = %pkg.name, version = %pkg.version, "package registered"),
+            Registered::Uploaded => info!(package = %pkg.name, version = %pkg.version, "package bytes uploaded"),
+            Registered::Already => {}
         }
         if let Some(auto) = cmd.auto_rollout {
             let policy = pb::PackagePolicy {
@@ -102,4 +102,13 @@ impl Orchestrator {
         self.bus.publish_command(&cmd, &env).await?;
         Ok(())
     }
+}
+
+/// What registering a package version did to the catalog.
+enum Registered {
+    New,
+    /// Its metadata was there; now its bytes' object key is too.
+    Uploaded,
+    /// The same entry was there already.
+    Already,
 }

@@ -39,7 +39,7 @@ fn count_command(d: &Delivery, result: &Result<(), HandlerError>) {
             metrics::counter!("landfall_commands_total", "type" => type_name, "outcome" => "rejected", "code" => code)
                 .increment(1);
         }
-        Err(HandlerError::Transient(_) | HandlerError::Wait { .. }) => {}
+        Err(HandlerError::Transient { .. } | HandlerError::Wait { .. }) => {}
     }
 }
 
@@ -87,7 +87,7 @@ async fn tick_rollouts(orchestrator: Arc<Orchestrator>, shutdown: CancellationTo
             _ = every.tick() => {}
         }
         if let Err(e) = orchestrator.rollouts.tick().await {
-            warn!(error = %e, "rollout tick failed; trying again");
+            warn!(error = %runtime::error_chain(&e), "rollout tick failed; trying again");
         }
     }
 }
@@ -98,7 +98,7 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
     match orchestrator.recover().await {
         Ok(0) => {}
         Ok(n) => info!(sagas = n, "resumed sagas interrupted before publishing"),
-        Err(e) => warn!(error = %e, "could not resume interrupted sagas now; redelivery will"),
+        Err(e) => warn!(error = %runtime::error_chain(&e), "could not resume interrupted sagas now; redelivery will"),
     }
     let commands = ConsumerSpec::new(
         names::COMMANDS_STREAM,

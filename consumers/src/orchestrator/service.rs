@@ -1,5 +1,5 @@
 //! The orchestrator's shared state: the bus, the KV buckets it reads and writes, and the
-//! rollouts it carries out; and what its handlers share (retries, the invalid-field refusal).
+//! rollouts it carries out; and what its handlers share (the lease retry, the invalid-field refusal).
 
 use std::time::Duration;
 
@@ -12,8 +12,6 @@ use crate::rollout::Rollouts;
 
 /// How long a command for a site that is busy with another saga waits before it is tried again.
 pub(super) const LEASE_RETRY: Duration = Duration::from_secs(1);
-/// How many times a compare-and-set race is retried inside one delivery.
-pub(super) const CAS_ATTEMPTS: usize = 64;
 
 pub(super) fn invalid(e: InvalidField) -> HandlerError {
     HandlerError::reject(pb::RejectCode::Invalid, e.to_string())

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bus_schema::domain::SiteDesign;
 use bus_schema::names::{self, keys};
 use bus_schema::pb;
-use bus_schema::runtime::{Bus, BusError, Cas, Delivery, HandlerError, Kv};
+use bus_schema::runtime::{Bus, BusError, Cas, Delivery, HandlerError, Kv, Update};
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
@@ -20,8 +20,6 @@ use crate::lease::{self, Acquired, Holder};
 
 /// Sites of a wave started at once by one replica.
 const DISPATCH_PARALLEL: usize = 256;
-/// How many times a compare-and-set race is retried inside one delivery.
-const CAS_ATTEMPTS: usize = 256;
 
 /// How often every replica looks at the rollouts under way.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -71,10 +69,14 @@ pub struct Rollouts {
 /// Site reports of one rollout waiting for the write that counts them.
 #[derive(Default)]
 struct Batch {
-    waiting: Vec<(Report, tokio::sync::oneshot::Sender<Result<(), String>>)>,
+    waiting: Vec<(Report, tokio::sync::oneshot::Sender<Counted>)>,
     /// A handler is writing: it takes what arrives meanwhile in its next write.
     writing: bool,
 }
+
+/// Whether the write that counts a batch of reports went in; its failure is shared by every
+/// report of the batch.
+type Counted = Result<(), Arc<HandlerError>>;
 
 /// One site to start, from the plan.
 struct Start {
@@ -175,18 +177,12 @@ impl Rollouts {
 
         let r = planned.rollout;
         info!(rollout = %id, package = %req.name, version = %req.version, sites = r.sites, nodes = r.planned_nodes, waves = r.wave_ends.len(), trigger = %r.trigger, "rollout planned");
-        match self.sagas.create(&keys::rollout(&id), &r).await? {
-            Cas::Written(rev) => {
-                gauge_nodes(&r);
-                self.settle(r, rev).await?;
-            }
-            Cas::Conflict => {
-                if let Some((existing, rev)) = self.sagas.get::<pb::Rollout>(&keys::rollout(&id)).await? {
-                    self.settle(existing, rev).await?;
-                }
-            }
+        // Created here, or by another replica first: either way it is settled.
+        let (created, (r, rev)) = self.sagas.create_or_get(&keys::rollout(&id), &r).await?;
+        if created {
+            gauge_nodes(&r);
         }
-        Ok(())
+        self.settle(r, rev).await
     }
 
     /// Publishes the rollout's outbox and clears it, then starts the sites of the current wave
@@ -281,47 +277,58 @@ impl Rollouts {
     }
 
     async fn mark_dispatched(&self, rollout_id: &str, started: &[usize]) -> Result<(), HandlerError> {
-        let key = keys::rollout(rollout_id);
-        for _ in 0..CAS_ATTEMPTS {
-            let Some((mut r, rev)) = self.sagas.get::<pb::Rollout>(&key).await? else { return Ok(()) };
-            if !decide::mark_dispatched(&mut r, started) {
-                return Ok(());
-            }
-            if let Cas::Written(_) = self.sagas.update(&key, &r, rev).await? {
-                return Ok(());
-            }
-        }
-        Err(HandlerError::Transient(format!("rollout {rollout_id} kept changing")))
+        self.sagas
+            .update_with(&keys::rollout(rollout_id), |r: Option<&pb::Rollout>| {
+                let Some(r) = r else { return Update::Keep(()) };
+                let mut next = r.clone();
+                if decide::mark_dispatched(&mut next, started) { Update::Put(next, ()) } else { Update::Keep(()) }
+            })
+            .await?;
+        Ok(())
     }
 
-    /// Reads, changes with `f`, and writes the rollout until the write wins; then settles it.
+    /// Changes the rollout with `f` (compare-and-set), then settles it; whether `f` changed it.
     /// `f` returns `None` for "nothing to change".
+    ///
+    /// An outbox a previous write did not finish publishing stays in the record, and what `f`
+    /// adds goes after it; the settle publishes both, in that order.
     async fn update(
         &self,
         rollout_id: &str,
         mut f: impl FnMut(&pb::Rollout) -> Result<Option<pb::Rollout>, HandlerError>,
-    ) -> Result<(), HandlerError> {
-        let key = keys::rollout(rollout_id);
-        for _ in 0..CAS_ATTEMPTS {
-            let Some((current, rev)) = self.sagas.get::<pb::Rollout>(&key).await? else {
-                return Err(HandlerError::reject(pb::RejectCode::Invalid, format!("there is no rollout {rollout_id}")));
-            };
-            if !current.outbox.is_empty() {
-                self.settle(current, rev).await?;
-                continue;
-            }
-            let Some(next) = f(&current)? else {
-                return self.settle(current, rev).await;
-            };
-            match self.sagas.update(&key, &next, rev).await? {
-                Cas::Written(new) => {
-                    gauge_nodes(&next);
-                    return self.settle(next, new).await;
+    ) -> Result<bool, HandlerError> {
+        let (changed, entry) = self
+            .sagas
+            .update_with_entry(&keys::rollout(rollout_id), |current: Option<&pb::Rollout>| {
+                let Some(current) = current else {
+                    return Update::Abort(Err(HandlerError::reject(
+                        pb::RejectCode::Invalid,
+                        format!("there is no rollout {rollout_id}"),
+                    )));
+                };
+                match f(current) {
+                    Ok(Some(next)) => Update::Put(next, Ok(true)),
+                    Ok(None) => Update::Keep(Ok(false)),
+                    Err(refused) => Update::Abort(Err(refused)),
                 }
-                Cas::Conflict => continue,
+            })
+            .await?;
+        let Some((r, rev)) = entry else { return changed };
+        match changed {
+            Ok(changed) => {
+                if changed {
+                    gauge_nodes(&r);
+                }
+                self.settle(r, rev).await?;
+                Ok(changed)
+            }
+            Err(refused) => {
+                if !r.outbox.is_empty() {
+                    self.settle(r, rev).await?;
+                }
+                Err(refused)
             }
         }
-        Err(HandlerError::Transient(format!("rollout {rollout_id} kept changing")))
     }
 
     /// A site's report: its results recorded, its lease let go, the site's design moved to the
@@ -383,10 +390,12 @@ impl Rollouts {
                     std::mem::take(&mut b.waiting)
                 };
                 let reports: Vec<&Report> = batch.iter().map(|(r, _)| r).collect();
+                let now = now_ms();
                 let result = self
-                    .update(rollout_id, |r| Ok(decide::count_reports(r, &reports, now_ms())))
+                    .update(rollout_id, |r| Ok(decide::count_reports(r, &reports, now)))
                     .await
-                    .map_err(|e| e.to_string());
+                    .map(drop)
+                    .map_err(Arc::new);
                 for (_, tx) in batch {
                     let _ = tx.send(result.clone());
                 }
@@ -394,39 +403,42 @@ impl Rollouts {
         }
         match rx.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(HandlerError::Transient(e)),
-            Err(_) => Err(HandlerError::Transient(format!("rollout {rollout_id}: the counting write was dropped"))),
+            Ok(Err(e)) => Err(HandlerError::transient(format!("counting a site's report on rollout {rollout_id}"), e)),
+            Err(_) => {
+                Err(HandlerError::transient_reason(format!("rollout {rollout_id}: the counting write was dropped")))
+            }
         }
     }
 
     /// Moves the site's design to `package` (see [`decide::move_design`]).
     async fn move_design(&self, site: &str, package: &pb::PackageRef) -> Result<(), BusError> {
-        let key = keys::site(site);
-        for _ in 0..CAS_ATTEMPTS {
-            let Some((mut design, rev)) = self.sites.get::<pb::SiteDesign>(&key).await? else { return Ok(()) };
-            if !decide::move_design(&mut design, package) {
-                return Ok(());
-            }
-            if let Cas::Written(_) = self.sites.update(&key, &design, rev).await? {
-                return Ok(());
-            }
-        }
-        Err(BusError::Kv { op: "update", bucket: self.sites.bucket().to_string(), key, source: "kept changing".into() })
+        self.sites
+            .update_with(&keys::site(site), |design: Option<&pb::SiteDesign>| {
+                let Some(design) = design else { return Update::Keep(()) };
+                let mut next = design.clone();
+                if decide::move_design(&mut next, package) { Update::Put(next, ()) } else { Update::Keep(()) }
+            })
+            .await
     }
 
     pub async fn pause(&self, d: &Delivery) -> Result<(), HandlerError> {
         let cmd: pb::PauseRollout = d.decode()?;
-        self.update(&cmd.rollout_id, |r| decide::pause(r, &cmd.reason, &d.envelope).map_err(reject)).await
+        self.update(&cmd.rollout_id, |r| decide::pause(r, &cmd.reason, &d.envelope).map_err(reject)).await?;
+        Ok(())
     }
 
     pub async fn resume(&self, d: &Delivery) -> Result<(), HandlerError> {
         let cmd: pb::ResumeRollout = d.decode()?;
-        self.update(&cmd.rollout_id, |r| decide::resume(r, &d.envelope, now_ms()).map_err(reject)).await
+        let now = now_ms();
+        self.update(&cmd.rollout_id, |r| decide::resume(r, &d.envelope, now).map_err(reject)).await?;
+        Ok(())
     }
 
     pub async fn cancel(&self, d: &Delivery) -> Result<(), HandlerError> {
         let cmd: pb::CancelRollout = d.decode()?;
-        self.update(&cmd.rollout_id, |r| decide::cancel(r, &cmd.reason, &d.envelope, now_ms()).map_err(reject)).await
+        let now = now_ms();
+        self.update(&cmd.rollout_id, |r| decide::cancel(r, &cmd.reason, &d.envelope, now).map_err(reject)).await?;
+        Ok(())
     }
 
     /// One look at every rollout that has not ended: publish what a crash left in an outbox,
@@ -480,13 +492,10 @@ impl Rollouts {
             self.sagas.put(&keys::rollout_site(rollout_id, &record.site_id), &record).await?;
             lease::release(&self.sagas, &record.site_id, Holder::Rollout(rollout_id)).await?;
         }
-        self.update(rollout_id, |current| {
-            let next = timeout.apply(current, now);
-            if next.is_some() && timeout.goes_on() {
-                warn!(rollout = %rollout_id, why = %timeout.why, "wave timed out; going on");
-            }
-            Ok(next)
-        })
-        .await
+        let applied = self.update(rollout_id, |current| Ok(timeout.apply(current, now))).await?;
+        if applied && timeout.goes_on() {
+            warn!(rollout = %rollout_id, why = %timeout.why, "wave timed out; going on");
+        }
+        Ok(())
     }
 }

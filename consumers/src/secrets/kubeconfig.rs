@@ -33,14 +33,15 @@ impl KubeconfigCollector {
             .request_site(site, names::kubeconfig_rpc(site), request.into(), Duration::from_secs(15))
             .await
             .map_err(|e| {
-                HandlerError::Transient(match e {
+                let context = match &e {
                     RequestError::TimedOut { .. } => format!("gateway of {site} did not answer the kubeconfig request"),
-                    RequestError::Refused { reason, .. } => format!("gateway of {site}: {reason}"),
-                    e => format!("kubeconfig request to {site}: {}", runtime::error_chain(&e)),
-                })
+                    RequestError::Refused { .. } => format!("gateway of {site}"),
+                    _ => format!("kubeconfig request to {site}"),
+                };
+                HandlerError::transient(context, e)
             })?;
         if kubeconfig.is_empty() {
-            return Err(HandlerError::Transient(format!("gateway of {site} sent an empty kubeconfig")));
+            return Err(HandlerError::transient_reason(format!("gateway of {site} sent an empty kubeconfig")));
         }
         Ok(kubeconfig.to_vec())
     }
@@ -54,7 +55,7 @@ impl runtime::Handler for KubeconfigCollector {
             .to_string();
         let kubeconfig = self.fetch(&site).await?;
         let sealed = sealing::seal(self.keys.as_ref(), &kubeconfig_purpose(&site), &kubeconfig)
-            .map_err(|e| HandlerError::Transient(e.to_string()))?;
+            .map_err(|e| HandlerError::transient(format!("sealing the kubeconfig of {site}"), e))?;
         drop(kubeconfig);
         let revision = self.store.put(&keys::kubeconfig(&site), &sealed).await?;
         info!(%site, key_id = %sealed.key_id, revision, "kubeconfig stored");

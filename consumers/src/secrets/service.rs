@@ -15,11 +15,11 @@
 use std::sync::Arc;
 
 use async_nats::HeaderMap;
-use bus_schema::domain::{NodeName, SiteId};
+use bus_schema::domain::{InvalidField, NodeName, SiteId};
 use bus_schema::ids;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusMessage};
-use bus_schema::runtime::{self, Bus, BusError, Cas, Envelope, Kv, Reply};
+use bus_schema::runtime::{self, Bus, BusError, Envelope, Kv, Reply, Update};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -38,8 +38,6 @@ pub const NO_BMC_CREDENTIALS: &str = "no BMC credentials stored";
 /// host's BMC now (a job redelivered after its saga ended needs none, since the backend finds
 /// the host done). Gateways go on without credentials.
 pub const NO_BMC_JOB: &str = "no job drives the BMCs of site";
-/// How many compare-and-set races on one record a rotation retries.
-const CAS_ATTEMPTS: usize = 64;
 /// How many passes over the bucket a rotation makes before it gives up on records that keep
 /// being written under an old key.
 const ROTATION_PASSES: usize = 5;
@@ -57,6 +55,16 @@ enum RequestError {
     Declined(String),
     #[error("{0}")]
     Refused(String),
+    /// A field of the request is not valid.
+    #[error(transparent)]
+    Field(#[from] InvalidField),
+    /// The request is not the message asked for, or one of its fields is not valid.
+    #[error("{what}")]
+    Invalid {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("{what}")]
     Secret {
         what: String,
@@ -73,16 +81,13 @@ impl RequestError {
         move |source| RequestError::Secret { what, source }
     }
 
+    fn invalid(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        RequestError::Invalid { what: what.into(), source: Box::new(source) }
+    }
+
     /// The message with its causes, as the reply header carries it.
     fn text(&self) -> String {
-        let mut text = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        text
+        runtime::error_chain(self)
     }
 }
 
@@ -91,15 +96,15 @@ fn refused(reason: impl Into<String>) -> RequestError {
 }
 
 fn decode<M: BusMessage>(payload: &[u8]) -> Result<M, RequestError> {
-    M::decode(payload).map_err(|e| refused(format!("not a {}: {e}", M::TYPE)))
+    M::decode(payload).map_err(|e| RequestError::invalid(format!("not a {}", M::TYPE), e))
 }
 
 fn site_id(s: String) -> Result<SiteId, RequestError> {
-    SiteId::try_from(s).map_err(|e| refused(e.to_string()))
+    Ok(SiteId::try_from(s)?)
 }
 
 fn node_name(s: String) -> Result<NodeName, RequestError> {
-    NodeName::try_from(s).map_err(|e| refused(format!("node: {e}")))
+    NodeName::try_from(s).map_err(|e| RequestError::invalid("node", e))
 }
 
 /// The request kinds the service answers.
@@ -293,27 +298,46 @@ impl SecretsService {
     /// is read again). `false` when it needed nothing.
     async fn reseal(&self, key: &str, new: &str) -> Result<bool, RequestError> {
         let purpose = purpose_of(key).ok_or_else(|| refused(format!("{key} is not a record landfall seals")))?;
-        for _ in 0..CAS_ATTEMPTS {
-            let Some((sealed, revision)) = self.store.get::<pb::SealedSecret>(key).await? else { return Ok(false) };
-            if sealed.key_id == new {
-                return Ok(false);
+        let resealed = self
+            .store
+            .update_with(key, |sealed: Option<&pb::SealedSecret>| match sealed {
+                None => Update::Keep(Ok(false)),
+                Some(sealed) if sealed.key_id == new => Update::Keep(Ok(false)),
+                Some(sealed) => match self.seal_again(key, &purpose, sealed, new) {
+                    Ok(again) => Update::Put(again, Ok(true)),
+                    Err(e) => Update::Abort(Err(e)),
+                },
+            })
+            .await;
+        match resealed {
+            Ok(resealed) => resealed,
+            Err(BusError::KeptChanging { .. }) => {
+                Err(refused(format!("{key} kept changing while it was sealed again")))
             }
-            let plain = sealing::open(self.keys.as_ref(), &purpose, &sealed)
-                .map_err(RequestError::secret(format!("open {key} (sealed under key {})", sealed.key_id)))?;
-            let again = sealing::seal(self.keys.as_ref(), &purpose, &plain)
-                .map_err(RequestError::secret(format!("seal {key} again")))?;
-            drop(plain);
-            if again.key_id != new {
-                return Err(refused(format!(
-                    "the key file changed during the rotation (key {} seals now, not {new}): run the rotation again",
-                    again.key_id
-                )));
-            }
-            if let Cas::Written(_) = self.store.update(key, &again, revision).await? {
-                return Ok(true);
-            }
+            Err(e) => Err(e.into()),
         }
-        Err(refused(format!("{key} kept changing while it was sealed again")))
+    }
+
+    /// `sealed` opened and sealed again, under `new`; no I/O.
+    fn seal_again(
+        &self,
+        key: &str,
+        purpose: &str,
+        sealed: &pb::SealedSecret,
+        new: &str,
+    ) -> Result<pb::SealedSecret, RequestError> {
+        let plain = sealing::open(self.keys.as_ref(), purpose, sealed)
+            .map_err(RequestError::secret(format!("open {key} (sealed under key {})", sealed.key_id)))?;
+        let again = sealing::seal(self.keys.as_ref(), purpose, &plain)
+            .map_err(RequestError::secret(format!("seal {key} again")))?;
+        drop(plain);
+        if again.key_id != new {
+            return Err(refused(format!(
+                "the key file changed during the rotation (key {} seals now, not {new}): run the rotation again",
+                again.key_id
+            )));
+        }
+        Ok(again)
     }
 }
 

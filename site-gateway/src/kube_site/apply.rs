@@ -100,7 +100,7 @@ impl ManifestApplier {
 
     async fn apply_package(&self, name: &str, version: &str, manifests: &[u8]) -> Result<ApplySummary, BackendError> {
         check_package_name(name)?;
-        let manifests = parse_manifests(manifests).map_err(BackendError::Permanent)?;
+        let manifests = parse_manifests(manifests)?;
 
         let lock = self.lock(name);
         let _one_at_a_time = lock.lock().await;
@@ -157,7 +157,7 @@ impl ManifestApplier {
         let mut plan: Vec<Planned> = Vec::with_capacity(manifests.len());
         for Manifest { doc, gvk, mut object } in manifests {
             let Some((resource, scope)) = kinds.resolve(&gvk).await? else {
-                return Err(BackendError::Permanent(format!(
+                return Err(BackendError::permanent_reason(format!(
                     "{doc}: the cluster serves no kind {} in {}",
                     gvk.kind,
                     gvk.api_version()
@@ -187,7 +187,7 @@ impl ManifestApplier {
                 name: object.metadata.name.clone().unwrap_or_default(),
             };
             if let Some(first) = plan.iter().find(|p| p.target.same_object(&target)) {
-                return Err(BackendError::Permanent(format!(
+                return Err(BackendError::permanent_reason(format!(
                     "{doc} and {} are the same object {}",
                     first.doc,
                     target.id()
@@ -234,9 +234,10 @@ impl ManifestApplier {
                 Ok(Some(id))
             }
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                Err(BackendError::Transient(format!("prune {id}: it changed while being pruned: {}", status.message)))
-            }
+            Err(kube::Error::Api(status)) if status.code == 409 => Err(BackendError::transient_reason(format!(
+                "prune {id}: it changed while being pruned: {}",
+                status.message
+            ))),
             Err(e) => Err(kube_error(&format!("prune {id}"), e)),
         }
     }
@@ -254,10 +255,10 @@ impl ManifestApplier {
         let path = self.inventory_path(name);
         match tokio::fs::read(&path).await {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                BackendError::Permanent(format!("read inventory {}: not an inventory: {e}", path.display()))
+                BackendError::permanent(format!("read inventory {}: not an inventory", path.display()), e)
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Inventory::default()),
-            Err(e) => Err(BackendError::Transient(format!("read inventory {}: {e}", path.display()))),
+            Err(e) => Err(BackendError::transient(format!("read inventory {}", path.display()), e)),
         }
     }
 
@@ -268,7 +269,7 @@ impl ManifestApplier {
         let bytes = serde_json::to_vec_pretty(inventory).expect("an inventory serializes");
         write_atomically(&self.state_dir, &tmp, &path, &bytes)
             .await
-            .map_err(|e| BackendError::Transient(format!("write inventory {}: {e}", path.display())))
+            .map_err(|e| BackendError::transient(format!("write inventory {}", path.display()), e))
     }
 }
 
@@ -290,13 +291,21 @@ fn check_package_name(name: &str) -> Result<(), BackendError> {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
-    if valid { Ok(()) } else { Err(BackendError::Permanent(format!("the name {name:?} is not a valid label value"))) }
+    if valid {
+        Ok(())
+    } else {
+        Err(BackendError::permanent_reason(format!("the name {name:?} is not a valid label value")))
+    }
 }
 
 fn prefixed(context: &str, e: BackendError) -> BackendError {
     match e {
-        BackendError::Permanent(m) => BackendError::Permanent(format!("{context}: {m}")),
-        BackendError::Transient(m) => BackendError::Transient(format!("{context}: {m}")),
+        BackendError::Permanent { context: own, source } => {
+            BackendError::Permanent { context: format!("{context}: {own}"), source }
+        }
+        BackendError::Transient { context: own, source } => {
+            BackendError::Transient { context: format!("{context}: {own}"), source }
+        }
         other => other,
     }
 }
@@ -362,12 +371,15 @@ impl Planned {
 /// Parses multi-document YAML into the objects it holds, in order. Empty documents are skipped;
 /// `kind: List` documents stand for their items. Documents are numbered from 1, counting the
 /// empty ones, as they stand in the file.
-fn parse_manifests(bytes: &[u8]) -> Result<Vec<Manifest>, String> {
-    let text = std::str::from_utf8(bytes).map_err(|e| format!("the manifests are not UTF-8 text: {e}"))?;
+fn parse_manifests(bytes: &[u8]) -> Result<Vec<Manifest>, BackendError> {
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| BackendError::permanent("the manifests are not UTF-8 text", e))?;
     let mut manifests = Vec::new();
     for (i, document) in yaml::documents(text).into_iter().enumerate() {
         let at = format!("document {}", i + 1);
-        let value = document.and_then(|d| d.parse::<serde_json::Value>()).map_err(|e| format!("{at}: {e}"))?;
+        let value = document
+            .and_then(|d| d.parse::<serde_json::Value>())
+            .map_err(|e| BackendError::permanent(at.clone(), e))?;
         manifest(value, at, &mut manifests)?;
     }
     Ok(manifests)
@@ -377,17 +389,17 @@ fn text(v: Option<&serde_json::Value>) -> Option<&str> {
     v.and_then(serde_json::Value::as_str).filter(|s| !s.is_empty())
 }
 
-fn manifest(value: serde_json::Value, at: String, out: &mut Vec<Manifest>) -> Result<(), String> {
+fn manifest(value: serde_json::Value, at: String, out: &mut Vec<Manifest>) -> Result<(), BackendError> {
     let map = match &value {
         serde_json::Value::Null => return Ok(()),
         serde_json::Value::Object(map) => map,
-        _ => return Err(format!("{at}: not a Kubernetes object (a mapping)")),
+        _ => return Err(BackendError::permanent_reason(format!("{at}: not a Kubernetes object (a mapping)"))),
     };
     let api_version = text(map.get("apiVersion"));
     let kind = text(map.get("kind"));
     if kind == Some("List") {
         let Some(items) = map.get("items").and_then(serde_json::Value::as_array) else {
-            return Err(format!("{at}: a List without items"));
+            return Err(BackendError::permanent_reason(format!("{at}: a List without items")));
         };
         for (j, item) in items.iter().enumerate() {
             manifest(item.clone(), format!("{at}, item {}", j + 1), out)?;
@@ -400,10 +412,10 @@ fn manifest(value: serde_json::Value, at: String, out: &mut Vec<Manifest>) -> Re
         .filter_map(|(field, v)| v.is_none().then_some(field))
         .collect();
     let (Some(api_version), Some(kind), Some(_)) = (api_version, kind, name) else {
-        return Err(format!("{at}: no {}", missing.join(", ")));
+        return Err(BackendError::permanent_reason(format!("{at}: no {}", missing.join(", "))));
     };
-    let gvk = GroupVersion::from_str(api_version).map_err(|e| format!("{at}: {e}"))?.with_kind(kind);
-    let object: DynamicObject = serde_json::from_value(value).map_err(|e| format!("{at}: {e}"))?;
+    let gvk = GroupVersion::from_str(api_version).map_err(|e| BackendError::permanent(at.clone(), e))?.with_kind(kind);
+    let object: DynamicObject = serde_json::from_value(value).map_err(|e| BackendError::permanent(at.clone(), e))?;
     out.push(Manifest { doc: at, gvk, object });
     Ok(())
 }
@@ -498,7 +510,7 @@ mod tests {
     }
 
     fn parse_err(yaml: &str) -> String {
-        parse_manifests(yaml.as_bytes()).expect_err("must not parse")
+        parse_manifests(yaml.as_bytes()).expect_err("must not parse").reason()
     }
 
     #[test]
@@ -627,7 +639,7 @@ mod tests {
             assert!(check_package_name(good).is_ok(), "{good}");
         }
         for bad in ["", "..", "../etc", "a/b", "-web", "web.", &"x".repeat(64), "wéb"] {
-            assert!(matches!(check_package_name(bad), Err(BackendError::Permanent(_))), "{bad}");
+            assert!(matches!(check_package_name(bad), Err(BackendError::Permanent { .. })), "{bad}");
         }
     }
 
@@ -639,17 +651,18 @@ mod tests {
     fn rejections_are_permanent_and_outages_transient() {
         for code in [400, 403, 404, 409, 422] {
             let e = kube_error("apply A/ns/a", api_error(code, "nope"));
-            assert_eq!(e, BackendError::Permanent("apply A/ns/a: nope".into()), "{code}");
+            assert!(matches!(e, BackendError::Permanent { .. }), "{code}: {e:?}");
+            assert_eq!(e.reason(), "apply A/ns/a: nope", "{code}");
         }
         for code in [408, 429, 500, 503] {
-            assert!(matches!(kube_error("x", api_error(code, "busy")), BackendError::Transient(_)), "{code}");
+            assert!(matches!(kube_error("x", api_error(code, "busy")), BackendError::Transient { .. }), "{code}");
         }
         let typed = "failed to create typed patch object (default/a; a.test/v1, Kind=A): .spec.replicas: \
                      expected numeric (int or float), got string";
-        assert!(
-            matches!(kube_error("x", api_error(500, typed)), BackendError::Permanent(m) if m.ends_with("got string"))
-        );
+        let e = kube_error("x", api_error(500, typed));
+        assert!(matches!(&e, BackendError::Permanent { .. } if e.reason().ends_with("got string")), "{e:?}");
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert!(matches!(kube_error("x", kube::Error::Service(Box::new(io))), BackendError::Transient(_)));
+        let e = kube_error("x", kube::Error::Service(Box::new(io)));
+        assert!(matches!(&e, BackendError::Transient { .. } if e.reason().ends_with("refused")), "{e:?}");
     }
 }

@@ -120,11 +120,11 @@ impl BpaUploader {
     /// # Errors
     /// `Permanent` when `base` is not an http(s) URL, or owner or cluster is empty.
     pub fn new(base: &str, owner: &str, cluster: &str) -> Result<Self, BackendError> {
-        let refuse = |why: String| BackendError::Permanent(format!("bpa upload api {base:?}: {why}"));
+        let api = format!("bpa upload api {base:?}");
         if owner.is_empty() || cluster.is_empty() {
-            return Err(refuse("owner and cluster must not be empty".into()));
+            return Err(BackendError::permanent_reason(format!("{api}: owner and cluster must not be empty")));
         }
-        let cluster_url = cluster_url(base, owner, cluster).map_err(refuse)?;
+        let cluster_url = cluster_url(base, owner, cluster).map_err(|e| BackendError::permanent(api.clone(), e))?;
         // reqwest is built without a crypto provider and asks for the process's default even for
         // plain http; ring's is the one the workspace builds (async-nats re-exports its rustls).
         let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
@@ -132,7 +132,7 @@ impl BpaUploader {
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(120))
             .build()
-            .map_err(|e| refuse(format!("building the http client: {e}")))?;
+            .map_err(|e| BackendError::permanent(format!("{api}: building the http client"), e))?;
         Ok(Self {
             http,
             cluster_url,
@@ -171,16 +171,16 @@ impl BpaUploader {
     pub async fn upload(&self, package: &Package, path: &Path) -> Result<UploadOutcome, BackendError> {
         let name = image_name(package);
         if package.kind == PackageKind::Unspecified {
-            return Err(BackendError::Permanent(format!("bpa upload of {name}: the package has no kind")));
+            return Err(BackendError::permanent_reason(format!("bpa upload of {name}: the package has no kind")));
         }
         let kind = ImageKind::of(package.kind);
         let local = |e: std::io::Error| {
-            BackendError::Transient(format!("bpa upload of {name}: reading the cached {}: {e}", path.display()))
+            BackendError::transient(format!("bpa upload of {name}: reading the cached {}", path.display()), e)
         };
         let mut file = tokio::fs::File::open(path).await.map_err(local)?;
         let length = file.metadata().await.map_err(local)?.len();
         if length != package.size {
-            return Err(BackendError::Permanent(format!(
+            return Err(BackendError::permanent_reason(format!(
                 "bpa upload of {name}: the cached {} is {length} bytes, the catalog says {}",
                 path.display(),
                 package.size
@@ -203,7 +203,7 @@ impl BpaUploader {
             match self.patch(kind, &name, offset, chunk).await? {
                 Patched::To(next) => {
                     if next > length || (next <= offset && len > 0) {
-                        return Err(BackendError::Permanent(format!(
+                        return Err(BackendError::permanent_reason(format!(
                             "bpa image {name}: after {len} bytes at offset {offset} the bpa reports offset {next} of {length}"
                         )));
                     }
@@ -217,24 +217,25 @@ impl BpaUploader {
                 Patched::Conflict(why) => {
                     races += 1;
                     if races > OFFSET_RACES {
-                        return Err(BackendError::Transient(format!(
-                            "bpa image {name}: the offset kept moving under us ({races} conflicts in a row): {why}"
-                        )));
+                        return Err(BackendError::transient(
+                            format!("bpa image {name}: the offset kept moving under us ({races} conflicts in a row)"),
+                            why,
+                        ));
                     }
                     debug!(image = %name, offset, "bpa offset moved; reading it again");
                 }
                 Patched::Failed(why) => {
                     failures += 1;
                     if failures >= self.attempts {
-                        return Err(BackendError::Transient(why));
+                        return Err(why);
                     }
                     let pause = self.retry_delay.saturating_mul(2u32.saturating_pow(failures - 1));
-                    warn!(image = %name, offset, error = %why, ?pause, "bpa patch failed; retrying from the bpa's offset");
+                    warn!(image = %name, offset, error = %why.reason(), ?pause, "bpa patch failed; retrying from the bpa's offset");
                     tokio::time::sleep(pause).await;
                 }
             }
             let Some(record) = self.fetch(kind, &name).await? else {
-                return Err(BackendError::Transient(format!("bpa image {name}: deleted while being uploaded")));
+                return Err(BackendError::transient_reason(format!("bpa image {name}: deleted while being uploaded")));
             };
             identity.check(&record)?;
             offset = record.offset();
@@ -294,7 +295,7 @@ impl BpaUploader {
             // not there was a refusal of the metadata.
             StatusCode::CONFLICT | StatusCode::BAD_REQUEST => match self.fetch(kind, &identity.name).await? {
                 Some(record) => Ok(record),
-                None if reply.status == StatusCode::CONFLICT => Err(BackendError::Transient(format!(
+                None if reply.status == StatusCode::CONFLICT => Err(BackendError::transient_reason(format!(
                     "bpa image {}: registration conflicted, then the image was gone",
                     identity.name
                 ))),
@@ -310,7 +311,7 @@ impl BpaUploader {
         let reply = self.send("GET", &url, || self.http.get(url.clone())).await?;
         match reply.status {
             StatusCode::OK => serde_json::from_slice(&reply.body).map(Some).map_err(|e| {
-                BackendError::Permanent(format!("bpa GET {url}: the record does not read: {e}: {}", reply.text()))
+                BackendError::permanent(format!("bpa GET {url}: the record does not read ({})", reply.text()), e)
             }),
             StatusCode::NOT_FOUND => Ok(None),
             _ => Err(reply.error("GET", &url)),
@@ -331,13 +332,15 @@ impl BpaUploader {
             .body(chunk);
         let reply = match Reply::of(request.send().await).await {
             Ok(reply) => reply,
-            Err(e) => return Ok(Patched::Failed(format!("bpa PATCH {url} at offset {offset}: {e}"))),
+            Err(e) => {
+                return Ok(Patched::Failed(BackendError::transient(format!("bpa PATCH {url} at offset {offset}"), e)));
+            }
         };
         match reply.status {
             // A BPA that does not say where it stands took the whole chunk (it said 2xx).
             s if s.is_success() => Ok(Patched::To(reply.upload_offset().unwrap_or(offset + len))),
-            StatusCode::CONFLICT => Ok(Patched::Conflict(reply.error("PATCH", &url).to_string())),
-            s if retryable(s) => Ok(Patched::Failed(reply.error("PATCH", &url).to_string())),
+            StatusCode::CONFLICT => Ok(Patched::Conflict(reply.error("PATCH", &url))),
+            s if retryable(s) => Ok(Patched::Failed(reply.error("PATCH", &url))),
             _ => Err(reply.error("PATCH", &url)),
         }
     }
@@ -354,29 +357,38 @@ impl BpaUploader {
         loop {
             let why = match Reply::of(build().send().await).await {
                 Ok(reply) if !retryable(reply.status) => return Ok(reply),
-                Ok(reply) => reply.error(method, url).to_string(),
-                Err(e) => format!("bpa {method} {url}: {e}"),
+                Ok(reply) => reply.error(method, url),
+                Err(e) => BackendError::transient(format!("bpa {method} {url}"), e),
             };
             if attempt >= self.attempts {
-                return Err(BackendError::Transient(why));
+                return Err(why);
             }
             let pause = self.retry_delay.saturating_mul(2u32.saturating_pow(attempt - 1));
-            warn!(%url, method, error = %why, ?pause, "bpa request failed; retrying");
+            warn!(%url, method, error = %why.reason(), ?pause, "bpa request failed; retrying");
             tokio::time::sleep(pause).await;
             attempt += 1;
         }
     }
 }
 
+/// Why a BPA base is not one.
+#[derive(Debug, thiserror::Error)]
+enum BadBase {
+    #[error("not a url")]
+    NotUrl(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("not an http(s) url")]
+    NotHttp,
+}
+
 /// `{base}/v1/baremetalcluster/{owner}/{cluster}`, each segment escaped.
-fn cluster_url(base: &str, owner: &str, cluster: &str) -> Result<Url, String> {
-    let mut url = Url::parse(base).map_err(|e| format!("not a url: {e}"))?;
+fn cluster_url(base: &str, owner: &str, cluster: &str) -> Result<Url, BadBase> {
+    let mut url = Url::parse(base).map_err(|e| BadBase::NotUrl(e.into()))?;
     if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
-        return Err("not an http(s) url".into());
+        return Err(BadBase::NotHttp);
     }
     url.set_query(None);
     url.set_fragment(None);
-    url.path_segments_mut().map_err(|()| "not an http(s) url".to_string())?.pop_if_empty().extend([
+    url.path_segments_mut().map_err(|()| BadBase::NotHttp)?.pop_if_empty().extend([
         "v1",
         "baremetalcluster",
         owner,
@@ -397,14 +409,14 @@ impl Identity {
     fn check(&self, record: &Record) -> Result<(), BackendError> {
         let held = if record.is_complete() { "a complete image" } else { "part of an image" };
         if record.image_length != self.length {
-            return Err(BackendError::Permanent(format!(
+            return Err(BackendError::permanent_reason(format!(
                 "bpa image {}: the bpa holds {held} of {} bytes under the name, ours is {} bytes; \
                  refusing to overwrite it",
                 self.name, record.image_length, self.length
             )));
         }
         if record.offset() > record.image_length {
-            return Err(BackendError::Permanent(format!(
+            return Err(BackendError::permanent_reason(format!(
                 "bpa image {}: the bpa reports {} bytes held of {}",
                 self.name,
                 record.offset(),
@@ -414,7 +426,7 @@ impl Identity {
         if let Some(theirs) = record.digest_tag()
             && theirs != self.tag
         {
-            return Err(BackendError::Permanent(format!(
+            return Err(BackendError::permanent_reason(format!(
                 "bpa image {}: the bpa holds {held} tagged {theirs} under the name, ours is {}; \
                  refusing to overwrite it",
                 self.name, self.tag
@@ -464,9 +476,9 @@ enum Patched {
     /// Accepted; the BPA's offset is now this.
     To(u64),
     /// `409`: the offset was not the BPA's.
-    Conflict(String),
+    Conflict(BackendError),
     /// Unreachable, cut, or 5xx: worth another try from the BPA's offset.
-    Failed(String),
+    Failed(BackendError),
 }
 
 /// Connection errors and these statuses are the BPA being down or busy.
@@ -505,7 +517,11 @@ impl Reply {
     /// The error this reply is: `Transient` when the BPA is down or busy, `Permanent` otherwise.
     fn error(&self, method: &str, url: &Url) -> BackendError {
         let message = format!("bpa {method} {url}: {}: {}", self.status, self.text());
-        if retryable(self.status) { BackendError::Transient(message) } else { BackendError::Permanent(message) }
+        if retryable(self.status) {
+            BackendError::transient_reason(message)
+        } else {
+            BackendError::permanent_reason(message)
+        }
     }
 }
 
@@ -585,7 +601,7 @@ mod tests {
             [("10.0.0.2:9015", "o", "c"), ("ftp://h/", "o", "c"), ("not a url", "o", "c"), ("http://h", "", "c")]
         {
             let err = BpaUploader::new(base, owner, cluster).unwrap_err();
-            assert!(matches!(err, BackendError::Permanent(_)), "{base}: {err:?}");
+            assert!(matches!(err, BackendError::Permanent { .. }), "{base}: {err:?}");
         }
     }
 

@@ -66,7 +66,7 @@ impl KubeSite {
     async fn cluster_exists(&self) -> Result<bool, BackendError> {
         match self.cluster_kubeconfig().await {
             Ok(_) => Ok(true),
-            Err(BackendError::Transient(_)) => Ok(false),
+            Err(BackendError::Transient { .. }) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -75,13 +75,13 @@ impl KubeSite {
     pub(super) async fn application_cluster(&self) -> Result<Client, BackendError> {
         let bytes = self.cluster_kubeconfig().await?;
         let text = String::from_utf8(bytes)
-            .map_err(|_| BackendError::Permanent("the cluster's kubeconfig is not UTF-8".into()))?;
+            .map_err(|_| BackendError::permanent_reason("the cluster's kubeconfig is not UTF-8"))?;
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
-            .map_err(|e| BackendError::Permanent(format!("the cluster's kubeconfig: {e}")))?;
+            .map_err(|e| BackendError::permanent("the cluster's kubeconfig", e))?;
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
             .await
-            .map_err(|e| BackendError::Permanent(format!("the cluster's kubeconfig: {e}")))?;
-        Client::try_from(config).map_err(|e| BackendError::Permanent(format!("the cluster's kubeconfig: {e}")))
+            .map_err(|e| BackendError::permanent("the cluster's kubeconfig", e))?;
+        Client::try_from(config).map_err(|e| BackendError::permanent("the cluster's kubeconfig", e))
     }
 
     pub(super) fn applier(&self, client: Client) -> ManifestApplier {
@@ -96,11 +96,14 @@ impl KubeSite {
     ) -> Result<(), BackendError> {
         let path = self.cache.path(&package.sha256.to_string());
         let manifests = tokio::fs::read(&path).await.map_err(|e| {
-            BackendError::Permanent(format!(
-                "container package {}: no manifests in the site's cache ({}: {e}); was it uploaded?",
-                package.reference().key(),
-                path.display()
-            ))
+            BackendError::permanent(
+                format!(
+                    "container package {}: no manifests in the site's cache at {} (was it uploaded?)",
+                    package.reference().key(),
+                    path.display()
+                ),
+                e,
+            )
         })?;
         let summary = applier.apply(package.name.as_str(), package.version.as_str(), &manifests).await?;
         info!(
@@ -120,7 +123,7 @@ impl KubeSite {
         let id = self.identity();
         let existing = self.provisionings.get_opt(&id.cluster).await.map_err(|e| kube_error(&id.cluster, e))?;
         if req.join_existing && (existing.is_none() || !self.cluster_exists().await?) {
-            return Err(BackendError::Transient("no application cluster yet".into()));
+            return Err(BackendError::transient_reason("no application cluster yet"));
         }
         // A join keeps the nodes the cluster has; a fresh install lists exactly the request's.
         let mut wanted: BTreeMap<String, (Role, String)> = match (&existing, req.join_existing) {
@@ -141,7 +144,7 @@ impl KubeSite {
         let deadline = tokio::time::Instant::now() + self.cfg.install_timeout;
         while !self.cluster_exists().await? {
             if tokio::time::Instant::now() >= deadline {
-                return Err(BackendError::Permanent(format!(
+                return Err(BackendError::permanent_reason(format!(
                     "the BPA did not build cluster {} within {:?} (no kubeconfig)",
                     id.cluster, self.cfg.install_timeout
                 )));
@@ -162,18 +165,18 @@ impl KubeSite {
         match &self.cfg.cluster_kubeconfig {
             KubeconfigSource::File(path) => match tokio::fs::read(path).await {
                 Ok(bytes) if !bytes.is_empty() => Ok(bytes),
-                Ok(_) => Err(BackendError::Transient(format!("{} is empty", path.display()))),
+                Ok(_) => Err(BackendError::transient_reason(format!("{} is empty", path.display()))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Err(BackendError::Transient(format!("no kubeconfig at {} yet", path.display())))
+                    Err(BackendError::transient_reason(format!("no kubeconfig at {} yet", path.display())))
                 }
-                Err(e) => Err(BackendError::Permanent(format!("{}: {e}", path.display()))),
+                Err(e) => Err(BackendError::permanent(path.display().to_string(), e)),
             },
             KubeconfigSource::Secret(name) => {
                 let secret = self.secrets.get_opt(name).await.map_err(|e| kube_error(&format!("Secret {name}"), e))?;
                 let value = secret.and_then(|s| s.data).and_then(|mut d| d.remove("value"));
                 match value {
                     Some(ByteString(bytes)) if !bytes.is_empty() => Ok(bytes),
-                    _ => Err(BackendError::Transient(format!("no kubeconfig in Secret {name} (key value) yet"))),
+                    _ => Err(BackendError::transient_reason(format!("no kubeconfig in Secret {name} (key value) yet"))),
                 }
             }
         }
@@ -194,7 +197,7 @@ pub(super) fn versions(packages: &[Package]) -> impl Iterator<Item = (&str, &str
 }
 
 async fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), BackendError> {
-    let io = |e: std::io::Error| BackendError::Permanent(format!("{}: {e}", path.display()));
+    let io = |e: std::io::Error| BackendError::permanent(path.display().to_string(), e);
     if let Some(dir) = path.parent() {
         tokio::fs::create_dir_all(dir).await.map_err(io)?;
     }
@@ -226,7 +229,10 @@ mod tests {
         });
         assert_eq!(site.kubeconfig().await.unwrap(), b"apiVersion: v1\nkind: Config\n");
         let missing = site.kubeconfig().await.unwrap_err();
-        assert!(matches!(&missing, BackendError::Transient(m) if m.contains("edge-01-kubeconfig")), "{missing}");
+        assert!(
+            matches!(&missing, BackendError::Transient { .. } if missing.reason().contains("edge-01-kubeconfig")),
+            "{missing}"
+        );
         let ((m1, u1, _), (m2, u2, _)) = server.await.unwrap();
         for (m, u) in [(m1, u1), (m2, u2)] {
             assert_eq!((m, u.as_str()), (Method::GET, "/api/v1/namespaces/metal3/secrets/edge-01-kubeconfig"));

@@ -18,14 +18,12 @@ pub(super) fn kube_error(context: &str, e: kube::Error) -> BackendError {
                 // The server cannot make the applied object fit its schema (a string where an
                 // integer belongs, a field the schema does not declare), but says so with a 500:
                 // kubernetes/kubernetes#139253.
-                500 if status.message.contains(TYPED_PATCH_FAILED) => BackendError::Permanent(message),
-                408 | 429 | 500..=599 => BackendError::Transient(message),
-                _ => BackendError::Permanent(message),
+                500 if status.message.contains(TYPED_PATCH_FAILED) => BackendError::permanent_reason(message),
+                408 | 429 | 500..=599 => BackendError::transient_reason(message),
+                _ => BackendError::permanent_reason(message),
             }
         }
-        e @ (kube::Error::BuildRequest(_) | kube::Error::HttpError(_)) => {
-            BackendError::Permanent(format!("{context}: {e}"))
-        }
-        e => BackendError::Transient(format!("{context}: {e}")),
+        e @ (kube::Error::BuildRequest(_) | kube::Error::HttpError(_)) => BackendError::permanent(context, e),
+        e => BackendError::transient(context, e),
     }
 }

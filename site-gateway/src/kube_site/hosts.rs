@@ -25,7 +25,7 @@ use super::error::kube_error;
 use super::marks::{self, FIELD_MANAGER, add_finalizer};
 use super::metal3::BareMetalHost;
 use super::ownership::intent_of;
-use crate::backend::{HostChange, HostNotice};
+use crate::backend::{BackendError, HostChange, HostNotice};
 
 /// What to write on a host once the bus holds its announcement.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ pub(super) async fn watch(site: String, hosts: Api<BareMetalHost>, tx: mpsc::Unb
             _ = tx.closed() => return,
             Some((name, mark)) = marked.recv() => {
                 if let Err(e) = write_mark(&hosts, &name, &mark).await {
-                    warn!(%site, host = %name, error = %e, ?mark, "cannot mark host; it is announced again");
+                    warn!(%site, host = %name, error = %e.reason(), ?mark, "cannot mark host; it is announced again");
                 }
                 pending.remove(&name);
             }
@@ -164,8 +164,8 @@ fn node_of(host: &BareMetalHost) -> Result<NodeDesign, String> {
 }
 
 /// Writes `mark` on the host as it is now (a host already gone needs none).
-async fn write_mark(hosts: &Api<BareMetalHost>, name: &str, mark: &Mark) -> Result<(), String> {
-    let Some(host) = hosts.get_opt(name).await.map_err(|e| kube_error(name, e).to_string())? else {
+async fn write_mark(hosts: &Api<BareMetalHost>, name: &str, mark: &Mark) -> Result<(), BackendError> {
+    let Some(host) = hosts.get_opt(name).await.map_err(|e| kube_error(name, e))? else {
         return Ok(());
     };
     let mut intent = intent_of(&host, FIELD_MANAGER);
@@ -181,6 +181,6 @@ async fn write_mark(hosts: &Api<BareMetalHost>, name: &str, mark: &Mark) -> Resu
         }
     }
     let params = kube::api::PatchParams::apply(FIELD_MANAGER);
-    hosts.patch(name, &params, &kube::api::Patch::Apply(&intent)).await.map_err(|e| kube_error(name, e).to_string())?;
+    hosts.patch(name, &params, &kube::api::Patch::Apply(&intent)).await.map_err(|e| kube_error(name, e))?;
     Ok(())
 }

@@ -15,11 +15,11 @@ impl KubeSite {
     pub(super) async fn patch(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {
         let name = req.node.name.as_str();
         let Some(host) = self.host(name).await? else {
-            return Err(BackendError::Permanent(format!("node {name} has no BareMetalHost")));
+            return Err(BackendError::permanent_reason(format!("node {name} has no BareMetalHost")));
         };
         if host.state() != Some(ProvisioningState::Provisioned) {
             let state = host.state().map_or("unknown".to_string(), |s| s.to_string());
-            return Err(BackendError::Permanent(format!("node {name} is not provisioned (state {state})")));
+            return Err(BackendError::permanent_reason(format!("node {name} is not provisioned (state {state})")));
         }
         let package = &req.package;
         let from = Self::version_on(&host, package.name.as_str());

@@ -90,7 +90,7 @@ impl KubeSite {
     async fn new_host_intent(&self, req: &HostRequest) -> Result<Value, BackendError> {
         let name = req.node.name.as_str();
         let Some(bmc) = &req.bmc else {
-            return Err(BackendError::Permanent(format!(
+            return Err(BackendError::permanent_reason(format!(
                 "host {name} has no BareMetalHost and the hub holds no BMC credentials to create one (landfall bmc set)"
             )));
         };
@@ -149,7 +149,7 @@ impl KubeSite {
     /// Takes the image off the host (Metal3 deprovisions it) and waits until it is available.
     pub(super) async fn deprovision(&self, name: &str) -> Result<(), BackendError> {
         let Some(host) = self.host(name).await? else {
-            return Err(BackendError::Permanent(format!("host {name} has no BareMetalHost")));
+            return Err(BackendError::permanent_reason(format!("host {name} has no BareMetalHost")));
         };
         let mut intent = intent_of(&host, FIELD_MANAGER);
         if let Some(spec) = intent.get_mut("spec").and_then(Value::as_object_mut) {
@@ -180,14 +180,14 @@ impl KubeSite {
             let host = tokio::select! {
                 _ = &mut deadline => {
                     let state = last.map_or("unknown".to_string(), |s: ProvisioningState| s.to_string());
-                    return Err(BackendError::Permanent(format!(
+                    return Err(BackendError::permanent_reason(format!(
                         "host {name} did not get there within {:?} (last state: {state})", self.cfg.provision_timeout
                     )));
                 }
                 next = updates.next() => match next {
                     Some(Ok(host)) => host,
                     Some(Err(e)) => { debug!(host = name, error = %e, "watch interrupted; resuming"); continue }
-                    None => return Err(BackendError::Transient(format!("watch of host {name} ended"))),
+                    None => return Err(BackendError::transient_reason(format!("watch of host {name} ended"))),
                 },
             };
             let state = host.state();
@@ -301,7 +301,7 @@ mod tests {
     async fn without_credentials_no_host_is_created_and_nothing_is_written() {
         let (site, mut handle, _dir) = mocked(UserData::Existing("ud".into()));
         let err = site.new_host_intent(&request(None)).await.unwrap_err();
-        assert!(matches!(&err, BackendError::Permanent(m) if m.contains("landfall bmc set")), "{err}");
+        assert!(matches!(&err, BackendError::Permanent { .. } if err.reason().contains("landfall bmc set")), "{err}");
         let quiet = tokio::time::timeout(std::time::Duration::from_millis(100), handle.next_request()).await;
         assert!(quiet.is_err(), "a request was made");
     }

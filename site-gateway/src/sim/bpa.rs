@@ -63,7 +63,10 @@ impl SimSite {
             if let Some(path) = &a.path
                 && !path.exists()
             {
-                return Err(BackendError::Transient(format!("{} is gone from the artifact cache", path.display())));
+                return Err(BackendError::transient_reason(format!(
+                    "{} is gone from the artifact cache",
+                    path.display()
+                )));
             }
         }
         let missing = {
@@ -162,7 +165,10 @@ mod tests {
         let (site, req) = provisioned_site().await;
         let join = |nodes: &[NodeDesign]| ClusterRequest { nodes: nodes.to_vec(), join_existing: true, ..req.clone() };
         let early = site.install_binaries(&join(&req.nodes[1..2])).await;
-        assert_eq!(early, Err(BackendError::Transient("no application cluster yet".into())));
+        assert!(
+            matches!(&early, Err(e @ BackendError::Transient { .. }) if e.reason() == "no application cluster yet"),
+            "{early:?}"
+        );
         site.install_binaries(&ClusterRequest { nodes: req.nodes[..1].to_vec(), ..req.clone() }).await.unwrap();
         let joined = site.install_binaries(&join(&req.nodes[1..2])).await.unwrap();
         assert_eq!(joined, [NodeInstall { node: "w-1".into(), role: Role::Worker, failure: None }]);
@@ -178,6 +184,6 @@ mod tests {
         site.stage_artifacts(&artifacts).await.unwrap();
         assert_eq!(site.effects().bytes_handed, 150);
         let gone = CachedArtifact { package: package("kubelet", '3', 1), path: Some("/nonexistent/x".into()) };
-        assert!(matches!(site.stage_artifacts(&[gone]).await, Err(BackendError::Transient(_))));
+        assert!(matches!(site.stage_artifacts(&[gone]).await, Err(BackendError::Transient { .. })));
     }
 }

@@ -46,7 +46,7 @@ pub(super) fn binaries_failure(node: &str) -> String {
 
 /// The site's cache refusing an os-image before the disks are wiped.
 pub(super) fn reimage_refused(node: &str, image: &Package) -> BackendError {
-    BackendError::Permanent(format!(
+    BackendError::permanent_reason(format!(
         "reimage of {node} with {} refused: image checksum mismatch in the site cache \
          (expected sha256:{}); the host keeps its current image",
         image.reference().key(),
@@ -59,7 +59,7 @@ pub(super) fn reimage_refused(node: &str, image: &Package) -> BackendError {
 pub(super) fn binary_patch_failed(node: &str, binary: &Package, running: Option<&str>) -> BackendError {
     let name = binary.name.as_str();
     let was = running.map_or("removed again".into(), |v| format!("rolled back to {v}"));
-    BackendError::Permanent(format!(
+    BackendError::permanent_reason(format!(
         "patch of {name} to {} failed on {node}: {name}.service did not become active after the swap \
          (exit status 1); {was}",
         binary.version
@@ -69,7 +69,7 @@ pub(super) fn binary_patch_failed(node: &str, binary: &Package, running: Option<
 /// The application cluster's API server refusing a container package at admission; `running`
 /// is the version the cluster keeps.
 pub(super) fn container_patch_denied(node: &str, container: &Package, running: Option<&str>) -> BackendError {
-    BackendError::Permanent(format!(
+    BackendError::permanent_reason(format!(
         "apply of {} for {node} failed: admission webhook \"validate.{}\" denied the request; \
          the cluster keeps {}",
         container.reference().key(),

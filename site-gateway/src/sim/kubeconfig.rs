@@ -28,7 +28,7 @@ impl SimSite {
         pause(self.inner.config.kubeconfig).await;
         let mut random: Random = [0; CA_BYTES + TOKEN_LEN];
         getrandom::fill(&mut random)
-            .map_err(|e| BackendError::Transient(format!("no randomness for the cluster's kubeconfig: {e}")))?;
+            .map_err(|e| BackendError::transient("no randomness for the cluster's kubeconfig", e))?;
         let mut guard = self.inner.lock();
         let st = &mut *guard;
         let kubeconfig = st.kubeconfig.get_or_insert_with(|| {
@@ -115,8 +115,8 @@ mod tests {
     async fn the_cluster_kubeconfig_is_generated_once_and_containers_apply_once() {
         let (site, req) = provisioned_site().await;
         let containers = [package("cni", 'd', 5)];
-        assert!(matches!(site.kubeconfig().await, Err(BackendError::Transient(_))));
-        assert!(matches!(site.apply_container_packages(&containers).await, Err(BackendError::Transient(_))));
+        assert!(matches!(site.kubeconfig().await, Err(BackendError::Transient { .. })));
+        assert!(matches!(site.apply_container_packages(&containers).await, Err(BackendError::Transient { .. })));
         site.install_binaries(&req).await.unwrap();
         let first = String::from_utf8(site.kubeconfig().await.unwrap()).unwrap();
         assert!(first.contains("server: https://m-1.edge-01.landfall.local:6443"), "{first}");

@@ -27,7 +27,7 @@ impl SimSite {
             PackageKind::Binary => self.patch_binary(node, &req.package).await,
             PackageKind::Container => self.patch_container(node, &req.package).await,
             PackageKind::Unspecified => {
-                Err(BackendError::Permanent(format!("{} has no kind", req.package.reference().key())))
+                Err(BackendError::permanent_reason(format!("{} has no kind", req.package.reference().key())))
             }
         };
         let mut st = self.inner.lock();
@@ -36,10 +36,10 @@ impl SimSite {
                 bump(&mut st.effects.patches, node);
                 debug!(site = %self.inner.site, node, package = %req.package.reference().key(), "patched");
             }
-            Ok(_) | Err(BackendError::Transient(_)) => {}
+            Ok(_) | Err(BackendError::Transient { .. }) => {}
             Err(error) => {
                 bump(&mut st.effects.patch_failures, node);
-                warn!(site = %self.inner.site, node, package = %req.package.reference().key(), %error, "patch failed");
+                warn!(site = %self.inner.site, node, package = %req.package.reference().key(), error = %error.reason(), "patch failed");
             }
         }
         result
@@ -75,7 +75,9 @@ impl SimSite {
             // One node's install takes as long as the whole cluster's: nodes install in parallel.
             pause(self.inner.config.install_binaries).await;
             if let Some(reason) = self.inner.lock().install_on(&self.inner.site, node, &reinstall) {
-                return Err(BackendError::Permanent(format!("{node} reimaged, but its binaries were not: {reason}")));
+                return Err(BackendError::permanent_reason(format!(
+                    "{node} reimaged, but its binaries were not: {reason}"
+                )));
             }
         }
         Ok(PatchOutcome { from_version, changed: true })
@@ -159,9 +161,10 @@ mod tests {
         assert_eq!(effects.patches, per_node(&[("m-1", 1)]));
         assert_eq!((effects.binary_installs, effects.provisions), (before.1.binary_installs, before.1.provisions));
 
-        let Err(BackendError::Permanent(reason)) = site.patch_node(&patch(&req, 2, kubelet)).await else {
+        let Err(e @ BackendError::Permanent { .. }) = site.patch_node(&patch(&req, 2, kubelet)).await else {
             panic!("w-2 has no OS");
         };
+        let reason = e.reason();
         assert!(reason.contains("w-2 is not provisioned"), "{reason}");
         assert!(site.effects().patch_failures.is_empty());
     }
@@ -192,7 +195,7 @@ mod tests {
         assert_eq!(effects.provisions, per_node(&[("m-1", 2), ("w-1", 1)]));
         assert_eq!(effects.binary_installs, per_node(&[("m-1", 2), ("w-1", 1)]));
         assert_eq!(effects.patches, per_node(&[("m-1", 1)]));
-        assert_eq!(site.kubeconfig().await.map(|_| ()), Ok(()), "m-1 is still the cluster's master");
+        site.kubeconfig().await.expect("m-1 is still the cluster's master");
     }
 
     #[tokio::test(start_paused = true)]
@@ -200,18 +203,20 @@ mod tests {
         let (site, req) = installed_site().await;
         let kubelet = versioned("kubelet", "1.29.2", PackageKind::Binary, 'e');
         site.fail_patch("w-1");
-        let Err(BackendError::Permanent(reason)) = site.patch_node(&patch(&req, 1, kubelet.clone())).await else {
+        let Err(e @ BackendError::Permanent { .. }) = site.patch_node(&patch(&req, 1, kubelet.clone())).await else {
             panic!("the patch of w-1 should fail");
         };
+        let reason = e.reason();
         assert!(reason.contains("kubelet") && reason.contains("w-1") && reason.contains("rolled back to 1.29.1"));
         let current = package("kubelet", 'c', 10);
         assert_eq!(site.patch_node(&patch(&req, 1, current)).await.unwrap(), outcome("1.29.1", false));
 
         site.fail_patch("m-1");
         let ubuntu = versioned("ubuntu", "24.04", PackageKind::OsImage, 'f');
-        let Err(BackendError::Permanent(reason)) = site.patch_node(&patch(&req, 0, ubuntu)).await else {
+        let Err(e @ BackendError::Permanent { .. }) = site.patch_node(&patch(&req, 0, ubuntu)).await else {
             panic!("the reimage of m-1 should be refused");
         };
+        let reason = e.reason();
         assert!(reason.contains("checksum") && reason.contains("m-1"), "{reason}");
         assert_eq!(site.hosts()[0], ("m-1".to_string(), S::Provisioned));
 
@@ -228,7 +233,7 @@ mod tests {
         let (site, req) = provisioned_site().await;
         let cni = versioned("cni", "1.4.0", PackageKind::Container, 'd');
         let early = site.patch_node(&patch(&req, 0, cni.clone())).await;
-        assert!(matches!(early, Err(BackendError::Transient(_))), "{early:?}");
+        assert!(matches!(early, Err(BackendError::Transient { .. })), "{early:?}");
         site.install_binaries(&req).await.unwrap();
         let first = site.patch_node(&patch(&req, 0, cni.clone())).await.unwrap();
         assert_eq!(first, PatchOutcome { from_version: None, changed: true });

@@ -32,7 +32,7 @@ impl Inner {
             h.set_state(&self.site, host, if outcome.is_ok() { S::Provisioned } else { S::Available });
         }
         if let Err(error) = &outcome {
-            warn!(site = %self.site, host, %error, "provisioning failed");
+            warn!(site = %self.site, host, error = %error.reason(), "provisioning failed");
         }
         done.send_replace(Some(outcome));
     }
@@ -169,7 +169,7 @@ async fn wait_outcome(mut done: watch::Receiver<Outcome>) -> Result<(), BackendE
 }
 
 fn site_stopped() -> BackendError {
-    BackendError::Transient("simulated site stopped".into())
+    BackendError::transient_reason("simulated site stopped")
 }
 
 #[cfg(test)]

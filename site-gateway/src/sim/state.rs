@@ -35,15 +35,17 @@ impl State {
     pub(super) fn provisioned(&self, node: &str) -> Result<&Host, BackendError> {
         match self.hosts.get(node) {
             Some(h) if h.state() == S::Provisioned => Ok(h),
-            Some(h) => Err(BackendError::Permanent(format!("{node} is not provisioned (it is {})", h.state()))),
-            None => Err(BackendError::Permanent(format!("{node} is not provisioned (the site has no such host)"))),
+            Some(h) => Err(BackendError::permanent_reason(format!("{node} is not provisioned (it is {})", h.state()))),
+            None => {
+                Err(BackendError::permanent_reason(format!("{node} is not provisioned (the site has no such host)")))
+            }
         }
     }
 }
 
 /// What a site without its application cluster says to what needs one.
 pub(super) fn no_cluster() -> BackendError {
-    BackendError::Transient("no application cluster yet".into())
+    BackendError::transient_reason("no application cluster yet")
 }
 
 /// A binary as a node runs it.
