@@ -1,3 +1,6 @@
+//! The table of kinds against forgeries: every kind on the bus has a row, and every site field of
+//! every row, forged, is refused.
+
 use prost::Message as _;
 use serde_json::{Value, json};
 

@@ -1,3 +1,6 @@
+//! The YAML reader: core-schema scalars, tags and duplicate keys refused, positions in the whole
+//! file, limits on untrusted input.
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 

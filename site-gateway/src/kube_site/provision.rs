@@ -122,7 +122,14 @@ impl KubeSite {
         progress: &mpsc::UnboundedSender<ProvisioningState>,
     ) -> Result<(), BackendError> {
         let name = req.node.name.as_str();
-        let mut intent = match self.host(name).await? {
+        let existing = self.host(name).await?;
+        // The state before the image goes on is the first one reported: Metal3 may have moved on
+        // by the time the watch below starts.
+        let before = existing.as_ref().and_then(BareMetalHost::state);
+        if let Some(s) = before {
+            let _ = progress.send(s);
+        }
+        let mut intent = match existing {
             Some(host) => intent_of(&host, FIELD_MANAGER),
             None => self.new_host_intent(req).await?,
         };
@@ -137,7 +144,7 @@ impl KubeSite {
         spec["userData"] = json!({"name": user_data, "namespace": self.cfg.namespace});
         self.apply_host(name, &intent).await?;
         info!(site = %self.cfg.site, host = name, %url, "image set");
-        self.follow(name, progress, |host| {
+        self.follow(name, progress, before, |host| {
             host.state() == Some(ProvisioningState::Provisioned)
                 && host.provisioned_image().is_some_and(|i| i.url == url)
         })
@@ -157,25 +164,25 @@ impl KubeSite {
         }
         self.apply_host(name, &intent).await?;
         let (tx, _rx) = mpsc::unbounded_channel();
-        self.follow(name, &tx, |h| {
+        self.follow(name, &tx, None, |h| {
             h.state() == Some(ProvisioningState::Available) && h.spec.image.as_ref().is_none_or(|i| i.url.is_empty())
         })
         .await
     }
 
-    /// Watches host `name`, sending each new state on `progress`, until `done` holds, Metal3
-    /// reports an error for it, or the provisioning timeout passes.
+    /// Watches host `name`, sending each new state on `progress` (`last`: the one sent already),
+    /// until `done` holds, Metal3 reports an error for it, or the provisioning timeout passes.
     async fn follow(
         &self,
         name: &str,
         progress: &mpsc::UnboundedSender<ProvisioningState>,
+        mut last: Option<ProvisioningState>,
         done: impl Fn(&BareMetalHost) -> bool,
     ) -> Result<(), BackendError> {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut updates = watcher(self.hosts.clone(), config).default_backoff().applied_objects().boxed();
         let deadline = tokio::time::sleep(self.cfg.provision_timeout);
         tokio::pin!(deadline);
-        let mut last = None;
         loop {
             let host = tokio::select! {
                 _ = &mut deadline => {
