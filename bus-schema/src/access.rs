@@ -101,9 +101,13 @@ impl Role {
     /// The buckets a hub service reads (gets, scans, watches).
     fn buckets_read(&self) -> &'static [&'static str] {
         match self {
-            Role::Orchestrator | Role::Api => {
-                &[names::SITES_BUCKET, names::PACKAGES_BUCKET, names::OBSERVED_BUCKET, names::SAGAS_BUCKET]
-            }
+            Role::Orchestrator | Role::Api => &[
+                names::SITES_BUCKET,
+                names::PACKAGES_BUCKET,
+                names::OBSERVED_BUCKET,
+                names::SAGAS_BUCKET,
+                names::LEDGER_BUCKET,
+            ],
             // The sagas and rollouts too: a site's report counts only as the answer to their jobs.
             Role::Observer => &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET, names::SAGAS_BUCKET],
             Role::Kubeconfig => &[names::KUBECONFIGS_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET],
@@ -118,6 +122,7 @@ impl Role {
             Role::Orchestrator => &[
                 (names::SITES_BUCKET, ">"),
                 (names::SAGAS_BUCKET, ">"),
+                (names::LEDGER_BUCKET, ">"),
                 (names::PACKAGES_BUCKET, "pkg.>"),
                 (names::PACKAGES_BUCKET, "policy.>"),
             ],

@@ -42,11 +42,14 @@ pub const PACKAGES_BUCKET: &str = "landfall-packages";
 pub const OBSERVED_BUCKET: &str = "landfall-observed";
 pub const SAGAS_BUCKET: &str = "landfall-sagas";
 pub const KUBECONFIGS_BUCKET: &str = "landfall-kubeconfigs";
+/// Every command carried out or refused, by id, kept as long as the commands stream keeps it.
+pub const LEDGER_BUCKET: &str = "landfall-ledger";
 /// The stream that holds a KV bucket (JetStream's naming).
 pub fn kv_stream(bucket: &str) -> String {
     format!("KV_{bucket}")
 }
-pub const ALL_BUCKETS: [&str; 5] = [SITES_BUCKET, PACKAGES_BUCKET, OBSERVED_BUCKET, SAGAS_BUCKET, KUBECONFIGS_BUCKET];
+pub const ALL_BUCKETS: [&str; 6] =
+    [SITES_BUCKET, PACKAGES_BUCKET, OBSERVED_BUCKET, SAGAS_BUCKET, KUBECONFIGS_BUCKET, LEDGER_BUCKET];
 
 /// Durable consumer names.
 pub const ORCHESTRATOR_COMMANDS: &str = "orchestrator-commands";
@@ -250,6 +253,10 @@ pub mod keys {
     pub fn package(name: &str, version: &str) -> String {
         // KV keys allow [-/_=.a-zA-Z0-9]; versions such as 1.29.1+k3s1 need escaping.
         format!("{PACKAGE_PREFIX}{}.{}", escape(name), escape(version))
+    }
+    /// The ledger's record of a command (`landfall-ledger`).
+    pub fn command(command_id: &str) -> String {
+        format!("cmd.{command_id}")
     }
     pub fn saga(saga_id: &str) -> String {
         format!("saga.{saga_id}")

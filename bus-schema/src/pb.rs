@@ -127,6 +127,7 @@ bus_message!(
     CommandRejected,
     MessageRejected,
     InstallSaga,
+    CommandRecord,
     SiteLease,
     SealedSecret,
     NodeObserved,

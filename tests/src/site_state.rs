@@ -31,7 +31,9 @@ impl SiteState {
     /// Reads the site's state as `bus` (an operator) sees it.
     pub async fn read(bus: &Bus, site: &str) -> SiteState {
         let mut kv = BTreeMap::new();
-        for bucket in names::ALL_BUCKETS {
+        // The command ledger is the hub's record of what it was asked, refusals included (a
+        // refused forgery naming the site is recorded there): not the site's state.
+        for bucket in names::ALL_BUCKETS.into_iter().filter(|b| *b != names::LEDGER_BUCKET) {
             let store = bus.jetstream().get_key_value(bucket).await.expect("the bucket");
             let mut keys = store.keys().await.expect("the bucket's keys");
             let mut all = Vec::new();

@@ -76,9 +76,12 @@ impl Bus {
             return Ok(store);
         }
         let history = if bucket == names::SITES_BUCKET { 16 } else { 1 };
+        // The ledger keeps a command's record as long as the commands stream keeps the command.
+        let max_age = if bucket == names::LEDGER_BUCKET { names::RETENTION } else { Duration::ZERO };
         let config = kv::Config {
             bucket: bucket.to_string(),
             history,
+            max_age,
             num_replicas: topology.replicas,
             max_value_size: names::MAX_PAYLOAD as i32,
             storage: stream::StorageType::File,

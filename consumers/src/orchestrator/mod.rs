@@ -7,10 +7,12 @@
 //! - [`service`]: the shared state every handler works on;
 //! - `register`, `design`, `nodes`: the command handlers, by what they change;
 //! - `install`: the install saga, executed (its decisions are [`crate::saga`]);
+//! - `ledger`: every command carried out or refused, by id, so a late copy does nothing;
 //! - `run`: the consumers, started, and commands dispatched to their handlers.
 
 mod design;
 mod install;
+mod ledger;
 mod nodes;
 mod register;
 mod run;

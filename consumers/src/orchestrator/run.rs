@@ -7,7 +7,7 @@ use bus_schema::names;
 use bus_schema::pb::{self, BusEvent};
 use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, RejectAs};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::install::saga_event_filters;
 use super::service::Orchestrator;
@@ -18,7 +18,14 @@ struct Events(Arc<Orchestrator>);
 
 impl runtime::Handler for Commands {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        // A copy of a command carried out or refused before, however long ago: nothing again,
+        // and the same answer.
+        if let Some(first) = self.0.ledger.first_answer(d).await? {
+            debug!(subject = %d.subject, id = %d.envelope.id, "a copy of a command already settled: nothing done");
+            return first;
+        }
         let result = self.dispatch(d).await;
+        self.0.ledger.record(d, &result).await?;
         count_command(d, &result);
         result
     }

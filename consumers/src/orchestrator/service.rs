@@ -8,6 +8,7 @@ use bus_schema::names;
 use bus_schema::pb;
 use bus_schema::runtime::{self, Bus, HandlerError, Kv};
 
+use super::ledger::Ledger;
 use crate::rollout::Rollouts;
 
 /// How long a command for a site that is busy with another saga waits before it is tried again.
@@ -24,6 +25,8 @@ pub struct Orchestrator {
     pub(super) packages: Kv,
     pub(super) sagas: Kv,
     pub(super) observed: Kv,
+    /// Every command carried out or refused, by id.
+    pub(super) ledger: Ledger,
     pub rollouts: Rollouts,
 }
 
@@ -34,6 +37,7 @@ impl Orchestrator {
             packages: bus.kv(names::PACKAGES_BUCKET).await?,
             sagas: bus.kv(names::SAGAS_BUCKET).await?,
             observed: bus.kv(names::OBSERVED_BUCKET).await?,
+            ledger: Ledger(bus.kv(names::LEDGER_BUCKET).await?),
             rollouts: Rollouts::new(bus.clone()).await?,
             bus,
         })
