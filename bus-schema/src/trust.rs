@@ -87,14 +87,31 @@ const SITE: &[Party] = &[Site];
 /// read. Only the orchestrator consumes commands.
 const CONSUMERS: &[Party] = &[Orchestrator, Observer, Kubeconfig, Site];
 
+/// A row's subject kind, `(aggregate, kind)`: what the message type says for commands, jobs and
+/// events, or as the row gives it.
+macro_rules! subject_kind {
+    (Command $ty:ident) => {
+        ("", <pb::$ty as BusCommand>::KIND)
+    };
+    (Job $ty:ident) => {
+        ("", <pb::$ty as BusJob>::KIND)
+    };
+    (Event $ty:ident) => {
+        (<pb::$ty as BusEvent>::AGGREGATE, <pb::$ty as BusEvent>::KIND)
+    };
+    ($channel:ident $ty:ident [$agg:expr, $kind:expr]) => {
+        ($agg, $kind)
+    };
+}
+
 macro_rules! rules {
-    ($($channel:ident $ty:ident ($kind:expr $(, event of $agg:expr)?) from $senders:expr, sites [$($field:literal),*] $(, answers [$($job:expr),*])?;)*) => {
+    ($($channel:ident $ty:ident $([$agg:expr, $kind:expr])? from $senders:expr, sites [$($field:literal),*] $(, answers [$($job:expr),*])?;)*) => {
         /// Every message kind that travels as a command, job, event or request.
         pub const RULES: &[Rule] = &[$(Rule {
             type_name: <pb::$ty as BusMessage>::TYPE,
             channel: Channel::$channel,
-            aggregate: first(&[$($agg,)? ""]),
-            kind: $kind,
+            aggregate: subject_kind!($channel $ty $([$agg, $kind])?).0,
+            kind: subject_kind!($channel $ty $([$agg, $kind])?).1,
             senders: $senders,
             site_fields: &[$($field),*],
             answers: &[$($($job),*)?],
@@ -126,84 +143,80 @@ macro_rules! rules {
 }
 
 rules! {
-    Command RegisterSite(pb::RegisterSite::KIND) from PEOPLE, sites ["design.site_id"];
-    Command InstallSite(pb::InstallSite::KIND) from PEOPLE, sites ["site_id"];
-    Command ApplyDesign(pb::ApplyDesign::KIND) from PEOPLE, sites ["site_id"];
-    Command StageSite(pb::StageSite::KIND) from PEOPLE, sites ["site_id"];
-    Command NodeAdded(pb::NodeAdded::KIND) from PEOPLE_AND_SITES, sites ["site_id"];
-    Command NodeRemoved(pb::NodeRemoved::KIND) from PEOPLE_AND_SITES, sites ["site_id"];
-    Command RegisterPackage(pb::RegisterPackage::KIND) from PEOPLE, sites [];
-    Command PatchPackage(pb::PatchPackage::KIND) from &[Operator, Api, Orchestrator], sites [];
-    Command PauseRollout(pb::PauseRollout::KIND) from PEOPLE, sites [];
-    Command ResumeRollout(pb::ResumeRollout::KIND) from PEOPLE, sites [];
-    Command CancelRollout(pb::CancelRollout::KIND) from PEOPLE, sites [];
+    Command RegisterSite from PEOPLE, sites ["design.site_id"];
+    Command InstallSite from PEOPLE, sites ["site_id"];
+    Command ApplyDesign from PEOPLE, sites ["site_id"];
+    Command StageSite from PEOPLE, sites ["site_id"];
+    Command NodeAdded from PEOPLE_AND_SITES, sites ["site_id"];
+    Command NodeRemoved from PEOPLE_AND_SITES, sites ["site_id"];
+    Command RegisterPackage from PEOPLE, sites [];
+    Command PatchPackage from &[Operator, Api, Orchestrator], sites [];
+    Command PauseRollout from PEOPLE, sites [];
+    Command ResumeRollout from PEOPLE, sites [];
+    Command CancelRollout from PEOPLE, sites [];
 
-    Job StageArtifacts(pb::StageArtifacts::KIND) from HUB, sites ["site_id"];
-    Job ProvisionOs(pb::ProvisionOs::KIND) from HUB, sites ["site_id"];
-    Job InstallBinaries(pb::InstallBinaries::KIND) from HUB, sites ["site_id"];
-    Job ApplyContainerPackages(pb::ApplyContainerPackages::KIND) from HUB, sites ["site_id"];
-    Job PatchNodes(pb::PatchNodes::KIND) from HUB, sites ["site_id"];
+    Job StageArtifacts from HUB, sites ["site_id"];
+    Job ProvisionOs from HUB, sites ["site_id"];
+    Job InstallBinaries from HUB, sites ["site_id"];
+    Job ApplyContainerPackages from HUB, sites ["site_id"];
+    Job PatchNodes from HUB, sites ["site_id"];
 
-    Event SiteRegistered(pb::SiteRegistered::KIND, event of pb::SiteRegistered::AGGREGATE) from HUB, sites ["site_id"];
-    Event DesignApplied(pb::DesignApplied::KIND, event of pb::DesignApplied::AGGREGATE) from HUB, sites ["site_id"];
-    Event SiteInstallStarted(pb::SiteInstallStarted::KIND, event of pb::SiteInstallStarted::AGGREGATE) from HUB, sites ["site_id"];
-    Event SiteInstalled(pb::SiteInstalled::KIND, event of pb::SiteInstalled::AGGREGATE) from HUB, sites ["site_id"];
-    Event SiteInstallFailed(pb::SiteInstallFailed::KIND, event of pb::SiteInstallFailed::AGGREGATE) from HUB, sites ["site_id"];
-    Event NodeAccepted(pb::NodeAccepted::KIND, event of pb::NodeAccepted::AGGREGATE) from HUB, sites ["site_id"];
-    Event NodeLeft(pb::NodeLeft::KIND, event of pb::NodeLeft::AGGREGATE) from HUB, sites ["site_id"];
-    Event NodeReady(pb::NodeReady::KIND, event of pb::NodeReady::AGGREGATE) from HUB, sites ["site_id"];
-    Event NodeJoinFailed(pb::NodeJoinFailed::KIND, event of pb::NodeJoinFailed::AGGREGATE) from HUB, sites ["site_id"];
-    Event KubeconfigStored(pb::KubeconfigStored::KIND, event of pb::KubeconfigStored::AGGREGATE) from &[Kubeconfig], sites ["site_id"];
-    Event BmcCredentialsStored(pb::BmcCredentialsStored::KIND, event of pb::BmcCredentialsStored::AGGREGATE) from &[Kubeconfig], sites ["site_id"];
+    Event SiteRegistered from HUB, sites ["site_id"];
+    Event DesignApplied from HUB, sites ["site_id"];
+    Event SiteInstallStarted from HUB, sites ["site_id"];
+    Event SiteInstalled from HUB, sites ["site_id"];
+    Event SiteInstallFailed from HUB, sites ["site_id"];
+    Event NodeAccepted from HUB, sites ["site_id"];
+    Event NodeLeft from HUB, sites ["site_id"];
+    Event NodeReady from HUB, sites ["site_id"];
+    Event NodeJoinFailed from HUB, sites ["site_id"];
+    Event KubeconfigStored from &[Kubeconfig], sites ["site_id"];
+    Event BmcCredentialsStored from &[Kubeconfig], sites ["site_id"];
 
-    Event ArtifactsStaged(pb::ArtifactsStaged::KIND, event of pb::ArtifactsStaged::AGGREGATE) from SITE, sites ["site_id"],
+    Event ArtifactsStaged from SITE, sites ["site_id"],
         answers [pb::StageArtifacts::KIND];
-    Event NodeOsProvisioning(pb::NodeOsProvisioning::KIND, event of pb::NodeOsProvisioning::AGGREGATE) from SITE, sites ["site_id"],
+    Event NodeOsProvisioning from SITE, sites ["site_id"],
         answers [pb::ProvisionOs::KIND];
-    Event NodeOsProvisioned(pb::NodeOsProvisioned::KIND, event of pb::NodeOsProvisioned::AGGREGATE) from SITE, sites ["site_id"],
+    Event NodeOsProvisioned from SITE, sites ["site_id"],
         answers [pb::ProvisionOs::KIND];
-    Event NodeFailed(pb::NodeFailed::KIND, event of pb::NodeFailed::AGGREGATE) from SITE, sites ["site_id"],
+    Event NodeFailed from SITE, sites ["site_id"],
         answers [pb::ProvisionOs::KIND, pb::InstallBinaries::KIND];
-    Event NodeBinariesInstalled(pb::NodeBinariesInstalled::KIND, event of pb::NodeBinariesInstalled::AGGREGATE) from SITE, sites ["site_id"],
+    Event NodeBinariesInstalled from SITE, sites ["site_id"],
         answers [pb::InstallBinaries::KIND];
-    Event ClusterReady(pb::ClusterReady::KIND, event of pb::ClusterReady::AGGREGATE) from SITE, sites ["site_id"],
+    Event ClusterReady from SITE, sites ["site_id"],
         answers [pb::InstallBinaries::KIND];
-    Event ContainerPackagesApplied(pb::ContainerPackagesApplied::KIND, event of pb::ContainerPackagesApplied::AGGREGATE) from SITE, sites ["site_id"],
+    Event ContainerPackagesApplied from SITE, sites ["site_id"],
         answers [pb::ApplyContainerPackages::KIND];
-    Event JobFailed(pb::JobFailed::KIND, event of pb::JobFailed::AGGREGATE) from SITE, sites ["site_id"],
+    Event JobFailed from SITE, sites ["site_id"],
         answers [pb::StageArtifacts::KIND, pb::ProvisionOs::KIND, pb::InstallBinaries::KIND,
                  pb::ApplyContainerPackages::KIND, pb::PatchNodes::KIND];
-    Event NodePatched(pb::NodePatched::KIND, event of pb::NodePatched::AGGREGATE) from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
-    Event NodePatchFailed(pb::NodePatchFailed::KIND, event of pb::NodePatchFailed::AGGREGATE) from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
-    Event SitePatched(pb::SitePatched::KIND, event of pb::SitePatched::AGGREGATE) from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event NodePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event NodePatchFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event SitePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
 
-    Event PackageRegistered(pb::PackageRegistered::KIND, event of pb::PackageRegistered::AGGREGATE) from HUB, sites [];
-    Event RolloutPlanned(pb::RolloutPlanned::KIND, event of pb::RolloutPlanned::AGGREGATE) from HUB, sites [];
-    Event RolloutWaveStarted(pb::RolloutWaveStarted::KIND, event of pb::RolloutWaveStarted::AGGREGATE) from HUB, sites [];
-    Event RolloutProgress(pb::RolloutProgress::KIND, event of pb::RolloutProgress::AGGREGATE) from HUB, sites [];
-    Event RolloutHalted(pb::RolloutHalted::KIND, event of pb::RolloutHalted::AGGREGATE) from HUB, sites [];
-    Event RolloutPaused(pb::RolloutPaused::KIND, event of pb::RolloutPaused::AGGREGATE) from HUB, sites [];
-    Event RolloutResumed(pb::RolloutResumed::KIND, event of pb::RolloutResumed::AGGREGATE) from HUB, sites [];
-    Event RolloutCancelled(pb::RolloutCancelled::KIND, event of pb::RolloutCancelled::AGGREGATE) from HUB, sites [];
-    Event RolloutCompleted(pb::RolloutCompleted::KIND, event of pb::RolloutCompleted::AGGREGATE) from HUB, sites [];
-    Event SecretKeyRotated(pb::SecretKeyRotated::KIND, event of pb::SecretKeyRotated::AGGREGATE) from &[Kubeconfig], sites [];
-    Event CommandRejected(pb::rejection::KIND, event of pb::rejection::COMMAND_AGGREGATE) from HUB, sites [];
-    Event MessageRejected(pb::rejection::KIND, event of pb::rejection::MESSAGE_AGGREGATE) from CONSUMERS, sites [];
+    Event PackageRegistered from HUB, sites [];
+    Event RolloutPlanned from HUB, sites [];
+    Event RolloutWaveStarted from HUB, sites [];
+    Event RolloutProgress from HUB, sites [];
+    Event RolloutHalted from HUB, sites [];
+    Event RolloutPaused from HUB, sites [];
+    Event RolloutResumed from HUB, sites [];
+    Event RolloutCancelled from HUB, sites [];
+    Event RolloutCompleted from HUB, sites [];
+    Event SecretKeyRotated from &[Kubeconfig], sites [];
+    Event CommandRejected [pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND] from HUB, sites [];
+    Event MessageRejected [pb::rejection::MESSAGE_AGGREGATE, pb::rejection::KIND] from CONSUMERS, sites [];
 
-    Service ArtifactPlanRequest(names::ARTIFACT_PLAN) from SITE, sites ["site_id"];
-    Service ChunkRequest(names::ARTIFACT_CHUNK) from SITE, sites ["site_id"];
-    Service BmcCredentialsRequest(names::BMC_CREDENTIALS) from SITE, sites ["site_id"];
+    Service ArtifactPlanRequest ["", names::ARTIFACT_PLAN] from SITE, sites ["site_id"];
+    Service ChunkRequest ["", names::ARTIFACT_CHUNK] from SITE, sites ["site_id"];
+    Service BmcCredentialsRequest ["", names::BMC_CREDENTIALS] from SITE, sites ["site_id"];
 
-    SiteRpc KubeconfigRequest(names::KUBECONFIG_RPC) from &[Kubeconfig, Operator], sites ["site_id"];
-    SiteRpc SimulateHostArrival(names::SIM_HOST_ARRIVAL_RPC) from &[Operator], sites ["site_id"];
+    SiteRpc KubeconfigRequest ["", names::KUBECONFIG_RPC] from &[Kubeconfig, Operator], sites ["site_id"];
+    SiteRpc SimulateHostArrival ["", names::SIM_HOST_ARRIVAL_RPC] from &[Operator], sites ["site_id"];
 
-    Admin KubeconfigGet(names::KUBECONFIG_GET) from &[Operator], sites [];
-    Admin PutBmcCredentials(names::BMC_CREDENTIALS_PUT) from &[Operator], sites [];
-    Admin RotateKey(names::ROTATE_KEY) from &[Operator], sites [];
-}
-
-const fn first(options: &[&'static str]) -> &'static str {
-    options[0]
+    Admin KubeconfigGet ["", names::KUBECONFIG_GET] from &[Operator], sites [];
+    Admin PutBmcCredentials ["", names::BMC_CREDENTIALS_PUT] from &[Operator], sites [];
+    Admin RotateKey ["", names::ROTATE_KEY] from &[Operator], sites [];
 }
 
 /// The row of the message type `type_name`.

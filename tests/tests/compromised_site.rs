@@ -630,35 +630,36 @@ fn kv_subject(bucket: &str, key: &str) -> String {
     format!("$KV.{bucket}.{key}")
 }
 
-async fn kv_read_b_design(t: &Intruder, _: &Scene) -> Outcome {
-    let stream = names::kv_stream(names::SITES_BUCKET);
-    let subject = js(&format!("DIRECT.GET.{stream}.{}", kv_subject(names::SITES_BUCKET, &keys::site(B))));
+/// A key read with the direct get API.
+async fn direct_get(t: &Intruder, bucket: &str, key: &str) -> Outcome {
+    let subject = js(&format!("DIRECT.GET.{}.{}", names::kv_stream(bucket), kv_subject(bucket, key)));
     t.js_api(&subject, json!({})).await
+}
+
+/// A key read as its stream's last message on the key's subject.
+async fn message_get(t: &Intruder, bucket: &str, key: &str) -> Outcome {
+    let body = json!({ "last_by_subj": kv_subject(bucket, key) });
+    t.js_api(&js(&format!("STREAM.MSG.GET.{}", names::kv_stream(bucket))), body).await
+}
+
+async fn kv_read_b_design(t: &Intruder, _: &Scene) -> Outcome {
+    direct_get(t, names::SITES_BUCKET, &keys::site(B)).await
 }
 
 async fn kv_read_b_design_by_message_get(t: &Intruder, _: &Scene) -> Outcome {
-    let stream = names::kv_stream(names::SITES_BUCKET);
-    let body = json!({ "last_by_subj": kv_subject(names::SITES_BUCKET, &keys::site(B)) });
-    t.js_api(&js(&format!("STREAM.MSG.GET.{stream}")), body).await
+    message_get(t, names::SITES_BUCKET, &keys::site(B)).await
 }
 
 async fn kv_read_b_kubeconfig(t: &Intruder, _: &Scene) -> Outcome {
-    let stream = names::kv_stream(names::KUBECONFIGS_BUCKET);
-    let subject = js(&format!("DIRECT.GET.{stream}.{}", kv_subject(names::KUBECONFIGS_BUCKET, &keys::kubeconfig(B))));
-    t.js_api(&subject, json!({})).await
+    direct_get(t, names::KUBECONFIGS_BUCKET, &keys::kubeconfig(B)).await
 }
 
 async fn kv_read_own_kubeconfig(t: &Intruder, _: &Scene) -> Outcome {
-    let stream = names::kv_stream(names::KUBECONFIGS_BUCKET);
-    let body = json!({ "last_by_subj": kv_subject(names::KUBECONFIGS_BUCKET, &keys::kubeconfig(A)) });
-    t.js_api(&js(&format!("STREAM.MSG.GET.{stream}")), body).await
+    message_get(t, names::KUBECONFIGS_BUCKET, &keys::kubeconfig(A)).await
 }
 
 async fn kv_read_b_bmc_record(t: &Intruder, s: &Scene) -> Outcome {
-    let stream = names::kv_stream(names::KUBECONFIGS_BUCKET);
-    let key = keys::bmc_credentials(B, &s.b_nodes[0].name);
-    let subject = js(&format!("DIRECT.GET.{stream}.{}", kv_subject(names::KUBECONFIGS_BUCKET, &key)));
-    t.js_api(&subject, json!({})).await
+    direct_get(t, names::KUBECONFIGS_BUCKET, &keys::bmc_credentials(B, &s.b_nodes[0].name)).await
 }
 
 async fn kv_write_b_design(t: &Intruder, s: &Scene) -> Outcome {

@@ -89,10 +89,18 @@ impl Bus {
     /// [`RequestError::Refused`] when the service answered with a refusal (its reason),
     /// [`RequestError::Failed`] when the request could not be sent.
     pub async fn request(&self, subject: String, payload: Bytes, timeout: Duration) -> Result<Reply, RequestError> {
-        let request = async_nats::Request::new().payload(payload).timeout(Some(timeout));
+        self.send(subject, async_nats::Request::new().payload(payload), timeout).await
+    }
+
+    async fn send(
+        &self,
+        subject: String,
+        request: async_nats::Request,
+        timeout: Duration,
+    ) -> Result<Reply, RequestError> {
         let reply = self
             .client()
-            .send_request(subject.clone(), request)
+            .send_request(subject.clone(), request.timeout(Some(timeout)))
             .await
             .map_err(|e| RequestError::sending(&subject, timeout, e))?;
         answer(&subject, reply)
@@ -114,13 +122,7 @@ impl Bus {
         timeout: Duration,
     ) -> Result<Reply, RequestError> {
         let reply = site_reply(self.inbox_prefix(), site, &self.client().new_inbox());
-        let request = async_nats::Request::new().payload(payload).timeout(Some(timeout)).inbox(reply);
-        let reply = self
-            .client()
-            .send_request(subject.clone(), request)
-            .await
-            .map_err(|e| RequestError::sending(&subject, timeout, e))?;
-        answer(&subject, reply)
+        self.send(subject, async_nats::Request::new().payload(payload).inbox(reply), timeout).await
     }
 
     /// [`Bus::request`] with a protobuf request and answer.
