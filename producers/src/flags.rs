@@ -1,12 +1,13 @@
-//! Flags several command groups share: durations such as `30m` or `90s`, and where artifacts
-//! are kept (`--store`, for `serve distribution`, `up`, `package upload` and `bench transfer`).
+//! Flags several command groups share: durations such as `30m` or `90s`, where artifacts are
+//! kept (`--store`, for `serve distribution`, `up`, `package upload` and `bench transfer`), and
+//! how long the bus keeps things (`--duplicate-window`, `--retention`, for `up` and `serve`).
 
 use std::time::Duration;
 
 use anyhow::Context;
 use consumers::artifacts::{ArtifactStore, S3Options};
 
-/// Parses `90s`, `5m`, `2h`, `1500ms` or plain seconds.
+/// Parses `90s`, `5m`, `2h`, `30d`, `1500ms` or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
@@ -16,9 +17,32 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+        "d" => n * 86400.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
     };
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// How long the bus keeps things; the services that make the streams apply it to new and
+/// existing ones.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct KeepingArgs {
+    /// How long JetStream drops a repeated command id on arrival [default: 15m]. A copy that
+    /// comes later is still recognised by the command ledger and changes nothing: this window
+    /// only spares storing and settling copies that come soon.
+    #[arg(long, global = true, value_parser = parse_duration, env = "LANDFALL_DUPLICATE_WINDOW")]
+    pub duplicate_window: Option<Duration>,
+    /// How long commands, events and the command ledger's records are kept [default: 30d]. A
+    /// command is recognised as a copy for as long as this.
+    #[arg(long, global = true, value_parser = parse_duration, env = "LANDFALL_RETENTION")]
+    pub retention: Option<Duration>,
+}
+
+impl KeepingArgs {
+    /// `topology` with these keeping times.
+    pub fn apply(&self, topology: bus_schema::runtime::Topology) -> bus_schema::runtime::Topology {
+        topology.keeping(self.duplicate_window, self.retention)
+    }
 }
 
 /// Where artifacts are kept.
@@ -71,6 +95,7 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("30d").unwrap(), Duration::from_secs(30 * 86400));
         assert!(parse_duration("5 parsecs").is_err());
     }
 }

@@ -90,8 +90,7 @@ pub enum Command {
     #[command(subcommand)]
     Bmc(cli::secrets::BmcCommand),
     /// Run one service in this process (for deployments that run services apart).
-    #[command(subcommand)]
-    Serve(serve::ServeCommand),
+    Serve(serve::ServeArgs),
     /// Deployment files: `deploy nats-config` writes the hub's and every site's NATS
     /// configuration and keys.
     #[command(subcommand)]
@@ -125,7 +124,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     match cli.command {
         Command::Up(args) => up::run(args, cli.nats_url).await,
-        Command::Serve(cmd) => serve::run(cmd, &url).await,
+        Command::Serve(args) => serve::run(args, &url).await,
         Command::Site(cmd) => cli::site::run(&url, cmd).await,
         Command::Design(cmd) => cli::design::run(&url, cmd).await,
         Command::Package(cmd) => cli::package::run(&url, cmd).await,

@@ -148,6 +148,7 @@ pub struct FleetBuilder {
     artifacts: bool,
     access: Option<AccessFor>,
     gateways: bool,
+    duplicate_window: Option<Duration>,
 }
 
 /// How each role connects, when the fleet runs under a deployment's users.
@@ -198,6 +199,13 @@ impl FleetBuilder {
         self
     }
 
+    /// The commands stream (and the others) forget message ids after `window`, so a test can
+    /// publish a copy past the duplicate window in seconds.
+    pub fn duplicate_window(mut self, window: Duration) -> Self {
+        self.duplicate_window = Some(window);
+        self
+    }
+
     /// Run no orchestrator in this process (the test runs one as a separate process).
     pub fn without_orchestrator(mut self) -> Self {
         self.orchestrators = 0;
@@ -228,7 +236,8 @@ impl FleetBuilder {
         let bus = Bus::connect_with(&self.url, "landfall-test", &access(&Role::Operator))
             .await
             .expect("connect to the test nats-server");
-        bus.ensure_topology_within(&Topology::for_server(&bus), Duration::from_secs(30))
+        let topology = Topology::for_server(&bus).keeping(self.duplicate_window, None);
+        bus.ensure_topology_within(&topology, Duration::from_secs(30))
             .await
             .expect("create streams and buckets");
         // One connection per role under a deployment's users; one shared connection otherwise.
@@ -445,6 +454,7 @@ impl Fleet {
             artifacts: false,
             access: None,
             gateways: true,
+            duplicate_window: None,
         }
     }
 
@@ -476,7 +486,7 @@ impl Fleet {
         let mut last = Envelope::root();
         for (design, _) in &self.sites {
             last = Envelope::root();
-            let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(design)) };
+            let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(design)), expected: None };
             self.bus.publish_command(&cmd, &last).await.unwrap();
         }
         if wait && !self.sites.is_empty() {

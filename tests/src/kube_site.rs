@@ -188,7 +188,7 @@ impl KubeSiteRig {
         };
         SiteDesign::try_from(design.clone()).expect("a valid design");
         let env = Envelope::root();
-        self.bus.publish_command(&pb::RegisterSite { design: Some(design) }, &env).await.unwrap();
+        self.bus.publish_command(&pb::RegisterSite { design: Some(design), expected: None }, &env).await.unwrap();
         self.wait_for(pb::SiteRegistered::filter(), &env.id).await.expect("site registered");
     }
 

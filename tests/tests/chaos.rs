@@ -400,7 +400,7 @@ impl Deployment {
         }
         let mut last = String::new();
         for design in &designs {
-            let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(design)) };
+            let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(design)), expected: None };
             last = client.publish(&cmd, format!("RegisterSite {}", design.site)).await;
         }
         // A simulated site is built from its registered design: the gateways start after.

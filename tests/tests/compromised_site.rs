@@ -171,7 +171,7 @@ async fn stage_site_b(t: &Intruder, _: &Scene) -> Outcome {
 
 async fn apply_design_b(t: &Intruder, _: &Scene) -> Outcome {
     let source = pb::DesignSource { name: "site.yaml".into(), text: format!("site: {B}\nnodes: []\n") };
-    let cmd = pb::ApplyDesign { site_id: B.into(), sources: vec![source] };
+    let cmd = pb::ApplyDesign { site_id: B.into(), sources: vec![source], expected: None };
     t.store(&cmd.subject(), &cmd, &Envelope::root()).await
 }
 
@@ -179,7 +179,7 @@ async fn register_site_b_with_an_extra_node(t: &Intruder, s: &Scene) -> Outcome 
     let mut nodes = s.b_nodes.clone();
     nodes.push(pb::NodeSpec { name: "intruder".into(), boot_mac: "52:54:00:ee:ee:02".into(), ..nodes[1].clone() });
     let design = pb::SiteDesign { site_id: B.into(), nodes, ..Default::default() };
-    let cmd = pb::RegisterSite { design: Some(design) };
+    let cmd = pb::RegisterSite { design: Some(design), expected: None };
     t.store(&cmd.subject(), &cmd, &Envelope::root()).await
 }
 

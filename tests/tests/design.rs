@@ -112,6 +112,7 @@ async fn a_three_rack_design_applies_once_shows_origins_and_diffs() {
     let same = pb::ApplyDesign {
         site_id: SITE.into(),
         sources: vec![pb::DesignSource { name: "site.yaml".into(), text: design("1.29.2") }],
+        expected: None,
     };
     let env = Envelope::root();
     fleet.bus.publish_command(&same, &env).await.unwrap();
@@ -191,6 +192,7 @@ async fn a_broken_design_is_refused_whole_with_every_error_named() {
     let cmd = pb::ApplyDesign {
         site_id: SITE.into(),
         sources: vec![pb::DesignSource { name: "site.yaml".into(), text: broken }],
+        expected: None,
     };
     let env = Envelope::root();
     fleet.bus.publish_command(&cmd, &env).await.unwrap();
@@ -219,6 +221,7 @@ async fn an_install_uses_the_design_at_the_revision_it_names() {
         let cmd = pb::ApplyDesign {
             site_id: SITE.into(),
             sources: vec![pb::DesignSource { name: "site.yaml".into(), text: design(kubelet) }],
+            expected: None,
         };
         fleet.bus.publish_command(&cmd, &last).await.unwrap();
     }
@@ -564,6 +567,7 @@ async fn a_profile_that_does_not_parse_hides_no_node_error_in_the_cli_nor_the_or
     let cmd = pb::ApplyDesign {
         site_id: SITE.into(),
         sources: vec![pb::DesignSource { name: "site.yaml".into(), text: broken }],
+        expected: None,
     };
     let env = Envelope::root();
     fleet.bus.publish_command(&cmd, &env).await.unwrap();

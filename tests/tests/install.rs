@@ -228,7 +228,7 @@ async fn invalid_commands_are_rejected_with_reasons() {
     design.site_id = "edge-99".into();
     design.packages[0].packages[0].version = "99.99".into();
     let reg = Envelope::root();
-    fleet.bus.publish_command(&pb::RegisterSite { design: Some(design) }, &reg).await.unwrap();
+    fleet.bus.publish_command(&pb::RegisterSite { design: Some(design), expected: None }, &reg).await.unwrap();
     fleet
         .wait_for(<pb::SiteRegistered as BusEvent>::filter(), &reg.id, std::time::Duration::from_secs(10))
         .await
@@ -242,7 +242,7 @@ async fn invalid_commands_are_rejected_with_reasons() {
     let mut design = pb::SiteDesign::from(&fleet.sites[0].0);
     design.nodes[0].role = pb::Role::Worker as i32;
     let bad = Envelope::root();
-    fleet.bus.publish_command(&pb::RegisterSite { design: Some(design) }, &bad).await.unwrap();
+    fleet.bus.publish_command(&pb::RegisterSite { design: Some(design), expected: None }, &bad).await.unwrap();
     let run = fleet.wait_install(&bad).await;
     let r: pb::CommandRejected = run.terminal().delivery.decode().unwrap();
     assert_eq!(r.code, pb::RejectCode::Invalid as i32);
@@ -328,7 +328,7 @@ async fn register_then_install_at_once_runs_in_publish_order() {
         for set in &mut site.packages {
             set.packages[0].version = extra.version.clone();
         }
-        bus.publish_command(&pb::RegisterSite { design: Some(site) }, &Envelope::root()).await.unwrap();
+        bus.publish_command(&pb::RegisterSite { design: Some(site), expected: None }, &Envelope::root()).await.unwrap();
         let cmd = fleet.install(design.site.as_str()).await;
         let run = fleet.wait_install(&cmd).await;
         assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "{}", design.site);

@@ -5,22 +5,28 @@ use std::time::Duration;
 
 use async_nats::jetstream::{kv, stream};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::connect::Bus;
-use super::error::{BusError, boxed, retry_delay};
+use super::error::{BoxError, BusError, boxed, retry_delay};
 use crate::names;
 
-/// How the streams and buckets are laid out on the server.
+/// How the streams and buckets are laid out on the server, and how long they keep things.
 #[derive(Debug, Clone)]
 pub struct Topology {
     /// Replicas of every stream and bucket: 1 on a single server, 3 on a JetStream cluster.
     pub replicas: usize,
+    /// How long JetStream recognises a repeated `Nats-Msg-Id` and drops the copy. Exactly once
+    /// does not rest on it (the command ledger recognises a copy however late); it only saves
+    /// the work of storing and settling copies that come soon.
+    pub duplicate_window: Duration,
+    /// How long commands and events are kept, and with them the command ledger's records.
+    pub retention: Duration,
 }
 
 impl Default for Topology {
     fn default() -> Self {
-        Self { replicas: 1 }
+        Self { replicas: 1, duplicate_window: names::DEDUP_WINDOW, retention: names::RETENTION }
     }
 }
 
@@ -29,41 +35,63 @@ impl Topology {
     /// single server.
     pub fn for_server(bus: &Bus) -> Self {
         let clustered = bus.client().server_info().cluster.is_some_and(|c| !c.is_empty());
-        Self { replicas: if clustered { 3 } else { 1 } }
+        Self { replicas: if clustered { 3 } else { 1 }, ..Self::default() }
+    }
+
+    /// With these keeping times (`None` keeps the default).
+    pub fn keeping(mut self, duplicate_window: Option<Duration>, retention: Option<Duration>) -> Self {
+        self.duplicate_window = duplicate_window.unwrap_or(self.duplicate_window);
+        self.retention = retention.unwrap_or(self.retention);
+        self
+    }
+
+    /// Whether these settings can be: JetStream refuses a duplicate window longer than what
+    /// the stream keeps.
+    ///
+    /// # Errors
+    /// What is wrong, in words.
+    pub fn check(&self) -> Result<(), String> {
+        if self.duplicate_window.is_zero() || self.retention.is_zero() {
+            return Err("the duplicate window and the retention must be longer than zero".into());
+        }
+        if self.duplicate_window > self.retention {
+            return Err(format!(
+                "the duplicate window ({:?}) is longer than the retention ({:?})",
+                self.duplicate_window, self.retention
+            ));
+        }
+        Ok(())
     }
 }
 
 impl Bus {
-    /// Creates the streams and KV buckets if they do not exist; leaves existing ones alone.
+    /// Creates the streams and KV buckets if they do not exist. Existing ones are left alone
+    /// but for their keeping times (duplicate window, retention), which follow `topology`.
     pub async fn ensure_topology(&self, topology: &Topology) -> Result<(), BusError> {
+        topology.check().map_err(|e| BusError::Topology { what: "settings", name: "keeping times".into(), source: e.into() })?;
         let base = |name: &str, subjects: &str, retention| stream::Config {
             name: name.to_string(),
             subjects: vec![subjects.to_string()],
             retention,
             storage: stream::StorageType::File,
             num_replicas: topology.replicas,
-            duplicate_window: names::DEDUP_WINDOW,
+            duplicate_window: topology.duplicate_window,
             max_message_size: names::MAX_PAYLOAD as i32,
             ..Default::default()
         };
         let streams = [
             stream::Config {
-                max_age: names::RETENTION,
+                max_age: topology.retention,
                 ..base(names::COMMANDS_STREAM, names::COMMANDS_ALL, stream::RetentionPolicy::Limits)
             },
             base(names::JOBS_STREAM, names::JOBS_ALL, stream::RetentionPolicy::WorkQueue),
             stream::Config {
-                max_age: names::RETENTION,
+                max_age: topology.retention,
                 ..base(names::EVENTS_STREAM, names::EVENTS_ALL, stream::RetentionPolicy::Limits)
             },
         ];
         for config in streams {
-            let name = config.name.clone();
-            self.jetstream().get_or_create_stream(config).await.map_err(|e| BusError::Topology {
-                what: "stream",
-                name,
-                source: boxed(e),
-            })?;
+            self.ensure_stream(config).await?;
         }
         for bucket in names::ALL_BUCKETS {
             self.ensure_bucket(bucket, topology).await?;
@@ -71,13 +99,35 @@ impl Bus {
         Ok(())
     }
 
+    /// Makes `config`'s stream, or brings an existing one's keeping times to `config`'s.
+    async fn ensure_stream(&self, config: stream::Config) -> Result<(), BusError> {
+        let topology_err = |e: BoxError| BusError::Topology { what: "stream", name: config.name.clone(), source: e };
+        let mut stream = self.jetstream().get_or_create_stream(config.clone()).await.map_err(|e| topology_err(boxed(e)))?;
+        let current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
+        if current.duplicate_window != config.duplicate_window || current.max_age != config.max_age {
+            info!(
+                stream = %config.name,
+                duplicate_window = ?config.duplicate_window,
+                max_age = ?config.max_age,
+                "keeping times changed"
+            );
+            let updated =
+                stream::Config { duplicate_window: config.duplicate_window, max_age: config.max_age, ..current };
+            self.jetstream().update_stream(updated).await.map_err(|e| topology_err(boxed(e)))?;
+        }
+        Ok(())
+    }
+
     async fn ensure_bucket(&self, bucket: &str, topology: &Topology) -> Result<kv::Store, BusError> {
+        // The ledger keeps a command's record as long as the commands stream keeps the command.
+        let max_age = if bucket == names::LEDGER_BUCKET { topology.retention } else { Duration::ZERO };
         if let Ok(store) = self.jetstream().get_key_value(bucket).await {
+            if bucket == names::LEDGER_BUCKET {
+                self.keep_ledger_for(max_age).await?;
+            }
             return Ok(store);
         }
         let history = if bucket == names::SITES_BUCKET { 16 } else { 1 };
-        // The ledger keeps a command's record as long as the commands stream keeps the command.
-        let max_age = if bucket == names::LEDGER_BUCKET { names::RETENTION } else { Duration::ZERO };
         let config = kv::Config {
             bucket: bucket.to_string(),
             history,
@@ -96,6 +146,22 @@ impl Bus {
                 source: boxed(e),
             }),
         }
+    }
+
+    /// Brings an existing ledger's keeping time to `max_age`, so a record lives as long as
+    /// its command.
+    async fn keep_ledger_for(&self, max_age: Duration) -> Result<(), BusError> {
+        let name = format!("KV_{}", names::LEDGER_BUCKET);
+        let topology_err = |e: BoxError| BusError::Topology { what: "kv bucket", name: names::LEDGER_BUCKET.into(), source: e };
+        let mut stream = self.jetstream().get_stream(&name).await.map_err(|e| topology_err(boxed(e)))?;
+        let current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
+        if current.max_age != max_age {
+            // A bucket's duplicate window may not outlast what it keeps.
+            let duplicate_window = current.duplicate_window.min(max_age);
+            let updated = stream::Config { max_age, duplicate_window, ..current };
+            self.jetstream().update_stream(updated).await.map_err(|e| topology_err(boxed(e)))?;
+        }
+        Ok(())
     }
 
     /// [`Bus::ensure_topology`], tried again for up to `within` while it fails: a JetStream

@@ -20,6 +20,20 @@ impl Orchestrator {
         let cmd: pb::ApplyDesign = d.decode()?;
         let site = bus_schema::domain::SiteId::try_from(cmd.site_id.clone()).map_err(invalid)?;
         let latest = self.sites.get::<pb::DesignRevision>(&keys::design_latest(site.as_str())).await?.map(|(r, _)| r);
+        if let Some(expected) = &cmd.expected {
+            let current = latest.as_ref().map_or(0, |l| l.revision);
+            // A redelivery finds the revision it wrote itself as the latest.
+            let own = latest.as_ref().is_some_and(|l| l.command_id == d.envelope.id);
+            if current != expected.revision && !own {
+                return Err(HandlerError::reject(
+                    pb::RejectCode::Conflict,
+                    format!(
+                        "the design of {site} is at revision {current}, not {}: read it again and retry",
+                        expected.revision
+                    ),
+                ));
+            }
+        }
         let catalog = runtime::package_refs(&self.packages).await?;
         let planned = design::plan(&site, &cmd.sources, &catalog, latest.as_ref()).map_err(|errors| {
             let n = errors.len();

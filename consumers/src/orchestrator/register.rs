@@ -14,7 +14,11 @@ impl Orchestrator {
         let cmd: pb::RegisterSite = d.decode()?;
         let design = SiteDesign::try_from(cmd.design.unwrap_or_default()).map_err(invalid)?;
         let site = design.site.to_string();
-        let revision = self.sites.put(&keys::site(&site), &pb::SiteDesign::from(&design)).await?;
+        let record = pb::SiteDesign::from(&design);
+        let revision = match cmd.expected {
+            None => self.sites.put(&keys::site(&site), &record).await?,
+            Some(expected) => self.replace_site_at(&site, &record, expected.revision).await?,
+        };
         // The site's gateway consumes its jobs through a durable the hub makes: a site's user
         // may not create consumers (it could make one that hands its jobs elsewhere).
         runtime::ensure_consumer(&self.bus, &ConsumerSpec::gateway(&site)).await?;
@@ -22,6 +26,35 @@ impl Orchestrator {
         let evt = pb::SiteRegistered { site_id: site, nodes: design.nodes.len() as u32, revision };
         self.bus.publish_event(&evt, &d.envelope.derive("site_registered", None)).await?;
         Ok(())
+    }
+
+    /// Writes `record` as `site`'s design if its record is at revision `expected` (0: none),
+    /// and answers the new revision; otherwise refuses naming the current one. A redelivery
+    /// that finds its own design written is done.
+    async fn replace_site_at(&self, site: &str, record: &pb::SiteDesign, expected: u64) -> Result<u64, HandlerError> {
+        let key = keys::site(site);
+        let current = self.sites.get::<pb::SiteDesign>(&key).await?;
+        let stale = |current: u64| {
+            HandlerError::reject(
+                pb::RejectCode::Conflict,
+                format!("site {site}'s design is at revision {current}, not {expected}: read it again and retry"),
+            )
+        };
+        let written = match current {
+            Some((ref existing, rev)) if existing == record && rev != expected => return Ok(rev),
+            Some((_, rev)) if rev != expected => return Err(stale(rev)),
+            None if expected != 0 => return Err(stale(0)),
+            Some((_, rev)) => self.sites.update(&key, record, rev).await?,
+            None => self.sites.create(&key, record).await?,
+        };
+        match written {
+            runtime::Cas::Written(rev) => Ok(rev),
+            // Written by someone else since the read: the expected revision is stale now.
+            runtime::Cas::Conflict => {
+                let now = self.sites.get::<pb::SiteDesign>(&key).await?.map_or(0, |(_, rev)| rev);
+                Err(stale(now))
+            }
+        }
     }
 
     pub(super) async fn register_package(&self, d: &Delivery) -> Result<(), HandlerError> {

@@ -242,7 +242,7 @@ async fn register_fleet(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Packag
         out.push(bus_schema::runtime::Outgoing::new(pb::BusCommand::subject(&cmd), &cmd, Envelope::root()));
     }
     for d in designs {
-        let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(d)) };
+        let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(d)), expected: None };
         out.push(bus_schema::runtime::Outgoing::new(pb::BusCommand::subject(&cmd), &cmd, Envelope::root()));
     }
     let expected = out.len();

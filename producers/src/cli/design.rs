@@ -25,8 +25,9 @@ pub enum DesignCommand {
     /// spread over racks (see docs/DESIGNS.md).
     Init(init::InitArgs),
     /// Validate and apply design documents as the site's next revision (nothing is applied if
-    /// anything is wrong; identical documents change nothing).
-    Apply(Files),
+    /// anything is wrong; identical documents change nothing). Applied only over the revision
+    /// it was checked against: if another apply came in between, it is refused (conflict).
+    Apply(ApplyArgs),
     /// Check design documents, against the package catalog when landfall is reachable.
     Validate(Files),
     /// What `apply` would change, against the site's latest revision.
@@ -50,6 +51,15 @@ pub struct Files {
     /// Design files, or directories of *.yaml / *.yml files.
     #[arg(short = 'f', long = "file", required = true)]
     pub paths: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub files: Files,
+    /// Apply only over this revision (0: the site has none yet) instead of the latest read now.
+    #[arg(long, value_name = "REVISION")]
+    pub expect_revision: Option<u64>,
 }
 
 /// Reads the files (directories: their YAML files, sorted) as design sources.
@@ -146,7 +156,7 @@ pub async fn run(url: &str, cmd: DesignCommand) -> anyhow::Result<ExitCode> {
         DesignCommand::Show { node, files, .. } => show(&files, &node),
         DesignCommand::Validate(files) => validate(url, &files).await,
         DesignCommand::Diff(files) => diff(url, &files).await,
-        DesignCommand::Apply(files) => apply(url, &files).await,
+        DesignCommand::Apply(args) => apply(url, &args).await,
         DesignCommand::Cluster(files) => cluster(url, &files).await,
     }
 }
@@ -283,8 +293,8 @@ async fn diff(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn apply(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
-    let sources = read_sources(&files.paths)?;
+async fn apply(url: &str, args: &ApplyArgs) -> anyhow::Result<ExitCode> {
+    let sources = read_sources(&args.files.paths)?;
     let Some(site) = site_or_report(&sources) else { return Ok(ExitCode::FAILURE) };
     let bus = connect(url).await?;
     let previous = latest(&bus, &site).await?;
@@ -302,7 +312,14 @@ async fn apply(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     }
     let mut reader = bus.read_events(vec![names::scope_events(site.as_str())], DeliverPolicy::New).await?;
     let env = Envelope::root();
-    bus.publish_command(&pb::ApplyDesign { site_id: site.to_string(), sources }, &env).await?;
+    // Over the revision checked against: a change made in between is not silently undone.
+    let expected = args.expect_revision.unwrap_or(previous.as_ref().map_or(0, |p| p.revision));
+    let cmd = pb::ApplyDesign {
+        site_id: site.to_string(),
+        sources,
+        expected: Some(pb::ExpectedRevision { revision: expected }),
+    };
+    bus.publish_command(&cmd, &env).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let e = tokio::time::timeout_at(deadline, reader.next())

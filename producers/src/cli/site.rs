@@ -27,6 +27,11 @@ pub enum SiteCommand {
         /// The site design (see `bus-schema` docs: site, labels, nodes, packages).
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
+        /// Replace the design only if its record is at this revision (`SiteRegistered`'s
+        /// revision; 0: only if the site is not registered yet); otherwise the command is
+        /// refused as a conflict naming the current revision.
+        #[arg(long, value_name = "REVISION")]
+        expect_revision: Option<u64>,
     },
     /// Install a registered site: OS on every node, binaries, cluster, container packages.
     Install(InstallArgs),
@@ -57,7 +62,7 @@ pub struct InstallArgs {
 /// Runs one `landfall site …` command.
 pub async fn run(url: &str, cmd: SiteCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        SiteCommand::Register { file } => register_site(url, &file).await,
+        SiteCommand::Register { file, expect_revision } => register_site(url, &file, expect_revision).await,
         SiteCommand::Install(args) => install_site(url, &args).await,
         SiteCommand::Stage(args) => artifacts::stage(url, &args).await,
     }
@@ -77,10 +82,13 @@ pub fn parse_site_design(text: &str, source: &str) -> anyhow::Result<SiteDesign>
     design.validate().with_context(|| format!("{source} is not a valid site design"))
 }
 
-pub async fn register_site(url: &str, file: &Path) -> anyhow::Result<ExitCode> {
+pub async fn register_site(url: &str, file: &Path, expect_revision: Option<u64>) -> anyhow::Result<ExitCode> {
     let design = read_site_design(file)?;
     let bus = connect(url).await?;
-    let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(&design)) };
+    let cmd = pb::RegisterSite {
+        design: Some(pb::SiteDesign::from(&design)),
+        expected: expect_revision.map(|revision| pb::ExpectedRevision { revision }),
+    };
     let env = Envelope::root();
     let ack = bus.publish_command(&cmd, &env).await?;
     println!("RegisterSite {} published (id {}, seq {})", design.site, env.id, ack.sequence);

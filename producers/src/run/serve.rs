@@ -10,7 +10,16 @@ use consumers::secrets_service::{self, KeySource};
 use super::gateway::{GatewayArgs, gateway};
 use super::service::{connect_service, shutdown_on_signal};
 use super::telemetry;
-use crate::flags::StoreArgs;
+use crate::flags::{KeepingArgs, StoreArgs};
+
+/// `landfall serve [how long the bus keeps things] <service>`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub keeping: KeepingArgs,
+    #[command(subcommand)]
+    pub service: ServeCommand,
+}
 
 #[derive(Debug, Subcommand)]
 pub enum ServeCommand {
@@ -49,26 +58,27 @@ impl KeyArgs {
     }
 }
 
-pub async fn run(cmd: ServeCommand, url: &str) -> anyhow::Result<ExitCode> {
+pub async fn run(args: ServeArgs, url: &str) -> anyhow::Result<ExitCode> {
     let shutdown = shutdown_on_signal();
-    match cmd {
+    let keeping = &args.keeping;
+    match args.service {
         ServeCommand::Orchestrator => {
-            let bus = connect_service(url, "landfall-orchestrator").await?;
+            let bus = connect_service(url, "landfall-orchestrator", keeping).await?;
             consumers::run_orchestrator(bus, shutdown).await?;
         }
         ServeCommand::Observer => {
-            let bus = connect_service(url, "landfall-observer").await?;
+            let bus = connect_service(url, "landfall-observer", keeping).await?;
             consumers::run_observer(bus, shutdown).await?;
         }
         ServeCommand::Kubeconfig(keys) => {
             let source = keys.source()?;
-            let bus = connect_service(url, "landfall-kubeconfig").await?;
+            let bus = connect_service(url, "landfall-kubeconfig", keeping).await?;
             let ring = secrets_service::open_key_ring(&bus, source).await?;
             secrets_service::run_secrets(bus, ring, shutdown).await?;
         }
         ServeCommand::Distribution(store) => {
             let store = store.open_or_default(None)?;
-            let bus = connect_service(url, "landfall-distribution").await?;
+            let bus = connect_service(url, "landfall-distribution", keeping).await?;
             consumers::run_distribution(bus, store, Default::default(), shutdown).await?;
         }
         ServeCommand::Gateway(args) => gateway(*args, url, shutdown).await?,
@@ -77,7 +87,7 @@ pub async fn run(cmd: ServeCommand, url: &str) -> anyhow::Result<ExitCode> {
                 Some(path) => crate::api::auth::Tokens::from_file(path)?,
                 None => anyhow::bail!("no tokens: pass --api-tokens FILE (or set LANDFALL_API_TOKENS_FILE)"),
             };
-            let bus = connect_service(url, "landfall-api").await?;
+            let bus = connect_service(url, "landfall-api", keeping).await?;
             let metrics = telemetry::prometheus()?;
             let render: crate::api::MetricsRender = Arc::new(move || telemetry::render(&metrics));
             let (_, task) = crate::api::serve(bus, tokens, args.listen, Some(render), shutdown).await?;

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use bus_schema::runtime::{Bus, Topology};
 use tokio_util::sync::CancellationToken;
 
+use crate::flags::KeepingArgs;
+
 /// Runs `work` on a multi-threaded runtime; an error is printed and exits non-zero.
 pub fn block_on(work: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -49,9 +51,12 @@ pub fn shutdown_on_signal() -> CancellationToken {
 }
 
 /// Connects (as this process's NATS user) and makes sure the streams and buckets exist: three
-/// replicas of each on a JetStream cluster, one on a single server.
-pub async fn connect_service(url: &str, name: &str) -> anyhow::Result<Bus> {
+/// replicas of each on a JetStream cluster, one on a single server, keeping things as long as
+/// `keeping` says.
+pub async fn connect_service(url: &str, name: &str, keeping: &KeepingArgs) -> anyhow::Result<Bus> {
     let bus = Bus::connect_with(url, name, crate::nats_access::get()).await?;
-    bus.ensure_topology_within(&Topology::for_server(&bus), std::time::Duration::from_secs(60)).await?;
+    let topology = keeping.apply(Topology::for_server(&bus));
+    topology.check().map_err(anyhow::Error::msg)?;
+    bus.ensure_topology_within(&topology, std::time::Duration::from_secs(60)).await?;
     Ok(bus)
 }

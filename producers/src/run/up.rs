@@ -9,7 +9,7 @@ use anyhow::Context;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::domain::{SiteDesign, SiteId};
 use bus_schema::names::{self, keys};
-use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::pb::{self, BusEvent};
 use bus_schema::runtime::{Bus, Envelope};
 use clap::Args;
 use consumers::secrets_service::{self, KeySource};
@@ -24,7 +24,7 @@ use super::embedded::{NatsChild, find_nats_server};
 use super::gateway::DEFAULT_TIME_SCALE;
 use super::service::{connect_service, shutdown_on_signal};
 use super::telemetry;
-use crate::flags::{StoreArgs, parse_duration};
+use crate::flags::{KeepingArgs, StoreArgs, parse_duration};
 use crate::nats_access::DEFAULT_NATS_URL;
 
 /// The demo fleet `up` runs, also under this module's path.
@@ -62,6 +62,8 @@ pub struct UpArgs {
     /// Where artifacts are kept (default: the data directory's `artifacts`).
     #[command(flatten)]
     pub store: StoreArgs,
+    #[command(flatten)]
+    pub keeping: KeepingArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -75,7 +77,9 @@ pub enum InstallAtStart {
 /// Registers the demo packages, and the demo sites that are not registered yet, through the bus
 /// as any client would, and waits until the orchestrator has applied them.
 async fn register_demo(bus: &Bus, catalog: Vec<pb::Package>, designs: &[SiteDesign]) -> anyhow::Result<()> {
-    let mut reader = bus.read_events(vec![pb::SiteRegistered::filter()], DeliverPolicy::New).await?;
+    let rejected = names::events_of_kind(pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND);
+    let filters = vec![pb::SiteRegistered::filter(), rejected];
+    let mut reader = bus.read_events(filters, DeliverPolicy::New).await?;
     for p in catalog {
         // Fixed ids: running `up` again does not register twice.
         let id =
@@ -92,24 +96,28 @@ async fn register_demo(bus: &Bus, catalog: Vec<pb::Package>, designs: &[SiteDesi
     // A demo site registered by an earlier run keeps what became of it (nodes that joined,
     // designs applied): only the missing ones are registered.
     let sites = bus.kv(names::SITES_BUCKET).await?;
-    let mut missing = 0;
+    let mut missing = std::collections::HashSet::new();
     for d in designs {
         if sites.get::<pb::SiteDesign>(&keys::site(d.site.as_str())).await?.is_some() {
             continue;
         }
-        let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(d)) };
-        bus.publish_command(&cmd, &Envelope::root()).await?;
-        missing += 1;
+        // Only if it is still not registered when the command is carried out: a site registered
+        // meanwhile (by another `up`, or a person) keeps its design.
+        let cmd = pb::RegisterSite {
+            design: Some(pb::SiteDesign::from(d)),
+            expected: Some(pb::ExpectedRevision { revision: 0 }),
+        };
+        let env = Envelope::root();
+        bus.publish_command(&cmd, &env).await?;
+        missing.insert(env.id);
     }
-    let mut registered = 0;
-    while registered < missing {
+    // Registered, or refused because the site was registered meanwhile: either way it is there.
+    while !missing.is_empty() {
         let next = tokio::time::timeout(Duration::from_secs(30), reader.next())
             .await
             .context("the orchestrator did not register the sites within 30 s")?;
-        if let Some(Ok(e)) = next
-            && e.delivery.type_name == pb::SiteRegistered::TYPE
-        {
-            registered += 1;
+        if let Some(Ok(e)) = next {
+            missing.remove(&e.delivery.envelope.correlation);
         }
     }
     Ok(())
@@ -137,7 +145,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         }
     };
 
-    let bus = connect_service(&url, "landfall-up").await?;
+    let bus = connect_service(&url, "landfall-up", &args.keeping).await?;
     let key = secrets_service::open_key_ring(&bus, KeySource::CreateFile(args.data_dir.join("secret.key"))).await?;
     let sim = SimConfig::realistic().time_scale(args.time_scale);
     let designs: Vec<SiteDesign> = (0..args.sites).map(|i| demo_site(i, args.nodes)).collect();
