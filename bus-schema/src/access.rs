@@ -171,6 +171,8 @@ impl Role {
         for stream in all_streams.iter().map(|s| s.to_string()).chain(names::ALL_BUCKETS.iter().map(|b| kv_stream(b))) {
             p.publish.push(js_api(&format!("STREAM.INFO.{stream}")));
             p.publish.push(js_api(&format!("STREAM.CREATE.{stream}")));
+            // Keeping times (`--retention`, `--duplicate-window`) follow the service's settings.
+            p.publish.push(js_api(&format!("STREAM.UPDATE.{stream}")));
         }
         // What the table of kinds (`trust::RULES`) says the role sends, and nothing else.
         p.publish.extend(self.party().map(|party| sends(party, "*")).unwrap_or_default());

@@ -79,6 +79,9 @@ pub enum Command {
     Node(cli::node::NodeCommand),
     /// Print events, oldest first.
     Events(cli::events::EventsArgs),
+    /// Commands by id: how one was settled (carried out, or refused and why), however long ago.
+    #[command(subcommand)]
+    Command(cli::command::CommandCommand),
     /// Show sites, their nodes, and the latest install.
     Status(cli::status::StatusArgs),
     /// Site kubeconfigs (opened by the secrets service), and rotation of the data key that
@@ -131,6 +134,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rollout(cmd) => cli::rollout::run(&url, cmd).await,
         Command::Node(cmd) => cli::node::run(&url, cmd).await,
         Command::Events(args) => cli::events::run(&url, &args).await,
+        Command::Command(cmd) => cli::command::run(&url, cmd).await,
         Command::Status(args) => cli::status::run(&url, &args).await,
         Command::Kubeconfig(cmd) => cli::secrets::kubeconfig(&url, cmd).await,
         Command::Bmc(cmd) => cli::secrets::bmc(&url, cmd).await,

@@ -237,9 +237,7 @@ impl FleetBuilder {
             .await
             .expect("connect to the test nats-server");
         let topology = Topology::for_server(&bus).keeping(self.duplicate_window, None);
-        bus.ensure_topology_within(&topology, Duration::from_secs(30))
-            .await
-            .expect("create streams and buckets");
+        bus.ensure_topology_within(&topology, Duration::from_secs(30)).await.expect("create streams and buckets");
         // One connection per role under a deployment's users; one shared connection otherwise.
         let connect = async |role: Role, name: &str| match self.access {
             Some(_) => Bus::connect_with(&self.url, name, &access(&role)).await.expect("connect"),

@@ -59,9 +59,15 @@ async fn a_viewer_reads_an_operator_installs_and_the_read_model_follows_the_inst
     assert_eq!(status, 202, "{accepted}");
     assert_eq!((accepted["id"].as_str(), accepted["duplicate"].as_bool()), (Some(key.as_str()), Some(false)));
     assert_eq!(accepted["subject"], format!("landfall.cmd.install_site.{site}"));
+    // Stored once: the bus drops the copy, or (once the command is settled) the API answers
+    // with its outcome without publishing.
     let (status, again) = api.post(OPERATOR, INSTALL, &body, &[("idempotency-key", &key)]).await;
-    assert_eq!((status, again["duplicate"].as_bool()), (202, Some(true)));
-    assert_eq!(again["stream_sequence"], accepted["stream_sequence"]);
+    assert_eq!(again["duplicate"].as_bool(), Some(true), "{again}");
+    match status {
+        202 => assert_eq!(again["stream_sequence"], accepted["stream_sequence"]),
+        200 => assert_eq!(again["outcome"], "carried_out", "{again}"),
+        other => panic!("{other}: {again}"),
+    }
     assert_eq!(commands_stored(&fleet.bus).await, before + 1);
 
     // The install's events, over SSE, from the start: in stream order, each once, ending installed.
@@ -78,6 +84,23 @@ async fn a_viewer_reads_an_operator_installs_and_the_read_model_follows_the_inst
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "stream order: {seqs:?}");
     assert!(events.iter().all(|e| e.data["correlation_id"] == key.as_str() && e.data["site"] == site.as_str()));
     assert_eq!(events[0].data["event"]["site_id"], site.as_str());
+
+    // Settled: its outcome by id, and the same key again is answered with it, publishing nothing
+    // (for as long as the ledger keeps it, not only the bus's duplicate window).
+    let (status, settled) = api.get(VIEWER, &format!("/v1/commands/{key}")).await;
+    assert_eq!((status, settled["outcome"].as_str()), (200, Some("carried_out")), "{settled}");
+    assert_eq!(settled["type"], "landfall.v1.InstallSite");
+    let (status, again) = api.post(OPERATOR, INSTALL, &body, &[("idempotency-key", &key)]).await;
+    assert_eq!(
+        (status, again["duplicate"].as_bool(), again["outcome"].as_str()),
+        (200, Some(true), Some("carried_out"))
+    );
+    assert_eq!(commands_stored(&fleet.bus).await, before + 1);
+    let other = json!({ "site_id": site, "design_revision": 0 }).to_string();
+    let (status, err) = api.post(OPERATOR, "/v1/commands/stage_site", &other, &[("idempotency-key", &key)]).await;
+    assert_eq!((status, err["error"].as_str()), (409, Some("conflict")), "{err}");
+    let unknown = uuid::Uuid::now_v7();
+    assert_eq!(api.get(VIEWER, &format!("/v1/commands/{unknown}")).await.0, 404);
 
     // The read model: the site, its nodes (Metal3 state, role, versions), the overview.
     let detail = wait_site(&api, &site, "installed").await;

@@ -8,6 +8,7 @@ use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::Envelope;
+use landfall_tests::cli::{landfall, text};
 use landfall_tests::fleet::{Fleet, kubelet};
 use landfall_tests::nats::NatsServer;
 use site_gateway::sim::SimConfig;
@@ -85,6 +86,16 @@ async fn a_command_published_again_after_the_duplicate_window_changes_nothing() 
     assert_eq!(revision, ledger.get::<pb::CommandRecord>(&keys::command(&refused.id)).await.unwrap().unwrap().1);
     let (first_record, _) = ledger.get::<pb::CommandRecord>(&keys::command(&first.id)).await.unwrap().unwrap();
     assert!(!first_record.rejected, "{first_record:?}");
+
+    // Either outcome, read by id: exit 0 carried out, 2 refused (with the code and reason).
+    let url = server.url();
+    let out = landfall(&url, &["command", "show", &first.id]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("outcome   carried out"), "{}", text(&out.stdout));
+    let out = landfall(&url, &["command", "show", &refused.id, "-o", "json"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((shown["outcome"].as_str(), shown["code"].as_str()), (Some("rejected"), Some("unknown_site")));
     fleet.stop().await;
 }
 
@@ -161,8 +172,14 @@ async fn every_command_kind_published_again_after_the_window_has_one_effect() {
     let server = NatsServer::start();
     // Patches take a second a node, so a rollout is still under way while it is paused and resumed.
     let sim = SimConfig { install_binaries: Duration::from_secs(4), ..SimConfig::fast() };
-    let fleet =
-        Fleet::builder(&server.url()).sites(3).nodes(2).sim(sim).with_artifacts().duplicate_window(WINDOW).start().await;
+    let fleet = Fleet::builder(&server.url())
+        .sites(3)
+        .nodes(2)
+        .sim(sim)
+        .with_artifacts()
+        .duplicate_window(WINDOW)
+        .start()
+        .await;
     let wait = |filter: String, id: String| {
         let fleet = &fleet;
         async move { fleet.wait_for(filter, &id, WAIT).await.unwrap_or_else(|| panic!("no answer to {id}")) }
@@ -291,7 +308,11 @@ async fn a_stale_writer_is_refused_naming_the_current_revision() {
     assert!(second.revision > first.revision);
     let stale = answer(&fleet, &register(4, first.revision), pb::SiteRegistered::filter()).await.unwrap_err();
     assert!(stale.reason.contains(&format!("at revision {}, not {}", second.revision, first.revision)), "{stale:?}");
-    assert_eq!(design_nodes(&fleet, "edge-09").await, ["node-1", "node-2", "node-3"], "the stale write changed nothing");
+    assert_eq!(
+        design_nodes(&fleet, "edge-09").await,
+        ["node-1", "node-2", "node-3"],
+        "the stale write changed nothing"
+    );
 
     // Designs: applied over revision 0, then a second writer that also read 0 is refused.
     let apply = |nodes: u8, expected: u64| pb::ApplyDesign {

@@ -212,7 +212,9 @@ async fn one_install_shows_in_every_services_metrics_and_one_trace_id_finds_its_
         bus.publish_command(&cmd, &Envelope::root()).await.unwrap();
     }
     let register = Envelope::root();
-    bus.publish_command(&pb::RegisterSite { design: Some(pb::SiteDesign::from(&design)), expected: None }, &register).await.unwrap();
+    bus.publish_command(&pb::RegisterSite { design: Some(pb::SiteDesign::from(&design)), expected: None }, &register)
+        .await
+        .unwrap();
     let registered = wait_for(&bus, pb::SiteRegistered::filter(), &register.id, Duration::from_secs(30)).await;
     assert!(registered.is_some(), "the orchestrator registers the site:\n{}", orchestrator.log_text());
     let cache = dir.path().join("cache");

@@ -68,7 +68,11 @@ impl Bus {
     /// Creates the streams and KV buckets if they do not exist. Existing ones are left alone
     /// but for their keeping times (duplicate window, retention), which follow `topology`.
     pub async fn ensure_topology(&self, topology: &Topology) -> Result<(), BusError> {
-        topology.check().map_err(|e| BusError::Topology { what: "settings", name: "keeping times".into(), source: e.into() })?;
+        topology.check().map_err(|e| BusError::Topology {
+            what: "settings",
+            name: "keeping times".into(),
+            source: e.into(),
+        })?;
         let base = |name: &str, subjects: &str, retention| stream::Config {
             name: name.to_string(),
             subjects: vec![subjects.to_string()],
@@ -102,7 +106,8 @@ impl Bus {
     /// Makes `config`'s stream, or brings an existing one's keeping times to `config`'s.
     async fn ensure_stream(&self, config: stream::Config) -> Result<(), BusError> {
         let topology_err = |e: BoxError| BusError::Topology { what: "stream", name: config.name.clone(), source: e };
-        let mut stream = self.jetstream().get_or_create_stream(config.clone()).await.map_err(|e| topology_err(boxed(e)))?;
+        let mut stream =
+            self.jetstream().get_or_create_stream(config.clone()).await.map_err(|e| topology_err(boxed(e)))?;
         let current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
         if current.duplicate_window != config.duplicate_window || current.max_age != config.max_age {
             info!(
@@ -152,7 +157,8 @@ impl Bus {
     /// its command.
     async fn keep_ledger_for(&self, max_age: Duration) -> Result<(), BusError> {
         let name = format!("KV_{}", names::LEDGER_BUCKET);
-        let topology_err = |e: BoxError| BusError::Topology { what: "kv bucket", name: names::LEDGER_BUCKET.into(), source: e };
+        let topology_err =
+            |e: BoxError| BusError::Topology { what: "kv bucket", name: names::LEDGER_BUCKET.into(), source: e };
         let mut stream = self.jetstream().get_stream(&name).await.map_err(|e| topology_err(boxed(e)))?;
         let current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
         if current.max_age != max_age {

@@ -176,6 +176,20 @@ fn envelope(headers: &HeaderMap) -> Result<Envelope, ApiError> {
     Ok(env)
 }
 
+/// The command ledger's record of command `id`, when it has been settled.
+pub(super) async fn settled(bus: &bus_schema::runtime::Bus, id: &str) -> Result<Option<pb::CommandRecord>, ApiError> {
+    let unavailable = |e: bus_schema::runtime::BusError| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "bus_unavailable",
+            format!("the command ledger could not be read: {e}"),
+        )
+    };
+    let ledger = bus.kv(names::LEDGER_BUCKET).await.map_err(unavailable)?;
+    let record = ledger.get::<pb::CommandRecord>(&names::keys::command(id)).await.map_err(unavailable)?;
+    Ok(record.map(|(r, _)| r))
+}
+
 fn json_content(headers: &HeaderMap) -> Result<(), ApiError> {
     match headers.get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap_or("")) {
         None => Ok(()),
@@ -257,6 +271,19 @@ where
         ));
     }
     cmd.check().map_err(|reason| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", reason))?;
+    // A key already used for a settled command, however long ago: its answer, nothing published.
+    if let Some(record) = settled(&api.bus, &env.id.to_string()).await? {
+        if record.command_type != C::TYPE {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("Idempotency-Key {} was used for a {} already", env.id, record.command_type),
+            ));
+        }
+        let mut body = crate::views::command::command_json(&record);
+        body["duplicate"] = json!(true);
+        return Ok((StatusCode::OK, axum::Json(body)));
+    }
     let ack = api.bus.publish_command(&cmd, &env).await.map_err(|e| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("the command was not stored: {e}"))
     })?;

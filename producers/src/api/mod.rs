@@ -56,6 +56,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/packages", get(packages))
         .route("/v1/rollouts", get(rollouts))
         .route("/v1/rollouts/{id}", get(rollout))
+        .route("/v1/commands/{id}", get(command))
         .route("/v1/events", get(sse::events))
         .route("/v1/whoami", get(whoami))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_viewer));
@@ -179,6 +180,18 @@ async fn rollout(State(s): State<ApiState>, Path(id): Path<String>) -> Result<ax
         Ok(Some((r, sites))) => Ok(axum::Json(rollout::rollout_show_json(&r, &sites))),
         Ok(None) => Err(ApiError::not_found(format!("there is no rollout {id}"))),
         Err(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("{e:#}"))),
+    }
+}
+
+/// How a command was settled, from the command ledger.
+async fn command(State(s): State<ApiState>, Path(id): Path<String>) -> Result<axum::Json<Value>, ApiError> {
+    let id = uuid::Uuid::parse_str(id.trim())
+        .map_err(|_| ApiError::not_found(format!("{id:?} is not a command id (a UUID)")))?;
+    match commands::settled(&s.bus, &id.to_string()).await? {
+        Some(record) => Ok(axum::Json(crate::views::command::command_json(&record))),
+        None => Err(ApiError::not_found(format!(
+            "command {id} is not settled: it is still queued or waiting, or was never published"
+        ))),
     }
 }
 

@@ -399,6 +399,19 @@ fn view_schemas() -> Map<String, Value> {
                 "events": { "type": "string", "description": "Where to follow what the command leads to." },
             }),
         ),
+        "Command": object(
+            &["id", "type", "subject", "outcome", "code", "reason", "handled_at"],
+            json!({
+                "id": { "type": "string", "description": "The command id." },
+                "type": { "type": "string", "description": "The protobuf type." },
+                "subject": string(),
+                "outcome": { "type": "string", "enum": ["carried_out", "rejected"] },
+                "code": { "type": "string", "description": "When rejected: why, as a code (unknown_site, conflict, ...)." },
+                "reason": { "type": "string", "description": "When rejected: why, in words." },
+                "handled_at": { "type": "string", "description": "When it was settled (RFC 3339)." },
+                "duplicate": { "type": "boolean", "description": "In answer to a POST: the Idempotency-Key was used before; nothing was published." },
+            }),
+        ),
         "Overview": object(&["ready", "sites", "nodes", "rollouts", "packages"], json!({
             "ready": { "type": "boolean", "description": "The read model has caught up with the bus." },
             "sites": object(&["total", "busy", "by_state"], json!({ "total": integer(), "busy": integer(), "by_state": counts() })),
@@ -470,7 +483,7 @@ pub fn document() -> Value {
                 "tags": ["commands"],
                 "parameters": [
                     { "name": "Idempotency-Key", "in": "header", "required": false,
-                      "description": "A UUID that becomes the command id: the same key again publishes the command once.",
+                      "description": "A UUID that becomes the command id: the same key again publishes the command once. Once the command is settled, the same key is answered with its outcome (200) for as long as the command ledger keeps it (the commands stream's retention), without publishing.",
                       "schema": { "type": "string", "format": "uuid" } },
                     { "name": "traceparent", "in": "header", "required": false,
                       "description": "W3C trace context to continue.", "schema": { "type": "string" } },
@@ -478,6 +491,8 @@ pub fn document() -> Value {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": schema_ref(c.type_name) } } },
                 "responses": {
                     "202": { "description": "Stored on the bus.", "content": { "application/json": { "schema": schema_ref("CommandAccepted") } } },
+                    "200": { "description": "This Idempotency-Key's command was settled before: how. Nothing was published.", "content": { "application/json": { "schema": schema_ref("Command") } } },
+                    "409": error_response("This Idempotency-Key was used for another kind of command."),
                     "400": error_response("The body is not this command as JSON, or a header is wrong."),
                     "401": error_response("No token, or an unknown one."),
                     "403": error_response("The token is a viewer's."),
@@ -561,6 +576,18 @@ pub fn document() -> Value {
                 json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]),
             );
             g["get"]["responses"]["404"] = error_response("No such rollout.");
+            g["get"]["responses"]["503"] = error_response("The bus could not be read.");
+            g
+        }),
+        ("/v1/commands/{id}", {
+            let mut g = get(
+                "How a command was settled",
+                "Carried out, or refused with its code and reason, as the command ledger recorded it (kept as long as \
+                 the commands stream keeps commands).",
+                ok_json("The command's outcome.", schema_ref("Command")),
+                json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]),
+            );
+            g["get"]["responses"]["404"] = error_response("Not settled: still queued or waiting, or never published.");
             g["get"]["responses"]["503"] = error_response("The bus could not be read.");
             g
         }),

@@ -3,6 +3,7 @@
 //! and `site stage` also reach the artifact store).
 
 pub mod artifacts;
+pub mod command;
 pub mod connect;
 pub mod design;
 pub mod events;

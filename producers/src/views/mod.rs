@@ -1,8 +1,9 @@
 //! The read models the CLI and the HTTP API share, pure where they can be: what a rollout's
 //! plan and progress look like, what nodes run against their design, the catalog, and events
-//! and values as people read them.
+//! and values as people read them, and a command as the ledger recorded it.
 
 pub mod catalog;
+pub mod command;
 pub mod event;
 pub mod human;
 pub mod observed;
