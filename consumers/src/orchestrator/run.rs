@@ -1,5 +1,6 @@
-//! The orchestrator's consumers, started: commands (dispatched by kind to their handlers), the
-//! events that move install sagas, the site reports of rollouts, and the rollout tick.
+//! The orchestrator's consumers, started: commands (checked against the ledger and their scope's
+//! order, then dispatched by kind to their handlers), the events that move install sagas, the
+//! site reports of rollouts, and the rollout tick.
 
 use std::sync::Arc;
 
@@ -24,10 +25,22 @@ impl runtime::Handler for Commands {
             debug!(subject = %d.subject, id = %d.envelope.id, "a copy of a command already settled: nothing done");
             return first;
         }
+        // Every earlier command of its scope settled first, whichever replica holds it.
+        self.0.check_order(d).await?;
         let result = self.dispatch(d).await;
         self.0.ledger.record(d, &result).await?;
         count_command(d, &result);
         result
+    }
+
+    /// A command given up is settled for its scope's order (the ones after it go on), and not
+    /// answered: `landfall dead replay` carries it out.
+    async fn on_dead_lettered(&self, d: &Delivery, reason: &str) -> Result<(), HandlerError> {
+        self.0.ledger.record_dead_lettered(d, reason).await?;
+        let kind = d.kind().unwrap_or_default();
+        let type_name = pb::COMMAND_TYPES.iter().find(|(k, _)| *k == kind).map_or("unknown", |(_, t)| t);
+        metrics::counter!("landfall_commands_total", "type" => type_name, "outcome" => "dead_lettered").increment(1);
+        Ok(())
     }
 }
 
