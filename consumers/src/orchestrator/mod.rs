@@ -21,5 +21,5 @@ mod run;
 pub mod service;
 
 pub use install::saga_event_filters;
-pub use run::run_orchestrator;
+pub use run::{OrchestratorOptions, run_orchestrator, run_orchestrator_with};
 pub use service::Orchestrator;

@@ -112,8 +112,31 @@ async fn tick_rollouts(orchestrator: Arc<Orchestrator>, shutdown: CancellationTo
     }
 }
 
+/// How the orchestrator's consumers run.
+#[derive(Debug, Clone)]
+pub struct OrchestratorOptions {
+    /// Transient failures a message may have before it is given up as a dead letter
+    /// ([`ConsumerSpec::max_attempts`]).
+    pub max_attempts: Option<u32>,
+}
+
+impl Default for OrchestratorOptions {
+    fn default() -> Self {
+        Self { max_attempts: Some(runtime::DEFAULT_MAX_ATTEMPTS) }
+    }
+}
+
 /// Runs the orchestrator's consumers until `shutdown`.
 pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_orchestrator_with(bus, OrchestratorOptions::default(), shutdown).await
+}
+
+/// [`run_orchestrator`], as `options` say.
+pub async fn run_orchestrator_with(
+    bus: Bus,
+    options: OrchestratorOptions,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let orchestrator = Arc::new(Orchestrator::new(bus.clone()).await?);
     match orchestrator.recover().await {
         Ok(0) => {}
@@ -126,7 +149,8 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
         vec![names::COMMANDS_ALL.to_string()],
         RejectAs::Command,
     )
-    .ordered_by_token(names::COMMAND_SCOPE_TOKEN, Some(names::FLEET));
+    .ordered_by_token(names::COMMAND_SCOPE_TOKEN, Some(names::FLEET))
+    .max_attempts(options.max_attempts);
     let events = ConsumerSpec::new(
         names::EVENTS_STREAM,
         names::ORCHESTRATOR_EVENTS,
@@ -135,7 +159,8 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
     )
     // One site's events, one at a time: they all land on that site's saga record, and taking
     // turns beats losing compare-and-set races. Sites still run in parallel.
-    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None);
+    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None)
+    .max_attempts(options.max_attempts);
     let rollouts = ConsumerSpec::new(
         names::EVENTS_STREAM,
         names::ORCHESTRATOR_ROLLOUTS,
@@ -144,7 +169,8 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
     )
     // Reports are handled side by side; those of one rollout are counted together in one
     // write (see `Rollouts::count`).
-    .concurrency(512);
+    .concurrency(512)
+    .max_attempts(options.max_attempts);
     let ticks = tokio::spawn(tick_rollouts(orchestrator.clone(), shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());

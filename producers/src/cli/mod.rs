@@ -4,6 +4,7 @@
 
 pub mod artifacts;
 pub mod connect;
+pub mod dead;
 pub mod design;
 pub mod events;
 pub mod node;
