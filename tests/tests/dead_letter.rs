@@ -87,7 +87,8 @@ async fn a_message_that_keeps_failing_is_filed_as_a_dead_letter_after_n_attempts
     let handler = Arc::new(Poison::default());
     let shutdown = CancellationToken::new();
     let consumer = "test-poison";
-    let task = tokio::spawn(runtime::consume(bus.clone(), spec(consumer, "edge-07", 3), handler.clone(), shutdown.clone()));
+    let task =
+        tokio::spawn(runtime::consume(bus.clone(), spec(consumer, "edge-07", 3), handler.clone(), shutdown.clone()));
     let mut notices = bus
         .read_events(
             vec![names::events_of_kind(pb::rejection::MESSAGE_AGGREGATE, pb::rejection::DEAD_LETTERED_KIND)],
@@ -110,7 +111,10 @@ async fn a_message_that_keeps_failing_is_filed_as_a_dead_letter_after_n_attempts
     let notice = tokio::time::timeout(WAIT, notices.next()).await.unwrap().unwrap().unwrap();
     assert_eq!(notice.delivery.subject, "landfall.evt.edge-07.message.dead_lettered", "in the site's scope");
     let n: pb::MessageDeadLettered = notice.delivery.decode().unwrap();
-    assert_eq!((n.message_id.as_str(), n.dead_sequence, n.consumer.as_str()), (env.id.as_str(), letter.sequence, consumer));
+    assert_eq!(
+        (n.message_id.as_str(), n.dead_sequence, n.consumer.as_str()),
+        (env.id.as_str(), letter.sequence, consumer)
+    );
 
     // Terminated: not delivered again.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -142,8 +146,7 @@ async fn a_message_whose_process_is_lost_every_time_is_given_up_by_its_delivery_
     publish_event(&bus, "edge-08", 1).await;
     // Two lives, each lost while handling it (aborted: no ack, no NAK, like a crash).
     for life in 1..=2 {
-        let task =
-            tokio::spawn(runtime::consume(bus.clone(), spec.clone(), handler.clone(), CancellationToken::new()));
+        let task = tokio::spawn(runtime::consume(bus.clone(), spec.clone(), handler.clone(), CancellationToken::new()));
         let deadline = tokio::time::Instant::now() + WAIT;
         while handler.calls.load(Ordering::SeqCst) < life {
             assert!(tokio::time::Instant::now() < deadline, "not handled in life {life}");
@@ -273,7 +276,10 @@ async fn a_command_that_keeps_failing_is_dead_lettered_and_replayed_once_fixed()
     let listed = landfall(&url, &["dead", "list"]).await;
     assert!(listed.status.success(), "{}", text(&listed.stderr));
     let listed = text(&listed.stdout);
-    assert!(listed.contains("landfall.cmd.register_package.fleet") && listed.contains(names::ORCHESTRATOR_COMMANDS), "{listed}");
+    assert!(
+        listed.contains("landfall.cmd.register_package.fleet") && listed.contains(names::ORCHESTRATOR_COMMANDS),
+        "{listed}"
+    );
     let shown = landfall(&url, &["dead", "show", &letter.sequence.to_string(), "-o", "json"]).await;
     let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(shown["payload"]["package"]["version"], "1.29.9", "{shown}");
@@ -306,7 +312,8 @@ async fn two_replicas_keep_a_sites_commands_in_order() {
     let lease = pb::SiteLease {
         site_id: site.clone(),
         saga_id: "held-by-the-test".into(),
-        acquired_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64,
+        acquired_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+            as i64,
         holder: 0,
     };
     sagas.put(&keys::site_lease(&site), &lease).await.unwrap();

@@ -144,10 +144,8 @@ async fn live<H: Handler>(cx: &Loop, handler: &H, msg: &jetstream::Message, d: &
     let consumer = spec.durable.as_str();
     let every = (spec.ack_wait / 3).max(Duration::from_millis(50));
     if lost_too_often(d.delivered, spec.max_attempts) {
-        let reason = format!(
-            "delivered {} times and never settled: the process handling it was lost each time",
-            d.delivered
-        );
+        let reason =
+            format!("delivered {} times and never settled: the process handling it was lost each time", d.delivered);
         give_up(cx, handler, msg, d, u32::try_from(d.delivered).unwrap_or(u32::MAX), reason).await;
         return;
     }

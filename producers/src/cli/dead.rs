@@ -73,14 +73,19 @@ fn when(letter: &StoredDeadLetter) -> String {
 /// The first line of an error, cut to `max` characters.
 fn short(reason: &str, max: usize) -> String {
     let line = reason.lines().next().unwrap_or_default();
-    if line.chars().count() <= max { line.to_string() } else { format!("{}…", line.chars().take(max).collect::<String>()) }
+    if line.chars().count() <= max {
+        line.to_string()
+    } else {
+        format!("{}…", line.chars().take(max).collect::<String>())
+    }
 }
 
 pub(crate) fn list_text(letters: &[StoredDeadLetter]) -> String {
     if letters.is_empty() {
         return "no dead letters\n".to_string();
     }
-    let mut out = format!("{:<6} {:<25} {:<24} {:<44} {:>5}  {}\n", "SEQ", "WHEN", "CONSUMER", "SUBJECT", "DELIV", "REASON");
+    let mut out =
+        format!("{:<6} {:<25} {:<24} {:<44} {:>5}  {}\n", "SEQ", "WHEN", "CONSUMER", "SUBJECT", "DELIV", "REASON");
     for l in letters {
         let d = &l.letter;
         out.push_str(&format!(
