@@ -157,7 +157,7 @@ impl Bus {
         let mut messages = consumer.messages().await.map_err(|e| err(boxed(e)))?;
         while let Some(m) = messages.next().await {
             let m = m.map_err(|e| err(boxed(e)))?;
-            let info = m.info().map_err(|e| err(e))?;
+            let info = m.info().map_err(&err)?;
             let (sequence, stored) = (info.stream_sequence, info.published);
             pending = info.pending;
             let letter = <pb::DeadLetter as prost::Message>::decode(m.payload.clone()).map_err(|e| err(boxed(e)))?;
