@@ -77,12 +77,12 @@ pub enum Command {
     /// Nodes of a site: add a host to a simulated site (it then joins the cluster).
     #[command(subcommand)]
     Node(cli::node::NodeCommand),
-    /// Print events, oldest first.
-    Events(cli::events::EventsArgs),
     /// Messages a consumer gave up on (too many failures, or its process lost each time):
     /// list, show, replay.
     #[command(subcommand)]
     Dead(cli::dead::DeadCommand),
+    /// Print events, oldest first.
+    Events(cli::events::EventsArgs),
     /// Show sites, their nodes, and the latest install.
     Status(cli::status::StatusArgs),
     /// Site kubeconfigs (opened by the secrets service), and rotation of the data key that
@@ -135,8 +135,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Package(cmd) => cli::package::run(&url, cmd).await,
         Command::Rollout(cmd) => cli::rollout::run(&url, cmd).await,
         Command::Node(cmd) => cli::node::run(&url, cmd).await,
-        Command::Events(args) => cli::events::run(&url, &args).await,
         Command::Dead(cmd) => cli::dead::run(&url, cmd).await,
+        Command::Events(args) => cli::events::run(&url, &args).await,
         Command::Status(args) => cli::status::run(&url, &args).await,
         Command::Kubeconfig(cmd) => cli::secrets::kubeconfig(&url, cmd).await,
         Command::Bmc(cmd) => cli::secrets::bmc(&url, cmd).await,
