@@ -167,7 +167,7 @@ impl Role {
         }
         // Every hub service makes sure the streams and buckets exist when it starts.
         p.publish.push(js_api("INFO"));
-        let all_streams = [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM];
+        let all_streams = [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM, names::DEAD_STREAM];
         for stream in all_streams.iter().map(|s| s.to_string()).chain(names::ALL_BUCKETS.iter().map(|b| kv_stream(b))) {
             p.publish.push(js_api(&format!("STREAM.INFO.{stream}")));
             p.publish.push(js_api(&format!("STREAM.CREATE.{stream}")));
@@ -178,6 +178,8 @@ impl Role {
         p.publish.extend(self.party().map(|party| sends(party, "*")).unwrap_or_default());
         for (stream, durable) in self.durables() {
             p.publish.extend(durable_consumer(stream, durable));
+            // What its consumer gives up on, filed under the consumer's own name.
+            p.publish.push(names::dead_letter_subject(durable));
         }
         for stream in
             self.streams_read().iter().map(|s| s.to_string()).chain(self.buckets_read().iter().map(|b| kv_stream(b)))
@@ -195,6 +197,8 @@ impl Role {
             // It makes each site's gateway durable when the site is registered, filtered on that
             // site's jobs (the server holds the body's filter to the subject's).
             Role::Orchestrator => {
+                // The order check reads the commands of a scope that came before one.
+                p.publish.extend(getter(names::COMMANDS_STREAM));
                 let jobs = names::JOBS_STREAM;
                 p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
                 p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::site_jobs("*"))));
@@ -243,7 +247,7 @@ fn sends(party: Party, site: &str) -> Vec<String> {
             Channel::Command if r.site_fields.is_empty() => names::command_subject(r.kind, names::FLEET),
             Channel::Command => names::command_subject(r.kind, site),
             Channel::Job => names::job_subject(site, r.kind),
-            Channel::Event if r.site_fields.is_empty() && r.kind != pb::rejection::KIND => {
+            Channel::Event if r.site_fields.is_empty() && !pb::rejection::in_answered_scope(r.kind) => {
                 names::event_subject(names::FLEET, r.aggregate, r.kind)
             }
             Channel::Event => names::event_subject(site, r.aggregate, r.kind),
@@ -531,6 +535,30 @@ mod tests {
         for role in Role::services() {
             assert!(!allows(&role.permissions("U", &[]).subscribe, "_INBOX.x"), "{role:?}");
         }
+    }
+
+    #[test]
+    fn a_consumer_files_dead_letters_under_its_own_name_and_a_site_none() {
+        let orchestrator = Role::Orchestrator.permissions("UORC", &[]);
+        assert!(may_publish(&orchestrator, &names::dead_letter_subject(names::ORCHESTRATOR_COMMANDS)));
+        assert!(may_publish(&orchestrator, "landfall.evt.edge-01.message.dead_lettered"));
+        assert!(may_publish(&orchestrator, "$JS.API.STREAM.MSG.GET.LANDFALL_COMMANDS"), "the order check");
+        assert!(!may_publish(&orchestrator, &names::dead_letter_subject(names::OBSERVER_EVENTS)));
+        let observer = Role::Observer.permissions("UOBS", &[]);
+        assert!(may_publish(&observer, &names::dead_letter_subject(names::OBSERVER_EVENTS)));
+        let api = Role::Api.permissions("UAPI", &[]);
+        assert!(!may_publish(&api, &names::dead_letter_subject(names::ORCHESTRATOR_COMMANDS)));
+        assert!(!may_publish(&api, "landfall.evt.edge-01.message.dead_lettered"));
+        let site = site("edge-01");
+        for subject in [
+            names::dead_letter_subject(&names::gateway_consumer("edge-01")),
+            "landfall.evt.edge-01.message.dead_lettered".to_string(),
+            "$JS.API.STREAM.MSG.GET.LANDFALL_DEAD".to_string(),
+            "$JS.API.CONSUMER.CREATE.LANDFALL_DEAD.x".to_string(),
+        ] {
+            assert!(!may_publish(&site, &subject), "{subject}");
+        }
+        assert!(!allows(&site.subscribe, "landfall.dead.orchestrator-commands"));
     }
 
     #[test]

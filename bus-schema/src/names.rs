@@ -7,6 +7,7 @@
 //! - request/reply to a gateway (never stored): `landfall.rpc.<site>.<kind>`
 //! - request/reply from a gateway to a hub service (never stored): `landfall.svc.<site>.<kind>`
 //! - request/reply from an operator to a hub service (never stored): `landfall.admin.<kind>`
+//! - dead letters (messages a consumer gave up on): `landfall.dead.<consumer>`
 
 use std::time::Duration;
 
@@ -16,10 +17,19 @@ pub const FLEET: &str = "fleet";
 pub const COMMANDS_STREAM: &str = "LANDFALL_COMMANDS";
 pub const JOBS_STREAM: &str = "LANDFALL_JOBS";
 pub const EVENTS_STREAM: &str = "LANDFALL_EVENTS";
+/// Messages a consumer gave up on (too many transient failures, or a process lost every time it
+/// handled them), each with what it takes to look at it and replay it (`pb::DeadLetter`).
+pub const DEAD_STREAM: &str = "LANDFALL_DEAD";
 
 pub const COMMANDS_ALL: &str = "landfall.cmd.>";
 pub const JOBS_ALL: &str = "landfall.job.>";
 pub const EVENTS_ALL: &str = "landfall.evt.>";
+pub const DEAD_ALL: &str = "landfall.dead.>";
+
+/// Where consumer `consumer` files the messages it gives up on.
+pub fn dead_letter_subject(consumer: &str) -> String {
+    format!("landfall.dead.{consumer}")
+}
 
 /// A scratch stream `landfall bench` measures raw JetStream publishing on, then deletes.
 pub const BENCH_STREAM: &str = "LANDFALL_BENCH_RAW";
@@ -257,6 +267,11 @@ pub mod keys {
     /// The ledger's record of a command (`landfall-ledger`).
     pub fn command(command_id: &str) -> String {
         format!("cmd.{command_id}")
+    }
+    /// How far the commands of one scope are settled, in stream order (`landfall-ledger`): the
+    /// last sequence up to which every command of the scope is in the ledger.
+    pub fn scope_order(scope: &str) -> String {
+        format!("order.{scope}")
     }
     pub fn saga(saga_id: &str) -> String {
         format!("saga.{saga_id}")

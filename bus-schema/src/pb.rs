@@ -126,6 +126,9 @@ bus_message!(
     RolloutCompleted,
     CommandRejected,
     MessageRejected,
+    MessageDeadLettered,
+    DeadLetter,
+    ScopeOrder,
     InstallSaga,
     CommandRecord,
     SiteLease,
@@ -280,14 +283,15 @@ fleet_event!(
     SecretKeyRotated => "secrets"."key_rotated",
 );
 
-/// Every event type: site events, fleet events, then the two rejections (published in the
-/// scope of what they answer).
+/// Every event type: site events, fleet events, then the two rejections and the dead letter's
+/// notice (published in the scope of what they answer).
 pub static EVENT_TYPES: std::sync::LazyLock<Vec<EventType>> = std::sync::LazyLock::new(|| {
     let rejections = [
-        (<CommandRejected as BusMessage>::TYPE, rejection::COMMAND_AGGREGATE),
-        (<MessageRejected as BusMessage>::TYPE, rejection::MESSAGE_AGGREGATE),
+        (<CommandRejected as BusMessage>::TYPE, rejection::COMMAND_AGGREGATE, rejection::KIND),
+        (<MessageRejected as BusMessage>::TYPE, rejection::MESSAGE_AGGREGATE, rejection::KIND),
+        (<MessageDeadLettered as BusMessage>::TYPE, rejection::MESSAGE_AGGREGATE, rejection::DEAD_LETTERED_KIND),
     ]
-    .map(|(type_name, aggregate)| EventType { type_name, aggregate, kind: rejection::KIND, fleet: false });
+    .map(|(type_name, aggregate, kind)| EventType { type_name, aggregate, kind, fleet: false });
     SITE_EVENT_TYPES.iter().chain(FLEET_EVENT_TYPES).copied().chain(rejections).collect()
 });
 
@@ -297,6 +301,14 @@ pub mod rejection {
     pub const COMMAND_AGGREGATE: &str = "command";
     pub const MESSAGE_AGGREGATE: &str = "message";
     pub const KIND: &str = "rejected";
+    /// `MessageDeadLettered`: `landfall.evt.<scope>.message.dead_lettered`.
+    pub const DEAD_LETTERED_KIND: &str = "dead_lettered";
+
+    /// Whether an event kind is published in the scope of the message it answers (a site's, or
+    /// the fleet's), rather than always in the fleet's.
+    pub fn in_answered_scope(kind: &str) -> bool {
+        kind == KIND || kind == DEAD_LETTERED_KIND
+    }
 }
 
 impl Role {

@@ -86,6 +86,8 @@ const SITE: &[Party] = &[Site];
 /// Any consumer of events or jobs may reject what it was given; a gateway rejects jobs it cannot
 /// read. Only the orchestrator consumes commands.
 const CONSUMERS: &[Party] = &[Orchestrator, Observer, Kubeconfig, Site];
+/// The hub's consumers: they file what they give up on as dead letters (a site files none).
+const HUB_CONSUMERS: &[Party] = &[Orchestrator, Observer, Kubeconfig];
 
 /// A row's subject kind, `(aggregate, kind)`: what the message type says for commands, jobs and
 /// events, or as the row gives it.
@@ -206,6 +208,8 @@ rules! {
     Event SecretKeyRotated from &[Kubeconfig], sites [];
     Event CommandRejected [pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND] from HUB, sites [];
     Event MessageRejected [pb::rejection::MESSAGE_AGGREGATE, pb::rejection::KIND] from CONSUMERS, sites [];
+    Event MessageDeadLettered [pb::rejection::MESSAGE_AGGREGATE, pb::rejection::DEAD_LETTERED_KIND]
+        from HUB_CONSUMERS, sites [];
 
     Service ArtifactPlanRequest ["", names::ARTIFACT_PLAN] from SITE, sites ["site_id"];
     Service ChunkRequest ["", names::ARTIFACT_CHUNK] from SITE, sites ["site_id"];
@@ -276,9 +280,9 @@ pub fn check<M: BusMessage>(subject: &str, message: &M) -> Result<(), Forbidden>
         return Err(Forbidden(format!("{subject} is not a subject a {} travels on", M::TYPE)));
     }
     if rule.site_fields.is_empty() {
-        // Fleet-wide commands and events travel in the fleet's scope; rejections in the scope
-        // of what they answer.
-        let rejection = rule.kind == pb::rejection::KIND;
+        // Fleet-wide commands and events travel in the fleet's scope; rejections and dead
+        // letters' notices in the scope of what they answer.
+        let rejection = pb::rejection::in_answered_scope(rule.kind);
         if matches!(channel, Channel::Command | Channel::Event) && !rejection && site.is_some() {
             return Err(Forbidden(format!("{} is fleet-wide, and {subject} names a site", M::TYPE)));
         }

@@ -27,7 +27,7 @@ pub mod secrets;
 
 pub use distribution::{artifacts, run_distribution};
 pub use observer::run_observer;
-pub use orchestrator::run_orchestrator;
+pub use orchestrator::{OrchestratorOptions, run_orchestrator, run_orchestrator_with};
 pub use secrets::kubeconfig::{self, run_kubeconfig};
 pub use secrets::service::run_secrets_service;
 

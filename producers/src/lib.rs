@@ -77,6 +77,10 @@ pub enum Command {
     /// Nodes of a site: add a host to a simulated site (it then joins the cluster).
     #[command(subcommand)]
     Node(cli::node::NodeCommand),
+    /// Messages a consumer gave up on (too many failures, or its process lost each time):
+    /// list, show, replay.
+    #[command(subcommand)]
+    Dead(cli::dead::DeadCommand),
     /// Print events, oldest first.
     Events(cli::events::EventsArgs),
     /// Commands by id: how one was settled (carried out, or refused and why), however long ago.
@@ -133,6 +137,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Package(cmd) => cli::package::run(&url, cmd).await,
         Command::Rollout(cmd) => cli::rollout::run(&url, cmd).await,
         Command::Node(cmd) => cli::node::run(&url, cmd).await,
+        Command::Dead(cmd) => cli::dead::run(&url, cmd).await,
         Command::Events(args) => cli::events::run(&url, &args).await,
         Command::Command(cmd) => cli::command::run(&url, cmd).await,
         Command::Status(args) => cli::status::run(&url, &args).await,

@@ -653,8 +653,10 @@ pub async fn run_gateway_host<B: SiteBackend>(
         HostScope::ItsSites => sites.iter().map(|(s, _)| names::site_jobs(s.as_str())).collect(),
         HostScope::EverySite => vec![names::JOBS_ALL.to_string()],
     };
+    // A gateway files no dead letters (a site may not): its jobs are retried until settled.
     let spec = ConsumerSpec::new(names::JOBS_STREAM, durable.clone(), filters, RejectAs::Message { consumer: durable })
-        .concurrency(4096);
+        .concurrency(4096)
+        .max_attempts(None);
     info!(sites = sites.len(), "gateway host running");
     runtime::consume(bus, spec, Arc::new(Host { gateways }), shutdown).await?;
     while side.join_next().await.is_some() {}

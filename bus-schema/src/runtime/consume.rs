@@ -1,21 +1,23 @@
-//! The consume loop: a durable pull consumer whose messages a [`Handler`] carries out, acked
-//! only once the handler's effect is durable, NAKed with a backoff on a transient failure, and
-//! terminated with a rejection event on a permanent one.
+//! The consume loop: a durable pull consumer whose messages a [`Handler`] carries out, each
+//! delivery taken through its life by `settle.rs` (acked once the effect is durable, parked and
+//! retried in place on a transient failure or a wait, given up to `LANDFALL_DEAD` after too many
+//! failures, terminated with a rejection event on a permanent one).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, consumer};
+use async_nats::jetstream::consumer;
 use futures::StreamExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{debug, info, warn};
 
 use super::connect::Bus;
 use super::delivery::{Delivery, HandlerError, RejectAs};
-use super::error::{BoxError, BusError, boxed, error_chain, retry_delay};
+use super::error::{BoxError, BusError, boxed};
 use super::keyed_order::KeyedOrder;
+use super::settle::{Loop, settle};
 use crate::names;
 
 /// What a consume loop does with each message.
@@ -23,7 +25,28 @@ pub trait Handler: Send + Sync + 'static {
     /// Carries out the message. Return only once its effect is durable: the loop acks
     /// right after.
     fn handle(&self, delivery: &Delivery) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// The message was given up and filed as a dead letter (`reason` says why); called before
+    /// it is terminated, so a handler can record it as settled. A failure keeps the message
+    /// (it is given up again on its next delivery).
+    fn on_dead_lettered(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        let _ = (delivery, reason);
+        async { Ok(()) }
+    }
 }
+
+/// How many times a message may fail transiently (deliveries by the server plus attempts in
+/// place) before it is given up as a dead letter.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+
+/// Room, beyond the messages being worked on, for deliveries parked or queued behind their key:
+/// they stay unacknowledged and count against the consumer's `max_ack_pending`, and must not
+/// stop new work from arriving.
+const PARKED_ALLOWANCE: i64 = 1024;
 
 /// A durable pull consumer and how to run it.
 #[derive(Debug, Clone)]
@@ -43,6 +66,12 @@ pub struct ConsumerSpec {
     /// With `ordered_by_token`: the token value that orders against everything (for commands,
     /// `fleet`: a package registration stays ahead of the installs that need it).
     pub barrier_token: Option<String>,
+    /// How many transient failures (the server's deliveries plus attempts in place) a message
+    /// may have before it is given up to `LANDFALL_DEAD`; a delivery that arrives with more
+    /// deliveries than this (its process was lost each time) is given up before it is handled.
+    /// A failure because the store is full never counts, and a wait has no bound. `None`: never
+    /// give up (a site's gateway, which may not file dead letters).
+    pub max_attempts: Option<u32>,
 }
 
 impl ConsumerSpec {
@@ -56,7 +85,19 @@ impl ConsumerSpec {
             reject_as,
             ordered_by_token: None,
             barrier_token: None,
+            max_attempts: Some(DEFAULT_MAX_ATTEMPTS),
         }
+    }
+
+    /// Give a message up after `n` transient failures; see [`ConsumerSpec::max_attempts`].
+    pub fn max_attempts(mut self, n: Option<u32>) -> Self {
+        self.max_attempts = n.map(|n| n.max(1));
+        self
+    }
+
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
     }
 
     /// Handle messages that share subject token `index` in order; see [`ConsumerSpec::ordered_by_token`].
@@ -73,7 +114,8 @@ impl ConsumerSpec {
 
     /// The durable consumer of one site's gateway: its own jobs, 256 at once (a site's hosts all
     /// provision together). The hub makes it when the site is registered ([`ensure_consumer`]),
-    /// so a site's user needs no right to create a consumer of any kind.
+    /// so a site's user needs no right to create a consumer of any kind. A site may not file
+    /// dead letters (its key may be stolen): its jobs are retried until they are settled.
     pub fn gateway(site: &str) -> Self {
         let durable = names::gateway_consumer(site);
         Self::new(
@@ -83,6 +125,7 @@ impl ConsumerSpec {
             RejectAs::Message { consumer: durable },
         )
         .concurrency(256)
+        .max_attempts(None)
     }
 
     fn pull_config(&self) -> consumer::pull::Config {
@@ -94,7 +137,9 @@ impl ConsumerSpec {
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: self.ack_wait,
             max_deliver: -1,
-            max_ack_pending: (self.concurrency as i64 * 4).max(256),
+            // Deliveries parked or queued behind their key are unacknowledged too: room for them
+            // on top of the work in hand, so a thousand waiting installs do not stop the rest.
+            max_ack_pending: (self.concurrency as i64 * 4).max(256) + PARKED_ALLOWANCE,
             ..Default::default()
         }
     }
@@ -111,11 +156,15 @@ pub async fn ensure_consumer(bus: &Bus, spec: &ConsumerSpec) -> Result<(), BusEr
     stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map_err(|e| consume_err(boxed(e)))?;
     Ok(())
 }
-/// Runs a consume loop until `shutdown`, then lets in-flight messages finish.
+/// Runs a consume loop until `shutdown`; on shutdown, deliveries parked or waiting for their
+/// turn are NAKed at once (another replica takes them) and those being handled finish.
 ///
-/// Per message: `Ok` → ack (confirmed by the server); `Transient` → NAK with backoff;
-/// `Wait` → NAK with its delay; `Reject` → publish the rejection event, then terminate.
-/// A rejection that cannot be published is NAKed instead, so nothing is dropped silently.
+/// Per message: `Ok` → ack (confirmed by the server); `Transient` → parked here and retried
+/// with backoff, given up to `LANDFALL_DEAD` after [`ConsumerSpec::max_attempts`]; `Wait` →
+/// parked for its delay, without bound; `Reject` → publish the rejection event, then terminate.
+/// A rejection or dead letter that cannot be published is NAKed instead, so nothing is dropped
+/// silently. Parked and queued deliveries are kept alive with progress acks and hold none of
+/// the `concurrency` permits.
 pub async fn consume<H: Handler>(
     bus: Bus,
     spec: ConsumerSpec,
@@ -138,10 +187,15 @@ pub async fn consume<H: Handler>(
             }
         }
     };
-    let spec = Arc::new(spec);
-    let permits = Arc::new(tokio::sync::Semaphore::new(spec.concurrency));
+    let context = Arc::new(Loop {
+        bus,
+        permits: Arc::new(tokio::sync::Semaphore::new(spec.concurrency)),
+        order: Arc::new(KeyedOrder::default()),
+        shutdown: shutdown.clone(),
+        spec,
+    });
+    let spec = &context.spec;
     let mut in_flight = JoinSet::new();
-    let mut order = KeyedOrder::default();
     info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consuming");
 
     'outer: while !shutdown.is_cancelled() {
@@ -156,28 +210,13 @@ pub async fn consume<H: Handler>(
             }
         };
         loop {
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => break 'outer,
-                p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
-            };
             let next = tokio::select! {
                 _ = shutdown.cancelled() => break 'outer,
                 n = messages.next() => n,
             };
             match next {
                 Some(Ok(msg)) => {
-                    let (bus, spec, handler) = (bus.clone(), spec.clone(), handler.clone());
-                    let key = spec.ordered_by_token.and_then(|i| msg.subject.split('.').nth(i)).map(str::to_owned);
-                    let (before, done) = order.enqueue(key, spec.barrier_token.as_deref());
-                    in_flight.spawn(async move {
-                        // Messages ahead of this one are handled first (their senders drop then).
-                        for b in before {
-                            let _ = b.await;
-                        }
-                        handle_one(&bus, &spec, handler.as_ref(), msg).await;
-                        drop(done);
-                        drop(permit);
-                    });
+                    in_flight.spawn(settle(context.clone(), handler.clone(), msg));
                 }
                 Some(Err(e)) => {
                     debug!(consumer = %spec.durable, error = %e, "pull stream error");
@@ -206,139 +245,9 @@ fn filters(filters: &[String]) -> (String, Vec<String>) {
     }
 }
 
-async fn handle_one<H: Handler>(bus: &Bus, spec: &ConsumerSpec, handler: &H, msg: jetstream::Message) {
-    let (seq, delivered) = msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 1));
-    let delivery = Delivery::from_parts(&msg.message, spec.stream, seq, delivered);
-    if delivered > 1 {
-        metrics::counter!("landfall_redeliveries_total", "consumer" => spec.durable.clone()).increment(1);
-    }
-    // Every log line of this message's work, in every service, carries its trace id. The span
-    // is at ERROR level so that it is there whenever any of those lines is logged at all.
-    let span = tracing::error_span!(
-        "handle",
-        consumer = %spec.durable,
-        subject = %delivery.subject,
-        msg_id = %delivery.envelope.id,
-        trace_id = delivery.envelope.trace_id().unwrap_or_default(),
-    );
-    settle_one(bus, spec, handler, msg, delivery).instrument(span).await;
-}
-
-/// Runs the handler on one delivery, then acks, NAKs or rejects it by what the handler returned.
-async fn settle_one<H: Handler>(
-    bus: &Bus,
-    spec: &ConsumerSpec,
-    handler: &H,
-    msg: jetstream::Message,
-    delivery: Delivery,
-) {
-    let delivered = delivery.delivered;
-
-    // Keep the delivery ours while the handler works, however long that takes.
-    let outcome = {
-        let work = handler.handle(&delivery);
-        tokio::pin!(work);
-        let mut tick = tokio::time::interval(spec.ack_wait / 3);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                r = &mut work => break r,
-                _ = tick.tick() => { let _ = msg.ack_with(AckKind::Progress).await; }
-            }
-        }
-    };
-
-    let consumer = spec.durable.as_str();
-    match outcome {
-        Ok(()) => {
-            metrics::counter!("landfall_messages_handled_total", "consumer" => consumer.to_string()).increment(1);
-            if let Err(e) = msg.double_ack().await {
-                // The effect is durable and idempotent: a redelivery finds it done.
-                warn!(consumer, subject = %delivery.subject, error = %e, "ack not confirmed; the message may be redelivered");
-            }
-        }
-        Err(HandlerError::Wait { reason, delay }) => {
-            debug!(consumer, subject = %delivery.subject, %reason, "not yet, redelivering later");
-            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
-        }
-        Err(e @ HandlerError::Transient { .. }) => {
-            metrics::counter!("landfall_messages_retried_total", "consumer" => consumer.to_string()).increment(1);
-            let delay = retry_delay(delivered);
-            log_retry(consumer, &delivery.subject, delivered, delay, &e);
-            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
-        }
-        Err(HandlerError::Reject(rejection)) => {
-            metrics::counter!("landfall_messages_rejected_total", "consumer" => consumer.to_string()).increment(1);
-            warn!(consumer, subject = %delivery.subject, id = %delivery.envelope.id, reason = %rejection.reason, "rejected");
-            match bus.publish_rejection(&delivery, &spec.reject_as, &rejection).await {
-                Ok(()) => {
-                    let _ = msg.double_ack_with(AckKind::Term).await;
-                }
-                Err(e) => {
-                    warn!(consumer, error = %e, "cannot publish the rejection; will retry");
-                    let _ = msg.ack_with(AckKind::Nak(Some(retry_delay(delivered)))).await;
-                }
-            }
-        }
-    }
-}
-
-/// Logs a transient failure with every cause under it: what the handler was doing, and why.
-fn log_retry(consumer: &str, subject: &str, delivered: i64, delay: Duration, error: &HandlerError) {
-    warn!(consumer, subject, delivered, ?delay, error = %error_chain(error), "transient failure, will retry");
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use super::*;
-
-    /// Log output, kept in memory.
-    #[derive(Clone, Default)]
-    struct Logs(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Logs {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("logs lock").extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn a_transient_failure_is_logged_with_every_cause() {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
-        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset by the hub");
-        let bus = BusError::Kv {
-            op: "get",
-            bucket: "landfall-sagas".into(),
-            key: "lease.edge-01".into(),
-            source: boxed(reset),
-        };
-        let failures = [
-            HandlerError::transient("reading the lease of edge-01", bus),
-            HandlerError::from(BusError::Publish { subject: "landfall.evt.x".into(), source: "no responders".into() }),
-        ];
-        tracing::subscriber::with_default(subscriber, || {
-            for e in &failures {
-                log_retry("orchestrator", "landfall.cmd.install_site.edge-01", 2, Duration::from_secs(1), e);
-            }
-        });
-        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-        assert!(
-            text.contains(
-                "error=transient: reading the lease of edge-01: kv get landfall-sagas/lease.edge-01: connection reset by the hub"
-            ),
-            "{text}"
-        );
-        assert!(text.contains("error=transient: bus: publish to landfall.evt.x: no responders"), "{text}");
-    }
 
     #[test]
     fn one_filter_is_the_filter_subject_so_the_create_subject_carries_it() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::error::{BusError, ErrorKind, error_chain};
+use super::error::{BusError, ErrorKind, error_chain, is_store_full};
 use crate::envelope::Envelope;
 use crate::names;
 use crate::pb::{self, BusMessage};
@@ -123,6 +123,16 @@ impl HandlerError {
     /// answer).
     pub fn transient_reason(reason: impl Into<String>) -> Self {
         HandlerError::Transient { context: reason.into(), source: None }
+    }
+
+    /// Whether this is a transient failure because the JetStream store is full (anywhere in its
+    /// chain of causes; see [`is_store_full`]). The consume loop retries such a failure without
+    /// counting it toward dead-lettering: a full disk must not throw messages away.
+    pub fn is_store_full(&self) -> bool {
+        match self {
+            HandlerError::Transient { source: Some(source), .. } => is_store_full(source.as_ref()),
+            HandlerError::Transient { source: None, .. } | HandlerError::Wait { .. } | HandlerError::Reject(_) => false,
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! What can go wrong on the bus ([`BusError`]), whether it is worth retrying ([`ErrorKind`]),
-//! and how long to wait before retrying a transient failure ([`retry_delay`]).
+//! whether it is the JetStream store being full ([`is_store_full`]), and how long to wait before
+//! retrying a transient failure ([`retry_delay`]).
 
 use std::time::Duration;
 
@@ -14,6 +15,9 @@ pub enum ErrorKind {
     Reject,
     /// The system is misconfigured (server too old, no JetStream); stop and say so.
     Fatal,
+    /// The JetStream store is full (a stream's or the account's limits, or the server's disk):
+    /// worth retrying once space is made, and never a reason to give a message up.
+    StoreFull,
 }
 
 /// The cause of a [`BusError`], whatever library raised it.
@@ -84,6 +88,7 @@ impl BusError {
         match self {
             BusError::ServerTooOld { .. } | BusError::NoJetStream { .. } => ErrorKind::Fatal,
             BusError::TooLarge { .. } | BusError::KvDecode { .. } => ErrorKind::Reject,
+            _ if is_store_full(self) => ErrorKind::StoreFull,
             _ => ErrorKind::Transient,
         }
     }
@@ -106,6 +111,46 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// The JetStream API error codes that say the store is full: 10047 insufficient storage
+/// resources, 10028 insufficient memory resources, 10023 insufficient resources, 10002 the
+/// account's resource limits exceeded.
+pub const STORE_FULL_CODES: [u64; 4] = [10047, 10028, 10023, 10002];
+
+/// What nats-server (2.10, 2.11) answers, in words, when a write does not fit: a stream's limits
+/// with the `new` discard policy (`maximum bytes exceeded`, `maximum messages exceeded`, `maximum
+/// messages per subject exceeded`, which come as error code 10077 with the store's text), or the
+/// server or account out of room.
+const STORE_FULL_TEXTS: [&str; 7] = [
+    "maximum bytes exceeded",
+    "maximum messages exceeded",
+    "maximum messages per subject exceeded",
+    "insufficient storage",
+    "insufficient memory",
+    "insufficient resources",
+    "resource limits exceeded",
+];
+
+/// Whether `error`, or any cause under it, is the JetStream store being full: an API error with
+/// one of [`STORE_FULL_CODES`], or the server's words for a write that does not fit. A failure
+/// of this kind is not the message's fault: the consume loop retries it without counting it
+/// toward dead-lettering, and an alarm can be raised on it.
+pub fn is_store_full(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>()
+            && STORE_FULL_CODES.contains(&js.error_code().0)
+        {
+            return true;
+        }
+        let text = e.to_string().to_ascii_lowercase();
+        if STORE_FULL_TEXTS.iter().any(|t| text.contains(t)) {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// Backoff for transient failures: 0.5 s doubling to 30 s.
 pub fn retry_delay(delivered: i64) -> Duration {
     let exp = delivered.clamp(1, 8) as u32 - 1;
@@ -121,6 +166,26 @@ mod tests {
         assert_eq!(retry_delay(1), Duration::from_millis(500));
         assert_eq!(retry_delay(2), Duration::from_secs(1));
         assert_eq!(retry_delay(100), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn the_servers_answers_for_a_full_store_are_store_full() {
+        // The texts nats-server 2.10 puts in a PubAck's error (code, error code, description).
+        for text in [
+            "maximum bytes exceeded",
+            "maximum messages exceeded",
+            "insufficient storage resources available (code 503, error code 10047)",
+            "JetStream resource limits exceeded for account: \"$G\"",
+        ] {
+            let e = BusError::Publish { subject: "landfall.evt.x".into(), source: text.into() };
+            assert_eq!(e.kind(), ErrorKind::StoreFull, "{text}");
+        }
+        let e = BusError::Kv { op: "put", bucket: "b".into(), key: "k".into(), source: "timed out".into() };
+        assert_eq!(e.kind(), ErrorKind::Transient);
+        let coded: async_nats::jetstream::Error =
+            serde_json::from_str(r#"{"code":503,"err_code":10047,"description":"out of room"}"#).unwrap();
+        let e = BusError::Publish { subject: "landfall.evt.x".into(), source: boxed(coded) };
+        assert!(is_store_full(&e), "by the error code, whatever its words");
     }
 
     #[test]

@@ -1,39 +1,158 @@
 //! Keeping messages that share a key in stream order while others run concurrently
 //! ([`KeyedOrder`], for [`super::ConsumerSpec::ordered_by_token`]).
+//!
+//! A message takes its turn by its stream sequence, not by when it arrived: one redelivered to
+//! this process after a later one of its key (the later one parked, waiting for something) goes
+//! first as soon as nothing of its key is running, and the later one waits again.
 
-type Done = futures::future::Shared<tokio::sync::oneshot::Receiver<()>>;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
-/// Chains messages by key: each waits for the one before it with the same key. A message
-/// whose key is the barrier waits for every message before it, and every later one waits for it.
+use tokio::sync::watch;
+
+/// A message's place: its stream sequence, then the order it arrived in (two deliveries of the
+/// same message are two places).
+type Place = (u64, u64);
+
+/// The messages of a consumer that are ordered, each waiting for its turn, running, or parked
+/// (between two attempts: it keeps its place, and nothing behind it with its key starts).
 #[derive(Default)]
 pub(super) struct KeyedOrder {
-    last: std::collections::HashMap<String, Done>,
-    barrier: Option<Done>,
+    state: Mutex<State>,
+    changed: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: BTreeMap<Place, Entry>,
+    by_key: HashMap<String, BTreeSet<Place>>,
+    barriers: BTreeSet<Place>,
+    running_keys: HashSet<String>,
+    barrier_running: bool,
+    running: usize,
+    arrivals: u64,
+}
+
+struct Entry {
+    key: String,
+    barrier: bool,
+    running: bool,
+}
+
+/// A message's place in a [`KeyedOrder`]; dropping it gives the place up.
+pub(super) struct Ticket {
+    place: Place,
+    order: Arc<KeyedOrder>,
 }
 
 impl KeyedOrder {
-    /// What a message with `key` waits for before it is handled, and what it drops once handled.
-    pub(super) fn enqueue(
-        &mut self,
-        key: Option<String>,
-        barrier: Option<&str>,
-    ) -> (Vec<Done>, Option<tokio::sync::oneshot::Sender<()>>) {
-        use futures::FutureExt;
-        let Some(key) = key else { return (Vec::new(), None) };
-        // Forget keys whose last message is done, so the map stays as small as the work in flight.
-        if self.last.len() > 1024 {
-            self.last.retain(|_, done| done.peek().is_none());
+    /// Takes a place for a message with `key` stored at `seq` (`None` when `key` is: unkeyed
+    /// messages are not ordered). A message whose key is `barrier` orders against every other.
+    pub(super) fn enter(self: &Arc<Self>, key: Option<String>, barrier: Option<&str>, seq: u64) -> Option<Ticket> {
+        let key = key?;
+        let mut s = self.state.lock().expect("order lock");
+        s.arrivals += 1;
+        let place = (seq, s.arrivals);
+        let is_barrier = barrier == Some(key.as_str());
+        if is_barrier {
+            s.barriers.insert(place);
         }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let done = rx.shared();
-        let mut wait: Vec<Done> = self.barrier.iter().cloned().collect();
-        if barrier == Some(key.as_str()) {
-            wait.extend(self.last.drain().map(|(_, d)| d));
-            self.barrier = Some(done);
-        } else if let Some(previous) = self.last.insert(key, done) {
-            wait.push(previous);
+        s.by_key.entry(key.clone()).or_default().insert(place);
+        s.entries.insert(place, Entry { key, barrier: is_barrier, running: false });
+        Some(Ticket { place, order: self.clone() })
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+impl State {
+    /// Whether the message at `place` may start an attempt now.
+    fn may_start(&self, place: Place) -> bool {
+        let Some(entry) = self.entries.get(&place) else { return false };
+        if entry.barrier {
+            // Everything before it is settled, and nothing runs.
+            return self.running == 0 && self.entries.keys().next() == Some(&place);
         }
-        (wait, Some(tx))
+        let first_of_key = self.by_key.get(&entry.key).and_then(|p| p.first()) == Some(&place);
+        let no_barrier_before = self.barriers.first().is_none_or(|b| *b > place);
+        first_of_key && no_barrier_before && !self.barrier_running && !self.running_keys.contains(&entry.key)
+    }
+}
+
+impl Ticket {
+    /// Waits until this message may start an attempt, then marks it running.
+    pub(super) async fn turn(&self) {
+        let mut changes = self.order.changed.subscribe();
+        loop {
+            if self.try_start() {
+                return;
+            }
+            // The sender lives in `self.order`, which this ticket holds: never closed.
+            let _ = changes.changed().await;
+        }
+    }
+
+    fn try_start(&self) -> bool {
+        let mut s = self.order.state.lock().expect("order lock");
+        if !s.may_start(self.place) {
+            return false;
+        }
+        let entry = s.entries.get_mut(&self.place).expect("may_start found it");
+        entry.running = true;
+        let (key, barrier) = (entry.key.clone(), entry.barrier);
+        s.running += 1;
+        if barrier {
+            s.barrier_running = true;
+        }
+        s.running_keys.insert(key);
+        true
+    }
+
+    /// The attempt is over; the message keeps its place (it may be parked for another).
+    pub(super) fn attempt_done(&self) {
+        {
+            let mut s = self.order.state.lock().expect("order lock");
+            stop(&mut s, self.place);
+        }
+        self.order.notify();
+    }
+}
+
+/// Marks the message at `place` no longer running.
+fn stop(s: &mut State, place: Place) {
+    let Some(entry) = s.entries.get_mut(&place) else { return };
+    if !entry.running {
+        return;
+    }
+    entry.running = false;
+    let (key, barrier) = (entry.key.clone(), entry.barrier);
+    s.running -= 1;
+    if barrier {
+        s.barrier_running = false;
+    }
+    s.running_keys.remove(&key);
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        {
+            let mut s = self.order.state.lock().expect("order lock");
+            stop(&mut s, self.place);
+            if let Some(entry) = s.entries.remove(&self.place) {
+                if let Some(places) = s.by_key.get_mut(&entry.key) {
+                    places.remove(&self.place);
+                    if places.is_empty() {
+                        s.by_key.remove(&entry.key);
+                    }
+                }
+                if entry.barrier {
+                    s.barriers.remove(&self.place);
+                }
+            }
+        }
+        self.order.notify();
     }
 }
 
@@ -41,22 +160,64 @@ impl KeyedOrder {
 mod tests {
     use super::*;
 
+    fn ready(t: &Ticket) -> bool {
+        let s = t.order.state.lock().unwrap();
+        s.may_start(t.place)
+    }
+
     #[tokio::test]
     async fn keyed_order_chains_keys_and_barriers() {
-        let mut order = KeyedOrder::default();
-        let (w, a1) = order.enqueue(Some("a".into()), Some("fleet"));
-        assert!(w.is_empty());
-        let (w, b1) = order.enqueue(Some("b".into()), Some("fleet"));
-        assert!(w.is_empty(), "other keys run concurrently");
-        let (w, _a2) = order.enqueue(Some("a".into()), Some("fleet"));
-        assert_eq!(w.len(), 1, "same key waits");
-        let (w, f) = order.enqueue(Some("fleet".into()), Some("fleet"));
-        assert_eq!(w.len(), 2, "a barrier waits for the last of every key");
-        let (w, _c) = order.enqueue(Some("c".into()), Some("fleet"));
-        assert_eq!(w.len(), 1, "everything after a barrier waits for it");
-        drop((a1, b1));
-        let (w, _) = order.enqueue(None, Some("fleet"));
-        assert!(w.is_empty(), "unkeyed messages are not ordered");
+        let order = Arc::new(KeyedOrder::default());
+        let fleet = Some("fleet");
+        let a1 = order.enter(Some("a".into()), fleet, 1).unwrap();
+        let b1 = order.enter(Some("b".into()), fleet, 2).unwrap();
+        let a2 = order.enter(Some("a".into()), fleet, 3).unwrap();
+        let f = order.enter(Some("fleet".into()), fleet, 4).unwrap();
+        let c = order.enter(Some("c".into()), fleet, 5).unwrap();
+        assert!(ready(&a1) && ready(&b1), "other keys run concurrently");
+        assert!(!ready(&a2), "same key waits");
+        assert!(!ready(&f), "a barrier waits for everything before it");
+        assert!(!ready(&c), "everything after a barrier waits for it");
+        assert!(order.enter(None, fleet, 6).is_none(), "unkeyed messages are not ordered");
+        a1.turn().await;
+        a1.attempt_done();
+        assert!(!ready(&a2), "a parked message keeps its place");
+        drop(a1);
+        assert!(ready(&a2));
+        drop((b1, a2));
+        assert!(ready(&f));
+        f.turn().await;
         drop(f);
+        assert!(ready(&c));
+    }
+
+    #[tokio::test]
+    async fn an_earlier_message_redelivered_passes_a_parked_later_one_of_its_key() {
+        let order = Arc::new(KeyedOrder::default());
+        let later = order.enter(Some("edge-01".into()), None, 7).unwrap();
+        later.turn().await;
+        let earlier = order.enter(Some("edge-01".into()), None, 5).unwrap();
+        assert!(!ready(&earlier), "not while the later one runs");
+        later.attempt_done();
+        assert!(ready(&earlier), "the later one is parked: the earlier goes first");
+        assert!(!ready(&later));
+        earlier.turn().await;
+        drop(earlier);
+        assert!(ready(&later));
+    }
+
+    #[tokio::test]
+    async fn a_turn_is_given_when_the_one_before_leaves() {
+        let order = Arc::new(KeyedOrder::default());
+        let first = order.enter(Some("k".into()), None, 1).unwrap();
+        let second = order.enter(Some("k".into()), None, 2).unwrap();
+        first.turn().await;
+        let waiting = tokio::spawn(async move {
+            second.turn().await;
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        drop(first);
+        tokio::time::timeout(std::time::Duration::from_secs(2), waiting).await.unwrap().unwrap();
     }
 }

@@ -17,14 +17,18 @@
 //!   [`Kv::create_or_get`] on top of it).
 //! - `catalog.rs`: the package catalog and the observed state, read as a whole.
 //! - `delivery.rs`: what a handler gets ([`Delivery`]) and answers ([`HandlerError`]).
-//! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages
-//!   that share a key in order.
+//! - `consume.rs`: the consume loop ([`consume()`]); `settle.rs`: one delivery's life in it
+//!   (its turn, its attempts, parked between them, acked, rejected or given up), with
+//!   `keyed_order.rs` keeping messages that share a key in order.
+//! - `dead_letter.rs`: what a consumer gives up on, filed in `LANDFALL_DEAD`
+//!   ([`Bus::file_dead_letter`]), and read, replayed and removed by operators.
 //! - `request.rs` and `serve.rs`: core request/reply, asked ([`Bus::request`]) and answered
 //!   ([`serve_requests`]).
 
 mod catalog;
 mod connect;
 mod consume;
+mod dead_letter;
 mod delivery;
 mod error;
 mod events;
@@ -35,14 +39,16 @@ mod kv_update;
 mod publish;
 mod request;
 mod serve;
+mod settle;
 mod topology;
 mod version;
 
 pub use catalog::{observed_nodes, package_refs};
 pub use connect::{Access, Bus, private_file};
-pub use consume::{ConsumerSpec, Handler, consume, ensure_consumer};
+pub use consume::{ConsumerSpec, DEFAULT_MAX_ATTEMPTS, Handler, consume, ensure_consumer};
+pub use dead_letter::{Replayed, StoredDeadLetter, dead_letter_type};
 pub use delivery::{Delivery, HandlerError, RejectAs, Rejection, reject_code_label};
-pub use error::{BusError, ErrorKind, error_chain, retry_delay};
+pub use error::{BusError, ErrorKind, STORE_FULL_CODES, error_chain, is_store_full, retry_delay};
 pub use events::{EventReader, ReadEvent};
 pub use kv::{Cas, Kv, KvChange};
 pub use kv_update::{UPDATE_ATTEMPTS, Update};

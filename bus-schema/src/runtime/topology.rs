@@ -97,6 +97,16 @@ impl Bus {
         for config in streams {
             self.ensure_stream(config).await?;
         }
+        // Dead letters: what consumers gave up on, kept as long as commands and events.
+        let dead = stream::Config {
+            max_age: names::RETENTION,
+            ..base(names::DEAD_STREAM, names::DEAD_ALL, stream::RetentionPolicy::Limits)
+        };
+        self.jetstream().get_or_create_stream(dead).await.map_err(|e| BusError::Topology {
+            what: "stream",
+            name: names::DEAD_STREAM.to_string(),
+            source: boxed(e),
+        })?;
         for bucket in names::ALL_BUCKETS {
             self.ensure_bucket(bucket, topology).await?;
         }

@@ -8,7 +8,8 @@ use super::*;
 
 /// The subject a row's message travels on at `site`.
 fn subject_at(rule: &Rule, site: &str) -> String {
-    let scope = if rule.site_fields.is_empty() && rule.kind != pb::rejection::KIND { names::FLEET } else { site };
+    let scope =
+        if rule.site_fields.is_empty() && !pb::rejection::in_answered_scope(rule.kind) { names::FLEET } else { site };
     match rule.channel {
         Channel::Command => names::command_subject(rule.kind, scope),
         Channel::Job => names::job_subject(site, rule.kind),

@@ -7,17 +7,19 @@
 //! - [`service`]: the shared state every handler works on;
 //! - `register`, `design`, `nodes`: the command handlers, by what they change;
 //! - `install`: the install saga, executed (its decisions are [`crate::saga`]);
-//! - `ledger`: every command carried out or refused, by id, so a late copy does nothing;
+//! - `ledger`: every command carried out, refused or given up, by id, so a late copy does nothing;
+//! - `order`: a scope's commands carried out in stream order across replicas;
 //! - `run`: the consumers, started, and commands dispatched to their handlers.
 
 mod design;
 mod install;
 mod ledger;
 mod nodes;
+mod order;
 mod register;
 mod run;
 pub mod service;
 
 pub use install::saga_event_filters;
-pub use run::run_orchestrator;
+pub use run::{OrchestratorOptions, run_orchestrator, run_orchestrator_with};
 pub use service::Orchestrator;

@@ -1,5 +1,6 @@
-//! The orchestrator's consumers, started: commands (dispatched by kind to their handlers), the
-//! events that move install sagas, the site reports of rollouts, and the rollout tick.
+//! The orchestrator's consumers, started: commands (checked against the ledger and their scope's
+//! order, then dispatched by kind to their handlers), the events that move install sagas, the
+//! site reports of rollouts, and the rollout tick.
 
 use std::sync::Arc;
 
@@ -24,10 +25,22 @@ impl runtime::Handler for Commands {
             debug!(subject = %d.subject, id = %d.envelope.id, "a copy of a command already settled: nothing done");
             return first;
         }
+        // Every earlier command of its scope settled first, whichever replica holds it.
+        self.0.check_order(d).await?;
         let result = self.dispatch(d).await;
         self.0.ledger.record(d, &result).await?;
         count_command(d, &result);
         result
+    }
+
+    /// A command given up is settled for its scope's order (the ones after it go on), and not
+    /// answered: `landfall dead replay` carries it out.
+    async fn on_dead_lettered(&self, d: &Delivery, reason: &str) -> Result<(), HandlerError> {
+        self.0.ledger.record_dead_lettered(d, reason).await?;
+        let kind = d.kind().unwrap_or_default();
+        let type_name = pb::COMMAND_TYPES.iter().find(|(k, _)| *k == kind).map_or("unknown", |(_, t)| t);
+        metrics::counter!("landfall_commands_total", "type" => type_name, "outcome" => "dead_lettered").increment(1);
+        Ok(())
     }
 }
 
@@ -99,8 +112,31 @@ async fn tick_rollouts(orchestrator: Arc<Orchestrator>, shutdown: CancellationTo
     }
 }
 
+/// How the orchestrator's consumers run.
+#[derive(Debug, Clone)]
+pub struct OrchestratorOptions {
+    /// Transient failures a message may have before it is given up as a dead letter
+    /// ([`ConsumerSpec::max_attempts`]).
+    pub max_attempts: Option<u32>,
+}
+
+impl Default for OrchestratorOptions {
+    fn default() -> Self {
+        Self { max_attempts: Some(runtime::DEFAULT_MAX_ATTEMPTS) }
+    }
+}
+
 /// Runs the orchestrator's consumers until `shutdown`.
 pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_orchestrator_with(bus, OrchestratorOptions::default(), shutdown).await
+}
+
+/// [`run_orchestrator`], as `options` say.
+pub async fn run_orchestrator_with(
+    bus: Bus,
+    options: OrchestratorOptions,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let orchestrator = Arc::new(Orchestrator::new(bus.clone()).await?);
     match orchestrator.recover().await {
         Ok(0) => {}
@@ -113,7 +149,8 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
         vec![names::COMMANDS_ALL.to_string()],
         RejectAs::Command,
     )
-    .ordered_by_token(names::COMMAND_SCOPE_TOKEN, Some(names::FLEET));
+    .ordered_by_token(names::COMMAND_SCOPE_TOKEN, Some(names::FLEET))
+    .max_attempts(options.max_attempts);
     let events = ConsumerSpec::new(
         names::EVENTS_STREAM,
         names::ORCHESTRATOR_EVENTS,
@@ -122,7 +159,8 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
     )
     // One site's events, one at a time: they all land on that site's saga record, and taking
     // turns beats losing compare-and-set races. Sites still run in parallel.
-    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None);
+    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None)
+    .max_attempts(options.max_attempts);
     let rollouts = ConsumerSpec::new(
         names::EVENTS_STREAM,
         names::ORCHESTRATOR_ROLLOUTS,
@@ -131,7 +169,8 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
     )
     // Reports are handled side by side; those of one rollout are counted together in one
     // write (see `Rollouts::count`).
-    .concurrency(512);
+    .concurrency(512)
+    .max_attempts(options.max_attempts);
     let ticks = tokio::spawn(tick_rollouts(orchestrator.clone(), shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());

@@ -5,6 +5,7 @@
 pub mod artifacts;
 pub mod command;
 pub mod connect;
+pub mod dead;
 pub mod design;
 pub mod events;
 pub mod node;
