@@ -20,6 +20,19 @@ pub const EVENTS_STREAM: &str = "LANDFALL_EVENTS";
 /// Messages a consumer gave up on (too many transient failures, or a process lost every time it
 /// handled them), each with what it takes to look at it and replay it (`pb::DeadLetter`).
 pub const DEAD_STREAM: &str = "LANDFALL_DEAD";
+/// Every stream landfall keeps (its buckets' streams are [`kv_stream`] of [`ALL_BUCKETS`]).
+pub const STREAMS: [&str; 4] = [COMMANDS_STREAM, JOBS_STREAM, EVENTS_STREAM, DEAD_STREAM];
+
+/// The stream a message published on `subject` is stored in, when it is one of landfall's.
+pub fn stream_of_subject(subject: &str) -> Option<&'static str> {
+    match subject.split('.').take(2).collect::<Vec<_>>()[..] {
+        ["landfall", "cmd"] => Some(COMMANDS_STREAM),
+        ["landfall", "job"] => Some(JOBS_STREAM),
+        ["landfall", "evt"] => Some(EVENTS_STREAM),
+        ["landfall", "dead"] => Some(DEAD_STREAM),
+        _ => None,
+    }
+}
 
 pub const COMMANDS_ALL: &str = "landfall.cmd.>";
 pub const JOBS_ALL: &str = "landfall.job.>";

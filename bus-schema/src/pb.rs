@@ -93,6 +93,8 @@ bus_message!(
     KeyRotated,
     BmcCredentialsStored,
     SecretKeyRotated,
+    StoreFull,
+    StoreRoomAgain,
     SiteRegistered,
     DesignApplied,
     DesignRevision,
@@ -281,6 +283,8 @@ fleet_event!(
     RolloutCancelled => "rollout"."cancelled",
     RolloutCompleted => "rollout"."completed",
     SecretKeyRotated => "secrets"."key_rotated",
+    StoreFull => "store"."full",
+    StoreRoomAgain => "store"."room_again",
 );
 
 /// Every event type: site events, fleet events, then the two rejections and the dead letter's

@@ -206,6 +206,8 @@ rules! {
     Event RolloutCancelled from HUB, sites [];
     Event RolloutCompleted from HUB, sites [];
     Event SecretKeyRotated from &[Kubeconfig], sites [];
+    Event StoreFull from &[Orchestrator], sites [];
+    Event StoreRoomAgain from &[Orchestrator], sites [];
     Event CommandRejected [pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND] from HUB, sites [];
     Event MessageRejected [pb::rejection::MESSAGE_AGGREGATE, pb::rejection::KIND] from CONSUMERS, sites [];
     Event MessageDeadLettered [pb::rejection::MESSAGE_AGGREGATE, pb::rejection::DEAD_LETTERED_KIND]

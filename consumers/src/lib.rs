@@ -24,6 +24,7 @@ pub mod orchestrator;
 pub mod rollout;
 pub mod saga;
 pub mod secrets;
+pub mod store_watch;
 
 pub use distribution::{artifacts, run_distribution};
 pub use observer::run_observer;

@@ -323,7 +323,7 @@ async fn two_replicas_keep_a_sites_commands_in_order() {
     let remove = pb::NodeRemoved { site_id: site.clone(), node, boot_mac: String::new(), reason: "test".into() };
     fleet.bus.publish_command(&remove, &first).await.unwrap();
     let second = Envelope::root();
-    let register = pb::RegisterSite { design: Some(pb::SiteDesign::from(&fleet.sites[0].0)) };
+    let register = pb::RegisterSite { design: Some(pb::SiteDesign::from(&fleet.sites[0].0)), expected: None };
     fleet.bus.publish_command(&register, &second).await.unwrap();
 
     let ledger = fleet.bus.kv(names::LEDGER_BUCKET).await.unwrap();

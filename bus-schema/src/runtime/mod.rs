@@ -24,6 +24,8 @@
 //!   ([`Bus::file_dead_letter`]), and read, replayed and removed by operators.
 //! - `request.rs` and `serve.rs`: core request/reply, asked ([`Bus::request`]) and answered
 //!   ([`serve_requests`]).
+//! - `store_health.rs`: whether the store has room ([`store_health::assess`]), and the writes
+//!   refused for lack of it.
 
 mod catalog;
 mod connect;
@@ -40,6 +42,7 @@ mod publish;
 mod request;
 mod serve;
 mod settle;
+pub mod store_health;
 mod topology;
 mod version;
 

@@ -19,6 +19,7 @@ use super::dead_letter::{GaveUp, dead_letter};
 use super::delivery::{Delivery, HandlerError};
 use super::error::{error_chain, retry_delay};
 use super::keyed_order::KeyedOrder;
+use super::store_health;
 
 /// What every delivery of one consume loop shares.
 pub(super) struct Loop {
@@ -178,7 +179,9 @@ async fn live<H: Handler>(cx: &Loop, handler: &H, msg: &jetstream::Message, d: &
             }
             Err(e @ HandlerError::Transient { .. }) => {
                 let store_full = e.is_store_full();
-                if !store_full {
+                if store_full {
+                    store_health::note_refused(&store_health::refused_stream(&e));
+                } else {
                     metrics::counter!("landfall_messages_retried_total", "consumer" => consumer.to_string())
                         .increment(1);
                 }

@@ -172,6 +172,8 @@ pub async fn run_orchestrator_with(
     .concurrency(512)
     .max_attempts(options.max_attempts);
     let ticks = tokio::spawn(tick_rollouts(orchestrator.clone(), shutdown.clone()));
+    let store =
+        tokio::spawn(crate::store_watch::run_store_watch(bus.clone(), crate::store_watch::EVERY, shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());
     let r = runtime::consume(bus, rollouts, Arc::new(RolloutEvents(orchestrator)), shutdown);
@@ -180,6 +182,7 @@ pub async fn run_orchestrator_with(
         warn!(error = %err, "command consumer stopped");
     }
     let _ = ticks.await;
+    let _ = store.await;
     c?;
     e?;
     r?;

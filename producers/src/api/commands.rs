@@ -272,7 +272,8 @@ where
     }
     cmd.check().map_err(|reason| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", reason))?;
     // A key already used for a settled command, however long ago: its answer, nothing published.
-    if let Some(record) = settled(&api.bus, &env.id.to_string()).await? {
+    // A command given up (dead-lettered) was not answered: publishing it again retries it.
+    if let Some(record) = settled(&api.bus, &env.id.to_string()).await?.filter(|r| !r.dead_lettered) {
         if record.command_type != C::TYPE {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,

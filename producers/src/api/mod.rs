@@ -25,7 +25,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use bus_schema::runtime::Bus;
+use bus_schema::runtime::{Bus, store_health};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -199,7 +199,16 @@ async fn readyz(State(s): State<ApiState>) -> (StatusCode, axum::Json<Value>) {
     let connected = s.bus.client().connection_state() == async_nats::connection::State::Connected;
     let caught_up = s.model.read().ready();
     let status = if connected && caught_up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, axum::Json(json!({ "bus_connected": connected, "read_model_caught_up": caught_up })))
+    // A full store does not stop the API serving what it has read: said, not failed on.
+    let full = match store_health::store_use(&s.bus).await {
+        Ok(usage) => store_health::assess(&usage, &store_health::refused_within(store_health::REFUSED_FOR)),
+        Err(_) => Vec::new(),
+    };
+    let full: Vec<Value> = full
+        .iter()
+        .map(|f| json!({ "stream": f.stream, "bytes": f.bytes, "limit_bytes": f.limit_bytes, "reason": f.reason }))
+        .collect();
+    (status, axum::Json(json!({ "bus_connected": connected, "read_model_caught_up": caught_up, "store_full": full })))
 }
 
 async fn metrics(State(s): State<ApiState>) -> Response {

@@ -405,7 +405,7 @@ fn view_schemas() -> Map<String, Value> {
                 "id": { "type": "string", "description": "The command id." },
                 "type": { "type": "string", "description": "The protobuf type." },
                 "subject": string(),
-                "outcome": { "type": "string", "enum": ["carried_out", "rejected"] },
+                "outcome": { "type": "string", "enum": ["carried_out", "rejected", "dead_lettered"] },
                 "code": { "type": "string", "description": "When rejected: why, as a code (unknown_site, conflict, ...)." },
                 "reason": { "type": "string", "description": "When rejected: why, in words." },
                 "handled_at": { "type": "string", "description": "When it was settled (RFC 3339)." },
@@ -632,7 +632,7 @@ pub fn document() -> Value {
         (
             "/readyz",
             json!({ "get": { "summary": "Readiness", "security": [], "responses": {
-            "200": { "description": "Connected to the bus, read model caught up.", "content": { "application/json": { "schema": { "type": "object" } } } },
+            "200": { "description": "Connected to the bus, read model caught up. `store_full` lists the streams and buckets with no room (commands wait until there is room; nothing is lost).", "content": { "application/json": { "schema": { "type": "object" } } } },
             "503": { "description": "Not ready yet.", "content": { "application/json": { "schema": { "type": "object" } } } } } } }),
         ),
     ];

@@ -14,7 +14,8 @@ use crate::views::command::{command_json, command_lines};
 #[derive(Debug, Subcommand)]
 pub enum CommandCommand {
     /// How a command was settled: carried out, or refused and why. Exit 0 when carried out, 2
-    /// when refused, 1 when it is not settled (still queued or waiting, or never published).
+    /// when refused, 1 when it is not settled (still queued or waiting, never published, or
+    /// given up as a dead letter: `landfall dead list`).
     Show {
         /// The command id (its `Nats-Msg-Id`, as `site install --id` or the API's
         /// `Idempotency-Key` gave it).
@@ -36,5 +37,9 @@ pub async fn run(url: &str, cmd: CommandCommand) -> anyhow::Result<ExitCode> {
         Format::Table => print!("{}", command_lines(&record)),
         format => emit(format, &command_json(&record))?,
     }
-    Ok(if record.rejected { ExitCode::from(EXIT_REJECTED) } else { ExitCode::SUCCESS })
+    Ok(match (record.dead_lettered, record.rejected) {
+        (true, _) => ExitCode::FAILURE,
+        (false, true) => ExitCode::from(EXIT_REJECTED),
+        (false, false) => ExitCode::SUCCESS,
+    })
 }

@@ -89,7 +89,29 @@ pub async fn run(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
         Format::Json | Format::Yaml => emit(args.output, &serde_json::to_value(&all)?)?,
         Format::Table => print_status(&all, args.site.is_some()),
     }
+    for warning in store_warnings(&bus).await {
+        eprintln!("warning: {warning}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What has no room in the store: streams at their limits now, and what the hub's store watch
+/// last reported full (a full disk shows no limit). Commands wait; nothing is lost.
+async fn store_warnings(bus: &bus_schema::runtime::Bus) -> Vec<String> {
+    use bus_schema::runtime::store_health;
+    let mut out = Vec::new();
+    if let Ok(usage) = store_health::store_use(bus).await {
+        for f in store_health::assess(&usage, &[]) {
+            out.push(format!("no room in {}: {} (commands wait until there is room)", f.stream, f.reason));
+        }
+    }
+    if let Ok(Some(f)) = store_health::reported_full(bus).await
+        && out.iter().all(|w| !w.contains(&f.stream))
+    {
+        let since = crate::views::human::rfc3339_ms(f.since_unix_ms);
+        out.push(format!("no room in {} since {since}: {} (commands wait until there is room)", f.stream, f.reason));
+    }
+    out
 }
 
 fn print_status(all: &[serde_json::Value], detail: bool) {

@@ -117,7 +117,18 @@ pub fn metrics_router(handle: PrometheusHandle) -> Router {
                 async move { ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], render(&handle)).into_response() }
             }),
         )
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(|| async { health_text() }))
+}
+
+/// The liveness answer: `ok`, or, still alive, what has no room in the store as this process
+/// last saw it (the orchestrator's store watch looks every few seconds).
+fn health_text() -> String {
+    let full = bus_schema::runtime::store_health::alarm();
+    if full.is_empty() {
+        return "ok\n".into();
+    }
+    let what: Vec<String> = full.iter().map(|f| format!("{}: {}", f.stream, f.reason)).collect();
+    format!("degraded: no room in the store ({})\n", what.join("; "))
 }
 
 /// Listens on `addr` and serves [`metrics_router`] in a task of its own until `shutdown`.

@@ -1,14 +1,19 @@
 //! A settled command as people and programs read it: what the command ledger recorded when the
-//! orchestrator carried it out or refused it (`landfall command show`, `GET /v1/commands/{id}`).
+//! orchestrator carried it out, refused it, or gave it up (`landfall command show`, `GET /v1/commands/{id}`).
 
 use bus_schema::pb;
 use serde_json::{Value, json};
 
 use super::human::rfc3339_ms;
 
-/// The outcome a ledger record tells: `carried_out` or `rejected`.
+/// The outcome a ledger record tells: `carried_out`, `rejected`, or `dead_lettered` (given up
+/// after failing again and again: `landfall dead replay` or a copy of it carries it out).
 pub fn outcome(record: &pb::CommandRecord) -> &'static str {
-    if record.rejected { "rejected" } else { "carried_out" }
+    match (record.dead_lettered, record.rejected) {
+        (true, _) => "dead_lettered",
+        (false, true) => "rejected",
+        (false, false) => "carried_out",
+    }
 }
 
 /// The record as JSON: id, type, subject, outcome and, when refused, the code and reason.
@@ -56,6 +61,7 @@ mod tests {
             code: pb::RejectCode::UnknownSite as i32,
             reason: "site edge-77 is not registered".into(),
             handled_unix_ms: 0,
+            dead_lettered: false,
         };
         let v = command_json(&record);
         assert_eq!((v["outcome"].as_str(), v["code"].as_str()), (Some("rejected"), Some("unknown_site")));
