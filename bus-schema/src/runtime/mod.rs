@@ -14,7 +14,8 @@
 //! - `events.rs`: an ordered reader of the events stream ([`Bus::read_events`]).
 //! - `kv.rs`: [`Kv`], a bucket of protobuf values with compare-and-set writes and scans;
 //!   `kv_update.rs`: [`Kv::update_with`], read–apply–compare-and-set–retry (and
-//!   [`Kv::create_or_get`] on top of it).
+//!   [`Kv::create_or_get`] on top of it); `kv_compact.rs`: purges with compare-and-set and
+//!   the sweep of the markers deletions leave ([`Kv::sweep_markers`]).
 //! - `catalog.rs`: the package catalog and the observed state, read as a whole.
 //! - `delivery.rs`: what a handler gets ([`Delivery`]) and answers ([`HandlerError`]).
 //! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages
@@ -31,6 +32,7 @@ mod events;
 mod headers;
 mod keyed_order;
 mod kv;
+mod kv_compact;
 mod kv_update;
 mod publish;
 mod request;
