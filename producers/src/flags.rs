@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use consumers::artifacts::{ArtifactStore, S3Options};
 
-/// Parses `90s`, `5m`, `2h`, `1500ms` or plain seconds.
+/// Parses `90s`, `5m`, `2h`, `7d`, `1500ms` or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
@@ -16,9 +16,33 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+        "d" => n * 86_400.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
     };
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// What the orchestrator keeps, and for how long (`landfall up`, `landfall serve orchestrator`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetentionArgs {
+    /// How long a finished saga or rollout is kept whole; after it only its summary stays
+    /// (e.g. 7d, 12h, 30m).
+    #[arg(long, env = "LANDFALL_FINISHED_RETENTION", value_parser = parse_duration, default_value = "7d")]
+    pub finished_retention: Duration,
+    /// How many design revisions of each site are kept (the latest ones).
+    #[arg(long, env = "LANDFALL_DESIGN_REVISIONS", default_value_t = bus_schema::retention::DESIGN_REVISIONS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub design_revisions: u32,
+}
+
+impl RetentionArgs {
+    pub fn policy(&self) -> bus_schema::retention::StorePolicy {
+        bus_schema::retention::StorePolicy {
+            finished_retention: self.finished_retention,
+            design_revisions: self.design_revisions,
+            ..Default::default()
+        }
+    }
 }
 
 /// Where artifacts are kept.

@@ -20,6 +20,7 @@
 //! - `delivery.rs`: what a handler gets ([`Delivery`]) and answers ([`HandlerError`]).
 //! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages
 //!   that share a key in order.
+//! - `site_removal.rs`: a removed site's gateway durable and undelivered jobs, dropped.
 //! - `request.rs` and `serve.rs`: core request/reply, asked ([`Bus::request`]) and answered
 //!   ([`serve_requests`]).
 
@@ -37,6 +38,7 @@ mod kv_update;
 mod publish;
 mod request;
 mod serve;
+mod site_removal;
 mod topology;
 mod version;
 

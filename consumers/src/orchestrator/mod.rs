@@ -7,17 +7,22 @@
 //! - [`service`]: the shared state every handler works on;
 //! - `register`, `design`, `nodes`: the command handlers, by what they change;
 //! - `install`: the install saga, executed (its decisions are [`crate::saga`]);
+//! - `compact`: finished sagas and rollouts replaced by summaries after the retention;
+//! - `remove_site`: a site taken out of landfall;
 //! - `ledger`: every command carried out or refused, by id, so a late copy does nothing;
 //! - `run`: the consumers, started, and commands dispatched to their handlers.
 
+mod compact;
 mod design;
 mod install;
 mod ledger;
 mod nodes;
 mod register;
+mod remove_site;
 mod run;
 pub mod service;
 
+pub use compact::Compacted;
 pub use install::saga_event_filters;
 pub use run::run_orchestrator;
 pub use service::Orchestrator;

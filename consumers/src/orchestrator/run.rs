@@ -1,10 +1,12 @@
 //! The orchestrator's consumers, started: commands (dispatched by kind to their handlers), the
-//! events that move install sagas, the site reports of rollouts, and the rollout tick.
+//! events that move install sagas, the site reports of rollouts, the rollout tick and the
+//! compaction pass.
 
 use std::sync::Arc;
 
 use bus_schema::names;
 use bus_schema::pb::{self, BusEvent};
+use bus_schema::retention::StorePolicy;
 use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, RejectAs};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -65,6 +67,7 @@ impl Commands {
             pb::CancelRollout::KIND => self.0.rollouts.cancel(d).await,
             pb::NodeAdded::KIND => self.0.node_added(d).await,
             pb::NodeRemoved::KIND => self.0.node_removed(d).await,
+            pb::RemoveSite::KIND => self.0.remove_site(d).await,
             other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such command {other:?}"))),
         }
     }
@@ -100,8 +103,8 @@ async fn tick_rollouts(orchestrator: Arc<Orchestrator>, shutdown: CancellationTo
 }
 
 /// Runs the orchestrator's consumers until `shutdown`.
-pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let orchestrator = Arc::new(Orchestrator::new(bus.clone()).await?);
+pub async fn run_orchestrator(bus: Bus, policy: StorePolicy, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let orchestrator = Arc::new(Orchestrator::new(bus.clone(), policy.validate()?).await?);
     match orchestrator.recover().await {
         Ok(0) => {}
         Ok(n) => info!(sagas = n, "resumed sagas interrupted before publishing"),
@@ -133,6 +136,7 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
     // write (see `Rollouts::count`).
     .concurrency(512);
     let ticks = tokio::spawn(tick_rollouts(orchestrator.clone(), shutdown.clone()));
+    let compaction = tokio::spawn(super::compact::compact_periodically(orchestrator.clone(), shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());
     let r = runtime::consume(bus, rollouts, Arc::new(RolloutEvents(orchestrator)), shutdown);
@@ -141,6 +145,7 @@ pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::
         warn!(error = %err, "command consumer stopped");
     }
     let _ = ticks.await;
+    let _ = compaction.await;
     c?;
     e?;
     r?;

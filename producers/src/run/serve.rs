@@ -10,12 +10,12 @@ use consumers::secrets_service::{self, KeySource};
 use super::gateway::{GatewayArgs, gateway};
 use super::service::{connect_service, shutdown_on_signal};
 use super::telemetry;
-use crate::flags::StoreArgs;
+use crate::flags::{RetentionArgs, StoreArgs};
 
 #[derive(Debug, Subcommand)]
 pub enum ServeCommand {
     /// The provisioning orchestrator (install and node-join sagas, rollouts).
-    Orchestrator,
+    Orchestrator(RetentionArgs),
     /// The observer: keeps landfall-observed (what each node runs) from gateway reports.
     Observer,
     /// The kubeconfig collector and the secrets service (kubeconfig get, BMC credentials, key
@@ -52,9 +52,9 @@ impl KeyArgs {
 pub async fn run(cmd: ServeCommand, url: &str) -> anyhow::Result<ExitCode> {
     let shutdown = shutdown_on_signal();
     match cmd {
-        ServeCommand::Orchestrator => {
+        ServeCommand::Orchestrator(retention) => {
             let bus = connect_service(url, "landfall-orchestrator").await?;
-            consumers::run_orchestrator(bus, shutdown).await?;
+            consumers::run_orchestrator(bus, retention.policy(), shutdown).await?;
         }
         ServeCommand::Observer => {
             let bus = connect_service(url, "landfall-observer").await?;
