@@ -202,6 +202,17 @@ impl Role {
                 let jobs = names::JOBS_STREAM;
                 p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
                 p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::site_jobs("*"))));
+                // Removing a site deletes its gateway's durable and drops its jobs.
+                // (Only gateways have durables on the jobs stream.)
+                p.publish.push(js_api(&format!("CONSUMER.DELETE.{jobs}.*")));
+                p.publish.push(js_api(&format!("STREAM.PURGE.{jobs}")));
+                // Compaction sweeps the markers deletions leave in the buckets it owns.
+                for bucket in [names::SAGAS_BUCKET, names::SITES_BUCKET] {
+                    p.publish.push(js_api(&format!("STREAM.PURGE.{}", kv_stream(bucket))));
+                }
+            }
+            Role::Observer => {
+                p.publish.push(js_api(&format!("STREAM.PURGE.{}", kv_stream(names::OBSERVED_BUCKET))));
             }
             Role::Kubeconfig => {
                 p.publish.push(names::kubeconfig_rpc("*"));
@@ -637,6 +648,11 @@ mod tests {
             for stream in [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM] {
                 for never in ["STREAM.DELETE", "STREAM.PURGE", "STREAM.UPDATE", "STREAM.MSG.DELETE"] {
                     let subject = format!("$JS.API.{never}.{stream}");
+                    // Removing a site drops its jobs (a purge filtered to them).
+                    if role == Role::Orchestrator && subject == "$JS.API.STREAM.PURGE.LANDFALL_JOBS" {
+                        assert!(may_publish(&p, &subject));
+                        continue;
+                    }
                     assert!(!may_publish(&p, &subject), "{role:?}: {subject}");
                 }
                 // A name-less create names its consumer in the body: allowed only where no

@@ -9,6 +9,7 @@
 //! - [`outgoing`]: a message ready to publish (subject, type, payload, envelope).
 //! - [`access`]: the NATS permissions of each service's user and of each site.
 //! - [`design`]: site design documents (profiles, inheritance, validation, node selection).
+//! - [`retention`]: what landfall keeps and for how long ([`retention::StorePolicy`]).
 //! - [`rollout`]: rollout planning (which nodes a `PatchPackage` touches, canaries, waves).
 //! - [`yaml`]: reading YAML that people write, under one set of rules, with errors that name
 //!   the field, line and column.
@@ -22,6 +23,7 @@ pub mod ids;
 pub mod names;
 pub mod outgoing;
 pub mod pb;
+pub mod retention;
 pub mod rollout;
 pub mod trust;
 pub mod yaml;

@@ -336,6 +336,49 @@ pub mod keys {
         format!("{POLICY_PREFIX}{}", escape(name))
     }
 
+    /// One design revision's key prefix of a site: `design.<site>.`.
+    pub fn design_revisions_prefix(site: &str) -> String {
+        format!("design.{site}.")
+    }
+
+    /// What is kept of an install or join saga once compacted (`landfall-sagas`).
+    pub fn saga_summary(saga_id: &str) -> String {
+        format!("{SAGA_SUMMARY_PREFIX}{saga_id}")
+    }
+    /// Every saga summary.
+    pub const SAGA_SUMMARY_PREFIX: &str = "summary.saga.";
+    /// What is kept of a rollout once compacted (`landfall-sagas`).
+    pub fn rollout_summary(rollout_id: &str) -> String {
+        format!("{ROLLOUT_SUMMARY_PREFIX}{rollout_id}")
+    }
+    /// Every rollout summary.
+    pub const ROLLOUT_SUMMARY_PREFIX: &str = "summary.rollout.";
+    /// The index of sagas under way: one key per saga that has not ended (`landfall-sagas`).
+    pub fn active_saga(saga_id: &str) -> String {
+        format!("{ACTIVE_SAGA_PREFIX}{saga_id}")
+    }
+    pub const ACTIVE_SAGA_PREFIX: &str = "active.saga.";
+    /// The index of rollouts under way (`landfall-sagas`).
+    pub fn active_rollout(rollout_id: &str) -> String {
+        format!("{ACTIVE_ROLLOUT_PREFIX}{rollout_id}")
+    }
+    pub const ACTIVE_ROLLOUT_PREFIX: &str = "active.rollout.";
+    /// Every key of one rollout but its state: plan chunks and site records.
+    pub fn rollout_parts_prefix(id: &str) -> String {
+        format!("{ROLLOUT_PREFIX}{id}.")
+    }
+
+    /// A node that left its site (`landfall-observed`): late reports of it are not written.
+    pub fn node_departed(site: &str, node: &str) -> String {
+        format!("{DEPARTED_PREFIX}{site}.{node}")
+    }
+    /// Every departed node.
+    pub const DEPARTED_PREFIX: &str = "left.";
+    /// Every departed node of one site.
+    pub fn departed_site_prefix(site: &str) -> String {
+        format!("{DEPARTED_PREFIX}{site}.")
+    }
+
     /// Every rollout key starts with this (`landfall-sagas`).
     pub const ROLLOUT_PREFIX: &str = "rollout.";
     /// A rollout's state.

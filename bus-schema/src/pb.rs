@@ -68,6 +68,7 @@ bus_message!(
     InstallSite,
     NodeAdded,
     NodeRemoved,
+    RemoveSite,
     RegisterPackage,
     PatchPackage,
     PauseRollout,
@@ -113,6 +114,7 @@ bus_message!(
     SiteInstallFailed,
     NodeAccepted,
     NodeLeft,
+    SiteRemoved,
     NodeReady,
     NodeJoinFailed,
     RolloutPlanned,
@@ -142,6 +144,10 @@ bus_message!(
     RolloutPlanChunk,
     RolloutSite,
     ArtifactStoreInfo,
+    SagaSummary,
+    RolloutSummary,
+    ActiveEntry,
+    NodeDeparted,
 );
 
 macro_rules! commands {
@@ -165,6 +171,7 @@ commands!(
     ApplyDesign => "apply_design", |m| &m.site_id;
     NodeAdded => "node_added", |m| &m.site_id;
     NodeRemoved => "node_removed", |m| &m.site_id;
+    RemoveSite => "remove_site", |m| &m.site_id;
     StageSite => "stage_site", |m| &m.site_id;
     RegisterPackage => "register_package", |_m| names::FLEET;
     PatchPackage => "patch_package", |_m| names::FLEET;
@@ -251,6 +258,7 @@ event!(
     SiteInstallFailed => "site"."install_failed",
     NodeAccepted => "node"."accepted",
     NodeLeft => "node"."left",
+    SiteRemoved => "site"."removed",
     NodeReady => "node"."ready",
     NodeJoinFailed => "node"."join_failed",
     NodePatched => "node"."patched",

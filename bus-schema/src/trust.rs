@@ -151,6 +151,7 @@ rules! {
     Command StageSite from PEOPLE, sites ["site_id"];
     Command NodeAdded from PEOPLE_AND_SITES, sites ["site_id"];
     Command NodeRemoved from PEOPLE_AND_SITES, sites ["site_id"];
+    Command RemoveSite from PEOPLE, sites ["site_id"];
     Command RegisterPackage from PEOPLE, sites [];
     Command PatchPackage from &[Operator, Api, Orchestrator], sites [];
     Command PauseRollout from PEOPLE, sites [];
@@ -170,6 +171,7 @@ rules! {
     Event SiteInstallFailed from HUB, sites ["site_id"];
     Event NodeAccepted from HUB, sites ["site_id"];
     Event NodeLeft from HUB, sites ["site_id"];
+    Event SiteRemoved from HUB, sites ["site_id"];
     Event NodeReady from HUB, sites ["site_id"];
     Event NodeJoinFailed from HUB, sites ["site_id"];
     Event KubeconfigStored from &[Kubeconfig], sites ["site_id"];

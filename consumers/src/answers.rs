@@ -36,6 +36,17 @@ impl Jobs {
         Ok(Some(r))
     }
 
+    /// When the saga or rollout `id` started; `None` when there is neither (or it was compacted).
+    pub async fn started_unix_ms(&self, id: &str) -> Result<Option<i64>, HandlerError> {
+        if let Some(r) = self.rollouts.lock().expect("rollouts lock").get(id) {
+            return Ok(Some(r.started_unix_ms));
+        }
+        if let Some((s, _)) = self.sagas.get::<pb::InstallSaga>(&keys::saga(id)).await? {
+            return Ok(Some(s.started_unix_ms));
+        }
+        Ok(self.rollout(id).await?.map(|r| r.started_unix_ms))
+    }
+
     /// Checks that `d`, a report of the site its subject names about `node` (and, from a
     /// rollout, of `package`), answers a job the hub sent that site: a saga's job of a kind its
     /// row in `trust::RULES` answers, for one of the saga's nodes; or the rollout's patch job

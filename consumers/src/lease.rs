@@ -66,11 +66,15 @@ pub(crate) async fn holder_busy(sagas: &Kv, lease: &pb::SiteLease) -> Result<boo
         return Ok(match sagas.get::<pb::Rollout>(&keys::rollout(&lease.saga_id)).await? {
             // A cancelled rollout lets go of sites that never reported.
             Some((r, _)) => r.phase != pb::RolloutPhase::Cancelled as i32,
+            // Compacted: it ended long ago.
+            None if sagas.get::<pb::RolloutSummary>(&keys::rollout_summary(&lease.saga_id)).await?.is_some() => false,
             None => young(),
         });
     }
     Ok(match sagas.get::<pb::InstallSaga>(&keys::saga(&lease.saga_id)).await? {
         Some((s, _)) => !saga::is_terminal(&s),
+        // Compacted: it ended long ago.
+        None if sagas.get::<pb::SagaSummary>(&keys::saga_summary(&lease.saga_id)).await?.is_some() => false,
         // Taken, but no saga yet: its taker may still be about to write it.
         None => young(),
     })

@@ -4,6 +4,7 @@
 //!   the rollouts too.
 //! - [`saga`]: the install saga's decisions, pure; the orchestrator executes them.
 //! - [`rollout`]: rollouts of a package across sites, as pure decisions and their executor.
+//! - [`compaction`]: what is kept of a finished saga or rollout after the retention (pure).
 //! - [`lease`]: the site lease an install, a join or a rollout holds while it works on a site.
 //! - [`observer`]: keeps `landfall-observed` (what each node runs) from what gateways report.
 //! - [`distribution`]: the [`artifacts`] store and the service that sends its bytes to gateways.
@@ -13,8 +14,10 @@
 //!
 //! `artifacts`, `kubeconfig` and `secrets_service` keep the paths callers have always used.
 
+mod active;
 mod answers;
 mod clock;
+pub mod compaction;
 mod decision;
 pub mod distribution;
 pub mod failpoint;

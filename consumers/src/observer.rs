@@ -1,15 +1,18 @@
 //! The observer: keeps `landfall-observed` (what each node really runs) up to date from what
-//! gateways report. One key per node and package, written without reading first, so a report
-//! costs one write however many packages the node runs.
+//! gateways report. One key per node and package, written without reading the old value: a
+//! report costs one read (whether the node left its site, `left.<site>.<node>`) and one write
+//! per package. A node that leaves, or a site removed, is forgotten (purged, history and all).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
+use bus_schema::retention;
 use bus_schema::runtime::{self, Bus, BusError, ConsumerSpec, Delivery, HandlerError, Kv, RejectAs};
 use futures::future::try_join_all;
 use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
 
 use crate::answers::Jobs;
 use crate::clock::now_ms;
@@ -53,7 +56,13 @@ impl Observer {
         found: &[(String, String, i32)],
     ) -> Result<(), HandlerError> {
         let now = now_ms();
-        let writes = nodes.iter().flat_map(|node| {
+        let mut kept = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            if self.back_or_never_left(d, site, node).await? {
+                kept.push(node);
+            }
+        }
+        let writes = kept.into_iter().flat_map(|node| {
             found.iter().map(move |(name, version, kind)| {
                 let value = pb::ObservedVersion {
                     site_id: site.to_string(),
@@ -68,6 +77,47 @@ impl Observer {
             })
         });
         try_join_all(writes).await?;
+        Ok(())
+    }
+
+    /// Whether what `d` reports of `node` may be written: the node never left its site, or it
+    /// left and is back (the saga or rollout `d` answers started after it left, so the marker
+    /// goes). A late report of a node that left is not written: it runs nothing of the site.
+    async fn back_or_never_left(&self, d: &Delivery, site: &str, node: &str) -> Result<bool, HandlerError> {
+        let key = keys::node_departed(site, node);
+        let Some((left, rev)) = self.observed.get::<pb::NodeDeparted>(&key).await? else { return Ok(true) };
+        let started = self.jobs.started_unix_ms(&d.envelope.correlation).await?;
+        if started.is_some_and(|t| t > left.left_unix_ms) {
+            self.observed.purge_if(&key, rev).await?;
+            return Ok(true);
+        }
+        debug!(%site, %node, event = %d.envelope.id, "report of a node that left its site: not written");
+        Ok(false)
+    }
+
+    /// Forgets what was observed of the node (its history too), and remembers that it left.
+    async fn node_left(&self, d: &Delivery, e: &pb::NodeLeft) -> Result<(), HandlerError> {
+        let departed = pb::NodeDeparted {
+            site_id: e.site_id.clone(),
+            node: e.node.clone(),
+            boot_mac: e.boot_mac.clone(),
+            left_unix_ms: now_ms(),
+            event_id: d.envelope.id.clone(),
+        };
+        self.observed.put(&keys::node_departed(&e.site_id, &e.node), &departed).await?;
+        let prefix = keys::observed_node_prefix(&e.site_id, &e.node);
+        let entries = self.observed.scan::<pb::ObservedVersion>(&prefix).await?;
+        try_join_all(entries.iter().map(|(key, _, rev)| self.observed.purge_if(key, *rev))).await?;
+        Ok(())
+    }
+
+    /// Forgets everything observed at a removed site, and its departed nodes.
+    async fn site_removed(&self, site: &str) -> Result<(), HandlerError> {
+        let observed = self.observed.scan::<pb::ObservedVersion>(&keys::observed_site_prefix(site)).await?;
+        try_join_all(observed.iter().map(|(key, _, _)| self.observed.purge(key))).await?;
+        let departed = self.observed.scan::<pb::NodeDeparted>(&keys::departed_site_prefix(site)).await?;
+        try_join_all(departed.iter().map(|(key, _, _)| self.observed.purge(key))).await?;
+        debug!(%site, keys = observed.len(), "observed state of a removed site forgotten");
         Ok(())
     }
 
@@ -119,10 +169,10 @@ impl Observer {
         } else if is(pb::NodeLeft::AGGREGATE, pb::NodeLeft::KIND) {
             // A node that left the site runs nothing of it any more.
             let e: pb::NodeLeft = d.decode()?;
-            let prefix = keys::observed_node_prefix(&e.site_id, &e.node);
-            let entries = self.observed.scan::<pb::ObservedVersion>(&prefix).await?;
-            try_join_all(entries.iter().map(|(key, _, rev)| self.observed.delete_if(key, *rev))).await?;
-            Ok(())
+            self.node_left(d, &e).await
+        } else if is(pb::SiteRemoved::AGGREGATE, pb::SiteRemoved::KIND) {
+            let e: pb::SiteRemoved = d.decode()?;
+            self.site_removed(&e.site_id).await
         } else {
             Ok(())
         }
@@ -146,6 +196,7 @@ pub fn observed_event_filters() -> Vec<String> {
         pb::NodeReady::filter(),
         pb::ContainerPackagesApplied::filter(),
         pb::NodeLeft::filter(),
+        pb::SiteRemoved::filter(),
     ]
 }
 
@@ -161,6 +212,24 @@ pub async fn run_observer(bus: Bus, shutdown: CancellationToken) -> anyhow::Resu
     // A node's reports are written in the order they were made; sites run side by side.
     .ordered_by_token(names::EVENT_SCOPE_TOKEN, None)
     .concurrency(512);
+    let sweep = tokio::spawn(sweep_markers(observer.clone(), shutdown.clone()));
     runtime::consume(bus, spec, Arc::new(Events(observer)), shutdown).await?;
+    let _ = sweep.await;
     Ok(())
+}
+
+/// Removes the markers forgotten keys leave in `landfall-observed` once they are old (see
+/// `Kv::sweep_markers`), every compaction interval, until `shutdown`.
+async fn sweep_markers(observer: Arc<Observer>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(retention::COMPACTION_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(e) = observer.observed.sweep_markers(">", retention::MARKER_RETENTION, now_ms()).await {
+            warn!(error = %runtime::error_chain(&e), "sweeping the observed bucket's markers failed; trying again later");
+        }
+    }
 }

@@ -45,6 +45,29 @@ impl KeepingArgs {
     }
 }
 
+/// What the orchestrator keeps, and for how long (`landfall up`, `landfall serve orchestrator`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetentionArgs {
+    /// How long a finished saga or rollout is kept whole; after it only its summary stays
+    /// (e.g. 7d, 12h, 30m).
+    #[arg(long, env = "LANDFALL_FINISHED_RETENTION", value_parser = parse_duration, default_value = "7d")]
+    pub finished_retention: Duration,
+    /// How many design revisions of each site are kept (the latest ones).
+    #[arg(long, env = "LANDFALL_DESIGN_REVISIONS", default_value_t = bus_schema::retention::DESIGN_REVISIONS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub design_revisions: u32,
+}
+
+impl RetentionArgs {
+    pub fn policy(&self) -> bus_schema::retention::StorePolicy {
+        bus_schema::retention::StorePolicy {
+            finished_retention: self.finished_retention,
+            design_revisions: self.design_revisions,
+            ..Default::default()
+        }
+    }
+}
+
 /// Where artifacts are kept.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {

@@ -6,6 +6,9 @@
 //!   here; nothing else is ever handed to the site's provisioning.
 //! - `partial/<hex>`: a transfer in progress. Every chunk in it matched the digest the hub sent
 //!   with it; a transfer that was cut resumes at the file's length.
+//!
+//! Past its limit ([`ArtifactCache::with_max_bytes`]) the cache evicts what the site no longer
+//! needs, least recently used first ([`crate::eviction`] decides which).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -23,6 +26,8 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, info, warn};
+
+use crate::eviction::{self, Entry, Usage};
 
 /// Chunk requests in flight per transfer.
 pub const WINDOW: usize = 16;
@@ -95,6 +100,29 @@ pub struct CachedArtifact {
 pub struct ArtifactCache {
     dir: PathBuf,
     fetching: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// The most bytes of complete artifacts kept before eviction.
+    max_bytes: u64,
+    usage: Arc<std::sync::Mutex<Usage>>,
+}
+
+/// Artifacts a job uses, kept from eviction until this is dropped ([`ArtifactCache::pin`]).
+#[derive(Debug)]
+pub struct Pinned {
+    usage: Arc<std::sync::Mutex<Usage>>,
+    shas: Vec<String>,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner()).unpin(&self.shas);
+    }
+}
+
+/// What an eviction removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evicted {
+    pub artifacts: usize,
+    pub bytes: u64,
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> CacheError {
@@ -112,7 +140,73 @@ fn is_digest(s: &str) -> bool {
 impl ArtifactCache {
     /// The cache in `dir`; its directories are made when the first artifact arrives.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), fetching: Default::default() }
+        Self {
+            dir: dir.into(),
+            fetching: Default::default(),
+            max_bytes: bus_schema::retention::SITE_CACHE_BYTES,
+            usage: Default::default(),
+        }
+    }
+
+    /// The cache, evicting what no job needs once it holds more than `max_bytes`.
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// Keeps `artifacts` from eviction until the guard is dropped: a job holds it while it uses them.
+    pub fn pin(&self, artifacts: &[Package]) -> Pinned {
+        let shas: Vec<String> = artifacts.iter().map(|p| p.sha256.to_string()).collect();
+        self.usage.lock().unwrap_or_else(|e| e.into_inner()).pin(&shas);
+        Pinned { usage: self.usage.clone(), shas }
+    }
+
+    /// Deletes complete artifacts, least recently used first, until the cache is within its
+    /// limit, never one a job uses or the latest version staged of a package.
+    pub fn evict(&self) -> Evicted {
+        let Ok(dir) = std::fs::read_dir(self.dir.join("sha256")) else { return Evicted::default() };
+        let entries: Vec<Entry> = dir
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let sha256 = e.file_name().into_string().ok().filter(|n| is_digest(n))?;
+                let meta = e.metadata().ok()?;
+                Some(Entry { sha256, size: meta.len(), used: meta.modified().ok()? })
+            })
+            .collect();
+        // Decided and done under the lock, so no job pins an artifact in between.
+        let usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let mut evicted = Evicted::default();
+        for sha in eviction::plan(&entries, &usage.keep(), self.max_bytes) {
+            let size = entries.iter().find(|e| e.sha256 == sha).map_or(0, |e| e.size);
+            match std::fs::remove_file(self.path(&sha)) {
+                Ok(()) => {
+                    evicted.artifacts += 1;
+                    evicted.bytes += size;
+                }
+                Err(e) => warn!(%sha, error = %e, "artifact cache: cannot evict"),
+            }
+        }
+        drop(usage);
+        if evicted.artifacts > 0 {
+            info!(
+                artifacts = evicted.artifacts,
+                bytes = evicted.bytes,
+                max = self.max_bytes,
+                "artifact cache: evicted"
+            );
+        }
+        evicted
+    }
+
+    /// Marks an artifact used now (its file's time: the order eviction goes in).
+    fn touch(&self, sha256: &str) {
+        let touched = std::fs::File::options()
+            .write(true)
+            .open(self.path(sha256))
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        if let Err(e) = touched {
+            debug!(sha256, error = %e, "artifact cache: cannot mark an artifact used");
+        }
     }
 
     /// The lock one artifact's transfer holds, so only one writes its partial file.
@@ -196,8 +290,16 @@ impl ArtifactCache {
                 staged.bytes_present += p.size;
             }
             staged.artifacts += u32::from(first);
+            if first {
+                self.touch(sha);
+            }
             cached.push(CachedArtifact { package: p.clone(), path: Some(path) });
         }
+        let current = artifacts.iter().filter(|p| !p.object_key.is_empty());
+        self.usage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .staged(current.map(|p| (p.name.as_str(), p.sha256.as_str())));
         Ok((staged, cached))
     }
 
@@ -390,6 +492,39 @@ mod tests {
         std::fs::write(cache.dir().join("sha256").join("junk"), b"").unwrap();
         assert_eq!(cache.inventory().into_iter().collect::<Vec<_>>(), [a]);
         assert_eq!(cache.partial_len(&"b".repeat(64)), 4);
+    }
+
+    #[tokio::test]
+    async fn past_its_limit_the_cache_evicts_old_unpinned_artifacts_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ArtifactCache::new(dir.path()).with_max_bytes(25);
+        std::fs::create_dir_all(dir.path().join("sha256")).unwrap();
+        let [old, older, busy, current] = ["a", "b", "c", "d"].map(|c| c.repeat(64));
+        for (i, sha) in [&older, &old, &busy, &current].into_iter().enumerate() {
+            std::fs::write(cache.path(sha), [0u8; 10]).unwrap();
+            let at = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000 + i as u64);
+            std::fs::File::options().write(true).open(cache.path(sha)).unwrap().set_modified(at).unwrap();
+        }
+        cache.usage.lock().unwrap().staged([("kubelet", current.as_str())]);
+        let package = |sha: &str| {
+            Package::try_from(pb::Package {
+                name: "containerd".into(),
+                version: "1.7.13".into(),
+                kind: pb::PackageKind::Binary as i32,
+                sha256: sha.into(),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let pinned = cache.pin(&[package(&busy)]);
+        // 40 bytes, 25 allowed: the oldest two that nothing needs go, oldest first.
+        assert_eq!(cache.evict(), Evicted { artifacts: 2, bytes: 20 });
+        assert_eq!(cache.inventory(), BTreeSet::from([busy.clone(), current.clone()]));
+        assert_eq!(cache.evict(), Evicted::default(), "what is left is needed, even past the limit");
+        drop(pinned);
+        // Once its job is done, an artifact no current package is goes when room is needed.
+        assert_eq!(cache.clone().with_max_bytes(15).evict(), Evicted { artifacts: 1, bytes: 10 });
+        assert_eq!(cache.inventory(), BTreeSet::from([current]));
     }
 
     #[tokio::test]

@@ -63,6 +63,8 @@ impl<B: SiteBackend> Gateway<B> {
     /// Brings what the site lacks of `artifacts` into its cache, verified, and hands them to
     /// the site's provisioning.
     async fn stage_into_cache(&self, artifacts: &[Package]) -> Result<Staged, BackendError> {
+        // What this job uses stays until the site's provisioning has it.
+        let _in_use = self.cache.pin(artifacts);
         let (staged, cached) =
             self.cache.stage(&self.bus, self.site.as_str(), artifacts).await.map_err(|e| match e {
                 CacheError::Transient { context, source } => {
@@ -73,6 +75,7 @@ impl<B: SiteBackend> Gateway<B> {
                 }
             })?;
         self.backend.stage_artifacts(&cached).await?;
+        self.cache.evict();
         Ok(staged)
     }
 

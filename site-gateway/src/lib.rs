@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod cache;
 pub mod credentials;
+pub mod eviction;
 pub mod gateway;
 pub mod kube_site;
 pub mod sim;

@@ -142,6 +142,7 @@ pub struct FleetBuilder {
     nodes: usize,
     sim: SimConfig,
     orchestrators: usize,
+    policy: bus_schema::retention::StorePolicy,
     failing_hosts: Vec<(usize, String)>,
     failing_binaries: Vec<(usize, String)>,
     store: Option<(String, S3Options)>,
@@ -218,6 +219,14 @@ impl FleetBuilder {
         self
     }
 
+    /// What the orchestrators keep, and for how long (default: [`StorePolicy::default`]).
+    ///
+    /// [`StorePolicy::default`]: bus_schema::retention::StorePolicy
+    pub fn store_policy(mut self, policy: bus_schema::retention::StorePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
     /// Site `site` (0-based) fails to provision the OS of `host`.
     pub fn failing_host(mut self, site: usize, host: &str) -> Self {
         self.failing_hosts.push((site, host.to_string()));
@@ -248,7 +257,7 @@ impl FleetBuilder {
         for i in 0..self.orchestrators {
             let name = format!("landfall-test-orchestrator-{i}");
             let replica = Bus::connect_with(&self.url, &name, &access(&Role::Orchestrator)).await.expect("connect");
-            tasks.spawn(consumers::run_orchestrator(replica, shutdown.clone()));
+            tasks.spawn(consumers::run_orchestrator(replica, self.policy, shutdown.clone()));
         }
         tasks.spawn(consumers::run_observer(connect(Role::Observer, "landfall-test-observer").await, shutdown.clone()));
         let dir = tempfile::tempdir().expect("a temporary directory");
@@ -446,6 +455,7 @@ impl Fleet {
             nodes: 3,
             sim: SimConfig::fast(),
             orchestrators: 1,
+            policy: Default::default(),
             failing_hosts: Vec::new(),
             failing_binaries: Vec::new(),
             store: None,

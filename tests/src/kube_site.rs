@@ -117,7 +117,7 @@ impl KubeSiteRig {
                 }
             });
         };
-        spawn(Box::pin(consumers::run_orchestrator(bus.clone(), shutdown.clone())));
+        spawn(Box::pin(consumers::run_orchestrator(bus.clone(), Default::default(), shutdown.clone())));
         spawn(Box::pin(consumers::run_observer(bus.clone(), shutdown.clone())));
         let ring = crate::secrets::test_key_ring(dir.path());
         spawn(Box::pin(consumers::secrets_service::run_secrets(bus.clone(), ring, shutdown.clone())));

@@ -258,7 +258,7 @@ async fn a_command_that_keeps_failing_is_dead_lettered_and_replayed_once_fixed()
     // The catalog refuses every record: registering a package fails, transiently, every time.
     set_max_msg_size(16).await;
     let shutdown = CancellationToken::new();
-    let options = consumers::OrchestratorOptions { max_attempts: Some(3) };
+    let options = consumers::OrchestratorOptions { max_attempts: Some(3), ..Default::default() };
     let orchestrator = tokio::spawn(consumers::run_orchestrator_with(bus.clone(), options, shutdown.clone()));
 
     let env = Envelope::root();

@@ -580,3 +580,36 @@ async fn a_profile_that_does_not_parse_hides_no_node_error_in_the_cli_nor_the_or
     }
     fleet.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_last_revisions_are_kept_and_an_install_of_a_pruned_one_says_so() {
+    let server = NatsServer::start();
+    let policy = bus_schema::retention::StorePolicy { design_revisions: 2, ..Default::default() };
+    let fleet = Fleet::builder(&server.url()).sites(0).store_policy(policy).start().await;
+    let mut last = Envelope::root();
+    for tier in ["t1", "t2", "t3", "t4"] {
+        last = Envelope::root();
+        let text = design("1.29.2").replace("tier: gold", &format!("tier: {tier}"));
+        let cmd = pb::ApplyDesign {
+            site_id: SITE.into(),
+            sources: vec![pb::DesignSource { name: "site.yaml".into(), text }],
+            expected: None,
+        };
+        fleet.bus.publish_command(&cmd, &last).await.unwrap();
+    }
+    fleet.wait_for(pb::DesignApplied::filter(), &last.id, Duration::from_secs(20)).await.expect("revision 4 applied");
+    assert_eq!(latest_revision(&fleet).await.unwrap().revision, 4);
+    let kv = fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
+    let kept: Vec<bool> = futures::future::join_all((1..=4).map(|r| {
+        let kv = kv.clone();
+        async move { kv.get::<pb::DesignRevision>(&keys::design_revision(SITE, r)).await.unwrap().is_some() }
+    }))
+    .await;
+    assert_eq!(kept, [false, false, true, true]);
+
+    let env = Envelope::root();
+    fleet.bus.publish_command(&pb::InstallSite { site_id: SITE.into(), design_revision: 1 }, &env).await.unwrap();
+    let e = fleet.wait_for(names::EVENTS_ALL.to_string(), &env.id, Duration::from_secs(20)).await.expect("refused");
+    let refused: pb::CommandRejected = e.delivery.decode().unwrap();
+    assert!(refused.reason.contains("revision 1") && refused.reason.contains("pruned"), "{}", refused.reason);
+}

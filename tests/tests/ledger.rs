@@ -264,6 +264,15 @@ async fn every_command_kind_published_again_after_the_window_has_one_effect() {
     publish_and_settle(&fleet, &cancel, &cancelled).await;
     assert_eq!(rollout_phase(&fleet, &rollout.id).await, pb::RolloutPhase::Cancelled);
     again_after_the_window(&fleet, &cancel, &cancelled).await;
+
+    // A site removed: its copy does not remove it again once it is registered anew.
+    let remove = pb::RemoveSite { site_id: "edge-09".into(), reason: "decommissioned".into() };
+    let env = Envelope::root();
+    fleet.bus.publish_command(&remove, &env).await.unwrap();
+    wait(pb::SiteRemoved::filter(), env.id.clone()).await;
+    publish_and_settle(&fleet, &register, &Envelope::root()).await;
+    again_after_the_window(&fleet, &remove, &env).await;
+    assert_eq!(design_nodes(&fleet, "edge-09").await, ["node-1", "node-2"], "registered anew, and still there");
     fleet.stop().await;
 }
 

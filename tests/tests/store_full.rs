@@ -53,7 +53,7 @@ async fn commands_wait_for_room_and_are_all_carried_out_once_it_is_made() {
 
     // The orchestrator starts into a full store: its writes are refused, it says so.
     let shutdown = CancellationToken::new();
-    let orchestrator = tokio::spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
+    let orchestrator = tokio::spawn(consumers::run_orchestrator(bus.clone(), Default::default(), shutdown.clone()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while store_health::alarm().is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "no store alarm within 30 s");

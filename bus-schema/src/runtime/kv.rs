@@ -28,8 +28,8 @@ impl Bus {
 /// A KV bucket holding protobuf values, written with compare-and-set.
 #[derive(Clone)]
 pub struct Kv {
-    store: kv::Store,
-    bucket: String,
+    pub(super) store: kv::Store,
+    pub(super) bucket: String,
 }
 
 /// One key's new value as a watch sees it ([`Kv::watch_latest`]).
@@ -56,7 +56,7 @@ impl Kv {
         &self.bucket
     }
 
-    fn err(&self, op: &'static str, key: &str, source: BoxError) -> BusError {
+    pub(super) fn err(&self, op: &'static str, key: &str, source: BoxError) -> BusError {
         BusError::Kv { op, bucket: self.bucket.clone(), key: key.to_string(), source }
     }
 
@@ -187,7 +187,7 @@ impl Kv {
     }
 
     /// The stream sequence of the last message on `subject` (a wildcard filter), if any.
-    async fn last_raw(&self, subject: &str) -> Result<Option<u64>, BoxError> {
+    pub(super) async fn last_raw(&self, subject: &str) -> Result<Option<u64>, BoxError> {
         match self.store.stream.get_last_raw_message_by_subject(subject).await {
             Ok(last) => Ok(Some(last.sequence)),
             Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),

@@ -14,7 +14,8 @@
 //! - `events.rs`: an ordered reader of the events stream ([`Bus::read_events`]).
 //! - `kv.rs`: [`Kv`], a bucket of protobuf values with compare-and-set writes and scans;
 //!   `kv_update.rs`: [`Kv::update_with`], read–apply–compare-and-set–retry (and
-//!   [`Kv::create_or_get`] on top of it).
+//!   [`Kv::create_or_get`] on top of it); `kv_compact.rs`: purges with compare-and-set and
+//!   the sweep of the markers deletions leave ([`Kv::sweep_markers`]).
 //! - `catalog.rs`: the package catalog and the observed state, read as a whole.
 //! - `delivery.rs`: what a handler gets ([`Delivery`]) and answers ([`HandlerError`]).
 //! - `consume.rs`: the consume loop ([`consume()`]); `settle.rs`: one delivery's life in it
@@ -22,6 +23,9 @@
 //!   `keyed_order.rs` keeping messages that share a key in order.
 //! - `dead_letter.rs`: what a consumer gives up on, filed in `LANDFALL_DEAD`
 //!   ([`Bus::file_dead_letter`]), and read, replayed and removed by operators.
+//! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages
+//!   that share a key in order.
+//! - `site_removal.rs`: a removed site's gateway durable and undelivered jobs, dropped.
 //! - `request.rs` and `serve.rs`: core request/reply, asked ([`Bus::request`]) and answered
 //!   ([`serve_requests`]).
 //! - `store_health.rs`: whether the store has room ([`store_health::assess`]), and the writes
@@ -37,11 +41,13 @@ mod events;
 mod headers;
 mod keyed_order;
 mod kv;
+mod kv_compact;
 mod kv_update;
 mod publish;
 mod request;
 mod serve;
 mod settle;
+mod site_removal;
 pub mod store_health;
 mod topology;
 mod version;

@@ -11,6 +11,10 @@ use super::connect::Bus;
 use super::error::{BoxError, BusError, boxed, retry_delay};
 use crate::names;
 
+/// The most jobs of one kind one site may have waiting (`provision_os` goes out per node, so
+/// this sits well above any site's node count).
+pub const JOBS_PER_SUBJECT: i64 = 10_000;
+
 /// How the streams and buckets are laid out on the server, and how long they keep things.
 #[derive(Debug, Clone)]
 pub struct Topology {
@@ -88,7 +92,16 @@ impl Bus {
                 max_age: topology.retention,
                 ..base(names::COMMANDS_STREAM, names::COMMANDS_ALL, stream::RetentionPolicy::Limits)
             },
-            base(names::JOBS_STREAM, names::JOBS_ALL, stream::RetentionPolicy::WorkQueue),
+            // A job nobody took within the retention was for a site long gone. Per subject (a
+            // site's kind of job), a runaway sender is refused at publish, where it is seen and
+            // retried, rather than older jobs other nodes wait for being dropped.
+            stream::Config {
+                max_age: topology.retention,
+                max_messages_per_subject: JOBS_PER_SUBJECT,
+                discard: stream::DiscardPolicy::New,
+                discard_new_per_subject: true,
+                ..base(names::JOBS_STREAM, names::JOBS_ALL, stream::RetentionPolicy::WorkQueue)
+            },
             stream::Config {
                 max_age: topology.retention,
                 ..base(names::EVENTS_STREAM, names::EVENTS_ALL, stream::RetentionPolicy::Limits)

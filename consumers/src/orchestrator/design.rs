@@ -66,6 +66,7 @@ impl Orchestrator {
             .await??;
         self.sites.put(&keys::design_latest(site.as_str()), &record).await?;
         self.sites.put(&keys::site(site.as_str()), &planned.effective).await?;
+        self.prune_revisions(site.as_str(), revision).await?;
         // A design may be what registers the site: its gateway's durable is the hub's to make.
         runtime::ensure_consumer(&self.bus, &ConsumerSpec::gateway(site.as_str())).await?;
         let changes = design::changes(latest.as_ref().and_then(|l| l.effective.as_ref()), &planned.effective);
@@ -81,6 +82,21 @@ impl Orchestrator {
             standby: record.standby_masters.iter().chain(&record.standby_workers).cloned().collect(),
         };
         self.bus.publish_event(&evt, &d.envelope.derive("design_applied", None)).await?;
+        Ok(())
+    }
+
+    /// Purges the revisions beyond the policy's count, once `latest` is written: the one that
+    /// just fell out, and any older one still there (after the count was lowered).
+    async fn prune_revisions(&self, site: &str, latest: u64) -> Result<(), HandlerError> {
+        let Some(through) = self.policy.prune_design_through(latest) else { return Ok(()) };
+        for revision in (1..=through).rev() {
+            let key = keys::design_revision(site, revision);
+            if self.sites.get::<pb::DesignRevision>(&key).await?.is_none() {
+                break;
+            }
+            self.sites.purge(&key).await?;
+            debug!(%site, revision, "design revision pruned");
+        }
         Ok(())
     }
 
@@ -101,10 +117,15 @@ impl Orchestrator {
         let design = if revision > 0 {
             let key = keys::design_revision(site, revision);
             let Some((rev, _)) = self.sites.get::<pb::DesignRevision>(&key).await? else {
-                return Err(HandlerError::reject(
-                    pb::RejectCode::Invalid,
-                    format!("site {site} has no design revision {revision}"),
-                ));
+                let latest = self.sites.get::<pb::DesignRevision>(&keys::design_latest(site)).await?;
+                let reason = match latest {
+                    Some((l, _)) if self.policy.design_pruned(revision, l.revision) => format!(
+                        "design revision {revision} of site {site} was pruned (the last {} are kept)",
+                        self.policy.design_revisions
+                    ),
+                    _ => format!("site {site} has no design revision {revision}"),
+                };
+                return Err(HandlerError::reject(pb::RejectCode::Invalid, reason));
             };
             rev.effective.unwrap_or_default()
         } else {

@@ -11,6 +11,7 @@ use bus_schema::trust;
 use tracing::{debug, info};
 
 use super::service::{LEASE_RETRY, Orchestrator, invalid};
+use crate::active;
 use crate::clock::now_ms;
 use crate::lease::{self, Holder};
 use crate::saga::{self, Decision, Input};
@@ -32,6 +33,7 @@ impl Orchestrator {
             .map_err(|r| HandlerError::reject(r.code, r.reason))?;
 
         lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
+        active::mark(&self.sagas, &keys::active_saga(&d.envelope.id), &d.envelope.id, &site).await?;
         let new = saga::start(&d.envelope, &design, resolved, now_ms());
         // Created here, or by another replica first: either way its outbox goes out.
         let (created, (saga, rev)) = self.sagas.create_or_get(&saga_key, &new).await?;
@@ -78,15 +80,18 @@ impl Orchestrator {
         }
         if saga::is_terminal(&saga) {
             lease::release(&self.sagas, &saga.site_id, Holder::Saga(&saga.saga_id)).await?;
+            active::clear(&self.sagas, &keys::active_saga(&saga.saga_id)).await?;
         }
         Ok(())
     }
 
     /// Publishes what sagas decided before a crash and did not get to publish. Redelivery
     /// would get there too, but only after the ack wait; this resumes at once from KV state.
+    /// It reads the sagas under way (the index, `active.saga.*`), not every saga ever written.
     pub async fn recover(&self) -> Result<usize, HandlerError> {
         let mut settled = 0;
-        for key in self.sagas.keys_with_prefix(&keys::saga("")).await? {
+        for id in active::ids(&self.sagas, keys::ACTIVE_SAGA_PREFIX).await? {
+            let key = keys::saga(&id);
             if let Some((saga, rev)) = self.sagas.get::<pb::InstallSaga>(&key).await?
                 && (!saga.outbox.is_empty() || saga::is_terminal(&saga))
             {

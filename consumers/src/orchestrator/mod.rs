@@ -9,17 +9,22 @@
 //! - `install`: the install saga, executed (its decisions are [`crate::saga`]);
 //! - `ledger`: every command carried out, refused or given up, by id, so a late copy does nothing;
 //! - `order`: a scope's commands carried out in stream order across replicas;
+//! - `compact`: finished sagas and rollouts replaced by summaries after the retention;
+//! - `remove_site`: a site taken out of landfall;
 //! - `run`: the consumers, started, and commands dispatched to their handlers.
 
+mod compact;
 mod design;
 mod install;
 mod ledger;
 mod nodes;
 mod order;
 mod register;
+mod remove_site;
 mod run;
 pub mod service;
 
+pub use compact::Compacted;
 pub use install::saga_event_filters;
 pub use run::{OrchestratorOptions, run_orchestrator, run_orchestrator_with};
 pub use service::Orchestrator;

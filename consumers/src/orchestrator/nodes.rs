@@ -8,6 +8,7 @@ use bus_schema::runtime::{Delivery, HandlerError, Update};
 use tracing::{debug, info};
 
 use super::service::{LEASE_RETRY, Orchestrator, invalid};
+use crate::active;
 use crate::clock::now_ms;
 use crate::lease::{self, Holder};
 use crate::saga;
@@ -76,6 +77,7 @@ impl Orchestrator {
                 return Err(HandlerError::reject(r.code, r.reason));
             }
         };
+        active::mark(&self.sagas, &keys::active_saga(&d.envelope.id), &d.envelope.id, &site).await?;
         let new = saga::start_join(&d.envelope, &design, &name, cmd.hardware, resolved, now_ms());
         // Created here, or by another replica first: either way its outbox goes out.
         let (created, (saga, rev)) = self.sagas.create_or_get(&saga_key, &new).await?;
@@ -95,13 +97,18 @@ impl Orchestrator {
         let Some((latest, _)) = self.sagas.get::<pb::SiteLease>(&keys::latest_install(site)).await? else {
             return Ok(false);
         };
-        let saga = self.sagas.get::<pb::InstallSaga>(&keys::saga(&latest.saga_id)).await?;
-        Ok(saga.is_some_and(|(s, _)| {
-            matches!(
-                pb::InstallOutcome::try_from(s.outcome),
-                Ok(pb::InstallOutcome::Success | pb::InstallOutcome::PartialSuccess)
-            )
-        }))
+        // A saga compacted after the retention left its outcome in its summary.
+        let outcome = match self.sagas.get::<pb::InstallSaga>(&keys::saga(&latest.saga_id)).await? {
+            Some((s, _)) => s.outcome,
+            None => match self.sagas.get::<pb::SagaSummary>(&keys::saga_summary(&latest.saga_id)).await? {
+                Some((s, _)) => s.outcome,
+                None => return Ok(false),
+            },
+        };
+        Ok(matches!(
+            pb::InstallOutcome::try_from(outcome),
+            Ok(pb::InstallOutcome::Success | pb::InstallOutcome::PartialSuccess)
+        ))
     }
 
     /// Takes a node out of its site's design, under the site's lease (a saga or rollout working

@@ -1,11 +1,12 @@
 //! The orchestrator's consumers, started: commands (checked against the ledger and their scope's
 //! order, then dispatched by kind to their handlers), the events that move install sagas, the
-//! site reports of rollouts, and the rollout tick.
+//! site reports of rollouts, the rollout tick, the compaction pass and the store watch.
 
 use std::sync::Arc;
 
 use bus_schema::names;
 use bus_schema::pb::{self, BusEvent};
+use bus_schema::retention::StorePolicy;
 use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, RejectAs};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -78,6 +79,7 @@ impl Commands {
             pb::CancelRollout::KIND => self.0.rollouts.cancel(d).await,
             pb::NodeAdded::KIND => self.0.node_added(d).await,
             pb::NodeRemoved::KIND => self.0.node_removed(d).await,
+            pb::RemoveSite::KIND => self.0.remove_site(d).await,
             other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such command {other:?}"))),
         }
     }
@@ -118,17 +120,19 @@ pub struct OrchestratorOptions {
     /// Transient failures a message may have before it is given up as a dead letter
     /// ([`ConsumerSpec::max_attempts`]).
     pub max_attempts: Option<u32>,
+    /// What is kept, and for how long.
+    pub policy: StorePolicy,
 }
 
 impl Default for OrchestratorOptions {
     fn default() -> Self {
-        Self { max_attempts: Some(runtime::DEFAULT_MAX_ATTEMPTS) }
+        Self { max_attempts: Some(runtime::DEFAULT_MAX_ATTEMPTS), policy: StorePolicy::default() }
     }
 }
 
 /// Runs the orchestrator's consumers until `shutdown`.
-pub async fn run_orchestrator(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
-    run_orchestrator_with(bus, OrchestratorOptions::default(), shutdown).await
+pub async fn run_orchestrator(bus: Bus, policy: StorePolicy, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_orchestrator_with(bus, OrchestratorOptions { policy, ..OrchestratorOptions::default() }, shutdown).await
 }
 
 /// [`run_orchestrator`], as `options` say.
@@ -137,7 +141,7 @@ pub async fn run_orchestrator_with(
     options: OrchestratorOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let orchestrator = Arc::new(Orchestrator::new(bus.clone()).await?);
+    let orchestrator = Arc::new(Orchestrator::new(bus.clone(), options.policy.validate()?).await?);
     match orchestrator.recover().await {
         Ok(0) => {}
         Ok(n) => info!(sagas = n, "resumed sagas interrupted before publishing"),
@@ -174,6 +178,7 @@ pub async fn run_orchestrator_with(
     let ticks = tokio::spawn(tick_rollouts(orchestrator.clone(), shutdown.clone()));
     let store =
         tokio::spawn(crate::store_watch::run_store_watch(bus.clone(), crate::store_watch::EVERY, shutdown.clone()));
+    let compaction = tokio::spawn(super::compact::compact_periodically(orchestrator.clone(), shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());
     let r = runtime::consume(bus, rollouts, Arc::new(RolloutEvents(orchestrator)), shutdown);
@@ -183,6 +188,7 @@ pub async fn run_orchestrator_with(
     }
     let _ = ticks.await;
     let _ = store.await;
+    let _ = compaction.await;
     c?;
     e?;
     r?;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bus_schema::domain::InvalidField;
 use bus_schema::names;
 use bus_schema::pb;
+use bus_schema::retention::StorePolicy;
 use bus_schema::runtime::{self, Bus, HandlerError, Kv};
 
 use super::ledger::Ledger;
@@ -28,11 +29,14 @@ pub struct Orchestrator {
     /// Every command carried out or refused, by id.
     pub(super) ledger: Ledger,
     pub rollouts: Rollouts,
+    /// What is kept, and for how long.
+    pub(super) policy: StorePolicy,
 }
 
 impl Orchestrator {
-    pub async fn new(bus: Bus) -> Result<Self, runtime::BusError> {
+    pub async fn new(bus: Bus, policy: StorePolicy) -> Result<Self, runtime::BusError> {
         Ok(Self {
+            policy,
             sites: bus.kv(names::SITES_BUCKET).await?,
             packages: bus.kv(names::PACKAGES_BUCKET).await?,
             sagas: bus.kv(names::SAGAS_BUCKET).await?,

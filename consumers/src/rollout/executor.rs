@@ -14,6 +14,7 @@ use futures::StreamExt;
 use tracing::{debug, info, warn};
 
 use super::decide::{self, Report};
+use crate::active;
 use crate::clock::now_ms;
 use crate::decision::{self, Refusal};
 use crate::lease::{self, Acquired, Holder};
@@ -177,6 +178,7 @@ impl Rollouts {
 
         let r = planned.rollout;
         info!(rollout = %id, package = %req.name, version = %req.version, sites = r.sites, nodes = r.planned_nodes, waves = r.wave_ends.len(), trigger = %r.trigger, "rollout planned");
+        active::mark(&self.sagas, &keys::active_rollout(&id), &id, "").await?;
         // Created here, or by another replica first: either way it is settled.
         let (created, (r, rev)) = self.sagas.create_or_get(&keys::rollout(&id), &r).await?;
         if created {
@@ -199,6 +201,8 @@ impl Rollouts {
         }
         if decide::phase(&r) == pb::RolloutPhase::Running {
             self.dispatch(r).await?;
+        } else if decide::is_terminal(&r) {
+            active::clear(&self.sagas, &keys::active_rollout(&r.rollout_id)).await?;
         }
         Ok(())
     }
@@ -442,9 +446,15 @@ impl Rollouts {
     }
 
     /// One look at every rollout that has not ended: publish what a crash left in an outbox,
-    /// start sites that were busy, and end waves that ran out of time. Runs on every replica.
+    /// start sites that were busy, and end waves that ran out of time. Runs on every replica,
+    /// and reads the rollouts under way (the index, `active.rollout.*`), not every one ever run.
     pub async fn tick(&self) -> Result<(), HandlerError> {
-        let rollouts = self.sagas.scan_matching::<pb::Rollout>(&keys::every_rollout()).await?;
+        let mut rollouts = Vec::new();
+        for id in active::ids(&self.sagas, keys::ACTIVE_ROLLOUT_PREFIX).await? {
+            if let Some((r, rev)) = self.sagas.get::<pb::Rollout>(&keys::rollout(&id)).await? {
+                rollouts.push((id, r, rev));
+            }
+        }
         // Every replica's gauges follow the records, whichever replica wrote them.
         let mut phases: HashMap<pb::RolloutPhase, u32> = HashMap::new();
         for (_, r, _) in &rollouts {
@@ -463,6 +473,8 @@ impl Rollouts {
         }
         for (_, r, rev) in rollouts {
             if decide::is_terminal(&r) && r.outbox.is_empty() {
+                // Ended, and the write that ended it did not get to take it out of the index.
+                active::clear(&self.sagas, &keys::active_rollout(&r.rollout_id)).await?;
                 continue;
             }
             if decide::wave_timed_out(&r, now_ms()) {

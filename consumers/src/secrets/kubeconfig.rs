@@ -1,12 +1,13 @@
 //! Kubeconfig collection: on `ClusterReady`, ask the site's gateway for the application
 //! cluster's kubeconfig (core request/reply, never stored in a stream), seal it, store only
-//! the ciphertext in KV, and publish `KubeconfigStored`, which carries no secret.
+//! the ciphertext in KV, and publish `KubeconfigStored`, which carries no secret. On
+//! `SiteRemoved`, the site's sealed kubeconfig and BMC credentials are purged.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bus_schema::names::{self, keys};
-use bus_schema::pb::{self, BusEvent};
+use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, Kv, RejectAs, RequestError};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
@@ -47,8 +48,26 @@ impl KubeconfigCollector {
     }
 }
 
+impl KubeconfigCollector {
+    /// Purges the sealed secrets of a removed site: its kubeconfig and its hosts' credentials.
+    async fn site_removed(&self, d: &Delivery) -> Result<(), HandlerError> {
+        let removed: pb::SiteRemoved = d.decode()?;
+        let site = removed.site_id;
+        self.store.purge(&keys::kubeconfig(&site)).await?;
+        let bmc = self.store.scan::<pb::SealedSecret>(&keys::bmc_credentials(&site, "")).await?;
+        for (key, _, _) in &bmc {
+            self.store.purge(key).await?;
+        }
+        info!(%site, bmc = bmc.len(), "sealed secrets of a removed site purged");
+        Ok(())
+    }
+}
+
 impl runtime::Handler for KubeconfigCollector {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        if d.type_name == pb::SiteRemoved::TYPE {
+            return self.site_removed(d).await;
+        }
         let ready: pb::ClusterReady = d.decode()?;
         let site = bus_schema::domain::SiteId::try_from(ready.site_id)
             .map_err(|e| HandlerError::reject(pb::RejectCode::Invalid, e.to_string()))?
@@ -87,7 +106,7 @@ pub async fn run_kubeconfig(bus: Bus, keys: Arc<dyn KeyProvider>, shutdown: Canc
     let spec = ConsumerSpec::new(
         names::EVENTS_STREAM,
         names::KUBECONFIG_EVENTS,
-        vec![pb::ClusterReady::filter()],
+        vec![pb::ClusterReady::filter(), pb::SiteRemoved::filter()],
         RejectAs::Message { consumer: names::KUBECONFIG_EVENTS.to_string() },
     );
     runtime::consume(bus, spec, collector, shutdown).await?;

@@ -90,6 +90,12 @@ impl Check for pb::NodeRemoved {
     }
 }
 
+impl Check for pb::RemoveSite {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)
+    }
+}
+
 impl Check for pb::RegisterPackage {
     fn check(&self) -> Result<(), String> {
         required("package", &self.package)?;
@@ -153,6 +159,7 @@ commands!(
     StageSite: true,
     NodeAdded: true,
     NodeRemoved: true,
+    RemoveSite: true,
     RegisterPackage: false,
     PatchPackage: false,
     PauseRollout: false,

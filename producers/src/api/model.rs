@@ -3,7 +3,9 @@
 //! and a dashboard over a thousand sites costs the bus nothing per page view.
 //!
 //! Each API replica keeps its own copy; a watch that breaks is made again and replays the
-//! latest value of every key, so nothing is missed.
+//! latest value of every key, so nothing is missed. It keeps what views read, not every record
+//! ever written: sagas under way, each site's latest install and each node's latest join (a
+//! compacted one as its summary), and rollouts (a compacted one as its summary).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -34,8 +36,14 @@ pub struct State {
     pub designs: BTreeMap<String, pb::SiteDesign>,
     /// Site id → the saga id of its latest install.
     pub latest_install: HashMap<String, String>,
-    /// Saga id → the saga, without its outbox, catalog and design (what views need).
+    /// Saga id → the saga, without its outbox, catalog and design (what views need): those
+    /// under way, each site's latest install and each node's latest join; a compacted one
+    /// stands in as its summary.
     pub sagas: HashMap<String, pb::InstallSaga>,
+    /// Saga id → its summary, for the sagas views read (see `sagas`).
+    saga_summaries: HashMap<String, pb::SagaSummary>,
+    /// Rollout ids compacted: their summary stands in when the record goes.
+    rollout_summaries: HashMap<String, pb::RolloutSummary>,
     /// Site id → node → the latest join saga of that node.
     pub joins: HashMap<String, BTreeMap<String, String>>,
     /// Site id → who holds its lease.
@@ -86,7 +94,10 @@ impl Model {
         let model = Self { state: Arc::new(RwLock::new(State::default())) };
         let follow = [
             (names::SITES_BUCKET, vec![format!("{}>", keys::SITE_PREFIX)]),
-            (names::SAGAS_BUCKET, ["saga.>", "latest.>", "lease.>", "rollout.*"].map(String::from).to_vec()),
+            (
+                names::SAGAS_BUCKET,
+                ["saga.>", "latest.>", "lease.>", "rollout.*", "summary.>"].map(String::from).to_vec(),
+            ),
             (names::OBSERVED_BUCKET, vec![format!("{}>", keys::OBSERVED_PREFIX)]),
             (names::PACKAGES_BUCKET, vec![format!("{}>", keys::PACKAGE_PREFIX), format!("{}>", keys::POLICY_PREFIX)]),
         ];
@@ -308,19 +319,49 @@ fn apply_saga_key(st: &mut State, key: &str, value: Option<bytes::Bytes>) {
                 saga.design = None;
                 if saga.join {
                     let joins = st.joins.entry(saga.site_id.clone()).or_default();
+                    let mut replaced = Vec::new();
                     for n in saga.nodes.iter().filter_map(|n| n.node.as_ref()) {
-                        joins.insert(n.name.clone(), saga.saga_id.clone());
+                        if let Some(before) = joins.insert(n.name.clone(), saga.saga_id.clone())
+                            && before != saga.saga_id
+                        {
+                            replaced.push(before);
+                        }
+                    }
+                    // A node's earlier join is read by no view any more, once it has ended.
+                    for before in replaced {
+                        if st.sagas.get(&before).is_some_and(ended) && !st.latest_install.values().any(|i| i == &before)
+                        {
+                            st.sagas.remove(&before);
+                            st.saga_summaries.remove(&before);
+                        }
                     }
                 }
-                st.sagas.insert(rest.to_string(), saga);
+                if ended(&saga) && !st.read_by_views(&saga) {
+                    st.sagas.remove(rest);
+                } else {
+                    st.sagas.insert(rest.to_string(), saga);
+                }
             }
-            None => {
-                st.sagas.remove(rest);
-            }
+            // Compacted (its summary stands in) or gone.
+            None => match st.saga_summaries.get(rest) {
+                Some(summary) => {
+                    st.sagas.insert(rest.to_string(), saga_of_summary(summary));
+                }
+                None => {
+                    st.sagas.remove(rest);
+                }
+            },
         },
         "latest" => match value.and_then(|v| decode::<pb::SiteLease>(key, v)) {
             Some(l) => {
-                st.latest_install.insert(rest.to_string(), l.saga_id);
+                // The install it replaces is read by no view any more.
+                if let Some(before) = st.latest_install.insert(rest.to_string(), l.saga_id.clone())
+                    && before != l.saga_id
+                    && st.sagas.get(&before).is_some_and(|s| ended(s) && !s.join)
+                {
+                    st.sagas.remove(&before);
+                    st.saga_summaries.remove(&before);
+                }
             }
             None => {
                 st.latest_install.remove(rest);
@@ -341,10 +382,67 @@ fn apply_saga_key(st: &mut State, key: &str, value: Option<bytes::Bytes>) {
                 r.done.clear();
                 st.rollouts.insert(rest.to_string(), r);
             }
-            None => {
-                st.rollouts.remove(rest);
-            }
+            None => match st.rollout_summaries.get(rest) {
+                Some(summary) => {
+                    st.rollouts.insert(rest.to_string(), consumers::compaction::rollout_from_summary(summary));
+                }
+                None => {
+                    st.rollouts.remove(rest);
+                }
+            },
         },
+        "summary" => apply_summary(st, rest, value),
         _ => {}
+    }
+}
+
+/// `summary.saga.<id>` or `summary.rollout.<id>`: kept when a view reads it, standing in for
+/// its record when that is absent.
+fn apply_summary(st: &mut State, rest: &str, value: Option<bytes::Bytes>) {
+    let Some(value) = value else { return };
+    match rest.split_once('.') {
+        Some(("saga", id)) => {
+            let Some(summary) = decode::<pb::SagaSummary>(rest, value) else { return };
+            let read = st.latest_install.get(&summary.site_id) == Some(&summary.saga_id)
+                || st.joins.get(&summary.site_id).is_some_and(|j| j.values().any(|s| s == id));
+            if !read {
+                return;
+            }
+            st.sagas.entry(id.to_string()).or_insert_with(|| saga_of_summary(&summary));
+            st.saga_summaries.insert(id.to_string(), summary);
+        }
+        Some(("rollout", id)) => {
+            let Some(summary) = decode::<pb::RolloutSummary>(rest, value) else { return };
+            st.rollouts.entry(id.to_string()).or_insert_with(|| consumers::compaction::rollout_from_summary(&summary));
+            st.rollout_summaries.insert(id.to_string(), summary);
+        }
+        _ => {}
+    }
+}
+
+impl State {
+    /// Whether a view reads this saga: its site's latest install, or a node's latest join.
+    fn read_by_views(&self, saga: &pb::InstallSaga) -> bool {
+        self.latest_install.get(&saga.site_id) == Some(&saga.saga_id)
+            || self.joins.get(&saga.site_id).is_some_and(|j| j.values().any(|id| id == &saga.saga_id))
+    }
+}
+
+fn ended(saga: &pb::InstallSaga) -> bool {
+    matches!(pb::InstallPhase::try_from(saga.phase), Ok(pb::InstallPhase::Succeeded | pb::InstallPhase::Failed))
+}
+
+/// A compacted saga as views read it: how it ended, with no per-node detail.
+fn saga_of_summary(s: &pb::SagaSummary) -> pb::InstallSaga {
+    pb::InstallSaga {
+        saga_id: s.saga_id.clone(),
+        site_id: s.site_id.clone(),
+        join: s.join,
+        phase: s.phase,
+        outcome: s.outcome,
+        reason: s.reason.clone(),
+        started_unix_ms: s.started_unix_ms,
+        finished_unix_ms: s.finished_unix_ms,
+        ..Default::default()
     }
 }

@@ -220,13 +220,14 @@ fn constrain(schemas: &mut Map<String, Value>) {
     schemas[&format!("{PACKAGE}.PackageRef")]["required"] = json!(["name", "version"]);
     schemas[&format!("{PACKAGE}.SiteDesign")]["properties"]["nodes"]["minItems"] = json!(1);
     schemas[&format!("{PACKAGE}.SiteDesign")]["required"] = json!(["site_id", "nodes"]);
-    let required: [(&str, &[&str]); 11] = [
+    let required: [(&str, &[&str]); 12] = [
         ("RegisterSite", &["design"]),
         ("ApplyDesign", &["site_id", "sources"]),
         ("InstallSite", &["site_id"]),
         ("StageSite", &["site_id"]),
         ("NodeAdded", &["site_id", "node"]),
         ("NodeRemoved", &["site_id", "node"]),
+        ("RemoveSite", &["site_id"]),
         ("RegisterPackage", &["package"]),
         ("PatchPackage", &["name", "version"]),
         ("PauseRollout", &["rollout_id"]),

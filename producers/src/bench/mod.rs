@@ -335,7 +335,7 @@ async fn fanout(
     let mut services = JoinSet::new();
     for i in 0..orchestrators {
         let replica = Bus::connect(url, &format!("landfall-bench-orchestrator-{i}")).await?;
-        services.spawn(consumers::run_orchestrator(replica, shutdown.clone()));
+        services.spawn(consumers::run_orchestrator(replica, Default::default(), shutdown.clone()));
     }
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
     eprintln!("setting up {sites} installed sites x {nodes} nodes ...");
@@ -520,7 +520,7 @@ async fn install(url: &str, nodes: usize, time_scale: f64) -> anyhow::Result<ser
     let config = SimConfig::realistic().time_scale(time_scale);
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
-    services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
+    services.spawn(consumers::run_orchestrator(bus.clone(), Default::default(), shutdown.clone()));
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
     let key = Arc::new(consumers::secrets::KeyRing::from_hex(&"5a".repeat(32), "bench")?);
     services.spawn(consumers::secrets_service::run_secrets(bus.clone(), key, shutdown.clone()));

@@ -146,7 +146,7 @@ async fn run(url: &str, size: u64, store_args: &StoreArgs, scratch: &Path) -> an
     // 4. Staging: a site gateway fetches it over the bus from the distribution service.
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
-    services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
+    services.spawn(consumers::run_orchestrator(bus.clone(), Default::default(), shutdown.clone()));
     services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
     let pkg = pb::Package {
         name: "bench-artifact".into(),

@@ -232,8 +232,11 @@ pub fn exit_code(event: &RolloutEvent) -> Option<u8> {
 }
 
 async fn get_rollout(sagas: &Kv, id: &str) -> anyhow::Result<pb::Rollout> {
-    match sagas.get::<pb::Rollout>(&keys::rollout(id)).await? {
-        Some((r, _)) => Ok(r),
+    if let Some((r, _)) = sagas.get::<pb::Rollout>(&keys::rollout(id)).await? {
+        return Ok(r);
+    }
+    match sagas.get::<pb::RolloutSummary>(&keys::rollout_summary(id)).await? {
+        Some((s, _)) => Ok(consumers::compaction::rollout_from_summary(&s)),
         None => bail!("there is no rollout {id} (landfall rollout list shows them all)"),
     }
 }
@@ -248,6 +251,8 @@ async fn rollout_list(url: &str, output: Format) -> anyhow::Result<ExitCode> {
         .filter(|(k, _, _)| keys::rollout_of(k).is_some())
         .map(|(_, r, _)| r)
         .collect();
+    // Compacted after the retention: their summaries.
+    rollouts.extend(crate::views::rollout::compacted_rollouts(&bus).await?);
     sort_newest_first(&mut rollouts);
     match output {
         Format::Json | Format::Yaml => {
@@ -264,9 +269,24 @@ async fn rollout_show(url: &str, id: &str, output: Format) -> anyhow::Result<Exi
     let Some((r, sites)) = rollout_detail(&bus, &id).await? else {
         bail!("there is no rollout {id} (landfall rollout list shows them all)")
     };
+    let compacted = match r.plan_chunks {
+        0 => crate::views::rollout::compacted_rollout(&bus, &id).await?,
+        _ => None,
+    };
     match output {
-        Format::Json | Format::Yaml => emit(output, &rollout_show_json(&r, &sites))?,
-        Format::Table => print!("{}", rollout_show_text(&r, &sites)),
+        Format::Json | Format::Yaml => {
+            let mut v = rollout_show_json(&r, &sites);
+            if let (Some(o), Some(c)) = (v.as_object_mut(), &compacted) {
+                o.insert("compacted".into(), serde_json::to_value(c).unwrap_or_default());
+            }
+            emit(output, &v)?
+        }
+        Format::Table => {
+            print!("{}", rollout_show_text(&r, &sites));
+            if let Some(c) = &compacted {
+                print!("{}", crate::views::rollout::compacted_text(c));
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

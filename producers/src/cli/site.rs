@@ -38,6 +38,21 @@ pub enum SiteCommand {
     /// Download a site's artifacts into its gateway's cache now (e.g. in a maintenance
     /// window); the later install finds them there and transfers nothing.
     Stage(StageArgs),
+    /// Take a site out of landfall: its design and revisions, what was observed of it, its
+    /// kubeconfig and BMC credentials, its gateway's consumer and its undelivered jobs go; its
+    /// install's summary stays. Refused while an install or rollout works on the site.
+    Remove(RemoveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    pub site: String,
+    /// Why (kept in the commands stream and in the SiteRemoved event).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// How long to wait for the orchestrator's answer.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -65,6 +80,7 @@ pub async fn run(url: &str, cmd: SiteCommand) -> anyhow::Result<ExitCode> {
         SiteCommand::Register { file, expect_revision } => register_site(url, &file, expect_revision).await,
         SiteCommand::Install(args) => install_site(url, &args).await,
         SiteCommand::Stage(args) => artifacts::stage(url, &args).await,
+        SiteCommand::Remove(args) => remove_site(url, &args).await,
     }
 }
 
@@ -126,6 +142,37 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
     .await?;
     Ok(verdict.unwrap_or_else(|| {
         eprintln!("gave up waiting after {:?}; the install goes on (landfall status {site})", args.timeout);
+        ExitCode::from(EXIT_TIMEOUT)
+    }))
+}
+
+/// Publishes `RemoveSite` and waits for `SiteRemoved` (or the refusal).
+pub async fn remove_site(url: &str, args: &RemoveArgs) -> anyhow::Result<ExitCode> {
+    let site = SiteId::try_from(args.site.as_str())?;
+    let bus = connect(url).await?;
+    let env = Envelope::root();
+    let mut reader = bus.read_events(vec![names::scope_events(site.as_str())], DeliverPolicy::New).await?;
+    let cmd = pb::RemoveSite { site_id: site.to_string(), reason: args.reason.clone() };
+    bus.publish_command(&cmd, &env).await?;
+    eprintln!("RemoveSite {site} published as {}", env.id);
+    let verdict = follow(&mut reader, &env.id, args.timeout, |e| {
+        let d = &e.delivery;
+        Ok(match d.type_name.as_str() {
+            pb::SiteRemoved::TYPE => {
+                let done: pb::SiteRemoved = d.decode().map_err(|e| anyhow::anyhow!("{e}"))?;
+                println!(
+                    "removed: {site} ({} design revision(s) deleted, {} undelivered job(s) dropped)",
+                    done.design_revisions, done.jobs_dropped
+                );
+                Some(ExitCode::SUCCESS)
+            }
+            pb::CommandRejected::TYPE => Some(rejected(d)?),
+            _ => None,
+        })
+    })
+    .await?;
+    Ok(verdict.unwrap_or_else(|| {
+        eprintln!("no answer after {:?}; the removal may still be carried out", args.timeout);
         ExitCode::from(EXIT_TIMEOUT)
     }))
 }

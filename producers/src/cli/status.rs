@@ -31,19 +31,31 @@ async fn site_status(
     let sites = bus.kv(names::SITES_BUCKET).await?;
     let sagas = bus.kv(names::SAGAS_BUCKET).await?;
     let Some((design, revision)) = sites.get::<pb::SiteDesign>(&keys::site(site)).await? else { return Ok(None) };
-    let saga = match sagas.get::<pb::SiteLease>(&keys::latest_install(site)).await? {
-        Some((latest, _)) => sagas.get::<pb::InstallSaga>(&keys::saga(&latest.saga_id)).await?.map(|(s, _)| s),
+    let latest = sagas.get::<pb::SiteLease>(&keys::latest_install(site)).await?.map(|(l, _)| l.saga_id);
+    let saga = match &latest {
+        Some(id) => sagas.get::<pb::InstallSaga>(&keys::saga(id)).await?.map(|(s, _)| s),
         None => None,
     };
-    let install = saga.map(|s| {
-        let mut v = serde_json::to_value(&s).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            for noisy in ["design", "outbox", "packages"] {
-                o.remove(noisy);
+    let install = match (saga, &latest) {
+        (Some(s), _) => {
+            let mut v = serde_json::to_value(&s).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                for noisy in ["design", "outbox", "packages"] {
+                    o.remove(noisy);
+                }
             }
+            Some(v)
         }
-        v
-    });
+        // Compacted after the retention: its summary.
+        (None, Some(id)) => sagas.get::<pb::SagaSummary>(&keys::saga_summary(id)).await?.map(|(s, _)| {
+            let mut v = serde_json::to_value(&s).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("compacted".into(), json!(true));
+            }
+            v
+        }),
+        (None, None) => None,
+    };
     let observed: Vec<&pb::NodeObserved> = observed.iter().filter(|o| o.site_id == site).collect();
     Ok(Some(json!({
         "site": site,

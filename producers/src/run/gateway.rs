@@ -42,6 +42,10 @@ pub struct GatewayArgs {
     /// The site's artifact cache (content-addressed, verified).
     #[arg(long, env = "LANDFALL_CACHE_DIR", default_value = "./landfall-cache")]
     pub cache_dir: PathBuf,
+    /// The most bytes the artifact cache keeps: past it, what no current package or job needs
+    /// goes, least recently used first (the current versions are kept even past it).
+    #[arg(long, env = "LANDFALL_CACHE_MAX_BYTES", default_value_t = bus_schema::retention::SITE_CACHE_BYTES)]
+    pub cache_max_bytes: u64,
     /// sim: run the simulated site this many times faster than a real one.
     #[arg(long, default_value_t = DEFAULT_TIME_SCALE)]
     pub time_scale: f64,
@@ -156,7 +160,7 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
     let site = SiteId::try_from(args.site.clone())?;
     // A site's user may not create streams: the hub's services do.
     let bus = Bus::connect_with(url, &format!("landfall-gateway-{site}"), nats_access::get()).await?;
-    let cache = site_gateway::ArtifactCache::new(&args.cache_dir);
+    let cache = site_gateway::ArtifactCache::new(&args.cache_dir).with_max_bytes(args.cache_max_bytes);
     match args.backend {
         BackendKind::Sim => {
             bus.wait_for_stream(&names::kv_stream(names::SITES_BUCKET), &shutdown).await?;

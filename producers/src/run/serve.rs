@@ -10,7 +10,7 @@ use consumers::secrets_service::{self, KeySource};
 use super::gateway::{GatewayArgs, gateway};
 use super::service::{connect_service, shutdown_on_signal};
 use super::telemetry;
-use crate::flags::{KeepingArgs, StoreArgs};
+use crate::flags::{KeepingArgs, RetentionArgs, StoreArgs};
 
 /// `landfall serve [how long the bus keeps things] <service>`.
 #[derive(Debug, clap::Args)]
@@ -24,7 +24,7 @@ pub struct ServeArgs {
 #[derive(Debug, Subcommand)]
 pub enum ServeCommand {
     /// The provisioning orchestrator (install and node-join sagas, rollouts).
-    Orchestrator,
+    Orchestrator(RetentionArgs),
     /// The observer: keeps landfall-observed (what each node runs) from gateway reports.
     Observer,
     /// The kubeconfig collector and the secrets service (kubeconfig get, BMC credentials, key
@@ -62,9 +62,9 @@ pub async fn run(args: ServeArgs, url: &str) -> anyhow::Result<ExitCode> {
     let shutdown = shutdown_on_signal();
     let keeping = &args.keeping;
     match args.service {
-        ServeCommand::Orchestrator => {
+        ServeCommand::Orchestrator(retention) => {
             let bus = connect_service(url, "landfall-orchestrator", keeping).await?;
-            consumers::run_orchestrator(bus, shutdown).await?;
+            consumers::run_orchestrator(bus, retention.policy(), shutdown).await?;
         }
         ServeCommand::Observer => {
             let bus = connect_service(url, "landfall-observer", keeping).await?;

@@ -24,7 +24,7 @@ use super::embedded::{NatsChild, find_nats_server};
 use super::gateway::DEFAULT_TIME_SCALE;
 use super::service::{connect_service, shutdown_on_signal};
 use super::telemetry;
-use crate::flags::{KeepingArgs, StoreArgs, parse_duration};
+use crate::flags::{KeepingArgs, RetentionArgs, StoreArgs, parse_duration};
 use crate::nats_access::DEFAULT_NATS_URL;
 
 /// The demo fleet `up` runs, also under this module's path.
@@ -64,6 +64,8 @@ pub struct UpArgs {
     pub store: StoreArgs,
     #[command(flatten)]
     pub keeping: KeepingArgs,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -151,7 +153,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let designs: Vec<SiteDesign> = (0..args.sites).map(|i| demo_site(i, args.nodes)).collect();
 
     let mut services = JoinSet::new();
-    services.spawn(consumers::run_orchestrator(bus.clone(), shutdown.clone()));
+    services.spawn(consumers::run_orchestrator(bus.clone(), args.retention.policy(), shutdown.clone()));
     services.spawn(secrets_service::run_secrets(bus.clone(), key.clone(), shutdown.clone()));
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
     let default_store = args.data_dir.join("artifacts").display().to_string();

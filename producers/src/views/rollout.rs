@@ -429,9 +429,16 @@ pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
 
 /// A rollout and every site and node of its plan with what happened to it; `None` when there
 /// is no such rollout. `id` must be a rollout id (see [`rollout_id`]).
+///
+/// A rollout compacted after the retention comes back from its summary, with no site: see
+/// [`compacted_rollout`] for what the summary keeps.
 pub async fn rollout_detail(bus: &Bus, id: &str) -> anyhow::Result<Option<(pb::Rollout, Vec<SiteView>)>> {
     let sagas = bus.kv(names::SAGAS_BUCKET).await?;
-    let Some((r, _)) = sagas.get::<pb::Rollout>(&keys::rollout(id)).await? else { return Ok(None) };
+    let Some((r, _)) = sagas.get::<pb::Rollout>(&keys::rollout(id)).await? else {
+        return Ok(compacted_rollout(bus, id)
+            .await?
+            .map(|s| (consumers::compaction::rollout_from_summary(&s), vec![])));
+    };
     let mut plan = Vec::new();
     for chunk in 0..r.plan_chunks {
         let Some((c, _)) = sagas.get::<pb::RolloutPlanChunk>(&keys::rollout_plan(id, chunk)).await? else {
@@ -450,6 +457,37 @@ pub async fn rollout_detail(bus: &Bus, id: &str) -> anyhow::Result<Option<(pb::R
     let observed = observed_package(bus, &name).await?;
     let sites = rollout_sites(&r, &plan, &records, &observed);
     Ok(Some((r, sites)))
+}
+
+/// The summary of a rollout compacted after the retention; `None` when it was not compacted
+/// (or never was).
+pub async fn compacted_rollout(bus: &Bus, id: &str) -> anyhow::Result<Option<pb::RolloutSummary>> {
+    let sagas = bus.kv(names::SAGAS_BUCKET).await?;
+    Ok(sagas.get::<pb::RolloutSummary>(&keys::rollout_summary(id)).await?.map(|(s, _)| s))
+}
+
+/// Every compacted rollout, as the records they stand for (no plan, no site detail).
+pub async fn compacted_rollouts(bus: &Bus) -> anyhow::Result<Vec<pb::Rollout>> {
+    let sagas = bus.kv(names::SAGAS_BUCKET).await?;
+    Ok(sagas
+        .scan::<pb::RolloutSummary>(keys::ROLLOUT_SUMMARY_PREFIX)
+        .await?
+        .iter()
+        .map(|(_, s, _)| consumers::compaction::rollout_from_summary(s))
+        .collect())
+}
+
+/// What a compacted rollout's summary adds for people: when, and which sites failed.
+pub fn compacted_text(s: &pb::RolloutSummary) -> String {
+    let mut out = format!(
+        "compacted {} after the retention: per-site detail is gone\n",
+        crate::views::human::rfc3339_ms(s.compacted_unix_ms)
+    );
+    if !s.failed_sites.is_empty() {
+        let more = if s.failed_sites_more > 0 { format!(" and {} more", s.failed_sites_more) } else { String::new() };
+        out.push_str(&format!("failed    {}{more}\n", s.failed_sites.join(", ")));
+    }
+    out
 }
 
 /// What every node runs of one package, by (site, node), as observed.

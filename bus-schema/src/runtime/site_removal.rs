@@ -1,0 +1,40 @@
+//! What the hub's streams hold for one site, removed when the site is: its gateway's durable
+//! consumer ([`Bus::delete_gateway_consumer`]) and its jobs not yet delivered
+//! ([`Bus::drop_site_jobs`]).
+
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::stream::ConsumerErrorKind;
+
+use super::connect::Bus;
+use super::error::{BusError, boxed};
+use crate::names;
+
+impl Bus {
+    /// Deletes the site's gateway durable on the jobs stream; whether there was one.
+    ///
+    /// # Errors
+    /// When the stream cannot be reached or the server refuses.
+    pub async fn delete_gateway_consumer(&self, site: &str) -> Result<bool, BusError> {
+        let durable = names::gateway_consumer(site);
+        let err = |source| BusError::Consume { consumer: durable.clone(), source };
+        let stream = self.jetstream().get_stream(names::JOBS_STREAM).await.map_err(|e| err(boxed(e)))?;
+        match stream.delete_consumer(&durable).await {
+            Ok(status) => Ok(status.success),
+            Err(e) if matches!(e.kind(), ConsumerErrorKind::JetStream(j) if j.error_code() == ErrorCode::CONSUMER_NOT_FOUND) => {
+                Ok(false)
+            }
+            Err(e) => Err(err(boxed(e))),
+        }
+    }
+
+    /// Drops every job of `site` still in the jobs stream; how many there were.
+    ///
+    /// # Errors
+    /// When the stream cannot be reached or the purge is refused.
+    pub async fn drop_site_jobs(&self, site: &str) -> Result<u64, BusError> {
+        let err = |source| BusError::Topology { what: "stream purge", name: names::JOBS_STREAM.to_string(), source };
+        let stream = self.jetstream().get_stream(names::JOBS_STREAM).await.map_err(|e| err(boxed(e)))?;
+        let purged = stream.purge().filter(names::site_jobs(site)).await.map_err(|e| err(boxed(e)))?;
+        Ok(purged.purged)
+    }
+}

@@ -1,0 +1,280 @@
+//! What landfall keeps, and for how long: finished installs and rollouts compacted to summaries
+//! after the retention (and still shown), recovery that reads only what is under way, a node
+//! that left forgotten for good, and a site removed whole.
+
+use std::time::{Duration, Instant};
+
+use bus_schema::names::{self, keys};
+use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::retention::StorePolicy;
+use bus_schema::runtime::{Bus, Envelope, Kv, Topology};
+use consumers::orchestrator::Orchestrator;
+use landfall_tests::cli::{landfall, text};
+use landfall_tests::fleet::{Fleet, kubelet};
+use landfall_tests::nats::NatsServer;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn short_retention() -> StorePolicy {
+    StorePolicy {
+        finished_retention: Duration::from_secs(1),
+        compaction_interval: Duration::from_millis(300),
+        marker_retention: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
+async fn until<F: AsyncFn() -> bool>(what: &str, f: F) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether the bucket's stream still holds any message (a marker included) for `key`.
+async fn any_message(bus: &Bus, bucket: &str, key: &str) -> bool {
+    let stream = bus.jetstream().get_stream(names::kv_stream(bucket)).await.unwrap();
+    stream.get_last_raw_message_by_subject(&format!("$KV.{bucket}.{key}")).await.is_ok()
+}
+
+async fn register_kubelet(fleet: &Fleet) {
+    let env = Envelope::root();
+    let cmd = pb::RegisterPackage { package: Some(kubelet("1.30.0")), auto_rollout: None };
+    fleet.bus.publish_command(&cmd, &env).await.unwrap();
+    fleet.wait_for(pb::PackageRegistered::filter(), &env.id, WAIT).await.expect("registered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_installs_and_rollouts_leave_summaries_and_are_still_shown() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(2).store_policy(short_retention()).start().await;
+    let install = fleet.install(&fleet.site_id(0)).await;
+    fleet.wait_install(&install).await;
+    register_kubelet(&fleet).await;
+    let cmd =
+        fleet.patch(pb::PatchPackage { name: "kubelet".into(), version: "1.30.0".into(), ..Default::default() }).await;
+    fleet.wait_rollout(&cmd.id, WAIT).await;
+    let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+
+    until("the rollout and the install compacted", async || {
+        let r = sagas.get::<pb::Rollout>(&keys::rollout(&cmd.id)).await.unwrap();
+        let s = sagas.get::<pb::InstallSaga>(&keys::saga(&install.id)).await.unwrap();
+        r.is_none() && s.is_none()
+    })
+    .await;
+    let (summary, _) = sagas.get::<pb::RolloutSummary>(&keys::rollout_summary(&cmd.id)).await.unwrap().unwrap();
+    assert_eq!((summary.phase, summary.sites, summary.patched), (pb::RolloutPhase::Completed as i32, 1, 2));
+    let (saga, _) = sagas.get::<pb::SagaSummary>(&keys::saga_summary(&install.id)).await.unwrap().unwrap();
+    assert_eq!((saga.outcome, saga.nodes), (pb::InstallOutcome::Success as i32, 2));
+    // The plan and the site's record went with it, and so do the index entries.
+    assert!(sagas.get::<pb::RolloutPlanChunk>(&keys::rollout_plan(&cmd.id, 0)).await.unwrap().is_none());
+    let site = fleet.site_id(0);
+    assert!(sagas.get::<pb::RolloutSite>(&keys::rollout_site(&cmd.id, &site)).await.unwrap().is_none());
+    assert!(sagas.scan::<pb::ActiveEntry>("active.").await.unwrap().is_empty());
+    // Once older than the marker retention, not even the deletion markers stay.
+    until("the markers swept", async || {
+        !any_message(&fleet.bus, names::SAGAS_BUCKET, &keys::rollout_plan(&cmd.id, 0)).await
+            && !any_message(&fleet.bus, names::SAGAS_BUCKET, &keys::saga(&install.id)).await
+    })
+    .await;
+
+    // People still see both.
+    let url = server.url();
+    let show = landfall(&url, &["rollout", "show", &cmd.id]).await;
+    let out = text(&show.stdout);
+    assert!(show.status.success(), "{out}{}", text(&show.stderr));
+    assert!(out.contains("completed") && out.contains("compacted"), "{out}");
+    let list = landfall(&url, &["rollout", "list"]).await;
+    assert!(text(&list.stdout).contains(&cmd.id), "{}", text(&list.stdout));
+    let status = landfall(&url, &["status", &site, "-o", "json"]).await;
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let installed = &status[0]["install"];
+    assert_eq!(installed["compacted"], true, "{status}");
+    assert_eq!(installed["outcome"], "INSTALL_OUTCOME_SUCCESS", "{status}");
+    fleet.stop().await;
+}
+
+/// A saga as a crash left it: its outbox written, not published.
+fn saga_with_outbox(id: &str, phase: pb::InstallPhase) -> pb::InstallSaga {
+    let entry = pb::OutboxEntry {
+        subject: names::event_subject("edge-01", pb::SiteInstallStarted::AGGREGATE, pb::SiteInstallStarted::KIND),
+        message_type: pb::SiteInstallStarted::TYPE.into(),
+        message_id: bus_schema::ids::new_id().to_string(),
+        payload: prost::Message::encode_to_vec(&pb::SiteInstallStarted {
+            site_id: "edge-01".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    pb::InstallSaga {
+        saga_id: id.into(),
+        site_id: "edge-01".into(),
+        phase: phase as i32,
+        started_unix_ms: 1,
+        finished_unix_ms: 2,
+        outbox: vec![entry],
+        ..Default::default()
+    }
+}
+
+async fn write_many(sagas: &Kv, n: usize) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let writes = chunk.iter().map(|i| {
+            let id = format!("finished-{i}");
+            let saga = saga_with_outbox(&id, pb::InstallPhase::Succeeded);
+            async move { sagas.put(&keys::saga(&id), &saga).await.unwrap() }
+        });
+        futures::future::join_all(writes).await;
+    }
+}
+
+/// Startup recovery reads the index of what is under way: 5,000 ended sagas (here even with
+/// outboxes a reader of every saga would settle) are not read; the 5 under way are settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_reads_the_sagas_under_way_not_history() {
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "storage-test").await.unwrap();
+    bus.ensure_topology(&Topology::default()).await.unwrap();
+    let sagas = bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    write_many(&sagas, 5_000).await;
+    for i in 0..5 {
+        let id = format!("active-{i}");
+        let entry = pb::ActiveEntry { id: id.clone(), site_id: "edge-01".into(), started_unix_ms: 1 };
+        sagas.put(&keys::active_saga(&id), &entry).await.unwrap();
+        sagas.put(&keys::saga(&id), &saga_with_outbox(&id, pb::InstallPhase::ProvisioningOs)).await.unwrap();
+    }
+    let orchestrator = Orchestrator::new(bus.clone(), StorePolicy::default()).await.unwrap();
+    let started = Instant::now();
+    let settled = orchestrator.recover().await.unwrap();
+    let took = started.elapsed();
+    eprintln!("recovery with 5000 ended and 5 active sagas: {settled} settled in {took:?}");
+    assert_eq!(settled, 5, "only the sagas under way are read");
+    for i in 0..5 {
+        let (s, _) = sagas.get::<pb::InstallSaga>(&keys::saga(&format!("active-{i}"))).await.unwrap().unwrap();
+        assert!(s.outbox.is_empty(), "its outbox was published");
+    }
+    let (s, _) = sagas.get::<pb::InstallSaga>(&keys::saga("finished-7")).await.unwrap().unwrap();
+    assert_eq!(s.outbox.len(), 1, "an ended saga is not read");
+}
+
+async fn observed_keys(fleet: &Fleet, site: &str, node: &str) -> usize {
+    let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    observed.scan::<pb::ObservedVersion>(&keys::observed_node_prefix(site, node)).await.unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_left_is_forgotten_and_a_late_report_does_not_bring_it_back() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(3).start().await;
+    let site = fleet.site_id(0);
+    let install = fleet.install(&site).await;
+    fleet.wait_install(&install).await;
+    assert!(observed_keys(&fleet, &site, "node-3").await > 0);
+
+    let env = Envelope::root();
+    let cmd = pb::NodeRemoved { site_id: site.clone(), node: "node-3".into(), ..Default::default() };
+    fleet.bus.publish_command(&cmd, &env).await.unwrap();
+    fleet.wait_for(pb::NodeLeft::filter(), &env.id, WAIT).await.expect("NodeLeft");
+    until("node-3's observed keys gone", async || observed_keys(&fleet, &site, "node-3").await == 0).await;
+
+    // A report of node-3 from the install (which started before it left) arrives late; then
+    // one of node-2, handled after it (a site's events are handled in order).
+    let packages = vec![pb::PackageRef { name: "kubelet".into(), version: "9.9.9".into() }];
+    for node in ["node-3", "node-2"] {
+        let late = pb::NodeReady {
+            site_id: site.clone(),
+            node: node.into(),
+            packages: packages.clone(),
+            ..Default::default()
+        };
+        fleet.bus.publish_event(&late, &install.derive("late", Some(node))).await.unwrap();
+    }
+    let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    until("node-2's report written", async || {
+        let got = observed.get::<pb::ObservedVersion>(&keys::observed(&site, "node-2", "kubelet")).await.unwrap();
+        got.is_some_and(|(v, _)| v.version == "9.9.9")
+    })
+    .await;
+    assert_eq!(observed_keys(&fleet, &site, "node-3").await, 0, "the late report of node-3 was not written");
+    fleet.stop().await;
+}
+
+async fn remove(fleet: &Fleet, site: &str) -> pb::SiteRemoved {
+    let env = Envelope::root();
+    fleet.bus.publish_command(&pb::RemoveSite { site_id: site.into(), reason: "closed".into() }, &env).await.unwrap();
+    let e = fleet.wait_for(names::EVENTS_ALL.to_string(), &env.id, WAIT).await.expect("an answer");
+    match e.delivery.type_name.as_str() {
+        pb::SiteRemoved::TYPE => e.delivery.decode().unwrap(),
+        other => panic!("{other}: {:?}", e.delivery.decode::<pb::CommandRejected>()),
+    }
+}
+
+async fn refusal(fleet: &Fleet, site: &str) -> pb::CommandRejected {
+    let env = Envelope::root();
+    fleet.bus.publish_command(&pb::RemoveSite { site_id: site.into(), reason: String::new() }, &env).await.unwrap();
+    let e = fleet.wait_for(names::EVENTS_ALL.to_string(), &env.id, WAIT).await.expect("an answer");
+    assert_eq!(e.delivery.type_name, pb::CommandRejected::TYPE);
+    e.delivery.decode().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_site_leaves_nothing_behind_but_its_install_summary() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(2).nodes(2).start().await;
+    let (site, other) = (fleet.site_id(0), fleet.site_id(1));
+    let install = fleet.install(&site).await;
+    fleet.wait_install(&install).await;
+    let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+
+    // Unknown sites are refused; so is a site a rollout holds.
+    assert_eq!(refusal(&fleet, "edge-99").await.code, pb::RejectCode::UnknownSite as i32);
+    let lease = pb::SiteLease {
+        site_id: site.clone(),
+        saga_id: "0190a1b2-0000-7000-8000-000000000001".into(),
+        acquired_unix_ms: i64::try_from(
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis(),
+        )
+        .unwrap(),
+        holder: pb::LeaseHolder::Rollout as i32,
+    };
+    sagas.put(&keys::site_lease(&site), &lease).await.unwrap();
+    let busy = refusal(&fleet, &site).await;
+    assert_eq!(busy.code, pb::RejectCode::Conflict as i32);
+    assert!(busy.reason.contains("rollout"), "{}", busy.reason);
+    sagas.purge(&keys::site_lease(&site)).await.unwrap();
+
+    // Its gateway stops, and a job waits for it in the stream.
+    fleet.stop_gateway(0);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stage = Envelope::root();
+    fleet.bus.publish_command(&pb::StageSite { site_id: site.clone(), design_revision: 0 }, &stage).await.unwrap();
+    let jobs = fleet.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    until("the stage job in the stream", async || {
+        let mut info = jobs.clone();
+        info.info().await.unwrap().state.messages >= 1
+    })
+    .await;
+
+    let removed = remove(&fleet, &site).await;
+    assert_eq!((removed.jobs_dropped, removed.reason.as_str()), (1, "closed"));
+    let mut info = jobs.clone();
+    assert_eq!(info.info().await.unwrap().state.messages, 0, "its jobs are gone");
+    assert!(jobs.consumer_info(names::gateway_consumer(&site)).await.is_err(), "its consumer is gone");
+    assert!(jobs.consumer_info(names::gateway_consumer(&other)).await.is_ok(), "the other site's stays");
+    let sites = fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
+    assert!(sites.get::<pb::SiteDesign>(&keys::site(&site)).await.unwrap().is_none());
+    assert!(sites.get::<pb::SiteDesign>(&keys::site(&other)).await.unwrap().is_some());
+    assert!(sagas.get::<pb::InstallSaga>(&keys::saga(&install.id)).await.unwrap().is_none());
+    assert!(sagas.get::<pb::SagaSummary>(&keys::saga_summary(&install.id)).await.unwrap().is_some());
+    until("observed keys and kubeconfig gone", async || {
+        let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+        let kubeconfigs = fleet.bus.kv(names::KUBECONFIGS_BUCKET).await.unwrap();
+        observed.scan::<pb::ObservedVersion>(&keys::observed_site_prefix(&site)).await.unwrap().is_empty()
+            && kubeconfigs.get::<pb::SealedSecret>(&keys::kubeconfig(&site)).await.unwrap().is_none()
+    })
+    .await;
+    // Removed once: a second removal names an unknown site.
+    assert_eq!(refusal(&fleet, &site).await.code, pb::RejectCode::UnknownSite as i32);
+    fleet.stop().await;
+}
