@@ -14,7 +14,7 @@ use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::domain::{NodeDesign, Role, SiteDesign};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusCommand, BusMessage};
-use bus_schema::runtime::{Bus, Envelope, EventReader};
+use bus_schema::runtime::{Bus, Delivery, Envelope, EventReader};
 use consumers::artifacts::ArtifactStore;
 use serde::Serialize;
 use serde_json::json;
@@ -108,8 +108,14 @@ impl Batch {
     }
 
     /// Waits until every operation has ended, or the batch's time is up.
-    async fn wait(mut self) -> anyhow::Result<Tally> {
+    async fn wait(self) -> anyhow::Result<Tally> {
+        Ok(self.wait_for_ends().await?.0)
+    }
+
+    /// As [`Batch::wait`], with the events that ended operations well.
+    async fn wait_for_ends(mut self) -> anyhow::Result<(Tally, Vec<Delivery>)> {
         let mut tally = Tally::default();
+        let mut ended = Vec::new();
         let deadline = tokio::time::Instant::now() + BATCH_TIMEOUT;
         while !self.pending.is_empty() {
             let e = match tokio::time::timeout_at(deadline, self.reader.next()).await {
@@ -130,6 +136,7 @@ impl Batch {
             let Some(ends) = self.pending.get(&key).copied() else { continue };
             if ends.ok.contains(&t) {
                 tally.ok += 1;
+                ended.push(e.delivery);
             } else if ends.failed.contains(&t) {
                 tally.failed += 1;
                 let what = pb::decode_to_json(t, &e.delivery.payload).and_then(Result::ok).unwrap_or_default();
@@ -147,7 +154,7 @@ impl Batch {
             tally.timed_out += 1;
             tally.note(format!("{} did not end within {BATCH_TIMEOUT:?}", ends.what));
         }
-        Ok(tally)
+        Ok((tally, ended))
     }
 }
 
@@ -158,6 +165,8 @@ pub(super) struct DayOps {
     pub nodes_removed: Tally,
     pub designs_changed: Tally,
     pub rollout: Tally,
+    /// Nodes the day's rollout moved to the new version.
+    pub nodes_patched: u32,
     pub installs: Tally,
 }
 
@@ -217,7 +226,7 @@ impl SoakFleet {
         let mut ops = DayOps::default();
         (ops.nodes_joined, ops.nodes_removed) = self.node_churn(day).await?;
         ops.designs_changed = self.design_changes(day).await?;
-        ops.rollout = self.rollout(day).await?;
+        (ops.rollout, ops.nodes_patched) = self.rollout(day).await?;
         ops.installs = self.install(&self.turn(day, 3, self.share())).await?;
         Ok(ops)
     }
@@ -278,8 +287,9 @@ impl SoakFleet {
         batch.wait().await
     }
 
-    /// A new kubelet (its bytes in the artifact store) registered, then rolled out to every site.
-    async fn rollout(&self, day: usize) -> anyhow::Result<Tally> {
+    /// A new kubelet (its bytes in the artifact store) registered, then rolled out to every site;
+    /// how that ended, and how many nodes it patched.
+    async fn rollout(&self, day: usize) -> anyhow::Result<(Tally, u32)> {
         let version = format!("1.30.{day}");
         let mut package = super::super::target_package();
         package.version.clone_from(&version);
@@ -304,8 +314,13 @@ impl SoakFleet {
             ..Default::default()
         };
         patch.command(&self.bus, &cmd, ROLLOUT).await?;
-        tally.add(patch.wait().await?);
-        Ok(tally)
+        let (patched, ended) = patch.wait_for_ends().await?;
+        tally.add(patched);
+        let mut nodes = 0;
+        for d in ended {
+            nodes += d.decode::<pb::RolloutCompleted>()?.patched;
+        }
+        Ok((tally, nodes))
     }
 }
 

@@ -70,7 +70,7 @@ impl Day {
             .collect();
         let ops = self.ops.total();
         format!(
-            "day {}: streams {} ({}); caches {}; process RSS {}{}; recovery {:.1} ms; ops ok {} refused {} failed {} timed out {}, busy {:.1} s",
+            "day {}: streams {} ({}); caches {}; process RSS {}{}; recovery {:.1} ms; ops ok {} refused {} failed {} timed out {} ({} nodes patched), busy {:.1} s",
             self.day,
             kib(self.stream_bytes_total),
             streams.join(", "),
@@ -82,6 +82,7 @@ impl Day {
             ops.refused,
             ops.failed,
             ops.timed_out,
+            self.ops.nodes_patched,
             self.busy_seconds,
         )
     }
