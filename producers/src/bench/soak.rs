@@ -175,8 +175,13 @@ pub async fn soak(url: &str, args: SoakArgs) -> anyhow::Result<serde_json::Value
             let design = demo_site(i, args.nodes);
             let sim = SimSite::new(design.site.as_str(), &design.nodes, SimConfig::instant());
             let cache = ArtifactCache::new(caches.join(design.site.as_str()));
-            let gateway =
-                site_gateway::run_gateway(design.site.clone(), bus.clone(), Arc::new(sim.clone()), cache, shutdown.clone());
+            let gateway = site_gateway::run_gateway(
+                design.site.clone(),
+                bus.clone(),
+                Arc::new(sim.clone()),
+                cache,
+                shutdown.clone(),
+            );
             services.spawn(gateway);
             sites.push((design, sim));
         }
@@ -250,10 +255,13 @@ fn summary(args: &SoakArgs, keeping: &Keeping, raw: f64, payload: usize, days: V
         Some(false) => "no",
         None => "unknown",
     };
-    let failed_ops: u32 = days.iter().map(|d| {
-        let t = d.ops.total();
-        t.refused + t.failed + t.timed_out
-    }).sum();
+    let failed_ops: u32 = days
+        .iter()
+        .map(|d| {
+            let t = d.ops.total();
+            t.refused + t.failed + t.timed_out
+        })
+        .sum();
     eprintln!("flat: {verdict} (growth under {FLAT_PERCENT} %); operations not ended well: {failed_ops}");
     json!({
         "bench": "soak",

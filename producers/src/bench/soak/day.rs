@@ -280,8 +280,7 @@ impl SoakFleet {
             let site = self.sites[i].0.site.as_str();
             let Some((mut current, revision)) = sites.get::<pb::SiteDesign>(&keys::site(site)).await? else { continue };
             current.labels.insert("soak-day".into(), day.to_string());
-            let cmd =
-                pb::RegisterSite { design: Some(current), expected: Some(pb::ExpectedRevision { revision }) };
+            let cmd = pb::RegisterSite { design: Some(current), expected: Some(pb::ExpectedRevision { revision }) };
             batch.command(&self.bus, &cmd, REGISTER).await?;
         }
         batch.wait().await
@@ -361,7 +360,9 @@ fn design_documents(d: &SiteDesign, day: usize) -> pb::DesignSource {
             .iter()
             .map(|p| json!({ "name": p.name.as_str(), "version": p.version.as_str() }))
             .collect();
-        docs.push(json!({ "kind": "HostProfile", "name": role_name(role), "role": role_name(role), "packages": packages }));
+        docs.push(
+            json!({ "kind": "HostProfile", "name": role_name(role), "role": role_name(role), "packages": packages }),
+        );
     }
     for (i, n) in d.nodes.iter().enumerate() {
         docs.push(json!({

@@ -66,7 +66,9 @@ impl Day {
         let streams: Vec<String> = self
             .streams
             .iter()
-            .map(|(n, s)| format!("{} {}", n.trim_start_matches("LANDFALL_").trim_start_matches("KV_landfall-"), kib(s.bytes)))
+            .map(|(n, s)| {
+                format!("{} {}", n.trim_start_matches("LANDFALL_").trim_start_matches("KV_landfall-"), kib(s.bytes))
+            })
             .collect();
         let ops = self.ops.total();
         format!(
@@ -162,10 +164,10 @@ pub(super) fn growth(baseline: &Day, last: &Day) -> Vec<Growth> {
         .into_iter()
         .filter_map(|(measure, last)| {
             let baseline = *before.get(&measure)?;
-            let percent = match (baseline, last) {
-                (b, l) if b == 0.0 && l == 0.0 => Some(0.0),
-                (b, _) if b == 0.0 => None,
-                (b, l) => Some(((l - b) / b * 1000.0).round() / 10.0),
+            let percent = if baseline == 0.0 {
+                (last == 0.0).then_some(0.0)
+            } else {
+                Some(((last - baseline) / baseline * 1000.0).round() / 10.0)
             };
             Some(Growth { measure, baseline, last, percent })
         })
