@@ -7,7 +7,10 @@
 //! - `install`: one site installed with realistic durations scaled down, against the slowest
 //!   node's chain of steps.
 //! - `transfer`: an artifact through the artifact store and over the bus ([`transfer`]).
+//! - `soak`: simulated days of a fleet's operations, and whether storage, memory and recovery
+//!   stay flat over them ([`soak`]).
 
+pub mod soak;
 pub mod transfer;
 
 use std::path::PathBuf;
@@ -79,6 +82,11 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 60.0)]
         time_scale: f64,
     },
+    /// Simulated days of a fleet's operations (hosts arriving and leaving, design changes, a
+    /// rollout, re-installs), each --day-length of wall time with keeping times scaled to it:
+    /// every stream's and bucket's bytes, the sites' caches, RSS and a fresh orchestrator's
+    /// recovery time at the end of each day, and their growth over the run.
+    Soak(soak::SoakArgs),
 }
 
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
@@ -113,6 +121,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                 anyhow::ensure!(nodes >= 1 && time_scale > 0.0, "--nodes must be at least 1 and --time-scale positive");
                 install(&url, nodes, time_scale).await
             }
+            BenchCommand::Soak(args) => soak::soak(&url, args).await,
         }
     };
     // Ctrl-C or SIGTERM: the server is stopped and its temporary store removed all the same.
