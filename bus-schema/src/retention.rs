@@ -18,6 +18,10 @@ pub struct StorePolicy {
     /// How long the marker a deletion leaves in a KV bucket is kept (so watchers see the
     /// deletion) before the compaction removes it.
     pub marker_retention: Duration,
+    /// How long what is kept of something ended is kept: a compacted saga's or rollout's
+    /// summary, and the record that a node left its site (a late report of it is not written
+    /// meanwhile). Like the commands and events it summarises, 30 days by default.
+    pub summary_retention: Duration,
 }
 
 /// Seven days.
@@ -30,6 +34,8 @@ pub const SITE_CACHE_BYTES: u64 = 20 << 30;
 pub const COMPACTION_INTERVAL: Duration = Duration::from_secs(60);
 /// One hour.
 pub const MARKER_RETENTION: Duration = Duration::from_secs(3600);
+/// Thirty days, as long as commands and events are kept.
+pub const SUMMARY_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 impl Default for StorePolicy {
     fn default() -> Self {
@@ -39,6 +45,7 @@ impl Default for StorePolicy {
             site_cache_bytes: SITE_CACHE_BYTES,
             compaction_interval: COMPACTION_INTERVAL,
             marker_retention: MARKER_RETENTION,
+            summary_retention: SUMMARY_RETENTION,
         }
     }
 }
@@ -80,6 +87,12 @@ impl StorePolicy {
         now_ms.saturating_sub(written_unix_ms) >= i64::try_from(self.marker_retention.as_millis()).unwrap_or(i64::MAX)
     }
 
+    /// Whether a summary of something that ended at `ended_unix_ms` (or a node's departure
+    /// then) has been kept long enough at `now_ms`.
+    pub fn summary_due(&self, ended_unix_ms: i64, now_ms: i64) -> bool {
+        now_ms.saturating_sub(ended_unix_ms) >= i64::try_from(self.summary_retention.as_millis()).unwrap_or(i64::MAX)
+    }
+
     /// The newest design revision to prune once `latest` is written (older ones went before, or
     /// go with it): `None` while `latest` is within the revisions kept.
     pub fn prune_design_through(&self, latest: u64) -> Option<u64> {
@@ -104,6 +117,13 @@ mod tests {
         assert!(!p.compaction_due(9_000, 10_000));
         assert!(p.compaction_due(8_000, 10_000));
         assert!(StorePolicy::default().compaction_due(1, i64::MAX));
+    }
+
+    #[test]
+    fn a_summary_goes_once_its_own_retention_has_passed() {
+        let p = StorePolicy { summary_retention: Duration::from_secs(5), ..Default::default() };
+        assert!(!p.summary_due(6_000, 10_000));
+        assert!(p.summary_due(5_000, 10_000));
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub mod secrets;
 pub mod store_watch;
 
 pub use distribution::{artifacts, run_distribution};
-pub use observer::run_observer;
+pub use observer::{run_observer, run_observer_with};
 pub use orchestrator::{OrchestratorOptions, run_orchestrator, run_orchestrator_with};
 pub use secrets::kubeconfig::{self, run_kubeconfig};
 pub use secrets::service::run_secrets_service;

@@ -111,6 +111,20 @@ impl Observer {
         Ok(())
     }
 
+    /// Forgets the departures older than the summary retention: no report of a node that left
+    /// that long ago can still come (its jobs and events are gone by then).
+    async fn forget_old_departures(&self, policy: &retention::StorePolicy, now: i64) -> Result<usize, BusError> {
+        let mut forgotten = 0;
+        for (key, d, rev) in self.observed.scan::<pb::NodeDeparted>(keys::DEPARTED_PREFIX).await? {
+            if policy.summary_due(d.left_unix_ms, now)
+                && self.observed.purge_if(&key, rev).await? != runtime::Cas::Conflict
+            {
+                forgotten += 1;
+            }
+        }
+        Ok(forgotten)
+    }
+
     /// Forgets everything observed at a removed site, and its departed nodes.
     async fn site_removed(&self, site: &str) -> Result<(), HandlerError> {
         let observed = self.observed.scan::<pb::ObservedVersion>(&keys::observed_site_prefix(site)).await?;
@@ -202,6 +216,15 @@ pub fn observed_event_filters() -> Vec<String> {
 
 /// Runs the observer until `shutdown`.
 pub async fn run_observer(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_observer_with(bus, retention::StorePolicy::default(), shutdown).await
+}
+
+/// [`run_observer`], sweeping deletion markers as `policy` says (how often, how old).
+pub async fn run_observer_with(
+    bus: Bus,
+    policy: retention::StorePolicy,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let observer = Arc::new(Observer::new(&bus).await?);
     let spec = ConsumerSpec::new(
         names::EVENTS_STREAM,
@@ -212,7 +235,7 @@ pub async fn run_observer(bus: Bus, shutdown: CancellationToken) -> anyhow::Resu
     // A node's reports are written in the order they were made; sites run side by side.
     .ordered_by_token(names::EVENT_SCOPE_TOKEN, None)
     .concurrency(512);
-    let sweep = tokio::spawn(sweep_markers(observer.clone(), shutdown.clone()));
+    let sweep = tokio::spawn(sweep_markers(observer.clone(), policy, shutdown.clone()));
     runtime::consume(bus, spec, Arc::new(Events(observer)), shutdown).await?;
     let _ = sweep.await;
     Ok(())
@@ -220,16 +243,19 @@ pub async fn run_observer(bus: Bus, shutdown: CancellationToken) -> anyhow::Resu
 
 /// Removes the markers forgotten keys leave in `landfall-observed` once they are old (see
 /// `Kv::sweep_markers`), every compaction interval, until `shutdown`.
-async fn sweep_markers(observer: Arc<Observer>, shutdown: CancellationToken) {
-    let mut every = tokio::time::interval(retention::COMPACTION_INTERVAL);
+async fn sweep_markers(observer: Arc<Observer>, policy: retention::StorePolicy, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(policy.compaction_interval);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = every.tick() => {}
         }
-        if let Err(e) = observer.observed.sweep_markers(">", retention::MARKER_RETENTION, now_ms()).await {
+        if let Err(e) = observer.observed.sweep_markers(">", policy.marker_retention, now_ms()).await {
             warn!(error = %runtime::error_chain(&e), "sweeping the observed bucket's markers failed; trying again later");
+        }
+        if let Err(e) = observer.forget_old_departures(&policy, now_ms()).await {
+            warn!(error = %runtime::error_chain(&e), "forgetting old departures failed; trying again later");
         }
     }
 }

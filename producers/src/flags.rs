@@ -56,6 +56,17 @@ pub struct RetentionArgs {
     #[arg(long, env = "LANDFALL_DESIGN_REVISIONS", default_value_t = bus_schema::retention::DESIGN_REVISIONS,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub design_revisions: u32,
+    /// How often finished sagas and rollouts past their retention are compacted.
+    #[arg(long, env = "LANDFALL_COMPACTION_EVERY", value_parser = parse_duration, default_value = "1m")]
+    pub compaction_every: Duration,
+    /// How long the marker a deletion leaves in a bucket is kept (watchers see the deletion
+    /// meanwhile) before compaction removes it.
+    #[arg(long, env = "LANDFALL_MARKER_RETENTION", value_parser = parse_duration, default_value = "1h")]
+    pub marker_retention: Duration,
+    /// How long the summary of a compacted saga or rollout, and the record that a node left its
+    /// site, are kept.
+    #[arg(long, env = "LANDFALL_SUMMARY_RETENTION", value_parser = parse_duration, default_value = "30d")]
+    pub summary_retention: Duration,
 }
 
 impl RetentionArgs {
@@ -63,6 +74,9 @@ impl RetentionArgs {
         bus_schema::retention::StorePolicy {
             finished_retention: self.finished_retention,
             design_revisions: self.design_revisions,
+            compaction_interval: self.compaction_every,
+            marker_retention: self.marker_retention,
+            summary_retention: self.summary_retention,
             ..Default::default()
         }
     }

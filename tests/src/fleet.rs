@@ -259,7 +259,8 @@ impl FleetBuilder {
             let replica = Bus::connect_with(&self.url, &name, &access(&Role::Orchestrator)).await.expect("connect");
             tasks.spawn(consumers::run_orchestrator(replica, self.policy, shutdown.clone()));
         }
-        tasks.spawn(consumers::run_observer(connect(Role::Observer, "landfall-test-observer").await, shutdown.clone()));
+        let observer = connect(Role::Observer, "landfall-test-observer").await;
+        tasks.spawn(consumers::run_observer_with(observer, self.policy, shutdown.clone()));
         let dir = tempfile::tempdir().expect("a temporary directory");
         // The kubeconfig collector and the secrets service, under a key file in `dir`.
         let key_ring = crate::secrets::test_key_ring(dir.path());

@@ -304,46 +304,77 @@ async fn a_command_that_keeps_failing_is_dead_lettered_and_replayed_once_fixed()
 /// holds which.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_keep_a_sites_commands_in_order() {
+    const SITES: usize = 12;
     let server = NatsServer::start();
-    let fleet = Fleet::builder(&server.url()).orchestrators(2).start().await;
-    let site = fleet.site_id(0);
+    let fleet = Fleet::builder(&server.url()).sites(SITES).nodes(2).orchestrators(2).start().await;
     let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
-    // Another saga holds the site (one that has no record yet is young: it holds for a minute).
-    let lease = pb::SiteLease {
-        site_id: site.clone(),
-        saga_id: "held-by-the-test".into(),
-        acquired_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
-            as i64,
-        holder: 0,
-    };
-    sagas.put(&keys::site_lease(&site), &lease).await.unwrap();
-
-    let node = fleet.sites[0].0.nodes[0].name.to_string();
-    let first = Envelope::root();
-    let remove = pb::NodeRemoved { site_id: site.clone(), node, boot_mac: String::new(), reason: "test".into() };
-    fleet.bus.publish_command(&remove, &first).await.unwrap();
-    let second = Envelope::root();
-    let register = pb::RegisterSite { design: Some(pb::SiteDesign::from(&fleet.sites[0].0)), expected: None };
-    fleet.bus.publish_command(&register, &second).await.unwrap();
-
     let ledger = fleet.bus.kv(names::LEDGER_BUCKET).await.unwrap();
-    let handled = async |id: &str| {
-        ledger.get::<pb::CommandRecord>(&keys::command(id)).await.unwrap().map(|(r, _)| r.handled_unix_ms)
-    };
+    let record = async |id: &str| ledger.get::<pb::CommandRecord>(&keys::command(id)).await.unwrap().map(|(r, _)| r);
+    // Another saga holds each site (one that has no record yet is young: it holds for a minute).
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let mut pairs = Vec::new();
+    for i in 0..SITES {
+        let site = fleet.site_id(i);
+        let lease = pb::SiteLease {
+            site_id: site.clone(),
+            saga_id: "held-by-the-test".into(),
+            acquired_unix_ms: now,
+            holder: 0,
+        };
+        sagas.put(&keys::site_lease(&site), &lease).await.unwrap();
+        // A first command that must wait for the lease...
+        let node = fleet.sites[i].0.nodes[0].name.to_string();
+        let first = Envelope::root();
+        let remove = pb::NodeRemoved { site_id: site.clone(), node, boot_mac: String::new(), reason: "test".into() };
+        fleet.bus.publish_command(&remove, &first).await.unwrap();
+        pairs.push((site, first));
+    }
+    // The server hands messages to the replicas' pulls in turn: one command of another scope in
+    // between, so each site's next command goes to the replica that does not hold its first.
+    let other = pb::InstallSite { site_id: "edge-99".into(), design_revision: 0 };
+    fleet.bus.publish_command(&other, &Envelope::root()).await.unwrap();
+    // ... then a second command of each site, which needs no lease.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seconds = Vec::new();
+    for (i, (site, _)) in pairs.iter().enumerate() {
+        let second = Envelope::root();
+        let register = pb::RegisterSite { design: Some(pb::SiteDesign::from(&fleet.sites[i].0)), expected: None };
+        fleet.bus.publish_command(&register, &second).await.unwrap();
+        seconds.push(second);
+        assert!(!site.is_empty());
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(handled(&first.id).await, None, "the first waits for the lease");
-    assert_eq!(handled(&second.id).await, None, "the second waits for the first");
+    for ((site, first), second) in pairs.iter().zip(&seconds) {
+        assert!(record(&first.id).await.is_none(), "{site}: the first waits for the lease");
+        assert!(record(&second.id).await.is_none(), "{site}: the second waits for the first");
+    }
 
-    let (_, revision) = sagas.get::<pb::SiteLease>(&keys::site_lease(&site)).await.unwrap().unwrap();
-    sagas.delete_if(&keys::site_lease(&site), revision).await.unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let (a, b) = loop {
-        if let (Some(a), Some(b)) = (handled(&first.id).await, handled(&second.id).await) {
-            break (a, b);
-        }
-        assert!(tokio::time::Instant::now() < deadline, "both settle once the lease is free");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(a <= b, "the second ({b}) was carried out before the first ({a})");
+    for (site, _) in &pairs {
+        let (_, revision) = sagas.get::<pb::SiteLease>(&keys::site_lease(site)).await.unwrap().unwrap();
+        sagas.delete_if(&keys::site_lease(site), revision).await.unwrap();
+    }
+    let mut crossed = 0;
+    let mut replicas = std::collections::BTreeSet::new();
+    for ((site, first), second) in pairs.iter().zip(&seconds) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let (a, b) = loop {
+            if let (Some(a), Some(b)) = (record(&first.id).await, record(&second.id).await) {
+                break (a, b);
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{site}: both settle once the lease is free");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            a.handled_unix_ms <= b.handled_unix_ms,
+            "{site}: the second ({b:?}) was carried out before the first ({a:?})"
+        );
+        crossed += usize::from(a.handled_by != b.handled_by);
+        replicas.extend([a.handled_by, b.handled_by]);
+    }
+    // Both replicas took part; where a site's two commands went to different replicas, the
+    // order held across them (not only inside one process).
+    assert_eq!(replicas.len(), 2, "{replicas:?}");
+    assert!(crossed > 0, "no site's commands were split between the replicas: {replicas:?}");
+    eprintln!("{crossed} of {SITES} sites had their two commands carried out by different replicas");
     fleet.stop().await;
 }

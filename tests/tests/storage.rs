@@ -95,6 +95,33 @@ async fn finished_installs_and_rollouts_leave_summaries_and_are_still_shown() {
     fleet.stop().await;
 }
 
+/// What is kept of something ended goes too, after its own retention: a compacted install's
+/// summary, and the record that a node left its site.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summaries_and_departures_go_after_their_retention() {
+    let server = NatsServer::start();
+    let policy = StorePolicy { summary_retention: Duration::from_secs(3), ..short_retention() };
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(3).store_policy(policy).start().await;
+    let site = fleet.site_id(0);
+    let install = fleet.install(&site).await;
+    fleet.wait_install(&install).await;
+    let env = Envelope::root();
+    let cmd = pb::NodeRemoved { site_id: site.clone(), node: "node-3".into(), ..Default::default() };
+    fleet.bus.publish_command(&cmd, &env).await.unwrap();
+    fleet.wait_for(pb::NodeLeft::filter(), &env.id, WAIT).await.expect("NodeLeft");
+
+    let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let summary = async || sagas.get::<pb::SagaSummary>(&keys::saga_summary(&install.id)).await.unwrap().is_some();
+    let departed =
+        async || observed.get::<pb::NodeDeparted>(&keys::node_departed(&site, "node-3")).await.unwrap().is_some();
+    until("the install compacted into its summary", summary).await;
+    assert!(departed().await, "node-3's departure is remembered");
+    until("the summary gone after its retention", async || !summary().await).await;
+    until("the departure forgotten after its retention", async || !departed().await).await;
+    fleet.stop().await;
+}
+
 /// A saga as a crash left it: its outbox written, not published.
 fn saga_with_outbox(id: &str, phase: pb::InstallPhase) -> pb::InstallSaga {
     let entry = pb::OutboxEntry {

@@ -149,13 +149,13 @@ impl Bus {
     async fn ensure_bucket(&self, bucket: &str, topology: &Topology) -> Result<kv::Store, BusError> {
         // The ledger keeps a command's record as long as the commands stream keeps the command.
         let max_age = if bucket == names::LEDGER_BUCKET { topology.retention } else { Duration::ZERO };
+        // Every bucket keeps a key's latest value only: what landfall keeps of the past it keeps
+        // under keys of their own (design revisions, summaries), by policy.
+        let history = 1;
         if let Ok(store) = self.jetstream().get_key_value(bucket).await {
-            if bucket == names::LEDGER_BUCKET {
-                self.keep_ledger_for(max_age).await?;
-            }
+            self.align_bucket(bucket, max_age, history).await?;
             return Ok(store);
         }
-        let history = if bucket == names::SITES_BUCKET { 16 } else { 1 };
         let config = kv::Config {
             bucket: bucket.to_string(),
             history,
@@ -176,18 +176,19 @@ impl Bus {
         }
     }
 
-    /// Brings an existing ledger's keeping time to `max_age`, so a record lives as long as
-    /// its command.
-    async fn keep_ledger_for(&self, max_age: Duration) -> Result<(), BusError> {
-        let name = format!("KV_{}", names::LEDGER_BUCKET);
-        let topology_err =
-            |e: BoxError| BusError::Topology { what: "kv bucket", name: names::LEDGER_BUCKET.into(), source: e };
-        let mut stream = self.jetstream().get_stream(&name).await.map_err(|e| topology_err(boxed(e)))?;
+    /// Brings an existing bucket's keeping time and history to these (the ledger's age follows
+    /// the retention; a bucket made when it kept more history keeps only the latest value now).
+    async fn align_bucket(&self, bucket: &str, max_age: Duration, history: i64) -> Result<(), BusError> {
+        let topology_err = |e: BoxError| BusError::Topology { what: "kv bucket", name: bucket.into(), source: e };
+        let mut stream =
+            self.jetstream().get_stream(names::kv_stream(bucket)).await.map_err(|e| topology_err(boxed(e)))?;
         let current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
-        if current.max_age != max_age {
+        if current.max_age != max_age || current.max_messages_per_subject != history {
+            info!(bucket, ?max_age, history, "bucket's keeping changed");
             // A bucket's duplicate window may not outlast what it keeps.
-            let duplicate_window = current.duplicate_window.min(max_age);
-            let updated = stream::Config { max_age, duplicate_window, ..current };
+            let duplicate_window =
+                if max_age.is_zero() { current.duplicate_window } else { current.duplicate_window.min(max_age) };
+            let updated = stream::Config { max_age, duplicate_window, max_messages_per_subject: history, ..current };
             self.jetstream().update_stream(updated).await.map_err(|e| topology_err(boxed(e)))?;
         }
         Ok(())

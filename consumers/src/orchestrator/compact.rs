@@ -27,6 +27,8 @@ pub struct Compacted {
     /// Index entries added (a record under way that had none) or dropped (nothing under way).
     pub index_fixed: usize,
     pub markers: usize,
+    /// Summaries past their own retention, removed.
+    pub summaries: usize,
 }
 
 impl Orchestrator {
@@ -65,6 +67,7 @@ impl Orchestrator {
             }
         }
         done.index_fixed += self.drop_stale_index(now).await?;
+        done.summaries += self.drop_old_summaries(now).await?;
         let age = self.policy.marker_retention;
         done.markers += self.sagas.sweep_markers(">", age, now).await?;
         done.markers += self.sites.sweep_markers(">", age, now).await?;
@@ -88,6 +91,30 @@ impl Orchestrator {
             parts += 1;
         }
         Ok(parts)
+    }
+
+    /// Removes the summaries kept past [`bus_schema::retention::StorePolicy::summary_retention`]
+    /// (by when what they summarise ended); how many went.
+    async fn drop_old_summaries(&self, now: i64) -> Result<usize, BusError> {
+        let ended = |finished: i64, compacted: i64| if finished > 0 { finished } else { compacted };
+        let mut due = Vec::new();
+        for (key, s, rev) in self.sagas.scan::<pb::SagaSummary>(keys::SAGA_SUMMARY_PREFIX).await? {
+            if self.policy.summary_due(ended(s.finished_unix_ms, s.compacted_unix_ms), now) {
+                due.push((key, rev));
+            }
+        }
+        for (key, r, rev) in self.sagas.scan::<pb::RolloutSummary>(keys::ROLLOUT_SUMMARY_PREFIX).await? {
+            if self.policy.summary_due(ended(r.finished_unix_ms, r.compacted_unix_ms), now) {
+                due.push((key, rev));
+            }
+        }
+        let mut dropped = 0;
+        for (key, rev) in due {
+            if self.sagas.purge_if(&key, rev).await? != Cas::Conflict {
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
     }
 
     /// Puts `key` into the index of what is under way if it is not there; whether it was added.
@@ -141,6 +168,7 @@ pub(super) async fn compact_periodically(orchestrator: std::sync::Arc<Orchestrat
                 parts = c.rollout_parts,
                 index = c.index_fixed,
                 markers = c.markers,
+                summaries = c.summaries,
                 "compacted"
             ),
             Err(e) => warn!(error = %runtime::error_chain(&e), "compaction failed; trying again next time"),

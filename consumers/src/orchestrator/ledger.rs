@@ -11,7 +11,11 @@ use bus_schema::runtime::{Delivery, HandlerError, Kv, Update};
 
 use crate::clock::now_ms;
 
-pub(super) struct Ledger(pub(super) Kv);
+pub(super) struct Ledger {
+    pub(super) kv: Kv,
+    /// This replica, as its records name it (`CommandRecord.handled_by`).
+    pub(super) replica: String,
+}
 
 /// How a settled command was answered: `None` when it was given up, not answered.
 fn answer(record: pb::CommandRecord) -> Option<Result<(), HandlerError>> {
@@ -37,7 +41,7 @@ fn replaces(held: Option<&pb::CommandRecord>, new: &pb::CommandRecord) -> bool {
 impl Ledger {
     /// How the command was answered the first time, when it has been carried out or refused.
     pub(super) async fn first_answer(&self, d: &Delivery) -> Result<Option<Result<(), HandlerError>>, HandlerError> {
-        let Some((record, _)) = self.0.get::<pb::CommandRecord>(&keys::command(&d.envelope.id)).await? else {
+        let Some((record, _)) = self.kv.get::<pb::CommandRecord>(&keys::command(&d.envelope.id)).await? else {
             return Ok(None);
         };
         Ok(answer(record))
@@ -45,7 +49,7 @@ impl Ledger {
 
     /// Whether the command with this id is settled: carried out, refused or given up.
     pub(super) async fn settled(&self, command_id: &str) -> Result<bool, HandlerError> {
-        Ok(self.0.get::<pb::CommandRecord>(&keys::command(command_id)).await?.is_some())
+        Ok(self.kv.get::<pb::CommandRecord>(&keys::command(command_id)).await?.is_some())
     }
 
     /// Records how the command was answered, once it is settled: carried out or refused. A
@@ -81,9 +85,10 @@ impl Ledger {
             reason,
             handled_unix_ms: now_ms(),
             dead_lettered,
+            handled_by: self.replica.clone(),
         };
         // Another replica (or this one, before a crash) may have recorded it: the first stays.
-        self.0
+        self.kv
             .update_with(&keys::command(&d.envelope.id), |held: Option<&pb::CommandRecord>| {
                 if replaces(held, &record) { Update::Put(record.clone(), ()) } else { Update::Keep(()) }
             })

@@ -63,7 +63,7 @@ impl Orchestrator {
         if scope.is_empty() || scope.contains(['*', '>']) {
             return Ok(());
         }
-        let ledger = &self.ledger.0;
+        let ledger = &self.ledger.kv;
         let cursor_key = keys::scope_order(scope);
         let cursor = ledger.get::<pb::ScopeOrder>(&cursor_key).await?.map_or(0, |(o, _)| o.settled_through);
         let stream = self.bus.jetstream().get_stream_no_info(names::COMMANDS_STREAM).await.map_err(read_err)?;

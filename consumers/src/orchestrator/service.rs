@@ -33,6 +33,19 @@ pub struct Orchestrator {
     pub(super) policy: StorePolicy,
 }
 
+/// This replica's name: its host (a pod's name), process id, and which orchestrator of the
+/// process it is (tests run several in one).
+fn replica_name() -> String {
+    static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+        .unwrap_or_else(|| "localhost".into());
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{host}/{}/{n}", std::process::id())
+}
+
 impl Orchestrator {
     pub async fn new(bus: Bus, policy: StorePolicy) -> Result<Self, runtime::BusError> {
         Ok(Self {
@@ -41,7 +54,7 @@ impl Orchestrator {
             packages: bus.kv(names::PACKAGES_BUCKET).await?,
             sagas: bus.kv(names::SAGAS_BUCKET).await?,
             observed: bus.kv(names::OBSERVED_BUCKET).await?,
-            ledger: Ledger(bus.kv(names::LEDGER_BUCKET).await?),
+            ledger: Ledger { kv: bus.kv(names::LEDGER_BUCKET).await?, replica: replica_name() },
             rollouts: Rollouts::new(bus.clone()).await?,
             bus,
         })

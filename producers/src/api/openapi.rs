@@ -401,7 +401,7 @@ fn view_schemas() -> Map<String, Value> {
             }),
         ),
         "Command": object(
-            &["id", "type", "subject", "outcome", "code", "reason", "handled_at"],
+            &["id", "type", "subject", "outcome", "code", "reason", "handled_at", "handled_by"],
             json!({
                 "id": { "type": "string", "description": "The command id." },
                 "type": { "type": "string", "description": "The protobuf type." },
@@ -410,6 +410,7 @@ fn view_schemas() -> Map<String, Value> {
                 "code": { "type": "string", "description": "When rejected: why, as a code (unknown_site, conflict, ...)." },
                 "reason": { "type": "string", "description": "When rejected: why, in words." },
                 "handled_at": { "type": "string", "description": "When it was settled (RFC 3339)." },
+                "handled_by": { "type": "string", "description": "The orchestrator replica that settled it (host/pid/instance)." },
                 "duplicate": { "type": "boolean", "description": "In answer to a POST: the Idempotency-Key was used before; nothing was published." },
             }),
         ),

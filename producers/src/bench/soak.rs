@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bus_schema::domain::SiteDesign;
 use bus_schema::names;
+use bus_schema::retention::StorePolicy;
 use bus_schema::runtime::{Bus, Topology};
 use consumers::artifacts::ArtifactStore;
 use serde_json::json;
@@ -58,25 +59,41 @@ pub struct SoakArgs {
     /// Messages published for the raw JetStream measurement.
     #[arg(long, default_value_t = 20_000)]
     raw_messages: usize,
+    /// Design revisions each site keeps.
+    #[arg(long, default_value_t = 3)]
+    design_revisions: u32,
+    /// Bytes each site's artifact cache may hold before it evicts what no design needs (the demo
+    /// packages here are 1/4096 of their real sizes: about 650 KiB a site, so a little more
+    /// than one set of what the sites run).
+    #[arg(long, default_value_t = 700 << 10)]
+    cache_max_bytes: u64,
 }
 
 /// How long things are kept during a soak, scaled to its simulated day: the one place a soak's
 /// keeping times are set. The bus keeps commands, events and ledger records for
-/// `retention_days` days and drops a repeated command id for a quarter of a day.
-///
-/// The orchestrator's own keeping (how long finished sagas and rollouts stay, how many design
-/// revisions a site keeps, how large a site's cache may grow) belongs here as well, scaled the
-/// same way, and is handed to both ways of running it (see [`Keeping::serve_args`] and
-/// [`start_orchestrator`]); the orchestrator takes no such settings yet.
+/// `retention_days` days and drops a repeated command id for a quarter of a day; the
+/// orchestrator keeps finished sagas and rollouts whole as long, and their summaries (and the
+/// observer nodes' departures) as long again, compacting ten times a day,
+/// keeps deletion markers a quarter of a day, and `design_revisions` revisions of each site (a
+/// count, not a time: a soak's few applies a day reach the default only after weeks).
 #[derive(Debug, Clone)]
 struct Keeping {
     duplicate_window: Duration,
     retention: Duration,
+    policy: StorePolicy,
 }
 
-fn retention_for(day_length: Duration, retention_days: u32) -> Keeping {
+fn retention_for(day_length: Duration, retention_days: u32, design_revisions: u32) -> Keeping {
     let retention = day_length * retention_days;
-    Keeping { duplicate_window: (day_length / 4).min(retention), retention }
+    let policy = StorePolicy {
+        finished_retention: retention,
+        design_revisions,
+        compaction_interval: day_length / 10,
+        marker_retention: day_length / 4,
+        summary_retention: retention,
+        ..StorePolicy::default()
+    };
+    Keeping { duplicate_window: (day_length / 4).min(retention), retention, policy }
 }
 
 impl Keeping {
@@ -87,11 +104,24 @@ impl Keeping {
     /// The same keeping times as `landfall serve` flags: a service started without them would
     /// bring the streams back to the defaults.
     fn serve_args(&self) -> Vec<String> {
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        vec!["--duplicate-window".into(), ms(self.duplicate_window), "--retention".into(), ms(self.retention)]
+    }
+
+    /// The orchestrator's own keeping, as `landfall serve orchestrator` flags.
+    fn orchestrator_args(&self) -> Vec<String> {
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
         vec![
-            "--duplicate-window".into(),
-            format!("{}ms", self.duplicate_window.as_millis()),
-            "--retention".into(),
-            format!("{}ms", self.retention.as_millis()),
+            "--finished-retention".into(),
+            ms(self.policy.finished_retention),
+            "--design-revisions".into(),
+            self.policy.design_revisions.to_string(),
+            "--compaction-every".into(),
+            ms(self.policy.compaction_interval),
+            "--marker-retention".into(),
+            ms(self.policy.marker_retention),
+            "--summary-retention".into(),
+            ms(self.policy.summary_retention),
         ]
     }
 }
@@ -127,7 +157,7 @@ async fn start_orchestrator(
 ) -> anyhow::Result<Orchestrator> {
     if in_process {
         let bus = Bus::connect(url, "landfall-bench-orchestrator").await?;
-        services.spawn(consumers::run_orchestrator(bus, shutdown.clone()));
+        services.spawn(consumers::run_orchestrator(bus, keeping.policy, shutdown.clone()));
         return Ok(Orchestrator::InProcess);
     }
     let exe = std::env::current_exe().context("find this program, to run the orchestrator")?;
@@ -138,6 +168,7 @@ async fn start_orchestrator(
         .arg("serve")
         .args(keeping.serve_args())
         .arg("orchestrator")
+        .args(keeping.orchestrator_args())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
@@ -149,7 +180,7 @@ pub async fn soak(url: &str, args: SoakArgs) -> anyhow::Result<serde_json::Value
     anyhow::ensure!(args.sites >= 1 && args.nodes >= 1, "--sites and --nodes must be at least 1");
     anyhow::ensure!(args.days >= 1 && args.retention_days >= 1, "--days and --retention-days must be at least 1");
     anyhow::ensure!(args.day_length >= Duration::from_secs(1), "--day-length must be at least 1s");
-    let keeping = retention_for(args.day_length, args.retention_days);
+    let keeping = retention_for(args.day_length, args.retention_days, args.design_revisions);
     let bus = Bus::connect(url, "landfall-bench").await?;
     bus.ensure_topology(&keeping.topology(&bus)).await?;
     let payload = representative_payload();
@@ -165,7 +196,7 @@ pub async fn soak(url: &str, args: SoakArgs) -> anyhow::Result<serde_json::Value
     let mut services = JoinSet::new();
     let orchestrator = start_orchestrator(url, &keeping, args.in_process, &mut services, &shutdown).await?;
     let result = async {
-        services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
+        services.spawn(consumers::run_observer_with(bus.clone(), keeping.policy, shutdown.clone()));
         let key = Arc::new(consumers::secrets::KeyRing::from_hex(&"5a".repeat(32), "bench")?);
         services.spawn(consumers::secrets_service::run_secrets(bus.clone(), key, shutdown.clone()));
         services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
@@ -174,7 +205,7 @@ pub async fn soak(url: &str, args: SoakArgs) -> anyhow::Result<serde_json::Value
         for i in 0..args.sites {
             let design = demo_site(i, args.nodes);
             let sim = SimSite::new(design.site.as_str(), &design.nodes, SimConfig::instant());
-            let cache = ArtifactCache::new(caches.join(design.site.as_str()));
+            let cache = ArtifactCache::new(caches.join(design.site.as_str())).with_max_bytes(args.cache_max_bytes);
             let gateway = site_gateway::run_gateway(
                 design.site.clone(),
                 bus.clone(),

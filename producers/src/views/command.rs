@@ -27,17 +27,19 @@ pub fn command_json(record: &pb::CommandRecord) -> Value {
         "code": if record.rejected { bus_schema::runtime::reject_code_label(code) } else { "" },
         "reason": record.reason,
         "handled_at": rfc3339_ms(record.handled_unix_ms),
+        "handled_by": record.handled_by,
     })
 }
 
 /// The record in a few lines for people.
 pub fn command_lines(record: &pb::CommandRecord) -> String {
     let mut out = format!(
-        "command   {}\ntype      {}\nsubject   {}\nhandled   {}\noutcome   {}\n",
+        "command   {}\ntype      {}\nsubject   {}\nhandled   {} by {}\noutcome   {}\n",
         record.command_id,
         record.command_type,
         record.subject,
         rfc3339_ms(record.handled_unix_ms),
+        record.handled_by,
         outcome(record).replace('_', " "),
     );
     if record.rejected {
@@ -62,6 +64,7 @@ mod tests {
             reason: "site edge-77 is not registered".into(),
             handled_unix_ms: 0,
             dead_lettered: false,
+            handled_by: "orch-0/17/0".into(),
         };
         let v = command_json(&record);
         assert_eq!((v["outcome"].as_str(), v["code"].as_str()), (Some("rejected"), Some("unknown_site")));

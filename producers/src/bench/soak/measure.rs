@@ -134,7 +134,7 @@ pub(super) async fn recovery(bus: &Bus) -> anyhow::Result<Duration> {
     let mut best = Duration::MAX;
     for _ in 0..3 {
         let start = Instant::now();
-        let orchestrator = consumers::orchestrator::Orchestrator::new(bus.clone()).await?;
+        let orchestrator = consumers::orchestrator::Orchestrator::new(bus.clone(), Default::default()).await?;
         orchestrator.recover().await.map_err(|e| anyhow::anyhow!("recovery scan: {e}"))?;
         best = best.min(start.elapsed());
     }
