@@ -117,7 +117,13 @@ async fn summaries_and_departures_go_after_their_retention() {
         async || observed.get::<pb::NodeDeparted>(&keys::node_departed(&site, "node-3")).await.unwrap().is_some();
     until("the install compacted into its summary", summary).await;
     assert!(departed().await, "node-3's departure is remembered");
+    // A second install: the first's summary goes after its retention, the latest's stays (it is
+    // how the hub knows the site is installed: a node added now joins the cluster).
+    let second = fleet.install(&site).await;
+    fleet.wait_install(&second).await;
     until("the summary gone after its retention", async || !summary().await).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(sagas.get::<pb::SagaSummary>(&keys::saga_summary(&second.id)).await.unwrap().is_some(), "the latest stays");
     until("the departure forgotten after its retention", async || !departed().await).await;
     fleet.stop().await;
 }

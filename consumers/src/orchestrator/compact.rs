@@ -94,12 +94,15 @@ impl Orchestrator {
     }
 
     /// Removes the summaries kept past [`bus_schema::retention::StorePolicy::summary_retention`]
-    /// (by when what they summarise ended); how many went.
+    /// (by when what they summarise ended); how many went. The summary of a site's latest
+    /// install stays as long as the site: it is how the hub knows the site is installed.
     async fn drop_old_summaries(&self, now: i64) -> Result<usize, BusError> {
         let ended = |finished: i64, compacted: i64| if finished > 0 { finished } else { compacted };
         let mut due = Vec::new();
         for (key, s, rev) in self.sagas.scan::<pb::SagaSummary>(keys::SAGA_SUMMARY_PREFIX).await? {
-            if self.policy.summary_due(ended(s.finished_unix_ms, s.compacted_unix_ms), now) {
+            if self.policy.summary_due(ended(s.finished_unix_ms, s.compacted_unix_ms), now)
+                && !self.latest_install_of_its_site(&s).await?
+            {
                 due.push((key, rev));
             }
         }
@@ -115,6 +118,15 @@ impl Orchestrator {
             }
         }
         Ok(dropped)
+    }
+
+    /// Whether `s` is its site's latest install (the site's `latest_install` names it).
+    async fn latest_install_of_its_site(&self, s: &pb::SagaSummary) -> Result<bool, BusError> {
+        if s.join {
+            return Ok(false);
+        }
+        let latest = self.sagas.get::<pb::SiteLease>(&keys::latest_install(&s.site_id)).await?;
+        Ok(latest.is_some_and(|(l, _)| l.saga_id == s.saga_id))
     }
 
     /// Puts `key` into the index of what is under way if it is not there; whether it was added.

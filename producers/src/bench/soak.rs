@@ -65,7 +65,7 @@ pub struct SoakArgs {
     /// Bytes each site's artifact cache may hold before it evicts what no design needs (the demo
     /// packages here are 1/4096 of their real sizes: about 650 KiB a site, so a little more
     /// than one set of what the sites run).
-    #[arg(long, default_value_t = 700 << 10)]
+    #[arg(long, default_value_t = 660 << 10)]
     cache_max_bytes: u64,
 }
 
