@@ -10,6 +10,7 @@ async fn a_tiny_soak_reports_every_day_and_cleans_up() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tokio::process::Command::new(landfall_tests::cli::binary())
         .args(["bench", "soak", "--sites", "3", "--days", "3", "--day-length", "3s", "--raw-messages", "2000"])
+        .args(["--design-revisions", "2"])
         .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
         .env("TMPDIR", tmp.path())
         .env_remove("NATS_URL")

@@ -259,20 +259,24 @@ pub async fn soak(url: &str, args: SoakArgs) -> anyhow::Result<serde_json::Value
     Ok(summary(&args, &keeping, raw, payload, days))
 }
 
-/// The growth of every measure from the first day after the retention is full (day 2 at the
-/// least) to the last, the verdict, and every day.
+/// The growth of every measure from the first day every policy is at its steady state (the
+/// retention full, the daily design changes at the revisions kept; day 2 at the least) to the
+/// last, the verdict, and every day.
 fn summary(args: &SoakArgs, keeping: &Keeping, raw: f64, payload: usize, days: Vec<Day>) -> serde_json::Value {
-    let baseline_day = (args.retention_days as usize + 1).max(2);
+    // Every policy at its steady state: the retention full, and the sites that apply a design
+    // every day at the revisions kept.
+    let baseline_day = (args.retention_days as usize + 1).max(args.design_revisions as usize).max(2);
     let baseline = days.iter().find(|d| d.day == baseline_day);
     let last = days.last();
     let (growth, flat) = match (baseline, last) {
         (Some(b), Some(l)) if l.day > b.day => {
             let growth = measure::growth(b, l);
-            let flat = growth.iter().all(measure::Growth::flat);
+            let flat = growth.iter().filter(|g| g.judged()).all(measure::Growth::flat);
             eprintln!("growth from day {} to day {}:", b.day, l.day);
             for g in &growth {
                 let percent = g.percent.map_or("from zero".to_string(), |p| format!("{p:+.1} %"));
-                eprintln!("  {:<40} {:>14.0} -> {:>14.0}  {percent}", g.measure, g.baseline, g.last);
+                let note = if g.judged() { "" } else { "  (the catalog: what operators register, not judged)" };
+                eprintln!("  {:<40} {:>14.0} -> {:>14.0}  {percent}{note}", g.measure, g.baseline, g.last);
             }
             (growth, Some(flat))
         }
@@ -293,7 +297,11 @@ fn summary(args: &SoakArgs, keeping: &Keeping, raw: f64, payload: usize, days: V
             t.refused + t.failed + t.timed_out
         })
         .sum();
-    eprintln!("flat: {verdict} (growth under {FLAT_PERCENT} %); operations not ended well: {failed_ops}");
+    eprintln!(
+        "flat: {verdict} (every measure but the catalog grew under {FLAT_PERCENT} % or under {} KiB); operations not \
+         ended well: {failed_ops}",
+        measure::FLAT_BYTES / 1024.0
+    );
     json!({
         "bench": "soak",
         "sites": args.sites,
@@ -309,6 +317,8 @@ fn summary(args: &SoakArgs, keeping: &Keeping, raw: f64, payload: usize, days: V
         "growth": growth,
         "flat": flat,
         "flat_threshold_percent": FLAT_PERCENT,
+        "flat_threshold_bytes": measure::FLAT_BYTES,
+        "not_judged": [measure::NOT_HISTORY],
         "operations_not_ended_well": failed_ops,
         "per_day": days,
     })
