@@ -171,8 +171,12 @@ impl Role {
         for stream in all_streams.iter().map(|s| s.to_string()).chain(names::ALL_BUCKETS.iter().map(|b| kv_stream(b))) {
             p.publish.push(js_api(&format!("STREAM.INFO.{stream}")));
             p.publish.push(js_api(&format!("STREAM.CREATE.{stream}")));
-            // Keeping times (`--retention`, `--duplicate-window`) follow the service's settings.
-            p.publish.push(js_api(&format!("STREAM.UPDATE.{stream}")));
+            // The orchestrator brings existing streams' keeping times (`--retention`,
+            // `--duplicate-window`) and buckets' history to its settings; no one else changes a
+            // stream.
+            if *self == Role::Orchestrator {
+                p.publish.push(js_api(&format!("STREAM.UPDATE.{stream}")));
+            }
         }
         // What the table of kinds (`trust::RULES`) says the role sends, and nothing else.
         p.publish.extend(self.party().map(|party| sends(party, "*")).unwrap_or_default());
@@ -648,8 +652,11 @@ mod tests {
             for stream in [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM] {
                 for never in ["STREAM.DELETE", "STREAM.PURGE", "STREAM.UPDATE", "STREAM.MSG.DELETE"] {
                     let subject = format!("$JS.API.{never}.{stream}");
-                    // Removing a site drops its jobs (a purge filtered to them).
-                    if role == Role::Orchestrator && subject == "$JS.API.STREAM.PURGE.LANDFALL_JOBS" {
+                    // Removing a site drops its jobs (a purge filtered to them); the keeping times
+                    // follow the orchestrator's settings.
+                    if role == Role::Orchestrator
+                        && (subject == "$JS.API.STREAM.PURGE.LANDFALL_JOBS" || never == "STREAM.UPDATE")
+                    {
                         assert!(may_publish(&p, &subject));
                         continue;
                     }

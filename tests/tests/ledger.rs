@@ -337,3 +337,28 @@ async fn a_stale_writer_is_refused_naming_the_current_revision() {
     assert_eq!(design_nodes(&fleet, "edge-09").await.len(), 4);
     fleet.stop().await;
 }
+
+/// The keeping times are settings: a service that aligns (the orchestrator, `landfall up`)
+/// brings existing streams and the ledger to them; the others leave what exists alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_streams_follow_the_keeping_times_of_the_orchestrator_only() {
+    use bus_schema::runtime::{Bus, Topology};
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "keeping-test").await.unwrap();
+    bus.ensure_topology(&Topology::default()).await.unwrap();
+    let kept = async |stream: &str| {
+        let mut s = bus.jetstream().get_stream(stream).await.unwrap();
+        let c = s.info().await.unwrap().config.clone();
+        (c.duplicate_window, c.max_age, c.max_messages_per_subject)
+    };
+    let (window, day) = (Duration::from_secs(2), Duration::from_secs(86_400));
+    bus.ensure_topology(&Topology::default().keeping(Some(window), Some(day))).await.unwrap();
+    assert_eq!(kept(names::COMMANDS_STREAM).await.0, names::DEDUP_WINDOW, "a service that does not align");
+    bus.ensure_topology(&Topology::default().keeping(Some(window), Some(day)).aligning()).await.unwrap();
+    assert_eq!(kept(names::COMMANDS_STREAM).await, (window, day, -1));
+    assert_eq!(kept(names::EVENTS_STREAM).await.1, day);
+    assert_eq!(kept(&names::kv_stream(names::LEDGER_BUCKET)).await.1, day, "the ledger as long as the commands");
+    assert_eq!(kept(&names::kv_stream(names::SITES_BUCKET)).await.2, 1, "a key's latest value only");
+    let refused = Topology::default().keeping(Some(day * 2), Some(day));
+    assert!(bus.ensure_topology(&refused).await.is_err(), "a window longer than the retention");
+}

@@ -26,11 +26,15 @@ pub struct Topology {
     pub duplicate_window: Duration,
     /// How long commands and events are kept, and with them the command ledger's records.
     pub retention: Duration,
+    /// Whether existing streams and buckets are brought to these keeping times (and buckets to
+    /// a key's latest value only): the orchestrator's and `landfall up`'s part. Other services
+    /// make what is missing and leave what exists alone.
+    pub align: bool,
 }
 
 impl Default for Topology {
     fn default() -> Self {
-        Self { replicas: 1, duplicate_window: names::DEDUP_WINDOW, retention: names::RETENTION }
+        Self { replicas: 1, duplicate_window: names::DEDUP_WINDOW, retention: names::RETENTION, align: false }
     }
 }
 
@@ -46,6 +50,12 @@ impl Topology {
     pub fn keeping(mut self, duplicate_window: Option<Duration>, retention: Option<Duration>) -> Self {
         self.duplicate_window = duplicate_window.unwrap_or(self.duplicate_window);
         self.retention = retention.unwrap_or(self.retention);
+        self
+    }
+
+    /// Bringing existing streams and buckets to these keeping times (see [`Topology::align`]).
+    pub fn aligning(mut self) -> Self {
+        self.align = true;
         self
     }
 
@@ -108,7 +118,7 @@ impl Bus {
             },
         ];
         for config in streams {
-            self.ensure_stream(config).await?;
+            self.ensure_stream(config, topology.align).await?;
         }
         // Dead letters: what consumers gave up on, kept as long as commands and events.
         let dead = stream::Config {
@@ -126,11 +136,15 @@ impl Bus {
         Ok(())
     }
 
-    /// Makes `config`'s stream, or brings an existing one's keeping times to `config`'s.
-    async fn ensure_stream(&self, config: stream::Config) -> Result<(), BusError> {
+    /// Makes `config`'s stream, and with `align` brings an existing one's keeping times to
+    /// `config`'s.
+    async fn ensure_stream(&self, config: stream::Config, align: bool) -> Result<(), BusError> {
         let topology_err = |e: BoxError| BusError::Topology { what: "stream", name: config.name.clone(), source: e };
         let mut stream =
             self.jetstream().get_or_create_stream(config.clone()).await.map_err(|e| topology_err(boxed(e)))?;
+        if !align {
+            return Ok(());
+        }
         let current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
         if current.duplicate_window != config.duplicate_window || current.max_age != config.max_age {
             info!(
@@ -153,7 +167,9 @@ impl Bus {
         // under keys of their own (design revisions, summaries), by policy.
         let history = 1;
         if let Ok(store) = self.jetstream().get_key_value(bucket).await {
-            self.align_bucket(bucket, max_age, history).await?;
+            if topology.align {
+                self.align_bucket(bucket, max_age, history).await?;
+            }
             return Ok(store);
         }
         let config = kv::Config {

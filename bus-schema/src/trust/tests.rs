@@ -48,6 +48,7 @@ fn every_kind_on_the_bus_has_a_row() {
     // Every message of the files that define what travels is a row, or a part or reply of one.
     let parts_and_replies = [
         "DesignSource",
+        "ExpectedRevision",
         "AutoRollout",
         "SiteSelector",
         "RolloutStrategy",

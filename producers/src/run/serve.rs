@@ -63,22 +63,22 @@ pub async fn run(args: ServeArgs, url: &str) -> anyhow::Result<ExitCode> {
     let keeping = &args.keeping;
     match args.service {
         ServeCommand::Orchestrator(retention) => {
-            let bus = connect_service(url, "landfall-orchestrator", keeping).await?;
+            let bus = connect_service(url, "landfall-orchestrator", keeping, true).await?;
             consumers::run_orchestrator(bus, retention.policy(), shutdown).await?;
         }
         ServeCommand::Observer => {
-            let bus = connect_service(url, "landfall-observer", keeping).await?;
+            let bus = connect_service(url, "landfall-observer", keeping, false).await?;
             consumers::run_observer(bus, shutdown).await?;
         }
         ServeCommand::Kubeconfig(keys) => {
             let source = keys.source()?;
-            let bus = connect_service(url, "landfall-kubeconfig", keeping).await?;
+            let bus = connect_service(url, "landfall-kubeconfig", keeping, false).await?;
             let ring = secrets_service::open_key_ring(&bus, source).await?;
             secrets_service::run_secrets(bus, ring, shutdown).await?;
         }
         ServeCommand::Distribution(store) => {
             let store = store.open_or_default(None)?;
-            let bus = connect_service(url, "landfall-distribution", keeping).await?;
+            let bus = connect_service(url, "landfall-distribution", keeping, false).await?;
             consumers::run_distribution(bus, store, Default::default(), shutdown).await?;
         }
         ServeCommand::Gateway(args) => gateway(*args, url, shutdown).await?,
@@ -87,7 +87,7 @@ pub async fn run(args: ServeArgs, url: &str) -> anyhow::Result<ExitCode> {
                 Some(path) => crate::api::auth::Tokens::from_file(path)?,
                 None => anyhow::bail!("no tokens: pass --api-tokens FILE (or set LANDFALL_API_TOKENS_FILE)"),
             };
-            let bus = connect_service(url, "landfall-api", keeping).await?;
+            let bus = connect_service(url, "landfall-api", keeping, false).await?;
             let metrics = telemetry::prometheus()?;
             let render: crate::api::MetricsRender = Arc::new(move || telemetry::render(&metrics));
             let (_, task) = crate::api::serve(bus, tokens, args.listen, Some(render), shutdown).await?;

@@ -52,10 +52,12 @@ pub fn shutdown_on_signal() -> CancellationToken {
 
 /// Connects (as this process's NATS user) and makes sure the streams and buckets exist: three
 /// replicas of each on a JetStream cluster, one on a single server, keeping things as long as
-/// `keeping` says.
-pub async fn connect_service(url: &str, name: &str, keeping: &KeepingArgs) -> anyhow::Result<Bus> {
+/// `keeping` says. With `align` (the orchestrator, `landfall up`), existing streams and buckets
+/// are brought to those keeping times too.
+pub async fn connect_service(url: &str, name: &str, keeping: &KeepingArgs, align: bool) -> anyhow::Result<Bus> {
     let bus = Bus::connect_with(url, name, crate::nats_access::get()).await?;
     let topology = keeping.apply(Topology::for_server(&bus));
+    let topology = if align { topology.aligning() } else { topology };
     topology.check().map_err(anyhow::Error::msg)?;
     bus.ensure_topology_within(&topology, std::time::Duration::from_secs(60)).await?;
     Ok(bus)

@@ -147,7 +147,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         }
     };
 
-    let bus = connect_service(&url, "landfall-up", &args.keeping).await?;
+    let bus = connect_service(&url, "landfall-up", &args.keeping, true).await?;
     let key = secrets_service::open_key_ring(&bus, KeySource::CreateFile(args.data_dir.join("secret.key"))).await?;
     let sim = SimConfig::realistic().time_scale(args.time_scale);
     let designs: Vec<SiteDesign> = (0..args.sites).map(|i| demo_site(i, args.nodes)).collect();
