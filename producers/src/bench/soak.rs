@@ -298,9 +298,10 @@ fn summary(args: &SoakArgs, keeping: &Keeping, raw: f64, payload: usize, days: V
         })
         .sum();
     eprintln!(
-        "flat: {verdict} (every measure but the catalog grew under {FLAT_PERCENT} % or under {} KiB); operations not \
-         ended well: {failed_ops}",
-        measure::FLAT_BYTES / 1024.0
+        "flat: {verdict} (every measure but the catalog grew under {FLAT_PERCENT} %, or a store under {} KiB, or recovery \
+         under {} ms); operations not ended well: {failed_ops}",
+        measure::FLAT_BYTES / 1024.0,
+        measure::FLAT_MS
     );
     json!({
         "bench": "soak",
@@ -318,6 +319,7 @@ fn summary(args: &SoakArgs, keeping: &Keeping, raw: f64, payload: usize, days: V
         "flat": flat,
         "flat_threshold_percent": FLAT_PERCENT,
         "flat_threshold_bytes": measure::FLAT_BYTES,
+        "flat_threshold_ms": measure::FLAT_MS,
         "not_judged": [measure::NOT_HISTORY],
         "operations_not_ended_well": failed_ops,
         "per_day": days,

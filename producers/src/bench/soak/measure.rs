@@ -21,6 +21,10 @@ pub(super) const FLAT_PERCENT: f64 = 5.0;
 /// that much as records expire and others are written, whatever the day.
 pub(super) const FLAT_BYTES: f64 = 4096.0;
 
+/// Recovery that grows by less than this is flat too: a scan of a few milliseconds moves by
+/// that much with the machine's load.
+pub(super) const FLAT_MS: f64 = 2.0;
+
 /// The measure that holds what operators add, not history: the package catalog grows by each
 /// version registered (one a day in a soak), and is shown but not judged.
 pub(super) const NOT_HISTORY: &str = "KV_landfall-packages bytes";
@@ -161,7 +165,9 @@ pub(super) struct Growth {
 
 impl Growth {
     pub fn flat(&self) -> bool {
-        let small = self.measure.ends_with("bytes") && self.last - self.baseline < FLAT_BYTES;
+        let grew = self.last - self.baseline;
+        let small =
+            (self.measure.ends_with("bytes") && grew < FLAT_BYTES) || (self.measure.ends_with("ms") && grew < FLAT_MS);
         small || self.percent.is_some_and(|p| p < FLAT_PERCENT)
     }
 
@@ -220,6 +226,8 @@ mod tests {
         // A few KiB bucket moving by a few hundred bytes is flat, whatever the percent.
         let small = growth(&day(2, 1000, 100), &day(9, 1300, 100));
         assert!(small.iter().find(|g| g.measure == "LANDFALL_EVENTS bytes").unwrap().flat());
+        let recovery = Growth { measure: "recovery ms".into(), baseline: 4.0, last: 5.0, percent: Some(25.0) };
+        assert!(recovery.flat(), "a millisecond more of a few-millisecond scan");
         let catalog = Growth { measure: NOT_HISTORY.into(), baseline: 1.0, last: 9.0, percent: Some(800.0) };
         assert!(!catalog.judged());
     }
