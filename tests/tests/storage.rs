@@ -311,3 +311,43 @@ async fn a_removed_site_leaves_nothing_behind_but_its_install_summary() {
     assert_eq!(refusal(&fleet, &site).await.code, pb::RejectCode::UnknownSite as i32);
     fleet.stop().await;
 }
+
+/// A site removed while a rollout waits to reach it gets no job when its turn comes: its nodes
+/// are skipped and the rollout completes without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_skips_a_site_removed_after_it_was_planned() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(2).nodes(2).start().await;
+    fleet.install_all().await;
+    register_kubelet(&fleet).await;
+    let (first, second) = (fleet.site_id(0), fleet.site_id(1));
+    let strategy =
+        pb::RolloutStrategy { canary_site_ids: vec![first.clone()], max_concurrent_sites: 1, ..Default::default() };
+    let patch = pb::PatchPackage {
+        name: "kubelet".into(),
+        version: "1.30.0".into(),
+        strategy: Some(strategy),
+        ..Default::default()
+    };
+    let rollout = fleet.patch(patch).await;
+    // Paused once planned (fleet commands are taken in order): the second site has not started.
+    let pause = pb::PauseRollout { rollout_id: rollout.id.clone(), reason: "look first".into() };
+    fleet.bus.publish_command(&pause, &Envelope::root()).await.unwrap();
+    fleet.wait_for(pb::RolloutPaused::filter(), &rollout.id, WAIT).await.expect("paused");
+    let removed = remove(&fleet, &second).await;
+    assert_eq!(removed.site_id, second);
+
+    let resume = pb::ResumeRollout { rollout_id: rollout.id.clone() };
+    fleet.bus.publish_command(&resume, &Envelope::root()).await.unwrap();
+    let run = fleet.wait_rollout(&rollout.id, WAIT).await;
+    let done = run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("{:?}", run.kinds()));
+    assert_eq!((done.patched, done.failed), (2, 0), "{done:?}");
+    let sagas = fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    let (record, _) = sagas.get::<pb::RolloutSite>(&keys::rollout_site(&rollout.id, &second)).await.unwrap().unwrap();
+    assert_eq!(record.skipped, ["node-1", "node-2"], "{record:?}");
+    assert!(record.patched.is_empty() && record.failed.is_empty());
+    // No job went to the removed site: the jobs stream (a work queue) holds none at all.
+    let mut jobs = fleet.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    assert_eq!(jobs.info().await.unwrap().state.messages, 0, "a job waits for the removed site");
+    fleet.stop().await;
+}

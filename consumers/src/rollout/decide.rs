@@ -414,6 +414,20 @@ pub fn site_report(e: &pb::SitePatched, cause: &Envelope, now: i64) -> SiteRepor
     }
 }
 
+/// What a site removed since the rollout was planned comes to, when its turn comes: no job, its
+/// nodes skipped (neither patched nor failed), done, so the rollout goes on without it. `cause`
+/// is the rollout's own envelope, derived for the site.
+pub fn removed_site_report(r: &pb::Rollout, index: usize, site: &pb::RolloutPlanSite, now: i64) -> SiteReport {
+    let e = pb::SitePatched {
+        site_id: site.site_id.clone(),
+        rollout_id: r.rollout_id.clone(),
+        plan_index: index as u32,
+        skipped: site.nodes.iter().map(|n| n.name.clone()).collect(),
+        ..Default::default()
+    };
+    site_report(&e, &envelope(r).derive("site_removed", Some(&site.site_id)), now)
+}
+
 /// The id of the `PatchNodes` job rollout `r` sends `site` (derived: the same every time).
 pub fn patch_job_id(r: &pb::Rollout, site: &str) -> String {
     envelope(r).derive(pb::PatchNodes::KIND, Some(site)).id

@@ -85,6 +85,16 @@ struct Start {
     site: pb::RolloutPlanSite,
 }
 
+/// What starting a site came to.
+enum Started {
+    /// Its job is out.
+    Sent(usize),
+    /// Another holds the site; it starts when free.
+    Busy,
+    /// Removed since the plan: no job.
+    Removed(Start),
+}
+
 impl Rollouts {
     pub async fn new(bus: Bus) -> Result<Self, BusError> {
         Ok(Self {
@@ -230,15 +240,17 @@ impl Rollouts {
             for &i in slice {
                 starts.push(Start { index: i, site: self.plan_site(r, i).await? });
             }
-            let results: Vec<Result<Option<usize>, BusError>> = futures::stream::iter(starts)
+            let results: Vec<Result<Started, BusError>> = futures::stream::iter(starts)
                 .map(|s| self.start_site(r, s))
                 .buffer_unordered(DISPATCH_PARALLEL)
                 .collect()
                 .await;
             let mut started = Vec::new();
             for res in results {
-                if let Some(i) = res? {
-                    started.push(i);
+                match res? {
+                    Started::Sent(i) => started.push(i),
+                    Started::Busy => {}
+                    Started::Removed(s) => self.skip_removed(r, s).await?,
                 }
             }
             if !started.is_empty() {
@@ -248,20 +260,44 @@ impl Rollouts {
         Ok(())
     }
 
-    /// Takes the site's lease and sends its job; `None` while the site is busy.
-    async fn start_site(&self, r: &pb::Rollout, s: Start) -> Result<Option<usize>, BusError> {
+    /// Takes the site's lease and sends its job: [`Started::Busy`] while the site is busy, and
+    /// [`Started::Removed`] (lease given back, no job) for a site removed since the plan.
+    async fn start_site(&self, r: &pb::Rollout, s: Start) -> Result<Started, BusError> {
         let site = s.site.site_id.clone();
         match lease::acquire(&self.sagas, &site, Holder::Rollout(&r.rollout_id)).await? {
             Acquired::Yes => {}
             Acquired::Busy(why) => {
                 debug!(rollout = %r.rollout_id, %site, %why, "site busy; it starts when free");
-                return Ok(None);
+                return Ok(Started::Busy);
             }
         }
+        // Checked under the lease: a site's removal is refused while anyone holds it.
+        if self.sites.get::<pb::SiteDesign>(&keys::site(&site)).await?.is_none() {
+            lease::release(&self.sagas, &site, Holder::Rollout(&r.rollout_id)).await?;
+            return Ok(Started::Removed(s));
+        }
         let installed = if decide::reinstalls(r) { self.installed(&site).await? } else { vec![] };
-        let (job, env) = decide::patch_job(r, s.index, s.site, &installed);
+        let index = s.index;
+        let (job, env) = decide::patch_job(r, index, s.site, &installed);
         self.bus.publish_job(&job, &env).await?;
-        Ok(Some(s.index))
+        Ok(Started::Sent(index))
+    }
+
+    /// A site removed since the rollout was planned: no job; its nodes are counted skipped, so
+    /// the rollout goes on without waiting for it.
+    async fn skip_removed(&self, r: &pb::Rollout, s: Start) -> Result<(), HandlerError> {
+        let report = decide::removed_site_report(r, s.index, &s.site, now_ms());
+        info!(rollout = %r.rollout_id, site = %s.site.site_id, "site removed since the plan: its nodes are skipped");
+        self.sagas.put(&keys::rollout_site(&r.rollout_id, &s.site.site_id), &report.record).await?;
+        // Counted in a write of its own, not through the group commit of site reports: this may
+        // run under a count (a report ended the wave before, and settling it dispatched this
+        // one), which would wait for itself. The settle this write ends in finds the dispatch
+        // under way; a wave this completes starts from the next tick. Boxed: settling a rollout
+        // may dispatch, and dispatching may come here.
+        let now = now_ms();
+        Box::pin(self.update(&r.rollout_id, |current| Ok(decide::count_reports(current, &[&report.count], now))))
+            .await?;
+        Ok(())
     }
 
     /// The catalog entries each role of the site's design names.

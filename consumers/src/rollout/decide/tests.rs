@@ -363,3 +363,16 @@ fn a_site_report_counts_only_as_the_answer_to_the_job_that_site_was_sent() {
     let e = refused(pb::SitePatched { package, ..honest.clone() }, &planned, &cause);
     assert!(e.contains("kubelet@9.9.9"), "{e}");
 }
+
+#[test]
+fn a_site_removed_since_the_plan_is_done_with_its_nodes_skipped() {
+    let r = rollout(&[2], 100);
+    let report = removed_site_report(&r, 1, &plan_site("edge-02", 3), 1_000);
+    assert_eq!(report.record.skipped.len(), 3);
+    assert!(report.record.patched.is_empty() && report.record.failed.is_empty());
+    assert_eq!(report.record.state, pb::RolloutSiteState::Done as i32);
+    assert_eq!((report.count.index, report.count.patched, report.count.failed), (1, 0, 0));
+    assert!(report.design_to.is_none(), "a removed site's design is not moved");
+    let counted = count_reports(&r, &[&report.count], 1_000).expect("counted");
+    assert_eq!((counted.sites_done, counted.failed), (1, 0));
+}
