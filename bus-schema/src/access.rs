@@ -167,8 +167,9 @@ impl Role {
         }
         // Every hub service makes sure the streams and buckets exist when it starts.
         p.publish.push(js_api("INFO"));
-        let all_streams = [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM, names::DEAD_STREAM];
-        for stream in all_streams.iter().map(|s| s.to_string()).chain(names::ALL_BUCKETS.iter().map(|b| kv_stream(b))) {
+        for stream in
+            names::STREAMS.iter().map(|s| s.to_string()).chain(names::ALL_BUCKETS.iter().map(|b| kv_stream(b)))
+        {
             p.publish.push(js_api(&format!("STREAM.INFO.{stream}")));
             p.publish.push(js_api(&format!("STREAM.CREATE.{stream}")));
             // The orchestrator brings existing streams' keeping times (`--retention`,

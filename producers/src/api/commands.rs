@@ -184,16 +184,14 @@ fn envelope(headers: &HeaderMap) -> Result<Envelope, ApiError> {
 }
 
 /// The command ledger's record of command `id`, when it has been settled.
-pub(super) async fn settled(bus: &bus_schema::runtime::Bus, id: &str) -> Result<Option<pb::CommandRecord>, ApiError> {
-    let unavailable = |e: bus_schema::runtime::BusError| {
+pub(super) async fn settled(ledger: &bus_schema::runtime::Kv, id: &str) -> Result<Option<pb::CommandRecord>, ApiError> {
+    let record = ledger.get::<pb::CommandRecord>(&names::keys::command(id)).await.map_err(|e| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "bus_unavailable",
             format!("the command ledger could not be read: {e}"),
         )
-    };
-    let ledger = bus.kv(names::LEDGER_BUCKET).await.map_err(unavailable)?;
-    let record = ledger.get::<pb::CommandRecord>(&names::keys::command(id)).await.map_err(unavailable)?;
+    })?;
     Ok(record.map(|(r, _)| r))
 }
 
@@ -280,7 +278,7 @@ where
     cmd.check().map_err(|reason| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", reason))?;
     // A key already used for a settled command, however long ago: its answer, nothing published.
     // A command given up (dead-lettered) was not answered: publishing it again retries it.
-    if let Some(record) = settled(&api.bus, &env.id.to_string()).await?.filter(|r| !r.dead_lettered) {
+    if let Some(record) = settled(&api.ledger, &env.id.to_string()).await?.filter(|r| !r.dead_lettered) {
         if record.command_type != C::TYPE {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,

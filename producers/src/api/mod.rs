@@ -89,7 +89,8 @@ pub async fn serve(
         tracing::warn!("the API has no tokens: every request to /v1 will be refused (see --api-tokens)");
     }
     let model = model::Model::start(&bus, &shutdown);
-    let state = ApiState { bus, model, tokens: Arc::new(tokens), metrics, shutdown: shutdown.clone() };
+    let ledger = bus.kv(bus_schema::names::LEDGER_BUCKET).await?;
+    let state = ApiState { bus, model, ledger, tokens: Arc::new(tokens), metrics, shutdown: shutdown.clone() };
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let app = router(state);
@@ -187,7 +188,7 @@ async fn rollout(State(s): State<ApiState>, Path(id): Path<String>) -> Result<ax
 async fn command(State(s): State<ApiState>, Path(id): Path<String>) -> Result<axum::Json<Value>, ApiError> {
     let id = uuid::Uuid::parse_str(id.trim())
         .map_err(|_| ApiError::not_found(format!("{id:?} is not a command id (a UUID)")))?;
-    match commands::settled(&s.bus, &id.to_string()).await? {
+    match commands::settled(&s.ledger, &id.to_string()).await? {
         Some(record) => Ok(axum::Json(crate::views::command::command_json(&record))),
         None => Err(ApiError::not_found(format!(
             "command {id} is not settled: it is still queued or waiting, or was never published"

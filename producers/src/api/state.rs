@@ -1,11 +1,11 @@
 //! What every handler of the API shares: the state it is given (the bus, the read model, the
-//! tokens), errors as the API answers them, and the largest body it reads.
+//! command ledger, the tokens), errors as the API answers them, and the largest body it reads.
 
 use std::sync::Arc;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bus_schema::runtime::Bus;
+use bus_schema::runtime::{Bus, Kv};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +19,8 @@ pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
 pub struct ApiState {
     pub(super) bus: Bus,
     pub(super) model: model::Model,
+    /// The command ledger, opened once: a command's outcome by id, for GETs and repeated keys.
+    pub(super) ledger: Kv,
     pub(super) tokens: Arc<Tokens>,
     pub(super) metrics: Option<MetricsRender>,
     /// Ends the event streams when the process stops, so shutdown does not wait on open dashboards.

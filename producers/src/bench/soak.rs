@@ -104,13 +104,11 @@ impl Keeping {
     /// The same keeping times as `landfall serve` flags: a service started without them would
     /// bring the streams back to the defaults.
     fn serve_args(&self) -> Vec<String> {
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
         vec!["--duplicate-window".into(), ms(self.duplicate_window), "--retention".into(), ms(self.retention)]
     }
 
     /// The orchestrator's own keeping, as `landfall serve orchestrator` flags.
     fn orchestrator_args(&self) -> Vec<String> {
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
         vec![
             "--finished-retention".into(),
             ms(self.policy.finished_retention),
@@ -124,6 +122,11 @@ impl Keeping {
             ms(self.policy.summary_retention),
         ]
     }
+}
+
+/// A duration as a flag's value.
+fn ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
 }
 
 /// The orchestrator under test: a child process (its memory is its own), or a task here.
