@@ -140,6 +140,11 @@ pub async fn acquire_or_wait(sagas: &Kv, site: &str, holder: Holder<'_>, retry: 
     }
 }
 
+/// Whether `holder` has the site's lease now.
+pub async fn holds(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<bool, BusError> {
+    Ok(sagas.get::<pb::SiteLease>(&keys::site_lease(site)).await?.is_some_and(|(held, _)| holder.is(&held)))
+}
+
 /// Lets go of the site's lease if `holder` has it.
 pub async fn release(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<(), BusError> {
     sagas

@@ -224,3 +224,50 @@ async fn a_rollout_decided_but_not_published_is_published_after_a_restart() {
     orch.kill().await.unwrap();
     fleet.stop().await;
 }
+
+/// A site's job is published before the rollout marks it sent. The orchestrator dies in
+/// between, and the site (quick, instant patches) reports before any orchestrator has marked
+/// it: the report waits for the mark rather than being refused as answering no job, and the
+/// rollout completes with each node patched once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_outruns_the_record_of_its_job_is_counted() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(4).nodes(2).without_orchestrator().start().await;
+    let orch = orchestrator(&server.url(), None);
+    fleet.install_all().await;
+    let mut newer = producers::up::demo_packages().into_iter().find(|p| p.name == "kubelet").unwrap();
+    newer.version = "1.30.0".into();
+    let register = Envelope::root();
+    let cmd = pb::RegisterPackage { package: Some(newer), auto_rollout: None };
+    fleet.bus.publish_command(&cmd, &register).await.unwrap();
+    let registered = fleet.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(30)).await;
+    registered.expect("kubelet 1.30.0 registered");
+    let mut doomed =
+        kill_and_restart_with(orch, &server.url(), Duration::ZERO, Some("rollout-jobs-sent-unmarked:1")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let patch = pb::PatchPackage { name: "kubelet".into(), version: "1.30.0".into(), ..Default::default() };
+    let cmd = fleet.patch(patch).await;
+    let status =
+        tokio::time::timeout(Duration::from_secs(60), doomed.wait()).await.expect("failpoint reached").unwrap();
+    assert!(!status.success(), "the process aborted ({status})");
+    // Every site reports while no orchestrator runs: each report is there before any mark.
+    let patched = || (0..4).map(|i| fleet.backend(i).effects().patches.len()).sum::<usize>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while patched() < 8 {
+        assert!(std::time::Instant::now() < deadline, "the sites patched {} of 8 nodes", patched());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fleet.wait_for(pb::SitePatched::filter(), &cmd.id, Duration::from_secs(30)).await.expect("a site reported");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut orch = orchestrator(&server.url(), None);
+    let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(60)).await;
+    let done = run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("completed: {:?}", run.kinds()));
+    assert_eq!((done.planned_nodes, done.patched, done.failed), (8, 8, 0));
+    assert!(run.of_type::<pb::MessageRejected>().is_empty(), "no report refused: {:?}", run.kinds());
+    for i in 0..4 {
+        let once: BTreeMap<String, u32> = fleet.sites[i].0.nodes.iter().map(|n| (n.name.to_string(), 1)).collect();
+        assert_eq!(fleet.backend(i).effects().patches, once, "site {i}: each node patched once");
+    }
+    orch.kill().await.unwrap();
+    fleet.stop().await;
+}

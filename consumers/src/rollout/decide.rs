@@ -477,6 +477,11 @@ pub fn check_report(
     Ok(())
 }
 
+/// Whether the job of the site at plan `index` is recorded as sent.
+pub fn dispatched(r: &pb::Rollout, index: usize) -> bool {
+    bit(&r.dispatched, index)
+}
+
 /// Whether the report of the site at plan `index` has been counted (its record is written).
 pub fn counted(r: &pb::Rollout, index: usize) -> bool {
     bit(&r.done, index)

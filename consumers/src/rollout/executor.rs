@@ -21,6 +21,8 @@ use crate::lease::{self, Acquired, Holder};
 
 /// Sites of a wave started at once by one replica.
 const DISPATCH_PARALLEL: usize = 256;
+/// How soon a report that arrived before its job was marked sent is looked at again.
+const REPORT_BEFORE_MARK_RETRY: Duration = Duration::from_millis(250);
 
 /// How often every replica looks at the rollouts under way.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -254,6 +256,7 @@ impl Rollouts {
                 }
             }
             if !started.is_empty() {
+                crate::failpoint::hit("rollout-jobs-sent-unmarked");
                 self.mark_dispatched(&r.rollout_id, &started).await?;
             }
         }
@@ -384,6 +387,18 @@ impl Rollouts {
             true => self.plan_site(&r, e.plan_index as usize).await?,
             false => pb::RolloutPlanSite::default(),
         };
+        let index = e.plan_index as usize;
+        if planned.site_id == e.site_id && !decide::dispatched(&r, index) {
+            // A site's job is published before it is marked sent (a slice of sites at a time),
+            // and a quick site can answer in between. While this rollout holds the site's lease
+            // its job is on its way: the report waits to be counted until the mark is written.
+            if lease::holds(&self.sagas, &e.site_id, Holder::Rollout(&r.rollout_id)).await? {
+                return Err(HandlerError::Wait {
+                    reason: format!("rollout {} is still recording the job it sent site {}", r.rollout_id, e.site_id),
+                    delay: REPORT_BEFORE_MARK_RETRY,
+                });
+            }
+        }
         decide::check_report(&r, &planned, &e, &d.envelope)
             .map_err(|reason| HandlerError::reject(pb::RejectCode::Forbidden, reason))?;
         let report = decide::site_report(&e, &d.envelope, now_ms());
