@@ -201,19 +201,6 @@ impl runtime::Handler for Events {
     }
 }
 
-/// The events that say what a node runs.
-pub fn observed_event_filters() -> Vec<String> {
-    vec![
-        pb::NodeOsProvisioned::filter(),
-        pb::NodeBinariesInstalled::filter(),
-        pb::NodePatched::filter(),
-        pb::NodeReady::filter(),
-        pb::ContainerPackagesApplied::filter(),
-        pb::NodeLeft::filter(),
-        pb::SiteRemoved::filter(),
-    ]
-}
-
 /// Runs the observer until `shutdown`.
 pub async fn run_observer(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
     run_observer_with(bus, retention::StorePolicy::default(), shutdown).await
@@ -229,7 +216,8 @@ pub async fn run_observer_with(
     let spec = ConsumerSpec::new(
         names::EVENTS_STREAM,
         names::OBSERVER_EVENTS,
-        observed_event_filters(),
+        // Every event: see `saga_event_filters` for why not the kinds above alone.
+        vec![names::EVENTS_ALL.to_string()],
         RejectAs::Message { consumer: names::OBSERVER_EVENTS.to_string() },
     )
     // A node's reports are written in the order they were made; sites run side by side.

@@ -240,3 +240,41 @@ async fn concurrent_updates_of_one_key_are_each_applied_once() {
     let absent = kv.update_with(key, |v: Option<&pb::NodeObserved>| Update::Delete(v.is_none())).await.unwrap();
     assert!(absent, "the key is gone");
 }
+
+/// A hub service's durable made by an earlier version with other filters (the observer's
+/// once listed the kinds it reads) takes this version's filters when the service starts, and
+/// the service reads on from where the durable was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_made_with_other_filters_takes_this_versions() {
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    bus.ensure_topology(&Default::default()).await.unwrap();
+    let stream = bus.jetstream().get_stream(names::EVENTS_STREAM).await.unwrap();
+    let earlier = async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some(names::OBSERVER_EVENTS.into()),
+        filter_subjects: vec![pb::NodePatched::filter(), pb::NodeReady::filter()],
+        ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+        ..Default::default()
+    };
+    stream.create_consumer(earlier).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let observer = tokio::spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut c: async_nats::jetstream::consumer::PullConsumer =
+            stream.get_consumer(names::OBSERVER_EVENTS).await.unwrap();
+        let config = &c.info().await.unwrap().config;
+        if config.filter_subject == names::EVENTS_ALL && config.filter_subjects.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "filters still {:?} {:?}",
+            config.filter_subject,
+            config.filter_subjects
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    observer.await.unwrap().unwrap();
+}

@@ -175,7 +175,7 @@ pub async fn consume<H: Handler>(
     let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
     // A site's gateway may not create its consumer: the hub made it when the site was
     // registered. Until then (or while the hub is out of reach) it waits, asking again.
-    let consumer = loop {
+    let mut consumer = loop {
         match stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await {
             Ok(c) => break c,
             Err(e) => {
@@ -187,6 +187,21 @@ pub async fn consume<H: Handler>(
             }
         }
     };
+    // A durable made by an earlier version with other filters takes this version's: a hub
+    // service may change its own (a site may not, and keeps the filter the hub gave it).
+    let (filter_subject, filter_subjects) = filters(&spec.filter_subjects);
+    let made = &consumer.cached_info().config;
+    if (&made.filter_subject, &made.filter_subjects) != (&filter_subject, &filter_subjects) {
+        match stream.update_consumer(spec.pull_config()).await {
+            Ok(updated) => {
+                info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consumer's filters brought up to date");
+                consumer = updated;
+            }
+            Err(e) => {
+                warn!(consumer = %spec.durable, error = %e, "consumer's filters differ from this version's and cannot be changed; consuming as they are")
+            }
+        }
+    }
     let context = Arc::new(Loop {
         bus,
         permits: Arc::new(tokio::sync::Semaphore::new(spec.concurrency)),
