@@ -10,6 +10,7 @@
 //! - `soak`: simulated days of a fleet's operations, and whether storage, memory and recovery
 //!   stay flat over them ([`soak`]).
 
+mod production;
 pub mod soak;
 pub mod transfer;
 
@@ -34,6 +35,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::run::demo::{demo_packages, demo_site};
 use crate::run::embedded::{NatsChild, find_nats_server};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FanoutShape {
+    Production,
+    Shared,
+}
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -60,11 +67,24 @@ pub enum BenchCommand {
         /// Messages published for the raw JetStream measurement.
         #[arg(long, default_value_t = 100_000)]
         raw_messages: usize,
-        /// Gateway processes, each serving a share of the sites on one durable consumer (one
-        /// host takes every job subject; several filter by their sites); 0 runs one gateway,
-        /// and one durable consumer, per site.
+        /// `production`: the fleet as deployed (the hub as `deploy nats-config` writes it,
+        /// each service a process of its own, every site's gateway its own connection, user and
+        /// durable consumer, packages with bytes, the fleet installed through the bus).
+        /// `shared`: gateway hosts serving many sites on one consumer each, the fleet's
+        /// installed state written straight into the store.
+        #[arg(long, value_enum, default_value_t = FanoutShape::Production)]
+        shape: FanoutShape,
+        /// Shared shape: gateway processes, each serving a share of the sites on one durable
+        /// consumer (one host takes every job subject; several filter by their sites); 0 runs
+        /// one gateway, and one durable consumer, per site.
         #[arg(long, default_value_t = 1)]
         gateway_hosts: usize,
+        /// Production shape: sites whose gateway reaches the hub through a leaf node of its own.
+        #[arg(long, default_value_t = 0)]
+        leaf_sites: usize,
+        /// Production shape: bytes of each package's artifact, staged at install and patch.
+        #[arg(long, default_value_t = 4096)]
+        artifact_bytes: usize,
     },
     /// An artifact of --size bytes uploaded to the artifact store, read back raw from it, and
     /// staged into a site gateway's cache over the bus: MB/s of each, and peak RSS.
@@ -91,7 +111,13 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
     let shutdown = crate::run::service::shutdown_on_signal();
-    let server = Server::start(nats_url).await?;
+    // The production shape runs a hub of its own, configured as deployed.
+    let own_hub = matches!(cmd, BenchCommand::Fanout { shape: FanoutShape::Production, .. });
+    anyhow::ensure!(
+        !(own_hub && nats_url.is_some()),
+        "the production shape starts a hub of its own, configured for its sites: unset NATS_URL, or use --shape shared"
+    );
+    let server = if own_hub { Server { url: String::new(), child: None } } else { Server::start(nats_url).await? };
     let url = server.url.clone();
     let work = async move {
         match cmd {
@@ -103,7 +129,10 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                 max_unavailable,
                 orchestrators,
                 raw_messages,
+                shape,
                 gateway_hosts,
+                leaf_sites,
+                artifact_bytes,
             } => {
                 anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
                 let strategy = pb::RolloutStrategy {
@@ -113,6 +142,10 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                     failure_threshold: "0".into(),
                     ..Default::default()
                 };
+                if shape == FanoutShape::Production {
+                    let run = production::Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages };
+                    return production::fanout(run, strategy).await;
+                }
                 let shape = Shape { orchestrators: orchestrators.max(1), gateway_hosts, raw_messages };
                 fanout(&url, sites, nodes, strategy, shape).await
             }
@@ -171,7 +204,7 @@ impl Server {
 
 /// Raw JetStream: `count` async publishes of `payload` bytes with landfall's headers to a file
 /// stream, a window of acks in flight. Messages per second.
-async fn raw_publish_rate(bus: &Bus, payload: usize, count: usize) -> anyhow::Result<f64> {
+pub(super) async fn raw_publish_rate(bus: &Bus, payload: usize, count: usize) -> anyhow::Result<f64> {
     let js = bus.jetstream();
     let _ = js.delete_stream(names::BENCH_STREAM).await;
     js.create_stream(stream::Config {
@@ -205,7 +238,7 @@ async fn raw_publish_rate(bus: &Bus, payload: usize, count: usize) -> anyhow::Re
 }
 
 /// Messages stored so far in every stream (KV buckets included): the sum of last sequences.
-async fn stored_messages(bus: &Bus) -> anyhow::Result<u64> {
+pub(super) async fn stored_messages(bus: &Bus) -> anyhow::Result<u64> {
     let mut names = bus.jetstream().stream_names();
     let mut total = 0;
     while let Some(name) = names.next().await {
@@ -220,7 +253,7 @@ async fn stored_messages(bus: &Bus) -> anyhow::Result<u64> {
 }
 
 /// A representative landfall message: a NodePatched as a gateway sends it.
-fn representative_payload() -> usize {
+pub(super) fn representative_payload() -> usize {
     let evt = pb::NodePatched {
         site_id: "edge-0001".into(),
         node: "node-10".into(),
@@ -231,7 +264,7 @@ fn representative_payload() -> usize {
     prost::Message::encoded_len(&evt)
 }
 
-fn target_package() -> pb::Package {
+pub(super) fn target_package() -> pb::Package {
     let mut p = demo_packages().into_iter().find(|p| p.name == "kubelet").expect("kubelet is a demo package");
     p.version = "1.30.0".into();
     p.sha256 = "ab".repeat(32);
@@ -240,7 +273,7 @@ fn target_package() -> pb::Package {
 
 /// Registers the catalog and the sites, commands pipelined, and waits until the orchestrator
 /// applied every one of them.
-async fn register_fleet(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package]) -> anyhow::Result<()> {
+pub(super) async fn register_fleet(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package]) -> anyhow::Result<()> {
     // The catalog first (fleet scope: in order), then the sites.
     let mut events = bus
         .read_events(vec![pb::PackageRegistered::filter(), pb::SiteRegistered::filter()], DeliverPolicy::New)
@@ -462,7 +495,7 @@ async fn fanout(
 
 /// When the rollout's milestones were stored, in seconds after the command was: planned, first
 /// and last node patched, first and last site report, completed.
-async fn rollout_phases(bus: &Bus, rollout_id: &str) -> anyhow::Result<serde_json::Value> {
+pub(super) async fn rollout_phases(bus: &Bus, rollout_id: &str) -> anyhow::Result<serde_json::Value> {
     let mut reader = bus.read_events(vec![names::EVENTS_ALL.to_string()], DeliverPolicy::All).await?;
     let mut times: std::collections::BTreeMap<&str, Vec<time::OffsetDateTime>> = Default::default();
     let commands = bus.jetstream().get_stream(names::COMMANDS_STREAM).await?;
@@ -503,7 +536,7 @@ async fn rollout_phases(bus: &Bus, rollout_id: &str) -> anyhow::Result<serde_jso
     }))
 }
 
-fn round(x: f64, digits: i32) -> f64 {
+pub(super) fn round(x: f64, digits: i32) -> f64 {
     let f = 10f64.powi(digits);
     (x * f).round() / f
 }

@@ -1,0 +1,532 @@
+//! `bench fanout --shape production`: the fleet as it is deployed, measured.
+//!
+//! - The hub is the nats-server `deploy nats-config` writes: every hub service and every site
+//!   a user of its own, with its own permissions.
+//! - Each hub service (orchestrator, observer, kubeconfig, distribution) is a process of its
+//!   own, run as `landfall serve …` with its user's key, so its RSS and CPU are its own.
+//! - Every site's gateway has its own connection as its site's user and its own durable
+//!   consumer, made by the orchestrator when the site is registered. Gateways share the
+//!   benchmark's process; `--leaf-sites` of them reach the hub through leaf nodes of their own.
+//! - Packages carry bytes, staged from the artifact store at install and patch; the fleet is
+//!   registered and installed through the bus (timed as setup), so what each node runs comes
+//!   from its install's reports.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_nats::jetstream::consumer::DeliverPolicy;
+use bus_schema::access::{HUB_DOMAIN, Role};
+use bus_schema::domain::SiteDesign;
+use bus_schema::names;
+use bus_schema::pb::{self, BusCommand, BusEvent, BusMessage};
+use bus_schema::runtime::{Access, Bus, Envelope, Outgoing};
+use consumers::artifacts::{ArtifactStore, S3Options};
+use futures::StreamExt;
+use serde_json::json;
+use site_gateway::ArtifactCache;
+use site_gateway::sim::{SimConfig, SimSite};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    raw_publish_rate, register_fleet, representative_payload, rollout_phases, round, stored_messages, target_package,
+};
+use crate::deploy;
+use crate::run::demo::{demo_content, demo_packages, demo_site};
+use crate::run::embedded::{find_nats_server, tied};
+
+/// What a production-shape run is asked for.
+pub struct Production {
+    pub sites: usize,
+    pub nodes: usize,
+    /// Sites whose gateway reaches the hub through a leaf node of its own (the first ones).
+    pub leaf_sites: usize,
+    /// Bytes of each package's artifact.
+    pub artifact_bytes: usize,
+    pub raw_messages: usize,
+}
+
+pub async fn fanout(run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
+    let root = std::env::temp_dir().join(format!("landfall-bench-production-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&root).with_context(|| format!("create {}", root.display()))?;
+    let result = measure(&root, run, strategy).await;
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}
+
+async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
+    let Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages } = run;
+    anyhow::ensure!(leaf_sites <= sites, "--leaf-sites ({leaf_sites}) is more than --sites ({sites})");
+    let designs: Vec<SiteDesign> = (0..sites).map(|i| demo_site(i, nodes)).collect();
+    let binary = find_nats_server().await?;
+
+    let t = Instant::now();
+    let hub = Hub::start(&binary, root, &designs).await?;
+    let config_s = t.elapsed().as_secs_f64();
+    eprintln!("hub: {} users configured and started in {config_s:.1} s", designs.len() + Role::services().len());
+
+    let store_dir = root.join("artifacts");
+    let store = ArtifactStore::open(&store_dir.display().to_string(), &S3Options::default())?;
+    let catalog = upload_catalog(&store, artifact_bytes).await?;
+    let services = Services::start(&hub, root, &store_dir)?;
+    let bus = Bus::connect_with(&hub.url, "landfall-bench", &hub.access(&Role::Operator)?).await?;
+    let never = CancellationToken::new();
+    for stream in [names::JOBS_STREAM, names::EVENTS_STREAM, names::COMMANDS_STREAM] {
+        tokio::time::timeout(Duration::from_secs(60), bus.wait_for_stream(stream, &never))
+            .await
+            .with_context(|| format!("the orchestrator did not make {stream} within 60 s"))??;
+    }
+    let payload = representative_payload();
+    eprintln!("raw JetStream: {raw_messages} async publishes of {payload} bytes ...");
+    let raw = raw_publish_rate(&bus, payload, raw_messages).await?;
+    eprintln!("raw JetStream: {raw:.0} msgs/s");
+
+    let cpu_at_start = hub.cpu_seconds();
+    let t = Instant::now();
+    let (target, rest) = catalog.split_last().context("the catalog is empty")?;
+    register_fleet(&bus, &designs, rest).await?;
+    let register_s = t.elapsed().as_secs_f64();
+    eprintln!("registered {sites} sites in {register_s:.1} s");
+
+    let shutdown = CancellationToken::new();
+    let t = Instant::now();
+    let leaves = Leaves::start(&binary, &hub, &designs[..leaf_sites]).await?;
+    let mut gateways = JoinSet::new();
+    let sims = start_gateways(&hub, &leaves, &designs, root, &shutdown, &mut gateways).await?;
+    let connect_s = t.elapsed().as_secs_f64();
+    eprintln!("{sites} gateways connected in {connect_s:.1} s ({leaf_sites} through leaf nodes)");
+
+    let t = Instant::now();
+    let (installed, install_failed) = install_fleet(&bus, &designs).await?;
+    let install_s = t.elapsed().as_secs_f64();
+    eprintln!("installed {installed} sites ({install_failed} failed) in {install_s:.1} s");
+    anyhow::ensure!(install_failed == 0, "{install_failed} installs failed");
+    let cpu_after_setup = hub.cpu_seconds();
+    let hub_rss_setup = hub.process.rss_mib();
+
+    let register = Envelope::root();
+    let cmd = pb::RegisterPackage { package: Some(target.clone()), auto_rollout: None };
+    bus.publish_all(vec![Outgoing::new(BusCommand::subject(&cmd), &cmd, register.clone())]).await?;
+    wait_for_event(&bus, pb::PackageRegistered::filter(), &register.id).await?;
+
+    let patch = pb::PatchPackage {
+        name: target.name.clone(),
+        version: target.version.clone(),
+        strategy: Some(strategy.clone()),
+        ..Default::default()
+    };
+    let mut done =
+        bus.read_events(vec![pb::RolloutCompleted::filter(), pb::RolloutHalted::filter()], DeliverPolicy::New).await?;
+    let before = stored_messages(&bus).await?;
+    let env = Envelope::root();
+    let start = Instant::now();
+    bus.publish_command(&patch, &env).await?;
+    let end = loop {
+        let e = tokio::time::timeout(Duration::from_secs(3600), done.next())
+            .await
+            .context("no RolloutCompleted within an hour")?
+            .context("event stream ended")??;
+        if e.delivery.envelope.correlation == env.id {
+            break e;
+        }
+    };
+    let wall = start.elapsed().as_secs_f64();
+    let cpu_after_patch = hub.cpu_seconds();
+    let after = stored_messages(&bus).await?;
+    anyhow::ensure!(
+        end.delivery.type_name == pb::RolloutCompleted::TYPE,
+        "the rollout halted: {:?}",
+        pb::decode_to_json(&end.delivery.type_name, &end.delivery.payload)
+    );
+    let completed: pb::RolloutCompleted = end.delivery.decode()?;
+    let patched_effects: u64 =
+        sims.iter().map(|s| s.effects().patches.values().map(|&n| u64::from(n)).sum::<u64>()).sum();
+    let phases = rollout_phases(&bus, &env.id).await?;
+
+    let hub_rss = hub.process.rss_mib();
+    let hub_peak = hub.process.peak_mib();
+    let service_memory = services.memory();
+    let leaf_memory = leaves.rss_mib();
+    shutdown.cancel();
+    while gateways.join_next().await.is_some() {}
+    services.stop();
+    leaves.stop();
+    drop(hub);
+
+    let updates = f64::from(completed.patched);
+    let messages = after.saturating_sub(before);
+    let rate = updates / wall;
+    let per_update = messages as f64 / updates.max(1.0);
+    let per_site_kib = |mib: f64| round(mib * 1024.0 / sites as f64, 1);
+    Ok(json!({
+        "bench": "fanout",
+        "shape": "production",
+        "sites": sites,
+        "nodes_per_site": nodes,
+        "leaf_sites": leaf_sites,
+        "artifact_bytes": artifact_bytes,
+        "node_updates": completed.patched,
+        "node_updates_failed": completed.failed,
+        "backend_patch_effects": patched_effects,
+        "strategy": {
+            "canary_sites": strategy.canary_sites,
+            "max_concurrent_sites": strategy.max_concurrent_sites,
+            "max_unavailable": strategy.max_unavailable,
+        },
+        "job_consumers": sites,
+        "setup_seconds": {
+            "hub_config_and_start": round(config_s, 2),
+            "register": round(register_s, 2),
+            "gateways_connect": round(connect_s, 2),
+            "install": round(install_s, 2),
+            "total": round(register_s + connect_s + install_s, 2),
+        },
+        "wall_seconds": round(wall, 3),
+        "node_updates_per_second": round(rate, 1),
+        "bus_messages": messages,
+        "bus_messages_per_node_update": round(per_update, 2),
+        "raw_jetstream_msgs_per_second": round(raw, 0),
+        "raw_payload_bytes": payload,
+        "efficiency": round(per_update * rate / raw, 3),
+        "phases_seconds": phases,
+        "hub_nats": {
+            "rss_mib_after_setup": round(hub_rss_setup, 1),
+            "rss_mib_after_patch": round(hub_rss, 1),
+            "peak_rss_mib": round(hub_peak, 1),
+            "rss_kib_per_site": per_site_kib(hub_rss),
+            "cpu_seconds_setup": round(cpu_after_setup - cpu_at_start, 2),
+            "cpu_seconds_patch": round(cpu_after_patch - cpu_after_setup, 2),
+        },
+        "services_rss_mib": service_memory,
+        "leaf_nodes": leaf_memory,
+    }))
+}
+
+/// Stand-in bytes for every demo package and for the patch's target (the last entry), each
+/// `bytes` long, uploaded into `store`: their catalog entries.
+async fn upload_catalog(store: &ArtifactStore, bytes: usize) -> anyhow::Result<Vec<pb::Package>> {
+    let mut out = Vec::new();
+    for mut p in demo_packages().into_iter().chain([target_package()]) {
+        let stored = store.upload(demo_content(&p.name, &p.version, bytes).as_slice()).await?;
+        (p.sha256, p.size, p.object_key) = (stored.sha256, stored.size, stored.object_key);
+        out.push(p);
+    }
+    Ok(out)
+}
+
+async fn wait_for_event(bus: &Bus, filter: String, correlation: &str) -> anyhow::Result<()> {
+    let mut events = bus.read_events(vec![filter], DeliverPolicy::All).await?;
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(e) = events.next().await {
+            if e?.delivery.envelope.correlation == correlation {
+                return Ok(());
+            }
+        }
+        bail!("the event stream ended")
+    })
+    .await
+    .context("no answer within 120 s")?
+}
+
+/// Publishes InstallSite for every site (pipelined) and waits until each has ended: how many
+/// were installed and how many failed.
+async fn install_fleet(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<(usize, usize)> {
+    let mut events =
+        bus.read_events(vec![pb::SiteInstalled::filter(), pb::SiteInstallFailed::filter()], DeliverPolicy::New).await?;
+    let out: Vec<Outgoing> = designs
+        .iter()
+        .map(|d| {
+            let cmd = pb::InstallSite { site_id: d.site.to_string(), design_revision: 0 };
+            Outgoing::new(BusCommand::subject(&cmd), &cmd, Envelope::root())
+        })
+        .collect();
+    for chunk in out.chunks(2048) {
+        bus.publish_all(chunk.to_vec()).await?;
+    }
+    let (mut installed, mut failed) = (0, 0);
+    let mut last_progress = Instant::now();
+    while installed + failed < designs.len() {
+        let e = tokio::time::timeout(Duration::from_secs(300), events.next())
+            .await
+            .with_context(|| format!("no install ended for 300 s ({installed} installed, {failed} failed)"))?
+            .context("event stream ended")??;
+        match e.delivery.type_name.as_str() {
+            t if t == pb::SiteInstalled::TYPE => installed += 1,
+            _ => failed += 1,
+        }
+        if last_progress.elapsed() > Duration::from_secs(10) {
+            eprintln!("  {installed} installed, {failed} failed ...");
+            last_progress = Instant::now();
+        }
+    }
+    Ok((installed, failed))
+}
+
+/// Starts every site's gateway over a simulated site with instant backends, each on a
+/// connection of its own as its site's user (to its leaf node for the leaf sites), a few
+/// dozen connecting at a time.
+async fn start_gateways(
+    hub: &Hub,
+    leaves: &Leaves,
+    designs: &[SiteDesign],
+    root: &Path,
+    shutdown: &CancellationToken,
+    gateways: &mut JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<Vec<SimSite>> {
+    const AT_ONCE: usize = 64;
+    let connects = designs.iter().enumerate().map(|(i, d)| {
+        let url = leaves.url(i).unwrap_or(&hub.url).to_string();
+        let mut access = hub.access(&Role::Site(d.site.to_string()));
+        if leaves.url(i).is_some()
+            && let Ok(a) = &mut access
+        {
+            a.js_domain = Some(HUB_DOMAIN.to_string());
+        }
+        async move {
+            let access = access?;
+            let bus = Bus::connect_with(&url, &format!("landfall-gateway-{}", d.site), &access).await?;
+            anyhow::Ok((d, bus))
+        }
+    });
+    let mut connected = futures::stream::iter(connects).buffer_unordered(AT_ONCE);
+    let mut sims = Vec::with_capacity(designs.len());
+    while let Some(c) = connected.next().await {
+        let (d, bus) = c?;
+        let sim = SimSite::new(d.site.as_str(), &d.nodes, SimConfig::instant());
+        let cache = ArtifactCache::new(root.join("caches").join(d.site.as_str()));
+        let backend = Arc::new(sim.clone());
+        gateways.spawn(site_gateway::run_gateway(d.site.clone(), bus, backend, cache, shutdown.clone()));
+        sims.push(sim);
+    }
+    Ok(sims)
+}
+
+/// A child process whose memory and CPU are read from `/proc`.
+struct Process {
+    child: Child,
+}
+
+impl Process {
+    fn spawn(mut cmd: std::process::Command, log: &Path) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        Ok(Self { child: tied::spawn(cmd)? })
+    }
+
+    fn status_mib(&self, field: &str) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
+        kib.unwrap_or(0.0) / 1024.0
+    }
+
+    fn rss_mib(&self) -> f64 {
+        self.status_mib("VmRSS:")
+    }
+
+    fn peak_mib(&self) -> f64 {
+        self.status_mib("VmHWM:")
+    }
+
+    /// User and system CPU seconds so far (clock ticks of 1/100 s, Linux's USER_HZ).
+    fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the command's closing parenthesis: state is the first, utime the 12th.
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+        let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (ticks(11) + ticks(12)) / 100.0
+    }
+
+    fn stop(mut self) {
+        let _ = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        for _ in 0..50 {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
+async fn wait_listening(process: &mut Process, port: u16, log: &Path) -> anyhow::Result<()> {
+    for _ in 0..600 {
+        if let Some(status) = process.child.try_wait()? {
+            bail!("nats-server exited at start ({status}); see {}", log.display());
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("nats-server did not listen on {port} within 60 s; see {}", log.display())
+}
+
+/// The hub: one nats-server as `deploy nats-config` writes it for the fleet's sites.
+struct Hub {
+    process: Process,
+    url: String,
+    /// Where `deploy nats-config` wrote the configuration and keys.
+    config: PathBuf,
+}
+
+impl Hub {
+    async fn start(binary: &Path, root: &Path, designs: &[SiteDesign]) -> anyhow::Result<Self> {
+        let (client, leaf) = (free_port()?, free_port()?);
+        let args = deploy::NatsConfigArgs {
+            sites: designs.iter().map(|d| d.site.to_string()).collect(),
+            out: root.join("nats"),
+            hubs: vec![format!("127.0.0.1:{client}:{}:{leaf}:{}", free_port()?, free_port()?)],
+            leaf_advertise: Vec::new(),
+            store_dir: root.join("store"),
+            site_listen: "127.0.0.1:4222".into(),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+        };
+        let plan = deploy::plan(&args)?;
+        deploy::write(&plan, &args.out)?;
+        let log = root.join("hub.log");
+        let mut cmd = tied::command(binary);
+        cmd.arg("-c").arg(args.out.join(format!("hub/{}.conf", deploy::hub_name(0))));
+        let mut process = Process::spawn(cmd, &log)?;
+        wait_listening(&mut process, client, &log).await?;
+        Ok(Self { process, url: format!("nats://127.0.0.1:{client}"), config: args.out })
+    }
+
+    fn seed_file(&self, role: &Role) -> PathBuf {
+        match role {
+            Role::Site(site) => self.config.join(format!("sites/{site}/gateway.nk")),
+            role => self.config.join(format!("users/{}.nk", role.user())),
+        }
+    }
+
+    fn access(&self, role: &Role) -> anyhow::Result<Access> {
+        let seed = Access::seed_from_file(&self.seed_file(role)).map_err(anyhow::Error::msg)?;
+        Ok(Access { nkey_seed: Some(seed), ..Access::default() })
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        self.process.cpu_seconds()
+    }
+}
+
+/// The hub's services, each a `landfall serve …` process with its own user.
+struct Services {
+    processes: Vec<(&'static str, Process)>,
+}
+
+impl Services {
+    fn start(hub: &Hub, root: &Path, store: &Path) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("find the landfall executable")?;
+        let key_file = root.join("secret.key");
+        std::fs::write(&key_file, format!("{}\n", "5a".repeat(32)))?;
+        std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        let mut processes = Vec::new();
+        for (name, role) in [
+            ("orchestrator", Role::Orchestrator),
+            ("observer", Role::Observer),
+            ("kubeconfig", Role::Kubeconfig),
+            ("distribution", Role::Distribution),
+        ] {
+            let mut cmd = tied::command(&exe);
+            cmd.args(["serve", name])
+                .env("NATS_URL", &hub.url)
+                .env("LANDFALL_NATS_NKEY_FILE", hub.seed_file(&role))
+                .env("LANDFALL_SECRET_KEY_FILE", &key_file)
+                .env("LANDFALL_STORE", store)
+                .env("RUST_LOG", "warn");
+            processes.push((name, Process::spawn(cmd, &root.join(format!("{name}.log")))?));
+        }
+        Ok(Self { processes })
+    }
+
+    /// Each service's RSS now and at its peak, in MiB.
+    fn memory(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        for (name, p) in &self.processes {
+            out.insert(
+                name.to_string(),
+                json!({ "rss_mib": round(p.rss_mib(), 1), "peak_rss_mib": round(p.peak_mib(), 1) }),
+            );
+        }
+        out.into()
+    }
+
+    fn stop(self) {
+        for (_, p) in self.processes {
+            p.stop();
+        }
+    }
+}
+
+/// Leaf nodes of the first sites, each its own nats-server as `deploy nats-config` wrote it,
+/// linked to the hub as its site's user.
+struct Leaves {
+    leaves: Vec<(Process, String)>,
+}
+
+impl Leaves {
+    async fn start(binary: &Path, hub: &Hub, designs: &[SiteDesign]) -> anyhow::Result<Self> {
+        let mut leaves = Vec::new();
+        for d in designs {
+            let dir = hub.config.join(format!("sites/{}", d.site));
+            let port = free_port()?;
+            let conf = std::fs::read_to_string(dir.join("leaf.conf"))?
+                .replace("listen: \"127.0.0.1:4222\"", &format!("listen: \"127.0.0.1:{port}\""));
+            let path = dir.join("leaf-bench.conf");
+            std::fs::write(&path, conf)?;
+            let log = dir.join("leaf.log");
+            let mut cmd = tied::command(binary);
+            cmd.arg("-c").arg(&path);
+            let mut process = Process::spawn(cmd, &log)?;
+            wait_listening(&mut process, port, &log).await?;
+            leaves.push((process, format!("nats://127.0.0.1:{port}")));
+        }
+        Ok(Self { leaves })
+    }
+
+    /// The leaf node the `i`-th site's gateway connects to, if it has one.
+    fn url(&self, i: usize) -> Option<&str> {
+        self.leaves.get(i).map(|(_, url)| url.as_str())
+    }
+
+    fn rss_mib(&self) -> serde_json::Value {
+        if self.leaves.is_empty() {
+            return serde_json::Value::Null;
+        }
+        let rss: Vec<f64> = self.leaves.iter().map(|(p, _)| p.rss_mib()).collect();
+        let total: f64 = rss.iter().sum();
+        json!({
+            "count": rss.len(),
+            "rss_mib_total": round(total, 1),
+            "rss_mib_each": round(total / rss.len() as f64, 1),
+        })
+    }
+
+    fn stop(self) {
+        for (p, _) in self.leaves {
+            p.stop();
+        }
+    }
+}
