@@ -50,11 +50,26 @@ pub struct Production {
 }
 
 pub async fn fanout(run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
-    let root = std::env::temp_dir().join(format!("landfall-bench-production-{}", uuid::Uuid::now_v7()));
-    std::fs::create_dir_all(&root).with_context(|| format!("create {}", root.display()))?;
-    let result = measure(&root, run, strategy).await;
-    let _ = std::fs::remove_dir_all(&root);
-    result
+    let scratch = Scratch::new()?;
+    measure(&scratch.0, run, strategy).await
+}
+
+/// The run's files (configuration, keys, stores, caches, logs): removed when the run ends, or
+/// when it is stopped by a signal (after the processes that wrote there are gone).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> anyhow::Result<Self> {
+        let root = std::env::temp_dir().join(format!("landfall-bench-production-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&root).with_context(|| format!("create {}", root.display()))?;
+        Ok(Self(root))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
