@@ -87,6 +87,28 @@ pub fn private_file(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// How long a connection waits before its `attempts`-th try to reach a server: nothing before
+/// the first, then a random share ("full jitter") of a bound that starts at 100 ms and doubles
+/// up to 8 s.
+///
+/// Ten thousand gateways lose the hub at the same moment when it restarts. Without jitter
+/// (async-nats doubles from 2 ms to 4 s by default) they all try again at the same moments and
+/// arrive together; with it, once the hub is back they come back spread over the last bound,
+/// about a thousand a second, and the hub keeps answering meanwhile.
+pub fn reconnect_delay(attempts: usize) -> Duration {
+    if attempts == 0 {
+        return Duration::ZERO;
+    }
+    let exp = attempts.saturating_sub(1).min(7) as u32;
+    let bound = (100u64 << exp).min(8_000);
+    Duration::from_millis(jitter(bound))
+}
+
+/// A number from 0 to `bound`, from the random bits of a UUIDv7.
+pub(super) fn jitter(bound: u64) -> u64 {
+    (uuid::Uuid::now_v7().as_u128() as u64) % (bound + 1)
+}
+
 /// A connection to the bus.
 #[derive(Clone)]
 pub struct Bus {
@@ -141,6 +163,7 @@ impl Bus {
         }
         let client = options
             .max_reconnects(None)
+            .reconnect_delay_callback(reconnect_delay)
             .connection_timeout(Duration::from_secs(5))
             .request_timeout(Some(Duration::from_secs(10)))
             .event_callback(|event| async move {
@@ -199,5 +222,21 @@ impl Bus {
     /// The prefix of this connection's reply subjects (`_INBOX_<key>`, or `_INBOX` without a key).
     pub fn inbox_prefix(&self) -> &str {
         &self.inbox_prefix
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_delays_are_spread_under_a_bound_that_doubles_to_eight_seconds() {
+        assert_eq!(reconnect_delay(0), Duration::ZERO);
+        for (attempts, bound) in [(1, 100), (2, 200), (4, 800), (7, 6_400), (8, 8_000), (1000, 8_000)] {
+            let delays: Vec<u64> = (0..200).map(|_| reconnect_delay(attempts).as_millis() as u64).collect();
+            assert!(delays.iter().all(|&d| d <= bound), "attempt {attempts}: {delays:?} over {bound}");
+            let (min, max) = (delays.iter().min().unwrap(), delays.iter().max().unwrap());
+            assert!(max - min > bound / 2, "attempt {attempts}: spread only {min}..{max} of 0..{bound}");
+        }
     }
 }

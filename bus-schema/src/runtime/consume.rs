@@ -180,9 +180,11 @@ pub async fn consume<H: Handler>(
             Ok(c) => break c,
             Err(e) => {
                 warn!(consumer = %spec.durable, error = %e, "no consumer yet (the hub makes a site's when it is registered); asking again");
+                // 1 to 3 s: many gateways started together do not ask together.
+                let pause = Duration::from_millis(1_000 + super::connect::jitter(2_000));
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = tokio::time::sleep(pause) => {}
                 }
             }
         }
