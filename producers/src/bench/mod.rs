@@ -10,6 +10,7 @@
 //! - `soak`: simulated days of a fleet's operations, and whether storage, memory and recovery
 //!   stay flat over them ([`soak`]).
 
+mod layout;
 mod production;
 pub mod soak;
 pub mod transfer;
@@ -85,6 +86,10 @@ pub enum BenchCommand {
         /// Production shape: bytes of each package's artifact, staged at install and patch.
         #[arg(long, default_value_t = 4096)]
         artifact_bytes: usize,
+        /// Production shape: restart the hub once the fleet is installed, with every gateway
+        /// connected, and time the fleet's return and a command's answer meanwhile.
+        #[arg(long)]
+        restart_hub: bool,
     },
     /// An artifact of --size bytes uploaded to the artifact store, read back raw from it, and
     /// staged into a site gateway's cache over the bus: MB/s of each, and peak RSS.
@@ -102,6 +107,19 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 60.0)]
         time_scale: f64,
     },
+    /// What each way of bringing jobs to sites costs the hub per site, nothing else running: a
+    /// durable pull consumer per site on one stream (as deployed), a durable push consumer per
+    /// site, or a stream per site. Hub RSS and CPU with every site waiting idle, and the time to
+    /// deliver one job to every site.
+    JobLayout {
+        #[arg(long, default_value_t = 1000)]
+        sites: usize,
+        #[arg(long, value_enum, default_value_t = layout::Layout::Pull)]
+        layout: layout::Layout,
+        /// How long every site waits idle while the hub's CPU is measured.
+        #[arg(long, default_value = "30s", value_parser = crate::flags::parse_duration)]
+        idle: Duration,
+    },
     /// Simulated days of a fleet's operations (hosts arriving and leaving, design changes, a
     /// rollout, re-installs), each --day-length of wall time with keeping times scaled to it:
     /// every stream's and bucket's bytes, the sites' caches, RSS and a fresh orchestrator's
@@ -112,7 +130,8 @@ pub enum BenchCommand {
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
     let shutdown = crate::run::service::shutdown_on_signal();
     // The production shape runs a hub of its own, configured as deployed.
-    let own_hub = matches!(cmd, BenchCommand::Fanout { shape: FanoutShape::Production, .. });
+    let own_hub =
+        matches!(cmd, BenchCommand::Fanout { shape: FanoutShape::Production, .. } | BenchCommand::JobLayout { .. });
     anyhow::ensure!(
         !(own_hub && nats_url.is_some()),
         "the production shape starts a hub of its own, configured for its sites: unset NATS_URL, or use --shape shared"
@@ -133,6 +152,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                 gateway_hosts,
                 leaf_sites,
                 artifact_bytes,
+                restart_hub,
             } => {
                 anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
                 let strategy = pb::RolloutStrategy {
@@ -143,7 +163,8 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                     ..Default::default()
                 };
                 if shape == FanoutShape::Production {
-                    let run = production::Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages };
+                    let run =
+                        production::Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages, restart_hub };
                     return production::fanout(run, strategy).await;
                 }
                 let shape = Shape { orchestrators: orchestrators.max(1), gateway_hosts, raw_messages };
@@ -155,6 +176,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                 install(&url, nodes, time_scale).await
             }
             BenchCommand::Soak(args) => soak::soak(&url, args).await,
+            BenchCommand::JobLayout { sites, layout, idle } => layout::job_layout(sites, layout, idle).await,
         }
     };
     // Ctrl-C or SIGTERM: the server is stopped and its temporary store removed all the same.

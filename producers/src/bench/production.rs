@@ -47,6 +47,9 @@ pub struct Production {
     /// Bytes of each package's artifact.
     pub artifact_bytes: usize,
     pub raw_messages: usize,
+    /// Restart the hub after the install, with every gateway connected, and time how the fleet
+    /// comes back.
+    pub restart_hub: bool,
 }
 
 pub async fn fanout(run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
@@ -73,13 +76,13 @@ impl Drop for Scratch {
 }
 
 async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
-    let Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages } = run;
+    let Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages, restart_hub } = run;
     anyhow::ensure!(leaf_sites <= sites, "--leaf-sites ({leaf_sites}) is more than --sites ({sites})");
     let designs: Vec<SiteDesign> = (0..sites).map(|i| demo_site(i, nodes)).collect();
     let binary = find_nats_server().await?;
 
     let t = Instant::now();
-    let hub = Hub::start(&binary, root, &designs).await?;
+    let mut hub = Hub::start(&binary, root, &designs).await?;
     let config_s = t.elapsed().as_secs_f64();
     eprintln!("hub: {} users configured and started in {config_s:.1} s", designs.len() + Role::services().len());
 
@@ -119,13 +122,20 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let install_s = t.elapsed().as_secs_f64();
     eprintln!("installed {installed} sites ({install_failed} failed) in {install_s:.1} s");
     anyhow::ensure!(install_failed == 0, "{install_failed} installs failed");
-    let cpu_after_setup = hub.cpu_seconds();
+    let cpu_after_install = hub.cpu_seconds();
     let hub_rss_setup = hub.process.rss_mib();
 
-    let register = Envelope::root();
-    let cmd = pb::RegisterPackage { package: Some(target.clone()), auto_rollout: None };
-    bus.publish_all(vec![Outgoing::new(BusCommand::subject(&cmd), &cmd, register.clone())]).await?;
-    wait_for_event(&bus, pb::PackageRegistered::filter(), &register.id).await?;
+    let register = pb::RegisterPackage { package: Some(target.clone()), auto_rollout: None };
+    let restart = match restart_hub {
+        true => restart_under_fleet(&mut hub, &binary, sites, &register).await?,
+        false => {
+            let env = Envelope::root();
+            bus.publish_command(&register, &env).await?;
+            wait_for_event(&bus, pb::PackageRegistered::filter(), &env.id).await?;
+            serde_json::Value::Null
+        }
+    };
+    let cpu_after_setup = hub.cpu_seconds();
 
     let patch = pb::PatchPackage {
         name: target.name.clone(),
@@ -212,11 +222,78 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             "rss_mib_after_patch": round(hub_rss, 1),
             "peak_rss_mib": round(hub_peak, 1),
             "rss_kib_per_site": per_site_kib(hub_rss),
-            "cpu_seconds_setup": round(cpu_after_setup - cpu_at_start, 2),
+            "cpu_seconds_setup": round(cpu_after_install - cpu_at_start, 2),
             "cpu_seconds_patch": round(cpu_after_patch - cpu_after_setup, 2),
         },
         "services_rss_mib": service_memory,
         "leaf_nodes": leaf_memory,
+        "hub_restart": restart,
+    }))
+}
+
+/// Restarts the hub under the whole fleet (every gateway and service connected), publishes
+/// `command` on a fresh connection as soon as the hub listens again, and times: the hub's
+/// downtime, the command's answer, and the fleet's return (every connection back).
+async fn restart_under_fleet(
+    hub: &mut Hub,
+    binary: &Path,
+    sites: usize,
+    command: &pb::RegisterPackage,
+) -> anyhow::Result<serde_json::Value> {
+    let connected = hub.connections().await?;
+    eprintln!("restarting the hub under {connected} connections ...");
+    let cpu_before = hub.cpu_seconds();
+    let t = Instant::now();
+    hub.restart(binary).await?;
+    let down_s = t.elapsed().as_secs_f64();
+    let listening = Instant::now();
+    let fresh = Bus::connect_with(&hub.url, "landfall-bench-restart", &hub.access(&Role::Operator)?).await?;
+    let env = Envelope::root();
+    let mut answered = fresh.read_events(vec![pb::PackageRegistered::filter()], DeliverPolicy::New).await?;
+    let published = Instant::now();
+    fresh.publish_command(command, &env).await?;
+    let answer = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(e) = answered.next().await {
+            if e?.delivery.envelope.correlation == env.id {
+                return anyhow::Ok(published.elapsed());
+            }
+        }
+        bail!("the event stream ended")
+    })
+    .await
+    .context("the command published after the restart had no answer within 120 s")??;
+    eprintln!(
+        "a command published {:.1} s after the hub was back was answered in {:.2} s",
+        published.duration_since(listening).as_secs_f64(),
+        answer.as_secs_f64()
+    );
+    let mut timeline = Vec::new();
+    let all_back = loop {
+        let now = hub.connections().await.unwrap_or(0);
+        timeline.push((listening.elapsed().as_secs_f64(), now));
+        if now >= connected {
+            break listening.elapsed();
+        }
+        anyhow::ensure!(
+            listening.elapsed() < Duration::from_secs(600),
+            "only {now} of {connected} connections back after 600 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let at = |share: f64| {
+        let want = (connected as f64 * share).ceil() as usize;
+        timeline.iter().find(|(_, n)| *n >= want).map_or(-1.0, |(t, _)| round(*t, 2))
+    };
+    eprintln!("{sites} gateways back in {:.1} s", all_back.as_secs_f64());
+    Ok(json!({
+        "connections": connected,
+        "hub_down_seconds": round(down_s, 2),
+        "command_published_after_seconds": round(published.duration_since(listening).as_secs_f64(), 2),
+        "command_answered_seconds": round(answer.as_secs_f64(), 3),
+        "half_back_seconds": at(0.5),
+        "ninety_percent_back_seconds": at(0.9),
+        "all_back_seconds": round(all_back.as_secs_f64(), 2),
+        "hub_cpu_seconds": round(hub.cpu_seconds() - cpu_before, 2),
     }))
 }
 
@@ -320,12 +397,12 @@ async fn start_gateways(
 }
 
 /// A child process whose memory and CPU are read from `/proc`.
-struct Process {
+pub(super) struct Process {
     child: Child,
 }
 
 impl Process {
-    fn spawn(mut cmd: std::process::Command, log: &Path) -> anyhow::Result<Self> {
+    pub(super) fn spawn(mut cmd: std::process::Command, log: &Path) -> anyhow::Result<Self> {
         let log = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
         cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
         Ok(Self { child: tied::spawn(cmd)? })
@@ -340,16 +417,16 @@ impl Process {
         kib.unwrap_or(0.0) / 1024.0
     }
 
-    fn rss_mib(&self) -> f64 {
+    pub(super) fn rss_mib(&self) -> f64 {
         self.status_mib("VmRSS:")
     }
 
-    fn peak_mib(&self) -> f64 {
+    pub(super) fn peak_mib(&self) -> f64 {
         self.status_mib("VmHWM:")
     }
 
     /// User and system CPU seconds so far (clock ticks of 1/100 s, Linux's USER_HZ).
-    fn cpu_seconds(&self) -> f64 {
+    pub(super) fn cpu_seconds(&self) -> f64 {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
         // Fields after the command's closing parenthesis: state is the first, utime the 12th.
         let fields: Vec<&str> =
@@ -358,7 +435,7 @@ impl Process {
         (ticks(11) + ticks(12)) / 100.0
     }
 
-    fn stop(mut self) {
+    pub(super) fn stop(mut self) {
         let _ = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         for _ in 0..50 {
             if !matches!(self.child.try_wait(), Ok(None)) {
@@ -380,11 +457,11 @@ impl Drop for Process {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
 
-async fn wait_listening(process: &mut Process, port: u16, log: &Path) -> anyhow::Result<()> {
+pub(super) async fn wait_listening(process: &mut Process, port: u16, log: &Path) -> anyhow::Result<()> {
     for _ in 0..600 {
         if let Some(status) = process.child.try_wait()? {
             bail!("nats-server exited at start ({status}); see {}", log.display());
@@ -403,6 +480,9 @@ struct Hub {
     url: String,
     /// Where `deploy nats-config` wrote the configuration and keys.
     config: PathBuf,
+    client: u16,
+    /// The monitoring port.
+    http: u16,
 }
 
 impl Hub {
@@ -419,14 +499,51 @@ impl Hub {
             tls_key: None,
             tls_ca: None,
         };
+        let http = args.hubs[0].rsplit(':').next().unwrap_or_default().parse::<u16>()?;
         let plan = deploy::plan(&args)?;
         deploy::write(&plan, &args.out)?;
-        let log = root.join("hub.log");
+        let process = Self::spawn(binary, &args.out, client).await?;
+        Ok(Self { process, url: format!("nats://127.0.0.1:{client}"), config: args.out, client, http })
+    }
+
+    async fn spawn(binary: &Path, config: &Path, client: u16) -> anyhow::Result<Process> {
+        let log = config.join("hub.log");
+        // Go's profiler on this port, to see where the hub's CPU and memory go.
+        if let Ok(port) = std::env::var("LANDFALL_BENCH_HUB_PROF_PORT") {
+            let conf = config.join(format!("hub/{}.conf", deploy::hub_name(0)));
+            let text = std::fs::read_to_string(&conf)?;
+            if !text.starts_with("prof_port") {
+                std::fs::write(&conf, format!("prof_port: {port}\n{text}"))?;
+            }
+        }
         let mut cmd = tied::command(binary);
-        cmd.arg("-c").arg(args.out.join(format!("hub/{}.conf", deploy::hub_name(0))));
+        cmd.arg("-c").arg(config.join(format!("hub/{}.conf", deploy::hub_name(0))));
         let mut process = Process::spawn(cmd, &log)?;
         wait_listening(&mut process, client, &log).await?;
-        Ok(Self { process, url: format!("nats://127.0.0.1:{client}"), config: args.out })
+        Ok(process)
+    }
+
+    /// Stops the hub (SIGTERM: it flushes its store) and starts it again on the same store.
+    async fn restart(&mut self, binary: &Path) -> anyhow::Result<()> {
+        let old = std::mem::replace(&mut self.process, Self::placeholder()?);
+        old.stop();
+        self.process = Self::spawn(binary, &self.config, self.client).await?;
+        Ok(())
+    }
+
+    /// A process that has already ended, standing in while the hub restarts.
+    fn placeholder() -> anyhow::Result<Process> {
+        let mut child = std::process::Command::new("true").spawn()?;
+        child.wait()?;
+        Ok(Process { child })
+    }
+
+    /// Client connections the hub has now (its monitoring endpoint).
+    async fn connections(&self) -> anyhow::Result<usize> {
+        let body =
+            reqwest::get(format!("http://127.0.0.1:{}/varz", self.http)).await?.error_for_status()?.bytes().await?;
+        let varz: serde_json::Value = serde_json::from_slice(&body)?;
+        varz["connections"].as_u64().map(|n| n as usize).context("/varz has no connection count")
     }
 
     fn seed_file(&self, role: &Role) -> PathBuf {

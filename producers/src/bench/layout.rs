@@ -1,0 +1,235 @@
+//! `bench job-layout`: what each way of bringing jobs to sites costs the hub per site, with
+//! nothing else running. A plain nats-server, one connection per site; for each layout, the
+//! hub's RSS and CPU while every site waits idle, then the time to deliver one job to every site
+//! and have it acknowledged.
+//!
+//! - `pull`: one jobs stream, a durable pull consumer per site filtered on its jobs, each site
+//!   waiting on a pull request (async-nats' defaults: 30 s expiry, 15 s idle heartbeat). This is
+//!   how landfall's gateways take their jobs.
+//! - `push`: one jobs stream, a durable push consumer per site delivering to a subject of the
+//!   site's own, no heartbeat: an idle site costs no traffic.
+//! - `stream`: a stream per site, with one unfiltered durable pull consumer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream::{self, consumer, stream};
+use futures::StreamExt;
+use serde_json::json;
+use tokio::task::JoinSet;
+
+use super::production::{Process, free_port, wait_listening};
+use super::round;
+use crate::run::embedded::{find_nats_server, tied};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    Pull,
+    Push,
+    Stream,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::Pull => "pull",
+            Layout::Push => "push",
+            Layout::Stream => "stream",
+        }
+    }
+}
+
+const AT_ONCE: usize = 64;
+
+fn site(i: usize) -> String {
+    format!("edge-{i:05}")
+}
+
+fn stream_name(layout: Layout, i: usize) -> String {
+    match layout {
+        Layout::Stream => format!("BENCH_JOBS_{}", site(i)),
+        _ => "BENCH_JOBS".into(),
+    }
+}
+
+pub async fn job_layout(sites: usize, layout: Layout, idle: Duration) -> anyhow::Result<serde_json::Value> {
+    let dir = std::env::temp_dir().join(format!("landfall-bench-layout-{}", uuid::Uuid::now_v7()));
+    let result = measure(&dir, sites, layout, idle).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn measure(
+    dir: &std::path::Path,
+    sites: usize,
+    layout: Layout,
+    idle: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    std::fs::create_dir_all(dir)?;
+    let (port, http) = (free_port()?, free_port()?);
+    let mut cmd = tied::command(find_nats_server().await?);
+    cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-m", &http.to_string(), "-js", "-sd"])
+        .arg(dir.join("store"));
+    let log = dir.join("nats-server.log");
+    let mut hub = Process::spawn(cmd, &log)?;
+    wait_listening(&mut hub, port, &log).await?;
+    let url = format!("nats://127.0.0.1:{port}");
+    let admin = jetstream::new(async_nats::connect(&url).await?);
+    let base_rss = hub.rss_mib();
+
+    let t = Instant::now();
+    let streams: Vec<String> = match layout {
+        Layout::Stream => (0..sites).map(|i| stream_name(layout, i)).collect(),
+        _ => vec![stream_name(layout, 0)],
+    };
+    let made: Vec<anyhow::Result<()>> = futures::stream::iter(streams.iter().enumerate())
+        .map(|(i, name)| {
+            let admin = admin.clone();
+            let subjects = match layout {
+                Layout::Stream => vec![format!("bench.job.{}.>", site(i))],
+                _ => vec!["bench.job.>".into()],
+            };
+            async move {
+                admin.create_stream(stream::Config { name: name.clone(), subjects, ..Default::default() }).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    made.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    let made: Vec<anyhow::Result<()>> = futures::stream::iter(0..sites)
+        .map(|i| {
+            let admin = admin.clone();
+            async move { make_consumer(&admin, layout, i).await }
+        })
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    made.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    let consumers_s = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let received = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
+    let clients: Vec<anyhow::Result<async_nats::Client>> = futures::stream::iter(0..sites)
+        .map(|_| async { Ok(async_nats::connect(&url).await?) })
+        .buffered(AT_ONCE)
+        .collect()
+        .await;
+    for (i, client) in clients.into_iter().enumerate() {
+        let client = client?;
+        let received = received.clone();
+        tasks.spawn(async move { take_jobs(client, layout, i, received).await });
+    }
+    let connect_s = t.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let cpu = hub.cpu_seconds();
+    tokio::time::sleep(idle).await;
+    let idle_cpu = hub.cpu_seconds() - cpu;
+    let idle_rss = hub.rss_mib();
+
+    let cpu = hub.cpu_seconds();
+    let t = Instant::now();
+    let mut acks = futures::stream::FuturesUnordered::new();
+    for i in 0..sites {
+        let ack =
+            admin.publish(format!("bench.job.{}.patch", site(i)), bytes::Bytes::from_static(&[b'x'; 200])).await?;
+        acks.push(std::future::IntoFuture::into_future(ack));
+        while acks.len() >= 1024 {
+            acks.next().await.context("ack")??;
+        }
+    }
+    while let Some(ack) = acks.next().await {
+        ack?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while received.load(Ordering::Relaxed) < sites {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} of {sites} jobs taken after 600 s",
+            received.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let fanout = t.elapsed().as_secs_f64();
+    let fanout_cpu = hub.cpu_seconds() - cpu;
+    let peak = hub.peak_mib();
+    tasks.abort_all();
+    hub.stop();
+    Ok(json!({
+        "bench": "job-layout",
+        "layout": layout.name(),
+        "sites": sites,
+        "setup_seconds": { "streams_and_consumers": round(consumers_s, 2), "sites_connect": round(connect_s, 2) },
+        "hub_rss_mib": { "empty": round(base_rss, 1), "idle_sites_waiting": round(idle_rss, 1), "peak": round(peak, 1) },
+        "hub_rss_kib_per_site": round((idle_rss - base_rss) * 1024.0 / sites as f64, 1),
+        "idle_seconds": idle.as_secs(),
+        "hub_idle_cpu_percent": round(idle_cpu / idle.as_secs_f64() * 100.0, 1),
+        "one_job_to_every_site_seconds": round(fanout, 3),
+        "jobs_per_second": round(sites as f64 / fanout, 0),
+        "hub_cpu_seconds_for_the_jobs": round(fanout_cpu, 2),
+    }))
+}
+
+async fn make_consumer(js: &jetstream::Context, layout: Layout, i: usize) -> anyhow::Result<()> {
+    let s = js.get_stream(stream_name(layout, i)).await?;
+    let durable = format!("gateway-{}", site(i));
+    let filter = match layout {
+        Layout::Stream => String::new(),
+        _ => format!("bench.job.{}.>", site(i)),
+    };
+    match layout {
+        Layout::Push => {
+            s.create_consumer(consumer::push::Config {
+                durable_name: Some(durable),
+                deliver_subject: format!("bench.deliver.{}", site(i)),
+                filter_subject: filter,
+                ack_policy: consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await?;
+        }
+        _ => {
+            s.create_consumer(consumer::pull::Config {
+                durable_name: Some(durable),
+                filter_subject: filter,
+                ack_policy: consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// A site: takes its jobs and acknowledges each (with the server's confirmation).
+async fn take_jobs(
+    client: async_nats::Client,
+    layout: Layout,
+    i: usize,
+    received: Arc<AtomicUsize>,
+) -> anyhow::Result<()> {
+    let js = jetstream::new(client);
+    let s = js.get_stream(stream_name(layout, i)).await?;
+    let durable = format!("gateway-{}", site(i));
+    if layout == Layout::Push {
+        let c: consumer::PushConsumer = s.get_consumer(&durable).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut messages = c.messages().await?;
+        while let Some(m) = messages.next().await {
+            m?.double_ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            received.fetch_add(1, Ordering::Relaxed);
+        }
+    } else {
+        let c: consumer::PullConsumer = s.get_consumer(&durable).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut messages = c.messages().await?;
+        while let Some(m) = messages.next().await {
+            m?.double_ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            received.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
