@@ -356,6 +356,25 @@ async fn seed_observed(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package
     Ok(())
 }
 
+/// Deletes the durable consumer the orchestrator made for each site at registration: in the
+/// shared shape gateway hosts take the sites' jobs, and a work-queue stream lets no two
+/// consumers' filters overlap.
+async fn drop_site_durables(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<()> {
+    let jobs = bus.jetstream().get_stream(names::JOBS_STREAM).await?;
+    let deleted: Vec<_> = futures::stream::iter(designs)
+        .map(|d| {
+            let jobs = jobs.clone();
+            async move { jobs.delete_consumer(&names::gateway_consumer(d.site.as_str())).await }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    for d in deleted {
+        d.context("delete a site's durable consumer")?;
+    }
+    Ok(())
+}
+
 async fn wait_for_consumers(bus: &Bus, stream: &str, count: usize) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
@@ -405,6 +424,7 @@ async fn fanout(
     eprintln!("setting up {sites} installed sites x {nodes} nodes ...");
     let setup = Instant::now();
     register_fleet(&bus, &designs, &catalog).await?;
+    drop_site_durables(&bus, &designs).await?;
     seed_observed(&bus, &designs, &catalog).await?;
     let sims: Vec<SimSite> =
         designs.iter().map(|d| SimSite::installed(d, &domain_catalog, SimConfig::instant())).collect();
