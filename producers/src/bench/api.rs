@@ -205,6 +205,7 @@ async fn measure_in(dir: &Path, nats_url: &str, nats_args: &[String], expected: 
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let base = format!("http://{listen}");
+    consumers::artifacts::install_tls_provider();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
     eprintln!("api: starting landfall serve api on {listen}, waiting for {expected} sites ...");
     let started = Instant::now();

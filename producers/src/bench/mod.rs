@@ -128,7 +128,7 @@ pub enum BenchCommand {
     Soak(soak::SoakArgs),
     /// The HTTP API over S registered and installed sites of N nodes: `landfall serve api` as
     /// its own process, its memory and catch-up time, the latency of the dashboard's requests,
-    /// and the dashboard's first paint in headless Chromium ([`api::measure_api`]).
+    /// and the dashboard's first paint in headless Chromium.
     Api {
         #[arg(long, default_value_t = 10_000)]
         sites: usize,

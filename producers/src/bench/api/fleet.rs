@@ -2,8 +2,9 @@
 //! without running one: the install saga is driven to its end by the saga's own decisions
 //! (`consumers::saga`), as the orchestrator would over the gateways' reports, then written as
 //! the orchestrator leaves it (outbox published and cleared, `latest.<site>` naming it); what
-//! every node runs is written as the observer writes it from those reports; and each site's
-//! `SiteInstalled` is published. The read model cannot tell this fleet from one really installed.
+//! every node runs is written as the observer writes it from those reports; and every event of
+//! the install, the reports and the orchestrator's own, is published. The read model cannot
+//! tell this fleet from one really installed.
 
 use std::collections::BTreeMap;
 
@@ -25,43 +26,99 @@ pub(super) struct Installed {
 }
 
 /// A finished install of `design`, as `saga::decide` leaves it after every report of a good
-/// install, with the events its last step publishes (its outbox, before it is cleared).
-fn finished_saga(
+/// install, and every event the install published: the gateway's reports (each one the input
+/// the saga decided on) and the orchestrator's own, in the order they were published.
+fn finished_install(
     design: &SiteDesign,
     catalog: &BTreeMap<String, Package>,
     now_ms: i64,
-) -> anyhow::Result<pb::InstallSaga> {
+) -> anyhow::Result<(pb::InstallSaga, Vec<Outgoing>)> {
     let cmd = Envelope::root();
-    let resolved = saga::resolve(design, catalog).map_err(|r| anyhow::anyhow!("{}: {}", design.site, r.reason))?;
+    let site = design.site.to_string();
+    let resolved = saga::resolve(design, catalog).map_err(|r| anyhow::anyhow!("{site}: {}", r.reason))?;
+    let staged = pb::ArtifactsStaged {
+        site_id: site.clone(),
+        artifacts: resolved.packages.len() as u32,
+        bytes_transferred: resolved.packages.values().map(|p| p.size).sum(),
+        ..Default::default()
+    };
     let mut state = saga::start(&cmd, design, resolved, now_ms);
-    let names: Vec<String> = design.nodes.iter().map(|n| n.name.to_string()).collect();
+    let mut events = outbox_events(&state);
+    let image = |role: Role| {
+        design
+            .packages_for(role)
+            .iter()
+            .find(|p| catalog.get(&p.key()).is_some_and(|c| c.kind == pb::PackageKind::OsImage))
+    };
     let by_role = |role: Role| design.nodes.iter().filter(|n| n.role == role).map(|n| n.name.to_string()).collect();
-    let mut inputs = vec![Input::Staged];
-    inputs.extend(names.iter().map(|n| Input::OsProvisioned { node: n.clone() }));
-    inputs.push(Input::ClusterReady(pb::ClusterReady {
-        site_id: design.site.to_string(),
+    let report = |step: &str, node: Option<&str>| cmd.derive(step, node);
+
+    // What the gateway and the kubeconfig collector report, each with what the saga makes of it.
+    let mut reports: Vec<(Option<Input>, Outgoing)> =
+        vec![(Some(Input::Staged), Outgoing::event(&staged, report("artifacts_staged", None)))];
+    for n in &design.nodes {
+        let (node, image) = (n.name.to_string(), image(n.role).map(|p| p.key()).unwrap_or_default());
+        for state in ["inspecting", "provisioning"] {
+            let evt = pb::NodeOsProvisioning {
+                site_id: site.clone(),
+                node: node.clone(),
+                state: state.into(),
+                image: image.clone(),
+            };
+            let input = Input::OsState { node: node.clone(), state: state.into() };
+            reports.push((Some(input), Outgoing::event(&evt, report(&format!("os_state/{state}"), Some(&node)))));
+        }
+        let evt = pb::NodeOsProvisioned { site_id: site.clone(), node: node.clone(), image };
+        let env = report("os_provisioned", Some(&node));
+        reports.push((Some(Input::OsProvisioned { node }), Outgoing::event(&evt, env)));
+    }
+    for n in &design.nodes {
+        let binaries = design
+            .packages_for(n.role)
+            .iter()
+            .filter(|p| catalog.get(&p.key()).is_some_and(|c| c.kind == pb::PackageKind::Binary))
+            .map(pb::PackageRef::from)
+            .collect();
+        let evt = pb::NodeBinariesInstalled { site_id: site.clone(), node: n.name.to_string(), binaries };
+        reports.push((None, Outgoing::event(&evt, report("binaries_installed", Some(n.name.as_str())))));
+    }
+    let ready = pb::ClusterReady {
+        site_id: site.clone(),
         masters: by_role(Role::Master),
         workers: by_role(Role::Worker),
         failed: Vec::new(),
-    }));
-    inputs.extend([Input::KubeconfigStored, Input::ContainersApplied]);
-    for (i, input) in inputs.iter().enumerate() {
-        // Each report is its own message, caused by the job it answers.
-        let report = cmd.derive(&format!("report-{i}"), input.node());
-        // Only the last step's messages are kept: the orchestrator publishes and clears each.
+    };
+    reports.push((Some(Input::ClusterReady(ready.clone())), Outgoing::event(&ready, report("cluster_ready", None))));
+    let stored = pb::KubeconfigStored { site_id: site.clone(), key_id: "bench".into(), revision: 1 };
+    reports.push((Some(Input::KubeconfigStored), Outgoing::event(&stored, report("kubeconfig_stored", None))));
+    let containers: Vec<pb::PackageRef> = design
+        .all_packages()
+        .into_iter()
+        .filter(|p| catalog.get(&p.key()).is_some_and(|c| c.kind == pb::PackageKind::Container))
+        .map(pb::PackageRef::from)
+        .collect();
+    let applied = pb::ContainerPackagesApplied { site_id: site.clone(), packages: containers };
+    reports.push((Some(Input::ContainersApplied), Outgoing::event(&applied, report("containers_applied", None))));
+
+    for (input, evt) in reports {
+        let cause = evt.envelope.clone();
+        events.push(evt);
+        let Some(input) = input else { continue };
+        // The orchestrator publishes each step's outbox and clears it before the next.
         state.outbox.clear();
-        match saga::decide(&state, input, &report, now_ms) {
+        match saga::decide(&state, &input, &cause, now_ms) {
             Decision::Apply(next) => state = *next,
-            other => anyhow::bail!("{}: the install saga did not take {input:?}: {other:?}", design.site),
+            other => anyhow::bail!("{site}: the install saga did not take {input:?}: {other:?}"),
         }
+        events.extend(outbox_events(&state));
     }
+    state.outbox.clear();
     anyhow::ensure!(
         state.phase == pb::InstallPhase::Succeeded as i32,
-        "{}: the install saga ended in phase {}",
-        design.site,
+        "{site}: the install saga ended in phase {}",
         saga::phase_name(state.phase)
     );
-    Ok(state)
+    Ok((state, events))
 }
 
 /// The events of an outbox, ready to publish with their recorded ids (its jobs are left out:
@@ -111,14 +168,15 @@ fn observed_of(
         .collect()
 }
 
-/// One record written to `landfall-sagas`.
-enum Record<'a> {
-    Saga(&'a pb::InstallSaga),
-    Latest(&'a pb::SiteLease),
+/// Which of a site's two records in `landfall-sagas` is written.
+#[derive(Clone, Copy)]
+enum Write {
+    Latest,
+    Saga,
 }
 
 /// Writes what a finished install leaves for every site of `designs` (registered already, with
-/// `catalog` registered), and publishes each site's last events.
+/// `catalog` registered), and publishes the install's events.
 pub(super) async fn install(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package]) -> anyhow::Result<Installed> {
     let catalog: BTreeMap<String, Package> = catalog
         .iter()
@@ -136,9 +194,8 @@ pub(super) async fn install(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Pa
         let mut events = Vec::new();
         let mut versions = Vec::new();
         for design in chunk {
-            let mut saga = finished_saga(design, &catalog, now_ms)?;
-            events.extend(outbox_events(&saga));
-            saga.outbox.clear();
+            let (saga, published) = finished_install(design, &catalog, now_ms)?;
+            events.extend(published);
             versions.extend(observed_of(design, &catalog, &saga.saga_id, now_ms));
             let pointer = pb::SiteLease {
                 site_id: saga.site_id.clone(),
@@ -148,23 +205,21 @@ pub(super) async fn install(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Pa
             };
             records.push((saga, pointer));
         }
-        let writes = records.iter().flat_map(|(saga, pointer)| {
-            [
-                (keys::saga(&saga.saga_id), Record::Saga(saga)),
-                (keys::latest_install(&pointer.site_id), Record::Latest(pointer)),
-            ]
-        });
-        let writes = writes.map(|(key, record)| {
-            let sagas = sagas.clone();
-            async move {
-                match record {
-                    Record::Saga(s) => sagas.put(&key, s).await,
-                    Record::Latest(l) => sagas.put(&key, l).await,
+        // The pointer before the saga, as the orchestrator writes them (at the install's start,
+        // and as it goes): a reader replaying the bucket meets them in that order.
+        for write in [Write::Latest, Write::Saga] {
+            let puts = records.iter().map(|(saga, pointer)| {
+                let sagas = sagas.clone();
+                async move {
+                    match write {
+                        Write::Latest => sagas.put(&keys::latest_install(&pointer.site_id), pointer).await,
+                        Write::Saga => sagas.put(&keys::saga(&saga.saga_id), saga).await,
+                    }
                 }
+            });
+            for r in futures::stream::iter(puts).buffer_unordered(512).collect::<Vec<_>>().await {
+                r?;
             }
-        });
-        for r in futures::stream::iter(writes).buffer_unordered(512).collect::<Vec<_>>().await {
-            r?;
         }
         let puts = versions.iter().map(|v| {
             let observed = observed.clone();
@@ -193,12 +248,17 @@ mod tests {
     #[test]
     fn a_finished_install_has_every_node_ready_and_says_so() {
         let design = demo_site(7, 10);
-        let saga = finished_saga(&design, &catalog(), 1_700_000_000_000).unwrap();
+        let (saga, events) = finished_install(&design, &catalog(), 1_700_000_000_000).unwrap();
         assert_eq!(saga.outcome, pb::InstallOutcome::Success as i32);
         assert!(saga.nodes.iter().all(|n| n.step == pb::NodeStep::BinariesInstalled as i32));
-        let events = outbox_events(&saga);
-        assert_eq!(events.iter().map(|e| e.type_name.as_str()).collect::<Vec<_>>(), ["landfall.v1.SiteInstalled"]);
-        assert!(events[0].subject.starts_with("landfall.evt.edge-08."));
+        assert!(saga.outbox.is_empty());
+        let types: Vec<&str> = events.iter().map(|e| e.type_name.as_str()).collect();
+        assert_eq!(types.first(), Some(&"landfall.v1.SiteInstallStarted"));
+        assert_eq!(types.last(), Some(&"landfall.v1.SiteInstalled"));
+        // The reports (staged; two states, provisioned and binaries per node; the cluster, the
+        // kubeconfig, the containers) and the orchestrator's start and end: no job.
+        assert_eq!(events.len(), 1 + 10 * 4 + 3 + 2);
+        assert!(events.iter().all(|e| e.subject.starts_with("landfall.evt.edge-08.")));
         let observed = observed_of(&design, &catalog(), &saga.saga_id, 0);
         assert_eq!(observed.len(), 10 * 5);
         assert!(observed.iter().all(|o| o.kind != 0 && !o.event_id.is_empty()));
