@@ -14,8 +14,10 @@
 //   dirty rows. Then a fresh page's first render is timed, and search and paging are used.
 // `firstpaint`: a fresh page over a fleet of N sites, loaded R times (the first with nothing
 //   cached): first-contentful-paint and largest-contentful-paint by the Performance API, and
-//   when the sites table got its first row and the overview its total, by the page's clock.
-//   Prints one line `firstpaint: {JSON}` (`landfall bench api` reads it).
+//   when the sites table got its first row and the overview its total, by the page's clock;
+//   then, on the first load, how busy the page was over the next seconds (its long tasks) and
+//   how many events its feed replayed. Prints one line `firstpaint: {JSON}` (`landfall bench
+//   api` reads it).
 //
 // playwright-core comes from LANDFALL_BROWSER_MODULES (scripts/ensure-browser prints it).
 // Exits non-zero with the reason on the first check that fails, after a screenshot.
@@ -416,6 +418,8 @@ async function scaleCase() {
 
 /** Milliseconds by the page's clock, rounded to a tenth. */
 const ms = (t) => (t === null || t === undefined ? null : Math.round(t * 10) / 10);
+/** How long the first page is watched after its first row, for the long tasks that follow. */
+const SETTLE_WATCH_MS = 5000;
 const median = (xs) => {
   const s = xs.filter((x) => x !== null).sort((a, b) => a - b);
   return s.length ? s[Math.floor((s.length - 1) / 2)] : null;
@@ -426,6 +430,7 @@ async function firstPaintCase() {
   const runs = Number(opt.runs);
   if (!(sites > 0) || !(runs > 0)) fail('--sites and --runs must be positive numbers for the firstpaint case');
   const loads = [];
+  let settled = null;
   for (let i = 0; i < runs; i += 1) {
     const page = await newPage();
     current = page;
@@ -433,6 +438,10 @@ async function firstPaintCase() {
     // enter the document, and keeps the largest paint.
     await page.addInitScript(() => {
       window.__lcp = null;
+      window.__long = [];
+      new PerformanceObserver((list) => {
+        for (const e of list.getEntries()) window.__long.push(e.duration);
+      }).observe({ type: 'longtask', buffered: true });
       new PerformanceObserver((list) => {
         for (const e of list.getEntries()) window.__lcp = e.startTime;
       }).observe({ type: 'largest-contentful-paint', buffered: true });
@@ -467,7 +476,17 @@ async function firstPaintCase() {
     });
     log(`     fcp ${ms(load.fcp)} ms, first row ${ms(load.firstRow)} ms, lcp ${ms(load.lcp)} ms, ${load.rows} rows, ${load.feed || 'no events yet'}`);
     loads.push(load);
-    if (i === 0) await shot(page, 'dashboard-firstpaint.png');
+    if (i === 0) {
+      await shot(page, 'dashboard-firstpaint.png');
+      await new Promise((resolve) => setTimeout(resolve, SETTLE_WATCH_MS));
+      settled = await page.evaluate(() => ({
+        long_tasks: window.__long.length,
+        long_tasks_ms: Math.round(window.__long.reduce((a, d) => a + d, 0)),
+        longest_task_ms: Math.round(Math.max(0, ...window.__long)),
+        feed: document.querySelector('#feed-count').textContent,
+      }));
+      log(`     ${SETTLE_WATCH_MS} ms on: ${JSON.stringify(settled)}`);
+    }
     await page.close();
   }
   const pick = (k) => loads.map((l) => ms(l[k]));
@@ -480,6 +499,7 @@ async function firstPaintCase() {
     dom_content_loaded_ms: { cold: pick('domContentLoaded')[0], median: median(pick('domContentLoaded')) },
     wall_to_first_row_ms: { cold: loads[0].wall, median: median(loads.map((l) => l.wall)) },
     rows: loads[0].rows,
+    first_load_settling: { watched_ms_after_first_row: SETTLE_WATCH_MS, ...settled },
   };
   console.log(`firstpaint: ${JSON.stringify(result)}`);
 }

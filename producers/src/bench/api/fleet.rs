@@ -231,7 +231,12 @@ pub(super) async fn install(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Pa
         out.sagas += records.len();
         out.observed += versions.len();
         out.events += events.len();
-        bus.publish_all(events).await?;
+        // In parts: the client holds at most 5,000 acks in flight, and publish_all awaits its
+        // acks only after sending every message.
+        let mut events = events.into_iter().peekable();
+        while events.peek().is_some() {
+            bus.publish_all(events.by_ref().take(2048).collect()).await?;
+        }
     }
     Ok(out)
 }
