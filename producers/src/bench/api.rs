@@ -43,8 +43,22 @@ const PAGE: usize = 50;
 /// # Errors
 /// When the API does not start or does not catch up within ten minutes, or a request fails.
 pub async fn measure_api(nats_url: &str, nats_args: &[String], expected_sites: usize) -> anyhow::Result<Value> {
+    let program = std::env::current_exe().context("this program's path")?;
+    measure_api_with(&program, nats_url, nats_args, expected_sites).await
+}
+
+/// [`measure_api`], running `program` as `landfall` (a test runs the CLI it built).
+///
+/// # Errors
+/// As [`measure_api`].
+pub async fn measure_api_with(
+    program: &Path,
+    nats_url: &str,
+    nats_args: &[String],
+    expected_sites: usize,
+) -> anyhow::Result<Value> {
     let dir = fresh_dir()?;
-    let result = measure_in(&dir, nats_url, nats_args, expected_sites).await;
+    let result = measure_in(program, &dir, nats_url, nats_args, expected_sites).await;
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -86,7 +100,9 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
 }
 
+/// `program serve api` on `listen`, with one viewer token, its log in `dir`.
 fn start_api(
+    program: &Path,
     dir: &Path,
     nats_url: &str,
     nats_args: &[String],
@@ -98,8 +114,7 @@ fn start_api(
         .with_context(|| format!("write {}", tokens.display()))?;
     let log = dir.join("api.log");
     let stderr = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
-    let exe = std::env::current_exe().context("this program's path")?;
-    let mut cmd = tied::command(exe);
+    let mut cmd = tied::command(program);
     cmd.args(["--nats-url", nats_url])
         .args(nats_args)
         .args(["serve", "api", "--api-listen", &listen.to_string()])
@@ -201,7 +216,13 @@ async fn latency(http: &reqwest::Client, base: &str, token: &str, path: &str) ->
     }))
 }
 
-async fn measure_in(dir: &Path, nats_url: &str, nats_args: &[String], expected: usize) -> anyhow::Result<Value> {
+async fn measure_in(
+    program: &Path,
+    dir: &Path,
+    nats_url: &str,
+    nats_args: &[String],
+    expected: usize,
+) -> anyhow::Result<Value> {
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
     let token = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let base = format!("http://{listen}");
@@ -209,7 +230,7 @@ async fn measure_in(dir: &Path, nats_url: &str, nats_args: &[String], expected: 
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
     eprintln!("api: starting landfall serve api on {listen}, waiting for {expected} sites ...");
     let started = Instant::now();
-    let mut api = start_api(dir, nats_url, nats_args, listen, &token)?;
+    let mut api = start_api(program, dir, nats_url, nats_args, listen, &token)?;
     let (caught_up_s, ready_s) = wait_caught_up(&mut api, &http, &base, &token, expected, started).await?;
     let after_catch_up = memory(api.pid());
     eprintln!("api: caught up in {caught_up_s:.1} s; {after_catch_up}");
