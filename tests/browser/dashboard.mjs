@@ -4,6 +4,7 @@
 //   node tests/browser/dashboard.mjs --case install --url http://127.0.0.1:PORT \
 //        --token OPERATOR --viewer-token VIEWER --out DIR
 //   node tests/browser/dashboard.mjs --case scale --url ... --token ... --designs FILE --out DIR
+//   node tests/browser/dashboard.mjs --case firstpaint --url ... --token ... --sites N [--runs R]
 //
 // `install`: edge-01 shows as registered; the Install button on its page installs it, and the
 //   page follows it to installed with every node ready, without a reload. A viewer sees no
@@ -11,6 +12,12 @@
 // `scale`: with the dashboard open, the sites in FILE (register_site bodies) are registered
 //   through the API; the overview counts them live while the table fetches only pages and
 //   dirty rows. Then a fresh page's first render is timed, and search and paging are used.
+// `firstpaint`: a fresh page over a fleet of N sites, loaded R times (the first with nothing
+//   cached): first-contentful-paint and largest-contentful-paint by the Performance API, and
+//   when the sites table got its first row and the overview its total, by the page's clock;
+//   then, on the first load, how busy the page was over the next seconds (its long tasks) and
+//   how many events its feed replayed. Prints one line `firstpaint: {JSON}` (`landfall bench
+//   api` reads it).
 //
 // playwright-core comes from LANDFALL_BROWSER_MODULES (scripts/ensure-browser prints it).
 // Exits non-zero with the reason on the first check that fails, after a screenshot.
@@ -42,6 +49,8 @@ const { values: opt } = parseArgs({
     token: { type: 'string' },
     'viewer-token': { type: 'string' },
     designs: { type: 'string' },
+    sites: { type: 'string' },
+    runs: { type: 'string', default: '5' },
     out: { type: 'string', default: '.' },
   },
 });
@@ -407,10 +416,99 @@ async function scaleCase() {
   await shot(fresh, 'dashboard-1000.png');
 }
 
+/** Milliseconds by the page's clock, rounded to a tenth. */
+const ms = (t) => (t === null || t === undefined ? null : Math.round(t * 10) / 10);
+/** How long the first page is watched after its first row, for the long tasks that follow. */
+const SETTLE_WATCH_MS = 5000;
+const median = (xs) => {
+  const s = xs.filter((x) => x !== null).sort((a, b) => a - b);
+  return s.length ? s[Math.floor((s.length - 1) / 2)] : null;
+};
+
+async function firstPaintCase() {
+  const sites = Number(opt.sites);
+  const runs = Number(opt.runs);
+  if (!(sites > 0) || !(runs > 0)) fail('--sites and --runs must be positive numbers for the firstpaint case');
+  const loads = [];
+  let settled = null;
+  for (let i = 0; i < runs; i += 1) {
+    const page = await newPage();
+    current = page;
+    // Before the page's own script: marks the moment the first row and the overview's total
+    // enter the document, and keeps the largest paint.
+    await page.addInitScript(() => {
+      window.__lcp = null;
+      window.__long = [];
+      new PerformanceObserver((list) => {
+        for (const e of list.getEntries()) window.__long.push(e.duration);
+      }).observe({ type: 'longtask', buffered: true });
+      new PerformanceObserver((list) => {
+        for (const e of list.getEntries()) window.__lcp = e.startTime;
+      }).observe({ type: 'largest-contentful-paint', buffered: true });
+      new MutationObserver(() => {
+        if (window.__firstRow === undefined && document.querySelector('#sites-table tbody tr[data-site]')) window.__firstRow = performance.now();
+        if (window.__total === undefined && document.querySelector('[data-tile="sites-total"]')) window.__total = performance.now();
+      }).observe(document, { childList: true, subtree: true });
+    });
+    const load = await step(`load ${i + 1} of ${runs}: the first page of ${sites} sites`, async () => {
+      const t0 = Date.now();
+      await page.goto(`${base}/#token=${opt.token}`);
+      await page.waitForFunction(() => window.__firstRow !== undefined && window.__total !== undefined, null, { timeout: 60_000 });
+      const wall = Date.now() - t0;
+      // One more frame, so the row's paint is in the largest-contentful-paint entries.
+      await page.evaluate(() => new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0))));
+      const m = await page.evaluate(() => {
+        const fcp = performance.getEntriesByType('paint').find((e) => e.name === 'first-contentful-paint');
+        const nav = performance.getEntriesByType('navigation')[0];
+        return {
+          fcp: fcp ? fcp.startTime : null,
+          lcp: window.__lcp,
+          firstRow: window.__firstRow,
+          total: window.__total,
+          domContentLoaded: nav ? nav.domContentLoadedEventEnd : null,
+          shown: document.querySelector('[data-tile="sites-total"]').dataset.value,
+          rows: document.querySelectorAll('#sites-table tbody tr[data-site]').length,
+          feed: (document.querySelector('#feed-count') || {}).textContent || '',
+        };
+      });
+      if (Number(m.shown) !== sites) throw new Error(`the overview shows ${m.shown} sites, not ${sites}`);
+      return { wall, ...m };
+    });
+    log(`     fcp ${ms(load.fcp)} ms, first row ${ms(load.firstRow)} ms, lcp ${ms(load.lcp)} ms, ${load.rows} rows, ${load.feed || 'no events yet'}`);
+    loads.push(load);
+    if (i === 0) {
+      await shot(page, 'dashboard-firstpaint.png');
+      await new Promise((resolve) => setTimeout(resolve, SETTLE_WATCH_MS));
+      settled = await page.evaluate(() => ({
+        long_tasks: window.__long.length,
+        long_tasks_ms: Math.round(window.__long.reduce((a, d) => a + d, 0)),
+        longest_task_ms: Math.round(Math.max(0, ...window.__long)),
+        feed: document.querySelector('#feed-count').textContent,
+      }));
+      log(`     ${SETTLE_WATCH_MS} ms on: ${JSON.stringify(settled)}`);
+    }
+    await page.close();
+  }
+  const pick = (k) => loads.map((l) => ms(l[k]));
+  const result = {
+    runs,
+    first_contentful_paint_ms: { cold: pick('fcp')[0], median: median(pick('fcp')), all: pick('fcp') },
+    first_row_ms: { cold: pick('firstRow')[0], median: median(pick('firstRow')), all: pick('firstRow') },
+    overview_total_ms: { cold: pick('total')[0], median: median(pick('total')) },
+    largest_contentful_paint_ms: { cold: pick('lcp')[0], median: median(pick('lcp')) },
+    dom_content_loaded_ms: { cold: pick('domContentLoaded')[0], median: median(pick('domContentLoaded')) },
+    wall_to_first_row_ms: { cold: loads[0].wall, median: median(loads.map((l) => l.wall)) },
+    rows: loads[0].rows,
+    first_load_settling: { watched_ms_after_first_row: SETTLE_WATCH_MS, ...settled },
+  };
+  console.log(`firstpaint: ${JSON.stringify(result)}`);
+}
+
 let ok = false;
 try {
   if (opt.case === 'install') await installCase();
   else if (opt.case === 'scale') await scaleCase();
+  else if (opt.case === 'firstpaint') await firstPaintCase();
   else fail(`unknown case ${opt.case}`);
   if (pageErrors.length) throw new Error(`the page threw:\n${pageErrors.join('\n')}`);
   ok = true;

@@ -2,6 +2,9 @@
 //! simulated sites, the HTTP API) as a child process, and headless Chromium driven by
 //! playwright-core (`tests/browser/dashboard.mjs`) as an operator would use it.
 //!
+//! The first paint over 10,000 sites runs `landfall bench api`'s measurement (the API as its
+//! own process, and the script's `firstpaint` case) against a hub that holds them.
+//!
 //! Needs Node.js, Debian's Chromium at /usr/bin/chromium and playwright-core in the directory
 //! `LANDFALL_BROWSER_MODULES` names: `scripts/ensure-browser` installs both and prints it, and
 //! `scripts/test` exports it. Without them the tests fail and say so; they never skip.
@@ -16,6 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bus_schema::pb;
+use futures::StreamExt;
 use serde_json::json;
 
 /// How long `landfall up` may take to serve a caught-up API.
@@ -257,4 +261,50 @@ fn a_thousand_sites_show_one_page_at_a_time_and_search_finds_one() {
     assert_eq!(status, 200, "{body}");
     let overview: serde_json::Value = serde_json::from_str(&body).expect("the overview as JSON");
     assert_eq!(overview["sites"]["total"], 1000);
+}
+
+#[test]
+fn the_first_page_of_ten_thousand_sites_paints_and_the_feed_replays_only_its_own() {
+    const SITES: usize = 10_000;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    browser_modules();
+    let nats = landfall_tests::nats::NatsServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let measured = runtime.block_on(async {
+        // The sites as the orchestrator leaves them registered: each design, and its
+        // SiteRegistered (ten thousand events in the last minutes).
+        let bus = bus_schema::runtime::Bus::connect(&nats.url(), "dashboard-test").await.expect("connect");
+        bus.ensure_topology(&bus_schema::runtime::Topology::default()).await.expect("streams and buckets");
+        let sites = bus.kv(bus_schema::names::SITES_BUCKET).await.expect("the sites bucket");
+        let designs: Vec<pb::SiteDesign> =
+            (0..SITES).map(|i| pb::SiteDesign::from(&producers::up::demo_site(i, 3))).collect();
+        let writes = designs.iter().map(|d| {
+            let sites = sites.clone();
+            async move { sites.put(&bus_schema::names::keys::site(&d.site_id), d).await }
+        });
+        let written: Vec<_> = futures::stream::iter(writes).buffer_unordered(512).collect().await;
+        for w in written {
+            w.expect("a design written");
+        }
+        let events: Vec<_> = designs
+            .iter()
+            .map(|d| {
+                let evt = pb::SiteRegistered { site_id: d.site_id.clone(), nodes: 3, revision: 1 };
+                bus_schema::outgoing::Outgoing::event(&evt, bus_schema::envelope::Envelope::root())
+            })
+            .collect();
+        for part in events.chunks(2048) {
+            bus.publish_all(part.to_vec()).await.expect("events published");
+        }
+        producers::bench::api::measure_api_with(&landfall_tests::cli::binary(), &nats.url(), &[], SITES)
+            .await
+            .expect("the API measured")
+    });
+    println!("{}", serde_json::to_string_pretty(&measured).expect("JSON"));
+    let paint = &measured["dashboard"];
+    assert_eq!(paint["measured"], true, "the browser part did not run: {}", paint["why"]);
+    assert_eq!(paint["rows"], 50, "one page of rows: {paint}");
+    // The feed replays its own 200 events, not every event of the last minutes.
+    assert_eq!(paint["first_load_settling"]["feed"], "200 events", "{paint}");
+    assert_eq!(measured["sites_by_state"]["registered"], SITES);
 }

@@ -6,8 +6,14 @@
 //! latest value of every key, so nothing is missed. It keeps what views read, not every record
 //! ever written: sagas under way, each site's latest install and each node's latest join (a
 //! compacted one as its summary), and rollouts (a compacted one as its summary).
+//!
+//! It stays small and quick at fleet size: of the observed versions (a fleet of 10,000 sites
+//! of 10 nodes running 5 packages has 500,000) it keeps the package, version and kind, each
+//! name one shared string; of a saga, what views read (no outbox, jobs or hardware); and what
+//! the overview counts of each site, updated with the site's records, so that the overview and
+//! a page filtered by state read counters instead of walking every site.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -20,6 +26,8 @@ use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::facts::{Counts, SiteFacts};
+
 /// The last event seen of a site.
 #[derive(Debug, Clone)]
 pub struct LastEvent {
@@ -27,6 +35,42 @@ pub struct LastEvent {
     pub seq: u64,
     pub time: time::OffsetDateTime,
     pub summary: String,
+}
+
+/// One package on one node, as its gateway last reported it: what views read of an
+/// `ObservedVersion` (the record's time and event are not kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    pub name: Arc<str>,
+    pub version: Arc<str>,
+    pub kind: i32,
+}
+
+/// What each node of a site runs: node → its packages, by name.
+pub type SiteObserved = BTreeMap<Arc<str>, Vec<Running>>;
+
+/// One shared copy of each package name, version and node name the model holds: a fleet's
+/// nodes run a handful of packages at a handful of versions, and node names repeat from site
+/// to site. Strings no record holds any more are dropped once the table has doubled.
+#[derive(Default)]
+struct Strings {
+    set: HashSet<Arc<str>>,
+    sweep_at: usize,
+}
+
+impl Strings {
+    fn get(&mut self, s: &str) -> Arc<str> {
+        if let Some(shared) = self.set.get(s) {
+            return shared.clone();
+        }
+        let shared: Arc<str> = Arc::from(s);
+        self.set.insert(shared.clone());
+        if self.set.len() > self.sweep_at {
+            self.set.retain(|s| Arc::strong_count(s) > 1);
+            self.sweep_at = (self.set.len() * 2).max(1024);
+        }
+        shared
+    }
 }
 
 /// What the model holds. Read it through [`Model::read`].
@@ -48,8 +92,9 @@ pub struct State {
     pub joins: HashMap<String, BTreeMap<String, String>>,
     /// Site id → who holds its lease.
     pub leases: HashMap<String, pb::SiteLease>,
-    /// Site id → node → package → what the node runs.
-    pub observed: HashMap<String, BTreeMap<String, BTreeMap<String, pb::ObservedVersion>>>,
+    /// Site id → node → what the node runs.
+    pub observed: HashMap<String, SiteObserved>,
+    strings: Strings,
     /// `name@version` → catalog entry.
     pub packages: BTreeMap<String, pb::Package>,
     /// Package name → auto-rollout policy.
@@ -58,6 +103,10 @@ pub struct State {
     pub rollouts: HashMap<String, pb::Rollout>,
     /// Site id → its last event.
     pub last_event: HashMap<String, LastEvent>,
+    /// Site id → what the overview counts of it, for every site with a design; and their sum.
+    /// Kept as the site's records change (see [`State::refresh`]).
+    facts: HashMap<String, SiteFacts>,
+    counts: Counts,
     /// How many of the sources have caught up with the bus.
     caught_up: usize,
 }
@@ -69,6 +118,69 @@ impl State {
     /// Whether every source has read what the bus held when it started.
     pub fn ready(&self) -> bool {
         self.caught_up >= SOURCES
+    }
+
+    /// What the overview counts of every registered site.
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// What the overview counts of one registered site.
+    pub fn facts(&self, site: &str) -> Option<&SiteFacts> {
+        self.facts.get(site)
+    }
+
+    /// What a node runs now, as its gateway reported.
+    pub(super) fn observe(&mut self, o: pb::ObservedVersion) {
+        let State { observed, strings, .. } = self;
+        let running = Running { name: strings.get(&o.name), version: strings.get(&o.version), kind: o.kind };
+        let node = strings.get(&o.node);
+        let packages = observed.entry(o.site_id).or_default().entry(node).or_default();
+        match packages.binary_search_by(|r| r.name.cmp(&running.name)) {
+            Ok(i) => packages[i] = running,
+            Err(i) => {
+                // Grown one at a time: a node runs a few packages, and this keeps no spare room.
+                packages.reserve_exact(1);
+                packages.insert(i, running);
+            }
+        }
+    }
+
+    /// `key` (`node.<site>.<node>.<package>`) was purged: its node no longer runs it.
+    fn forget_observed(&mut self, key: &str) {
+        let mut parts = key.splitn(4, '.').skip(1);
+        let (Some(site), Some(node)) = (parts.next(), parts.next()) else { return };
+        let Some(nodes) = self.observed.get_mut(site) else { return };
+        if let Some(packages) = nodes.get_mut(node) {
+            packages.retain(|r| keys::observed(site, node, &r.name) != key);
+            if packages.is_empty() {
+                nodes.remove(node);
+            }
+        }
+        if nodes.is_empty() {
+            self.observed.remove(site);
+        }
+    }
+
+    /// Counts every site again from its records (as [`State::refresh`] keeps them counted).
+    #[cfg(test)]
+    pub(super) fn recount(&mut self) {
+        let sites: Vec<String> = self.designs.keys().chain(self.facts.keys()).cloned().collect();
+        for site in sites {
+            self.refresh(&site);
+        }
+    }
+
+    /// Counts `site` again from its records, after one of them changed.
+    fn refresh(&mut self, site: &str) {
+        if let Some(before) = self.facts.remove(site) {
+            self.counts.remove(&before);
+        }
+        let Some(design) = self.designs.get(site) else { return };
+        let install = self.latest_install.get(site).and_then(|id| self.sagas.get(id));
+        let facts = SiteFacts::of(design, install, self.leases.contains_key(site), |n| self.node_saga(site, n));
+        self.counts.add(&facts);
+        self.facts.insert(site.to_string(), facts);
     }
 
     /// The saga that last worked on `node` of `site`: its join, when newer than the install.
@@ -170,11 +282,12 @@ impl Model {
 
     fn apply(&self, bucket: &str, change: KvChange) {
         let KvChange { key, value, .. } = change;
-        let mut st = self.write();
         match bucket {
             names::SITES_BUCKET => {
                 let Some(site) = keys::site_of(&key) else { return };
-                match value.and_then(|v| decode::<pb::SiteDesign>(&key, v)) {
+                let design = value.and_then(|v| decode::<pb::SiteDesign>(&key, v));
+                let mut st = self.write();
+                match design {
                     Some(d) => {
                         st.designs.insert(site.to_string(), d);
                     }
@@ -182,34 +295,21 @@ impl Model {
                         st.designs.remove(site);
                     }
                 }
+                st.refresh(site);
             }
-            names::SAGAS_BUCKET => apply_saga_key(&mut st, &key, value),
-            names::OBSERVED_BUCKET => {
-                // node.<site>.<node>.<package>: the record itself names all three.
-                match value.and_then(|v| decode::<pb::ObservedVersion>(&key, v)) {
-                    Some(o) => {
-                        st.observed
-                            .entry(o.site_id.clone())
-                            .or_default()
-                            .entry(o.node.clone())
-                            .or_default()
-                            .insert(o.name.clone(), o);
-                    }
-                    None => {
-                        let mut parts = key.splitn(4, '.').skip(1);
-                        if let (Some(site), Some(node)) = (parts.next(), parts.next())
-                            && let Some(nodes) = st.observed.get_mut(site)
-                            && let Some(pkgs) = nodes.get_mut(node)
-                        {
-                            pkgs.retain(|name, _| keys::observed(site, node, name) != key);
-                            if pkgs.is_empty() {
-                                nodes.remove(node);
-                            }
-                        }
-                    }
+            names::SAGAS_BUCKET => {
+                let mut st = self.write();
+                if let Some(site) = apply_saga_key(&mut st, &key, value) {
+                    st.refresh(&site);
                 }
             }
+            // node.<site>.<node>.<package>: the record itself names all three.
+            names::OBSERVED_BUCKET => match value.and_then(|v| decode::<pb::ObservedVersion>(&key, v)) {
+                Some(o) => self.write().observe(o),
+                None => self.write().forget_observed(&key),
+            },
             names::PACKAGES_BUCKET => {
+                let mut st = self.write();
                 if key.starts_with(keys::PACKAGE_PREFIX) {
                     match value.and_then(|v| decode::<pb::Package>(&key, v)) {
                         Some(p) => {
@@ -309,14 +409,14 @@ fn decode<M: Message + Default>(key: &str, value: bytes::Bytes) -> Option<M> {
     }
 }
 
-fn apply_saga_key(st: &mut State, key: &str, value: Option<bytes::Bytes>) {
+/// Applies a change of `landfall-sagas`; the site whose records it changed, if any.
+fn apply_saga_key(st: &mut State, key: &str, value: Option<bytes::Bytes>) -> Option<String> {
     let (kind, rest) = key.split_once('.').unwrap_or((key, ""));
     match kind {
         "saga" => match value.and_then(|v| decode::<pb::InstallSaga>(key, v)) {
-            Some(mut saga) => {
-                saga.outbox.clear();
-                saga.packages.clear();
-                saga.design = None;
+            Some(saga) => {
+                let saga = what_views_read(saga);
+                let site = saga.site_id.clone();
                 if saga.join {
                     let joins = st.joins.entry(saga.site_id.clone()).or_default();
                     let mut replaced = Vec::new();
@@ -341,82 +441,115 @@ fn apply_saga_key(st: &mut State, key: &str, value: Option<bytes::Bytes>) {
                 } else {
                     st.sagas.insert(rest.to_string(), saga);
                 }
+                Some(site)
             }
             // Compacted (its summary stands in) or gone.
-            None => match st.saga_summaries.get(rest) {
-                Some(summary) => {
-                    st.sagas.insert(rest.to_string(), saga_of_summary(summary));
+            None => {
+                let site = st.sagas.get(rest).map(|s| s.site_id.clone());
+                match st.saga_summaries.get(rest) {
+                    Some(summary) => {
+                        st.sagas.insert(rest.to_string(), saga_of_summary(summary));
+                    }
+                    None => {
+                        st.sagas.remove(rest);
+                    }
+                }
+                site
+            }
+        },
+        "latest" => {
+            match value.and_then(|v| decode::<pb::SiteLease>(key, v)) {
+                Some(l) => {
+                    // The install it replaces is read by no view any more.
+                    if let Some(before) = st.latest_install.insert(rest.to_string(), l.saga_id.clone())
+                        && before != l.saga_id
+                        && st.sagas.get(&before).is_some_and(|s| ended(s) && !s.join)
+                    {
+                        st.sagas.remove(&before);
+                        st.saga_summaries.remove(&before);
+                    }
                 }
                 None => {
-                    st.sagas.remove(rest);
-                }
-            },
-        },
-        "latest" => match value.and_then(|v| decode::<pb::SiteLease>(key, v)) {
-            Some(l) => {
-                // The install it replaces is read by no view any more.
-                if let Some(before) = st.latest_install.insert(rest.to_string(), l.saga_id.clone())
-                    && before != l.saga_id
-                    && st.sagas.get(&before).is_some_and(|s| ended(s) && !s.join)
-                {
-                    st.sagas.remove(&before);
-                    st.saga_summaries.remove(&before);
+                    st.latest_install.remove(rest);
                 }
             }
-            None => {
-                st.latest_install.remove(rest);
-            }
-        },
-        "lease" => match value.and_then(|v| decode::<pb::SiteLease>(key, v)) {
-            Some(l) => {
-                st.leases.insert(rest.to_string(), l);
-            }
-            None => {
-                st.leases.remove(rest);
-            }
-        },
-        "rollout" if !rest.contains('.') => match value.and_then(|v| decode::<pb::Rollout>(key, v)) {
-            Some(mut r) => {
-                r.outbox.clear();
-                r.dispatched.clear();
-                r.done.clear();
-                st.rollouts.insert(rest.to_string(), r);
-            }
-            None => match st.rollout_summaries.get(rest) {
-                Some(summary) => {
-                    st.rollouts.insert(rest.to_string(), consumers::compaction::rollout_from_summary(summary));
+            Some(rest.to_string())
+        }
+        "lease" => {
+            match value.and_then(|v| decode::<pb::SiteLease>(key, v)) {
+                Some(l) => {
+                    st.leases.insert(rest.to_string(), l);
                 }
                 None => {
-                    st.rollouts.remove(rest);
+                    st.leases.remove(rest);
                 }
-            },
-        },
+            }
+            Some(rest.to_string())
+        }
+        "rollout" if !rest.contains('.') => {
+            match value.and_then(|v| decode::<pb::Rollout>(key, v)) {
+                Some(mut r) => {
+                    r.outbox.clear();
+                    r.dispatched.clear();
+                    r.done.clear();
+                    st.rollouts.insert(rest.to_string(), r);
+                }
+                None => match st.rollout_summaries.get(rest) {
+                    Some(summary) => {
+                        st.rollouts.insert(rest.to_string(), consumers::compaction::rollout_from_summary(summary));
+                    }
+                    None => {
+                        st.rollouts.remove(rest);
+                    }
+                },
+            }
+            None
+        }
         "summary" => apply_summary(st, rest, value),
-        _ => {}
+        _ => None,
     }
 }
 
+/// A saga as views read it: its phase, outcome and times, and each node's name, role and
+/// progress. Its outbox, jobs, catalog entries, design and the nodes' hardware are dropped:
+/// they are most of its size, and no view reads them.
+fn what_views_read(mut saga: pb::InstallSaga) -> pb::InstallSaga {
+    saga.outbox = Vec::new();
+    saga.jobs = Vec::new();
+    saga.packages = Default::default();
+    saga.design = None;
+    saga.traceparent = String::new();
+    for n in &mut saga.nodes {
+        n.node = n.node.take().map(|spec| pb::NodeSpec { name: spec.name, role: spec.role, ..Default::default() });
+    }
+    saga.nodes.shrink_to_fit();
+    saga
+}
+
 /// `summary.saga.<id>` or `summary.rollout.<id>`: kept when a view reads it, standing in for
-/// its record when that is absent.
-fn apply_summary(st: &mut State, rest: &str, value: Option<bytes::Bytes>) {
-    let Some(value) = value else { return };
+/// its record when that is absent. The site of a saga's summary, when it was kept.
+fn apply_summary(st: &mut State, rest: &str, value: Option<bytes::Bytes>) -> Option<String> {
+    let value = value?;
     match rest.split_once('.') {
         Some(("saga", id)) => {
-            let Some(summary) = decode::<pb::SagaSummary>(rest, value) else { return };
+            let summary = decode::<pb::SagaSummary>(rest, value)?;
             let read = st.latest_install.get(&summary.site_id) == Some(&summary.saga_id)
                 || st.joins.get(&summary.site_id).is_some_and(|j| j.values().any(|s| s == id));
             if !read {
-                return;
+                return None;
             }
             st.sagas.entry(id.to_string()).or_insert_with(|| saga_of_summary(&summary));
+            let site = summary.site_id.clone();
             st.saga_summaries.insert(id.to_string(), summary);
+            Some(site)
         }
         Some(("rollout", id)) => {
-            let Some(summary) = decode::<pb::RolloutSummary>(rest, value) else { return };
+            let summary = decode::<pb::RolloutSummary>(rest, value)?;
             st.rollouts.entry(id.to_string()).or_insert_with(|| consumers::compaction::rollout_from_summary(&summary));
             st.rollout_summaries.insert(id.to_string(), summary);
+            None
         }
-        _ => {}
+        _ => None,
     }
 }
 
@@ -444,5 +577,154 @@ fn saga_of_summary(s: &pb::SagaSummary) -> pb::InstallSaga {
         started_unix_ms: s.started_unix_ms,
         finished_unix_ms: s.finished_unix_ms,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> Model {
+        Model { state: Arc::new(RwLock::new(State::default())) }
+    }
+
+    fn put(m: &Model, bucket: &str, key: &str, value: &impl Message) {
+        let value = Some(bytes::Bytes::from(value.encode_to_vec()));
+        m.apply(bucket, KvChange { key: key.into(), value, revision: 0, caught_up: true });
+        checked(m);
+    }
+
+    fn purge(m: &Model, bucket: &str, key: &str) {
+        m.apply(bucket, KvChange { key: key.into(), value: None, revision: 0, caught_up: true });
+        checked(m);
+    }
+
+    /// The counts kept change by change are the counts of every site from scratch.
+    fn checked(m: &Model) {
+        let mut st = m.write();
+        let (kept, facts) = (*st.counts(), st.facts.clone());
+        st.recount();
+        assert_eq!(kept, *st.counts());
+        assert_eq!(facts, st.facts);
+    }
+
+    fn design(site: &str, nodes: &[&str]) -> pb::SiteDesign {
+        let nodes = nodes.iter().map(|n| pb::NodeSpec { name: n.to_string(), ..Default::default() }).collect();
+        pb::SiteDesign { site_id: site.into(), nodes, ..Default::default() }
+    }
+
+    fn saga(id: &str, site: &str, phase: pb::InstallPhase, nodes: &[(&str, pb::NodeStep)]) -> pb::InstallSaga {
+        pb::InstallSaga {
+            saga_id: id.into(),
+            site_id: site.into(),
+            phase: phase as i32,
+            started_unix_ms: 1000,
+            nodes: nodes
+                .iter()
+                .map(|(n, step)| pb::NodeProgress {
+                    node: Some(pb::NodeSpec {
+                        name: n.to_string(),
+                        boot_mac: "52:54:00:00:00:01".into(),
+                        ..Default::default()
+                    }),
+                    step: *step as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            jobs: vec![pb::SentJob { id: "job".into(), kind: "provision_os".into(), nodes: vec!["m1".into()] }],
+            ..Default::default()
+        }
+    }
+
+    fn pointer(site: &str, saga: &str) -> pb::SiteLease {
+        pb::SiteLease { site_id: site.into(), saga_id: saga.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn the_overview_counts_follow_every_change_of_a_site() {
+        use pb::{InstallPhase as P, NodeStep as S};
+        let m = model();
+        let sagas = names::SAGAS_BUCKET;
+        put(&m, names::SITES_BUCKET, &keys::site("edge-01"), &design("edge-01", &["m1", "w1"]));
+        put(&m, names::SITES_BUCKET, &keys::site("edge-02"), &design("edge-02", &["m1"]));
+        assert_eq!(m.read().counts().by_state, [2, 0, 0, 0, 0]);
+
+        // An install: its lease, its saga, the pointer to it, its progress, its end.
+        put(&m, sagas, "lease.edge-01", &pointer("edge-01", "s1"));
+        put(&m, sagas, "saga.s1", &saga("s1", "edge-01", P::Staging, &[("m1", S::Pending), ("w1", S::Pending)]));
+        put(&m, sagas, "latest.edge-01", &pointer("edge-01", "s1"));
+        let provisioning =
+            saga("s1", "edge-01", P::ProvisioningOs, &[("m1", S::OsProvisioned), ("w1", S::OsProvisioning)]);
+        put(&m, sagas, "saga.s1", &provisioning);
+        {
+            let st = m.read();
+            assert_eq!((st.counts().busy, st.counts().by_state), (1, [1, 1, 0, 0, 0]));
+            assert_eq!(st.counts().by_step, [1, 0, 1, 1, 0, 0]);
+            // What views do not read is not kept.
+            let kept = &st.sagas["s1"];
+            assert!(kept.jobs.is_empty() && kept.nodes[0].node.as_ref().is_some_and(|n| n.boot_mac.is_empty()));
+        }
+        put(
+            &m,
+            sagas,
+            "saga.s1",
+            &saga("s1", "edge-01", P::Succeeded, &[("m1", S::BinariesInstalled), ("w1", S::Failed)]),
+        );
+        purge(&m, sagas, "lease.edge-01");
+        assert_eq!(m.read().counts().by_step, [1, 0, 0, 0, 1, 1]);
+
+        // The failed worker joins again, and is ready.
+        let mut join = saga("j1", "edge-01", P::Succeeded, &[("w1", S::BinariesInstalled)]);
+        (join.join, join.started_unix_ms) = (true, 2000);
+        put(&m, sagas, "saga.j1", &join);
+        assert_eq!(m.read().counts().by_step, [1, 0, 0, 0, 2, 0]);
+
+        // Compacted: the install's summary stands in for it, with no per-node detail.
+        let summary = pb::SagaSummary {
+            saga_id: "s1".into(),
+            site_id: "edge-01".into(),
+            phase: P::Succeeded as i32,
+            started_unix_ms: 1000,
+            ..Default::default()
+        };
+        put(&m, sagas, "summary.saga.s1", &summary);
+        purge(&m, sagas, "saga.s1");
+        assert_eq!(m.read().counts().by_state, [1, 0, 1, 0, 0]);
+
+        // A node's reports, then the site removed.
+        for (node, name) in [("w1", "kubelet"), ("w1", "containerd"), ("m1", "kubelet")] {
+            let o = pb::ObservedVersion {
+                site_id: "edge-01".into(),
+                node: node.into(),
+                name: name.into(),
+                version: "1.29.2".into(),
+                ..Default::default()
+            };
+            put(&m, names::OBSERVED_BUCKET, &keys::observed("edge-01", node, name), &o);
+        }
+        {
+            let st = m.read();
+            let nodes = &st.observed["edge-01"];
+            let names: Vec<&str> = nodes["w1"].iter().map(|r| &*r.name).collect();
+            assert_eq!(names, ["containerd", "kubelet"]);
+            assert!(Arc::ptr_eq(&nodes["w1"][1].name, &nodes["m1"][0].name), "one copy of each name");
+        }
+        purge(&m, names::OBSERVED_BUCKET, &keys::observed("edge-01", "w1", "kubelet"));
+        purge(&m, names::OBSERVED_BUCKET, &keys::observed("edge-01", "m1", "kubelet"));
+        assert_eq!(m.read().observed["edge-01"].keys().map(|n| &**n).collect::<Vec<_>>(), ["w1"]);
+        purge(&m, names::SITES_BUCKET, &keys::site("edge-01"));
+        let st = m.read();
+        assert_eq!((st.counts().sites, st.counts().by_state, st.counts().nodes()), (1, [1, 0, 0, 0, 0], 1));
+    }
+
+    #[test]
+    fn strings_no_record_holds_are_dropped() {
+        let mut strings = Strings::default();
+        let kept = strings.get("kept");
+        for i in 0..5000 {
+            strings.get(&format!("gone-{i}"));
+        }
+        assert!(strings.set.len() < 2100, "{} strings kept", strings.set.len());
+        assert!(Arc::ptr_eq(&kept, &strings.get("kept")));
     }
 }

@@ -620,6 +620,7 @@ pub fn document() -> Value {
                     { "name": "correlation", "in": "query", "description": "Only events of this command.", "schema": string() },
                     { "name": "since", "in": "query", "description": "Replay from this time.", "schema": { "type": "string", "format": "date-time" } },
                     { "name": "from_seq", "in": "query", "description": "Replay from this stream sequence.", "schema": { "type": "integer", "minimum": 0 } },
+                    { "name": "last", "in": "query", "description": "Replay the stream's last N events (those the filters match), then go on live. Before `since`; after `from_seq` and Last-Event-ID.", "schema": { "type": "integer", "minimum": 1, "maximum": super::sse::MAX_LAST } },
                     { "name": "Last-Event-ID", "in": "header", "description": "Resume after this stream sequence.", "schema": { "type": "string" } },
                 ]),
             );

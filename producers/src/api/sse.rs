@@ -1,5 +1,5 @@
 //! `GET /v1/events`: the events stream as Server-Sent Events, filtered by site and event
-//! type, live or replayed from a time or a stream sequence.
+//! type, live or replayed from a time, a stream sequence or the last few events.
 //!
 //! Each SSE message's `id` is the event's stream sequence, so a client that reconnects with
 //! `Last-Event-ID` (browsers do this by themselves) resumes right after the last event it saw:
@@ -39,17 +39,31 @@ pub struct EventsQuery {
     pub since: Option<String>,
     /// Replay from this stream sequence on.
     pub from_seq: Option<u64>,
+    /// Replay the stream's last N events (those of them the filters match), then go on live.
+    pub last: Option<u64>,
 }
 
 /// At most this many subject filters (sites × types) in one request.
 pub const MAX_FILTERS: usize = 256;
 
+/// At most this many of the latest events replayed (`last`): a dashboard's feed, not a fleet's
+/// history (after a fleet's install that is hundreds of thousands).
+pub const MAX_LAST: u64 = 1000;
+
+/// Where a request starts reading the events stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Start {
+    At(DeliverPolicy),
+    /// After the stream's last N events, whichever they are when the request comes.
+    Last(u64),
+}
+
 fn list(s: &Option<String>) -> Vec<&str> {
     s.as_deref().map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()).unwrap_or_default()
 }
 
-/// The subject filters and the deliver policy a query asks for.
-pub fn plan(q: &EventsQuery, last_event_id: Option<&str>) -> Result<(Vec<String>, DeliverPolicy), String> {
+/// The subject filters and the start a query asks for.
+pub fn plan(q: &EventsQuery, last_event_id: Option<&str>) -> Result<(Vec<String>, Start), String> {
     let mut scopes = Vec::new();
     for s in list(&q.site) {
         if s != names::FLEET {
@@ -62,6 +76,14 @@ pub fn plan(q: &EventsQuery, last_event_id: Option<&str>) -> Result<(Vec<String>
         types.push(EventType::find(t).ok_or_else(|| {
             format!("type: unknown event type {t:?} (e.g. SiteInstalled, landfall.v1.NodeReady, node.os_provisioned)")
         })?);
+    }
+    // Every event: the stream's own subjects, which nats-server reads as an unfiltered
+    // consumer. A wildcard that matches every subject all the same (`landfall.evt.*.>`) is
+    // read as a filter, matched against each of the stream's subjects (a fleet's events have
+    // a hundred thousand), and delivers a few hundred events a second instead of tens of
+    // thousands.
+    if scopes.is_empty() && types.is_empty() {
+        return Ok((vec![names::EVENTS_ALL.to_string()], start(q, last_event_id)?));
     }
     let scopes = if scopes.is_empty() { vec!["*".to_string()] } else { scopes };
     let mut filters = Vec::new();
@@ -76,20 +98,32 @@ pub fn plan(q: &EventsQuery, last_event_id: Option<&str>) -> Result<(Vec<String>
     if filters.len() > MAX_FILTERS {
         return Err(format!("{} site × type filters; at most {MAX_FILTERS}", filters.len()));
     }
+    Ok((filters, start(q, last_event_id)?))
+}
+
+/// Where a query starts reading: after `Last-Event-ID`, at `from_seq`, at the `last` events,
+/// at `since`, or live.
+fn start(q: &EventsQuery, last_event_id: Option<&str>) -> Result<Start, String> {
     let resume = match last_event_id {
         Some(id) => Some(id.trim().parse::<u64>().map_err(|_| format!("Last-Event-ID {id:?} is not a sequence"))? + 1),
         None => None,
     };
-    let policy = match (resume.or(q.from_seq), &q.since) {
-        (Some(seq), _) => DeliverPolicy::ByStartSequence { start_sequence: seq.max(1) },
-        (None, Some(since)) => {
+    if let Some(n) = q.last
+        && !(1..=MAX_LAST).contains(&n)
+    {
+        return Err(format!("last must be between 1 and {MAX_LAST}"));
+    }
+    let policy = match (resume.or(q.from_seq), q.last, &q.since) {
+        (Some(seq), _, _) => DeliverPolicy::ByStartSequence { start_sequence: seq.max(1) },
+        (None, Some(n), _) => return Ok(Start::Last(n)),
+        (None, None, Some(since)) => {
             let t = time::OffsetDateTime::parse(since, &time::format_description::well_known::Rfc3339)
                 .map_err(|e| format!("since: {since:?} is not an RFC 3339 time: {e}"))?;
             DeliverPolicy::ByStartTime { start_time: t }
         }
-        (None, None) => DeliverPolicy::New,
+        (None, None, None) => DeliverPolicy::New,
     };
-    Ok((filters, policy))
+    Ok(Start::At(policy))
 }
 
 pub(super) async fn events(
@@ -99,10 +133,20 @@ pub(super) async fn events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
-    let (filters, policy) = plan(&q, last).map_err(ApiError::bad_request)?;
-    let reader = api.bus.read_events(filters, policy).await.map_err(|e| {
+    let (filters, start) = plan(&q, last).map_err(ApiError::bad_request)?;
+    let unavailable = |e: String| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("cannot read the events stream: {e}"))
-    })?;
+    };
+    let policy = match start {
+        Start::At(policy) => policy,
+        Start::Last(n) => {
+            let stream =
+                api.bus.jetstream().get_stream(names::EVENTS_STREAM).await.map_err(|e| unavailable(e.to_string()))?;
+            let last_seq = stream.cached_info().state.last_sequence;
+            DeliverPolicy::ByStartSequence { start_sequence: (last_seq + 1).saturating_sub(n).max(1) }
+        }
+    };
+    let reader = api.bus.read_events(filters, policy).await.map_err(|e| unavailable(e.to_string()))?;
     let stream = stream(reader, q.correlation, api.shutdown.clone());
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
@@ -163,8 +207,8 @@ mod tests {
     #[test]
     fn filters_are_sites_times_types() {
         let (f, p) = plan(&q(None, None), None).unwrap();
-        assert_eq!(f, ["landfall.evt.*.>"]);
-        assert_eq!(p, DeliverPolicy::New);
+        assert_eq!(f, [names::EVENTS_ALL]);
+        assert_eq!(p, Start::At(DeliverPolicy::New));
         let (f, _) = plan(&q(Some("edge-01,fleet"), Some("SiteInstalled, node.os_provisioned")), None).unwrap();
         assert_eq!(
             f,
@@ -183,10 +227,17 @@ mod tests {
     fn replay_from_a_sequence_a_time_or_the_last_event_seen() {
         let mut query = q(None, None);
         query.from_seq = Some(40);
-        assert_eq!(plan(&query, None).unwrap().1, DeliverPolicy::ByStartSequence { start_sequence: 40 });
-        assert_eq!(plan(&query, Some("99")).unwrap().1, DeliverPolicy::ByStartSequence { start_sequence: 100 });
+        assert_eq!(plan(&query, None).unwrap().1, Start::At(DeliverPolicy::ByStartSequence { start_sequence: 40 }));
+        assert_eq!(
+            plan(&query, Some("99")).unwrap().1,
+            Start::At(DeliverPolicy::ByStartSequence { start_sequence: 100 })
+        );
         let query = EventsQuery { since: Some("2026-11-22T10:00:00Z".into()), ..Default::default() };
-        assert!(matches!(plan(&query, None).unwrap().1, DeliverPolicy::ByStartTime { .. }));
+        assert!(matches!(plan(&query, None).unwrap().1, Start::At(DeliverPolicy::ByStartTime { .. })));
+        // The last events, unless the client resumes after one it saw.
+        let query = EventsQuery { last: Some(200), since: Some("2026-11-22T10:00:00Z".into()), ..Default::default() };
+        assert_eq!(plan(&query, None).unwrap().1, Start::Last(200));
+        assert_eq!(plan(&query, Some("7")).unwrap().1, Start::At(DeliverPolicy::ByStartSequence { start_sequence: 8 }));
     }
 
     #[test]
@@ -196,5 +247,9 @@ mod tests {
         let query = EventsQuery { since: Some("yesterday".into()), ..Default::default() };
         assert!(plan(&query, None).unwrap_err().contains("RFC 3339"));
         assert!(plan(&q(None, None), Some("x")).unwrap_err().contains("Last-Event-ID"));
+        for n in [0, MAX_LAST + 1] {
+            let query = EventsQuery { last: Some(n), ..Default::default() };
+            assert!(plan(&query, None).unwrap_err().starts_with("last must be"));
+        }
     }
 }

@@ -7,27 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use bus_schema::pb;
 use serde_json::{Value, json};
 
+use super::facts::{progress_of, step_label};
 use super::model::State;
 use crate::views::human::{kind_label, rfc3339, rfc3339_ms, role_label};
 use crate::views::observed::{desired_versions, observed_package_json};
 use crate::views::rollout::{rollout_summary_json, sort_newest_first};
 
-/// What state a site is in, from its latest install: `registered` (never installed),
-/// `installing`, `installed`, `degraded` (installed with failed workers) or `failed`.
-pub fn site_state(saga: Option<&pb::InstallSaga>) -> &'static str {
-    let Some(s) = saga else { return "registered" };
-    match pb::InstallPhase::try_from(s.phase) {
-        Ok(pb::InstallPhase::Succeeded) => match pb::InstallOutcome::try_from(s.outcome) {
-            Ok(pb::InstallOutcome::PartialSuccess) => "degraded",
-            Ok(pb::InstallOutcome::Failure) => "failed",
-            _ => "installed",
-        },
-        Ok(pb::InstallPhase::Failed) => "failed",
-        _ => "installing",
-    }
-}
-
-pub const SITE_STATES: [&str; 5] = ["registered", "installing", "installed", "degraded", "failed"];
+pub use super::facts::{NODE_STEPS, SITE_STATES, site_state};
 
 fn phase_label(phase: i32) -> String {
     pb::InstallPhase::try_from(phase)
@@ -40,25 +26,6 @@ fn outcome_label(outcome: i32) -> Option<String> {
         Ok(pb::InstallOutcome::Unspecified) | Err(_) => None,
         Ok(o) => Some(o.as_str_name().trim_start_matches("INSTALL_OUTCOME_").to_lowercase()),
     }
-}
-
-/// A node's step as people say it: `pending`, `os_provisioning`, `os_provisioned`, `ready`,
-/// `failed`, or `not_installed` when no install or join has worked on it.
-fn step_label(step: Option<i32>) -> &'static str {
-    match step.map(pb::NodeStep::try_from) {
-        None => "not_installed",
-        Some(Ok(pb::NodeStep::OsProvisioning)) => "os_provisioning",
-        Some(Ok(pb::NodeStep::OsProvisioned)) => "os_provisioned",
-        Some(Ok(pb::NodeStep::BinariesInstalled)) => "ready",
-        Some(Ok(pb::NodeStep::Failed)) => "failed",
-        Some(_) => "pending",
-    }
-}
-
-pub const NODE_STEPS: [&str; 6] = ["not_installed", "pending", "os_provisioning", "os_provisioned", "ready", "failed"];
-
-fn progress_of<'a>(saga: Option<&'a pb::InstallSaga>, node: &str) -> Option<&'a pb::NodeProgress> {
-    saga?.nodes.iter().find(|n| n.node.as_ref().is_some_and(|s| s.name == node))
 }
 
 fn busy(st: &State, site: &str) -> Value {
@@ -84,9 +51,9 @@ pub fn site_summary(st: &State, site: &str, design: &pb::SiteDesign) -> Value {
         }
     }
     let mut versions: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for pkgs in st.observed.get(site).into_iter().flat_map(|nodes| nodes.values()) {
-        for o in pkgs.values() {
-            versions.entry(o.name.as_str()).or_default().insert(o.version.as_str());
+    for packages in st.observed.get(site).into_iter().flat_map(|nodes| nodes.values()) {
+        for r in packages {
+            versions.entry(&r.name).or_default().insert(&r.version);
         }
     }
     json!({
@@ -120,8 +87,8 @@ pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value>
     let observed = st.observed.get(site);
     let mut nodes: Vec<(pb::NodeSpec, bool)> = design.nodes.iter().map(|n| (n.clone(), true)).collect();
     for name in observed.into_iter().flat_map(|o| o.keys()) {
-        if !design.nodes.iter().any(|n| &n.name == name) {
-            nodes.push((pb::NodeSpec { name: name.clone(), ..Default::default() }, false));
+        if !design.nodes.iter().any(|n| *n.name == **name) {
+            nodes.push((pb::NodeSpec { name: name.to_string(), ..Default::default() }, false));
         }
     }
     nodes
@@ -130,10 +97,10 @@ pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value>
             let progress = progress_of(st.node_saga(site, &n.name), &n.name);
             let wants = desired_versions(design, n.role);
             let packages: Vec<Value> = observed
-                .and_then(|o| o.get(&n.name))
+                .and_then(|o| o.get(n.name.as_str()))
                 .into_iter()
-                .flat_map(|p| p.values())
-                .map(|p| observed_package_json(&p.name, &p.version, p.kind, &wants))
+                .flatten()
+                .map(|r| observed_package_json(&r.name, &r.version, r.kind, &wants))
                 .collect();
             json!({
                 "name": n.name,
@@ -152,19 +119,12 @@ pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value>
 }
 
 /// Counts by state: sites, nodes, rollouts; and whether the model has caught up with the bus.
+/// The sites' and nodes' counts are the model's, kept as sites change: nothing here walks the
+/// fleet.
 pub fn overview(st: &State) -> Value {
-    let mut sites: BTreeMap<&str, usize> = SITE_STATES.iter().map(|s| (*s, 0)).collect();
-    let mut nodes: BTreeMap<&str, usize> = NODE_STEPS.iter().map(|s| (*s, 0)).collect();
-    let mut busy = 0;
-    for (site, design) in &st.designs {
-        let install = st.latest_install.get(site).and_then(|id| st.sagas.get(id));
-        *sites.entry(site_state(install)).or_default() += 1;
-        busy += usize::from(st.leases.contains_key(site));
-        for n in &design.nodes {
-            *nodes.entry(step_label(progress_of(st.node_saga(site, &n.name), &n.name).map(|p| p.step))).or_default() +=
-                1;
-        }
-    }
+    let counts = st.counts();
+    let sites: BTreeMap<&str, usize> = SITE_STATES.iter().copied().zip(counts.by_state).collect();
+    let nodes: BTreeMap<&str, usize> = NODE_STEPS.iter().copied().zip(counts.by_step).collect();
     let mut rollouts: BTreeMap<String, usize> =
         ["running", "paused", "halted", "completed", "cancelled"].iter().map(|p| (p.to_string(), 0)).collect();
     for r in st.rollouts.values() {
@@ -176,8 +136,8 @@ pub fn overview(st: &State) -> Value {
     }
     json!({
         "ready": st.ready(),
-        "sites": { "total": st.designs.len(), "busy": busy, "by_state": sites },
-        "nodes": { "total": nodes.values().sum::<usize>(), "by_step": nodes },
+        "sites": { "total": counts.sites, "busy": counts.busy, "by_state": sites },
+        "nodes": { "total": counts.nodes(), "by_step": nodes },
         "rollouts": { "total": st.rollouts.len(), "by_phase": rollouts },
         "packages": st.packages.len(),
     })
@@ -217,11 +177,7 @@ pub fn sites_page(st: &State, q: &SiteQuery) -> Result<Value, String> {
         .iter()
         .filter(|(site, _)| ids.as_ref().is_none_or(|ids| ids.contains(site.as_str())))
         .filter(|(site, _)| q.q.as_deref().is_none_or(|needle| site.contains(needle)))
-        .filter(|(site, _)| {
-            q.state
-                .as_deref()
-                .is_none_or(|want| site_state(st.latest_install.get(*site).and_then(|id| st.sagas.get(id))) == want)
-        })
+        .filter(|(site, _)| q.state.as_deref().is_none_or(|want| st.facts(site).is_some_and(|f| f.state() == want)))
         .collect();
     let offset = q.offset.unwrap_or(0) as usize;
     let items: Vec<Value> =
@@ -320,17 +276,15 @@ mod tests {
             ),
         );
         st.latest_install.insert("edge-01".into(), "s1".into());
-        st.observed.entry("edge-01".into()).or_default().entry("w1".into()).or_default().insert(
-            "kubelet".into(),
-            pb::ObservedVersion {
-                site_id: "edge-01".into(),
-                node: "w1".into(),
-                name: "kubelet".into(),
-                version: "1.29.2".into(),
-                kind: pb::PackageKind::Binary as i32,
-                ..Default::default()
-            },
-        );
+        st.observe(pb::ObservedVersion {
+            site_id: "edge-01".into(),
+            node: "w1".into(),
+            name: "kubelet".into(),
+            version: "1.29.2".into(),
+            kind: pb::PackageKind::Binary as i32,
+            ..Default::default()
+        });
+        st.recount();
         st
     }
 

@@ -10,6 +10,7 @@
 //! - `soak`: simulated days of a fleet's operations, and whether storage, memory and recovery
 //!   stay flat over them ([`soak`]).
 
+pub mod api;
 mod layout;
 mod production;
 pub mod soak;
@@ -125,6 +126,15 @@ pub enum BenchCommand {
     /// every stream's and bucket's bytes, the sites' caches, RSS and a fresh orchestrator's
     /// recovery time at the end of each day, and their growth over the run.
     Soak(soak::SoakArgs),
+    /// The HTTP API over S registered and installed sites of N nodes: `landfall serve api` as
+    /// its own process, its memory and catch-up time, the latency of the dashboard's requests,
+    /// and the dashboard's first paint in headless Chromium.
+    Api {
+        #[arg(long, default_value_t = 10_000)]
+        sites: usize,
+        #[arg(long, default_value_t = 10)]
+        nodes: usize,
+    },
 }
 
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
@@ -177,6 +187,10 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
             }
             BenchCommand::Soak(args) => soak::soak(&url, args).await,
             BenchCommand::JobLayout { sites, layout, idle } => layout::job_layout(sites, layout, idle).await,
+            BenchCommand::Api { sites, nodes } => {
+                anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
+                api::api(&url, sites, nodes).await
+            }
         }
     };
     // Ctrl-C or SIGTERM: the server is stopped and its temporary store removed all the same.

@@ -13,7 +13,6 @@
   const ROLLOUT_PHASES = ['running', 'paused', 'halted', 'completed', 'cancelled'];
   const FEED_MAX = 200;
   const TIMELINE_MAX = 150;
-  const HISTORY_MS = 15 * 60 * 1000;
   const SITE_HISTORY_MS = 24 * 60 * 60 * 1000;
   // Refresh pacing: dirty rows at most this often, the overview and rollouts at most this often,
   // and once more this long after the last event (the read model may trail the event a little).
@@ -198,14 +197,15 @@
   // ---------------------------------------------------------------- the events stream
 
   /**
-   * Reads /v1/events with fetch() and parses the Server-Sent Events frames. Reconnects with
-   * Last-Event-ID (the server resumes right after it), and when nothing arrives, not even the
-   * keep-alive comments, for STALL_MS.
+   * Reads /v1/events with fetch() and parses the Server-Sent Events frames. The first request
+   * adds `history` to the query (what to replay: `{since}` or `{last}`); a reconnect sends
+   * Last-Event-ID instead (the server resumes right after it). Reconnects when nothing arrives,
+   * not even the keep-alive comments, for STALL_MS.
    */
   class EventStream {
-    constructor(params, since, onEvent, onState) {
+    constructor(params, history, onEvent, onState) {
       this.params = params;
-      this.since = since;
+      this.history = history || {};
       this.onEvent = onEvent;
       this.onState = onState || (() => {});
       this.lastId = null;
@@ -234,7 +234,7 @@
           const q = new URLSearchParams(this.params);
           const headers = { Authorization: `Bearer ${auth.token}`, Accept: 'text/event-stream' };
           if (this.lastId !== null) headers['Last-Event-ID'] = String(this.lastId);
-          else if (this.since) q.set('since', this.since);
+          else for (const [k, v] of Object.entries(this.history)) q.set(k, v);
           const res = await fetch(`/v1/events?${q}`, { headers, signal: this.ctrl.signal, cache: 'no-store' });
           if (res.status === 401) {
             signOut('The token was refused: sign in again.');
@@ -1117,7 +1117,7 @@
     }
 
     load();
-    stream = new EventStream({ site }, new Date(Date.now() - SITE_HISTORY_MS).toISOString(), onSiteEvent).start();
+    stream = new EventStream({ site }, { since: new Date(Date.now() - SITE_HISTORY_MS).toISOString() }, onSiteEvent).start();
     return {
       el,
       nav: 'fleet',
@@ -1487,7 +1487,9 @@
     feed.total = 0;
     route();
     if (mainStream) mainStream.stop();
-    mainStream = new EventStream({}, new Date(Date.now() - HISTORY_MS).toISOString(), onEvent, (state, again) => {
+    // The feed's worth of history, not a time's: after a fleet's install the last quarter hour
+    // holds hundreds of thousands of events, and replaying them would keep the page busy.
+    mainStream = new EventStream({}, { last: FEED_MAX }, onEvent, (state, again) => {
       setConn(state);
       // After a reconnect, read what is on screen again (nothing is missed, but be sure).
       if (state === 'live' && again) markAll();
