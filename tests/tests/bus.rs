@@ -278,3 +278,25 @@ async fn a_durable_made_with_other_filters_takes_this_versions() {
     shutdown.cancel();
     observer.await.unwrap().unwrap();
 }
+
+/// Thousands of messages in one `publish_all` (a fleet's installs, say) are all stored: the
+/// client lets 5,000 acknowledgements wait at most, and sending every message before awaiting
+/// any once hung for good past that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_all_stores_more_messages_than_the_client_lets_wait() {
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    bus.ensure_topology(&Default::default()).await.unwrap();
+    let out: Vec<_> = (0..12_000)
+        .map(|i| {
+            let cmd = pb::InstallSite { site_id: format!("edge-{i}"), design_revision: 0 };
+            bus_schema::runtime::Outgoing::new(pb::BusCommand::subject(&cmd), &cmd, Envelope::root())
+        })
+        .collect();
+    tokio::time::timeout(Duration::from_secs(60), bus.publish_all(out))
+        .await
+        .expect("publish_all finished within 60 s")
+        .unwrap();
+    let mut commands = bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap();
+    assert_eq!(commands.info().await.unwrap().state.messages, 12_000);
+}

@@ -21,6 +21,9 @@ fn count_published(subject: &str, type_name: &str, ack: &jetstream::publish::Pub
     }
 }
 
+/// How many of [`Bus::publish_all`]'s messages may wait for their acknowledgement at once.
+pub const PUBLISH_WINDOW: usize = 1024;
+
 impl Bus {
     /// Publishes a payload with the envelope's headers and waits for the stream's PubAck.
     /// A repeated envelope id within the dedup window is acknowledged as a duplicate and
@@ -48,11 +51,20 @@ impl Bus {
         Ok(ack)
     }
 
-    /// Publishes every message, pipelined: all are sent, then every PubAck is awaited. Order
-    /// on the wire is the order given. Returns once all are stored (or the first error).
+    /// Publishes every message, pipelined: up to [`PUBLISH_WINDOW`] are in flight, the oldest
+    /// acknowledgement awaited before the next is sent. Order on the wire is the order given.
+    /// Returns once all are stored (or the first error).
+    ///
+    /// The client lets only so many acknowledgements wait (5,000), and holds the next publish
+    /// until one is taken: sending everything before awaiting any hung for good past that.
     pub async fn publish_all(&self, messages: Vec<Outgoing>) -> Result<(), BusError> {
-        let mut acks = Vec::with_capacity(messages.len());
+        let mut acks = futures::stream::FuturesOrdered::new();
         for m in messages {
+            while acks.len() >= PUBLISH_WINDOW {
+                if let Some(ack) = futures::StreamExt::next(&mut acks).await {
+                    ack?;
+                }
+            }
             if m.payload.len() > names::MAX_PAYLOAD {
                 return Err(BusError::TooLarge { subject: m.subject, size: m.payload.len(), max: names::MAX_PAYLOAD });
             }
@@ -61,13 +73,15 @@ impl Bus {
                 .publish_with_headers(m.subject.clone(), m.envelope.headers(&m.type_name), m.payload)
                 .await
                 .map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
-            acks.push(async move {
+            acks.push_back(async move {
                 let ack = ack.await.map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
                 count_published(&m.subject, &m.type_name, &ack);
                 Ok::<_, BusError>(ack)
             });
         }
-        futures::future::try_join_all(acks).await?;
+        while let Some(ack) = futures::StreamExt::next(&mut acks).await {
+            ack?;
+        }
         Ok(())
     }
 
