@@ -30,7 +30,7 @@ pub(crate) fn outbox_entry<M: BusMessage>(subject: String, msg: &M, env: &Envelo
 
 /// The messages of an outbox, ready to publish, with their recorded ids: publishing them
 /// again after a crash gives the same ids, and the stream drops the copies.
-pub(crate) fn outgoing(outbox: &[pb::OutboxEntry], correlation: &str) -> Vec<Outgoing> {
+pub fn outgoing(outbox: &[pb::OutboxEntry], correlation: &str) -> Vec<Outgoing> {
     outbox
         .iter()
         .map(|e| Outgoing {

@@ -29,6 +29,7 @@ pub mod saga;
 pub mod secrets;
 pub mod store_watch;
 
+pub use decision::outgoing;
 pub use distribution::{artifacts, run_distribution};
 pub use observer::{run_observer, run_observer_with};
 pub use orchestrator::{OrchestratorOptions, run_orchestrator, run_orchestrator_with};

@@ -158,6 +158,16 @@ async fn installed_fleet_for_rollout(server: &NatsServer, failpoint: Option<&str
     let fleet = Fleet::builder(&server.url()).sites(4).nodes(2).sim(sim).without_orchestrator().start().await;
     let orch = orchestrator(&server.url(), None);
     fleet.install_all().await;
+    register_kubelet_1_30(&fleet).await;
+    let orch = match failpoint {
+        Some(_) => kill_and_restart_with(orch, &server.url(), Duration::ZERO, failpoint).await,
+        None => orch,
+    };
+    (fleet, orch)
+}
+
+/// Puts kubelet 1.30.0 in the catalog, and waits until it is there.
+async fn register_kubelet_1_30(fleet: &Fleet) {
     let mut newer = producers::up::demo_packages().into_iter().find(|p| p.name == "kubelet").unwrap();
     newer.version = "1.30.0".into();
     let register = Envelope::root();
@@ -165,11 +175,6 @@ async fn installed_fleet_for_rollout(server: &NatsServer, failpoint: Option<&str
     fleet.bus.publish_command(&cmd, &register).await.unwrap();
     let registered = fleet.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(30)).await;
     registered.expect("kubelet 1.30.0 registered");
-    let orch = match failpoint {
-        Some(_) => kill_and_restart_with(orch, &server.url(), Duration::ZERO, failpoint).await,
-        None => orch,
-    };
-    (fleet, orch)
 }
 
 fn slow_patch() -> pb::PatchPackage {
@@ -235,13 +240,7 @@ async fn a_report_that_outruns_the_record_of_its_job_is_counted() {
     let fleet = Fleet::builder(&server.url()).sites(4).nodes(2).without_orchestrator().start().await;
     let orch = orchestrator(&server.url(), None);
     fleet.install_all().await;
-    let mut newer = producers::up::demo_packages().into_iter().find(|p| p.name == "kubelet").unwrap();
-    newer.version = "1.30.0".into();
-    let register = Envelope::root();
-    let cmd = pb::RegisterPackage { package: Some(newer), auto_rollout: None };
-    fleet.bus.publish_command(&cmd, &register).await.unwrap();
-    let registered = fleet.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(30)).await;
-    registered.expect("kubelet 1.30.0 registered");
+    register_kubelet_1_30(&fleet).await;
     let mut doomed =
         kill_and_restart_with(orch, &server.url(), Duration::ZERO, Some("rollout-jobs-sent-unmarked:1")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -481,7 +481,50 @@ async fn fanout(
     let setup_s = setup.elapsed().as_secs_f64();
     eprintln!("setup took {setup_s:.1} s; patching ...");
 
-    let target = target_package();
+    let patched = patch_fleet(&bus, &target_package(), &strategy).await?;
+    let figures = patched.figures(stored_messages(&bus).await?, raw, &sims);
+    let phases = rollout_phases(&bus, &patched.rollout_id).await?;
+    shutdown.cancel();
+    while services.join_next().await.is_some() {}
+
+    let mut report = json!({
+        "bench": "fanout",
+        "shape": "shared",
+        "sites": sites,
+        "nodes_per_site": nodes,
+        "strategy": {
+            "canary_sites": strategy.canary_sites,
+            "max_concurrent_sites": strategy.max_concurrent_sites,
+            "max_unavailable": strategy.max_unavailable,
+        },
+        "orchestrators": orchestrators,
+        "gateway_hosts": gateway_hosts,
+        "job_consumers": consumers_expected,
+        "setup_seconds": round(setup_s, 2),
+        "raw_payload_bytes": payload,
+        "phases_seconds": phases,
+    });
+    extend(&mut report, figures);
+    Ok(report)
+}
+
+/// One PatchPackage over the whole fleet, timed from its publish to `RolloutCompleted`.
+pub(super) struct Patched {
+    pub wall: f64,
+    pub completed: pb::RolloutCompleted,
+    /// The command's id, which the rollout's events carry as their correlation.
+    pub rollout_id: String,
+    /// Messages stored in every stream and bucket when the command was published.
+    messages_before: u64,
+}
+
+/// Publishes a PatchPackage of `target` with `strategy` and waits for the rollout's end; a
+/// rollout that halts is an error.
+pub(super) async fn patch_fleet(
+    bus: &Bus,
+    target: &pb::Package,
+    strategy: &pb::RolloutStrategy,
+) -> anyhow::Result<Patched> {
     let cmd = pb::PatchPackage {
         name: target.name.clone(),
         version: target.version.clone(),
@@ -490,7 +533,7 @@ async fn fanout(
     };
     let mut done =
         bus.read_events(vec![pb::RolloutCompleted::filter(), pb::RolloutHalted::filter()], DeliverPolicy::New).await?;
-    let before = stored_messages(&bus).await?;
+    let messages_before = stored_messages(bus).await?;
     let env = Envelope::root();
     let start = Instant::now();
     bus.publish_command(&cmd, &env).await?;
@@ -504,49 +547,44 @@ async fn fanout(
         }
     };
     let wall = start.elapsed().as_secs_f64();
-    let after = stored_messages(&bus).await?;
     anyhow::ensure!(
         end.delivery.type_name == pb::RolloutCompleted::TYPE,
         "the rollout halted: {:?}",
         pb::decode_to_json(&end.delivery.type_name, &end.delivery.payload)
     );
-    let completed: pb::RolloutCompleted = end.delivery.decode()?;
-    let patched_effects: u64 =
-        sims.iter().map(|s| s.effects().patches.values().map(|&n| u64::from(n)).sum::<u64>()).sum();
+    Ok(Patched { wall, completed: end.delivery.decode()?, rollout_id: env.id, messages_before })
+}
 
-    let phases = rollout_phases(&bus, &env.id).await?;
-    shutdown.cancel();
-    while services.join_next().await.is_some() {}
+impl Patched {
+    /// What every fanout reports of its rollout: node updates and the backends' patches, the
+    /// rate, bus messages per update (`messages_after`: stored when it ended), and efficiency
+    /// against `raw` JetStream messages per second.
+    pub(super) fn figures(&self, messages_after: u64, raw: f64, sims: &[SimSite]) -> serde_json::Value {
+        let patched_effects: u64 =
+            sims.iter().map(|s| s.effects().patches.values().map(|&n| u64::from(n)).sum::<u64>()).sum();
+        let updates = f64::from(self.completed.patched);
+        let messages = messages_after.saturating_sub(self.messages_before);
+        let rate = updates / self.wall;
+        let per_update = messages as f64 / updates.max(1.0);
+        json!({
+            "node_updates": self.completed.patched,
+            "node_updates_failed": self.completed.failed,
+            "backend_patch_effects": patched_effects,
+            "wall_seconds": round(self.wall, 3),
+            "node_updates_per_second": round(rate, 1),
+            "bus_messages": messages,
+            "bus_messages_per_node_update": round(per_update, 2),
+            "raw_jetstream_msgs_per_second": round(raw, 0),
+            "efficiency": round(per_update * rate / raw, 3),
+        })
+    }
+}
 
-    let updates = f64::from(completed.patched);
-    let messages = after.saturating_sub(before);
-    let rate = updates / wall;
-    let per_update = messages as f64 / updates.max(1.0);
-    Ok(json!({
-        "bench": "fanout",
-        "sites": sites,
-        "nodes_per_site": nodes,
-        "node_updates": completed.patched,
-        "node_updates_failed": completed.failed,
-        "backend_patch_effects": patched_effects,
-        "strategy": {
-            "canary_sites": strategy.canary_sites,
-            "max_concurrent_sites": strategy.max_concurrent_sites,
-            "max_unavailable": strategy.max_unavailable,
-        },
-        "orchestrators": orchestrators,
-        "gateway_hosts": gateway_hosts,
-        "job_consumers": consumers_expected,
-        "setup_seconds": round(setup_s, 2),
-        "wall_seconds": round(wall, 3),
-        "node_updates_per_second": round(rate, 1),
-        "bus_messages": messages,
-        "bus_messages_per_node_update": round(per_update, 2),
-        "raw_jetstream_msgs_per_second": round(raw, 0),
-        "raw_payload_bytes": payload,
-        "efficiency": round(per_update * rate / raw, 3),
-        "phases_seconds": phases,
-    }))
+/// Adds the fields of `more` (an object) to `report` (an object).
+pub(super) fn extend(report: &mut serde_json::Value, more: serde_json::Value) {
+    if let (Some(report), serde_json::Value::Object(more)) = (report.as_object_mut(), more) {
+        report.extend(more);
+    }
 }
 
 /// When the rollout's milestones were stored, in seconds after the command was: planned, first

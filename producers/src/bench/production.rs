@@ -32,7 +32,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    raw_publish_rate, register_fleet, representative_payload, rollout_phases, round, stored_messages, target_package,
+    extend, patch_fleet, raw_publish_rate, register_fleet, representative_payload, rollout_phases, round,
+    stored_messages, target_package,
 };
 use crate::deploy;
 use crate::run::demo::{demo_content, demo_packages, demo_site};
@@ -138,39 +139,10 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     // After a restart the hub is a new process: its CPU counts from there.
     let cpu_after_setup = hub.cpu_seconds();
 
-    let patch = pb::PatchPackage {
-        name: target.name.clone(),
-        version: target.version.clone(),
-        strategy: Some(strategy.clone()),
-        ..Default::default()
-    };
-    let mut done =
-        bus.read_events(vec![pb::RolloutCompleted::filter(), pb::RolloutHalted::filter()], DeliverPolicy::New).await?;
-    let before = stored_messages(&bus).await?;
-    let env = Envelope::root();
-    let start = Instant::now();
-    bus.publish_command(&patch, &env).await?;
-    let end = loop {
-        let e = tokio::time::timeout(Duration::from_secs(3600), done.next())
-            .await
-            .context("no RolloutCompleted within an hour")?
-            .context("event stream ended")??;
-        if e.delivery.envelope.correlation == env.id {
-            break e;
-        }
-    };
-    let wall = start.elapsed().as_secs_f64();
+    let patched = patch_fleet(&bus, target, &strategy).await?;
     let cpu_after_patch = hub.cpu_seconds();
-    let after = stored_messages(&bus).await?;
-    anyhow::ensure!(
-        end.delivery.type_name == pb::RolloutCompleted::TYPE,
-        "the rollout halted: {:?}",
-        pb::decode_to_json(&end.delivery.type_name, &end.delivery.payload)
-    );
-    let completed: pb::RolloutCompleted = end.delivery.decode()?;
-    let patched_effects: u64 =
-        sims.iter().map(|s| s.effects().patches.values().map(|&n| u64::from(n)).sum::<u64>()).sum();
-    let phases = rollout_phases(&bus, &env.id).await?;
+    let figures = patched.figures(stored_messages(&bus).await?, raw, &sims);
+    let phases = rollout_phases(&bus, &patched.rollout_id).await?;
 
     let hub_rss = hub.process.rss_mib();
     let hub_peak = hub.process.peak_mib();
@@ -182,21 +154,14 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     leaves.stop();
     drop(hub);
 
-    let updates = f64::from(completed.patched);
-    let messages = after.saturating_sub(before);
-    let rate = updates / wall;
-    let per_update = messages as f64 / updates.max(1.0);
     let per_site_kib = |mib: f64| round(mib * 1024.0 / sites as f64, 1);
-    Ok(json!({
+    let mut report = json!({
         "bench": "fanout",
         "shape": "production",
         "sites": sites,
         "nodes_per_site": nodes,
         "leaf_sites": leaf_sites,
         "artifact_bytes": artifact_bytes,
-        "node_updates": completed.patched,
-        "node_updates_failed": completed.failed,
-        "backend_patch_effects": patched_effects,
         "strategy": {
             "canary_sites": strategy.canary_sites,
             "max_concurrent_sites": strategy.max_concurrent_sites,
@@ -210,13 +175,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             "install": round(install_s, 2),
             "total": round(register_s + connect_s + install_s, 2),
         },
-        "wall_seconds": round(wall, 3),
-        "node_updates_per_second": round(rate, 1),
-        "bus_messages": messages,
-        "bus_messages_per_node_update": round(per_update, 2),
-        "raw_jetstream_msgs_per_second": round(raw, 0),
         "raw_payload_bytes": payload,
-        "efficiency": round(per_update * rate / raw, 3),
         "phases_seconds": phases,
         "hub_nats": {
             "rss_mib_after_setup": round(hub_rss_setup, 1),
@@ -229,7 +188,9 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
         "services_rss_mib": service_memory,
         "leaf_nodes": leaf_memory,
         "hub_restart": restart,
-    }))
+    });
+    extend(&mut report, figures);
+    Ok(report)
 }
 
 /// Restarts the hub under the whole fleet (every gateway and service connected), publishes

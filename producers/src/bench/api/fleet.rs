@@ -124,20 +124,9 @@ fn finished_install(
 /// The events of an outbox, ready to publish with their recorded ids (its jobs are left out:
 /// no gateway is there to take them).
 fn outbox_events(saga: &pb::InstallSaga) -> Vec<Outgoing> {
-    saga.outbox
-        .iter()
-        .filter(|e| matches!(names::parse_subject(&e.subject), Some(names::ParsedSubject::Event { .. })))
-        .map(|e| Outgoing {
-            subject: e.subject.clone(),
-            type_name: e.message_type.clone(),
-            payload: e.payload.clone().into(),
-            envelope: Envelope {
-                id: e.message_id.clone(),
-                correlation: saga.saga_id.clone(),
-                causation: e.causation_id.clone(),
-                traceparent: e.traceparent.clone(),
-            },
-        })
+    consumers::outgoing(&saga.outbox, &saga.saga_id)
+        .into_iter()
+        .filter(|m| matches!(names::parse_subject(&m.subject), Some(names::ParsedSubject::Event { .. })))
         .collect()
 }
 
