@@ -161,6 +161,8 @@ impl Role {
                     "$O.>".into(),
                 ];
                 p.subscribe.push("landfall.evt.>".into());
+                // A job reaches a site only from its durable on the jobs stream, never by hand.
+                p.publish_deny.push(names::site_deliver("*"));
                 return p;
             }
             _ => {}
@@ -206,6 +208,8 @@ impl Role {
                 p.publish.extend(getter(names::COMMANDS_STREAM));
                 let jobs = names::JOBS_STREAM;
                 p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
+                // Durables an earlier version made as pull consumers are made anew as push ones.
+                p.publish.push(js_api(&format!("CONSUMER.LIST.{jobs}")));
                 p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::site_jobs("*"))));
                 // Removing a site deletes its gateway's durable and drops its jobs.
                 // (Only gateways have durables on the jobs stream.)
@@ -361,10 +365,10 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
     let api = [
         js_api("INFO"),
         js_api(&format!("STREAM.INFO.{jobs}")),
+        // Its own durable, which the hub made when the site was registered as a push consumer
+        // delivering to the site's own subject: no create of any kind (a site could point its
+        // durable's deliveries elsewhere), and no pull.
         js_api(&format!("CONSUMER.INFO.{jobs}.{durable}")),
-        // Its own durable, which the hub made when the site was registered: no create of any
-        // kind (a site could make its durable a push consumer that hands its jobs elsewhere).
-        js_api(&format!("CONSUMER.MSG.NEXT.{jobs}.{durable}")),
         // A simulated site is built from the site's design, and only its own.
         js_api(&format!("STREAM.INFO.{sites}")),
         js_api(&format!("DIRECT.GET.{sites}.$KV.{}.{}", names::SITES_BUCKET, keys::site(site))),
@@ -372,6 +376,9 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
     p.publish.extend(api.iter().cloned());
     p.publish.extend(api.iter().map(|s| in_domain(s, HUB_DOMAIN)));
     p.publish.push(format!("$JS.ACK.{jobs}.{durable}.>"));
+    // Answers to its durable's flow control, which paces deliveries over a slow link.
+    p.publish.push(format!("$JS.FC.{jobs}.{durable}.>"));
+    p.subscribe.push(names::site_deliver(site));
     // Only the kinds a gateway sends (host changes, its reports, its requests), on its own site.
     p.publish.extend(sends(Party::Site, site));
     p.publish.extend(requesters.iter().map(|key| format!("{}.>", site_replies(&inbox(key), site))));
@@ -419,9 +426,10 @@ mod tests {
             "landfall.evt.edge-01.node.os_provisioned",
             "landfall.cmd.node_added.edge-01",
             "landfall.svc.edge-01.artifact_chunk",
-            "$JS.API.CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-01",
-            "$JS.hub.API.CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-01",
+            "$JS.API.CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01",
+            "$JS.hub.API.CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01",
             "$JS.ACK.LANDFALL_JOBS.gateway-edge-01.1.2.3.4.5",
+            "$JS.FC.LANDFALL_JOBS.gateway-edge-01.abc",
             "_INBOX_UKC.site.edge-01.reply1",
         ] {
             assert!(may_publish(&p, ok), "{ok}");
@@ -443,6 +451,9 @@ mod tests {
             "landfall.svc.edge-02.bmc_credentials",
             "$JS.API.CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-02",
             "$JS.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-02.landfall.job.edge-02.>",
+            "$JS.FC.LANDFALL_JOBS.gateway-edge-02.abc",
+            "landfall.deliver.edge-01",
+            "landfall.deliver.edge-02",
             "$JS.API.STREAM.DELETE.LANDFALL_JOBS",
             "$JS.API.DIRECT.GET.KV_landfall-sites.$KV.landfall-sites.site.edge-02",
             "$JS.API.DIRECT.GET.KV_landfall-kubeconfigs.$KV.landfall-kubeconfigs.kubeconfig.edge-01",
@@ -455,9 +466,12 @@ mod tests {
         assert!(p.publish_deny.is_empty(), "a site's list is only what it may do");
         assert!(allows(&p.subscribe, "_INBOX_UKEY.abc.1"));
         assert!(allows(&p.subscribe, "landfall.rpc.edge-01.kubeconfig"));
+        assert!(allows(&p.subscribe, "landfall.deliver.edge-01"));
         for denied in [
             "_INBOX.abc",
             "_INBOX_UOTHER.abc",
+            "landfall.deliver.edge-02",
+            "landfall.deliver.*",
             "landfall.job.edge-02.provision_os",
             "landfall.rpc.edge-02.kubeconfig",
             ">",
@@ -470,12 +484,12 @@ mod tests {
     fn a_site_creates_no_consumer_and_uses_only_the_one_the_hub_made_for_it() {
         let p = site("edge-01");
         for api in ["$JS.API", "$JS.hub.API"] {
-            for ok in ["CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01", "CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-01"]
-            {
-                let subject = format!("{api}.{ok}");
-                assert!(may_publish(&p, &subject), "{subject}");
-            }
+            let subject = format!("{api}.CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01");
+            assert!(may_publish(&p, &subject), "{subject}");
             for denied in [
+                // Its durable pushes to it: no pull, which would take its jobs off another
+                // connection's hands.
+                "CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-01",
                 // Not even its own, with its own filter: the hub made it (a site could make it a
                 // push consumer handing its jobs elsewhere).
                 "CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>",
@@ -670,6 +684,13 @@ mod tests {
             }
             let site_durable = "$JS.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>";
             assert_eq!(may_publish(&p, site_durable), role == Role::Orchestrator, "{role:?}: only the orchestrator");
+        }
+        // A site's jobs are pushed to it alone: no hub user reads its delivery subject or
+        // writes into it (operators publish every other landfall subject).
+        for role in Role::services() {
+            let p = role.permissions("U", &[]);
+            assert!(!allows(&p.subscribe, "landfall.deliver.edge-01"), "{role:?}");
+            assert!(!may_publish(&p, "landfall.deliver.edge-01"), "{role:?}");
         }
         // The API reads events with consumers of its own (named), and watches and scans buckets.
         let api = Role::Api.permissions("U", &[]);

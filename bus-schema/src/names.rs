@@ -2,7 +2,8 @@
 //!
 //! Subject layout:
 //! - commands: `landfall.cmd.<kind>.<scope>` (scope = site id, or [`FLEET`])
-//! - jobs: `landfall.job.<site>.<kind>`
+//! - jobs: `landfall.job.<site>.<kind>`, pushed to each site's gateway on
+//!   `landfall.deliver.<site>`
 //! - events: `landfall.evt.<scope>.<aggregate>.<kind>`
 //! - request/reply to a gateway (never stored): `landfall.rpc.<site>.<kind>`
 //! - request/reply from a gateway to a hub service (never stored): `landfall.svc.<site>.<kind>`
@@ -149,6 +150,12 @@ pub fn kubeconfig_rpc(site: &str) -> String {
 }
 
 /// Every request the hub makes of one site (kubeconfigs, simulated arrivals).
+/// Where the hub's jobs stream pushes one site's jobs: its gateway's durable push consumer
+/// delivers here, and only that site's user may subscribe.
+pub fn site_deliver(site: &str) -> String {
+    format!("landfall.deliver.{site}")
+}
+
 pub fn site_rpcs(site: &str) -> String {
     format!("landfall.rpc.{site}.>")
 }

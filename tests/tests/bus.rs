@@ -300,3 +300,94 @@ async fn publish_all_stores_more_messages_than_the_client_lets_wait() {
     let mut commands = bus.jetstream().get_stream(names::COMMANDS_STREAM).await.unwrap();
     assert_eq!(commands.info().await.unwrap().state.messages, 12_000);
 }
+
+/// A site's gateway durable that an earlier version made as a pull consumer is made anew as a
+/// push consumer when the orchestrator starts, and the job waiting in it is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateways_pull_durable_from_an_earlier_version_is_pushed_and_keeps_its_job() {
+    use async_nats::jetstream::consumer;
+    use futures::StreamExt;
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    bus.ensure_topology(&Default::default()).await.unwrap();
+    let site = "edge-01";
+    let jobs = bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    let earlier = consumer::pull::Config {
+        durable_name: Some(names::gateway_consumer(site)),
+        filter_subject: names::site_jobs(site),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ..Default::default()
+    };
+    jobs.create_consumer(earlier).await.unwrap();
+    let job = pb::StageArtifacts { site_id: site.into(), artifacts: vec![] };
+    bus.publish_job(&job, &Envelope::root()).await.unwrap();
+
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let orchestrator = tokio::spawn(consumers::run_orchestrator(bus.clone(), Default::default(), shutdown.clone()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let pushed = loop {
+        let info = jobs.consumer_info(names::gateway_consumer(site)).await;
+        if let Ok(info) = &info
+            && info.config.deliver_subject.as_deref() == Some(names::site_deliver(site).as_str())
+        {
+            break jobs.get_consumer::<consumer::push::Config>(&names::gateway_consumer(site)).await.unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "still {info:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut deliveries = pushed.messages().await.unwrap();
+    let got =
+        tokio::time::timeout(Duration::from_secs(10), deliveries.next()).await.expect("the job").unwrap().unwrap();
+    assert_eq!(got.subject.as_str(), job.subject());
+    got.double_ack().await.unwrap();
+    shutdown.cancel();
+    orchestrator.await.unwrap().unwrap();
+}
+
+/// Only what a site's durable delivers is a job to its gateway: a message published straight
+/// onto the site's delivery subject (no acknowledgement subject of the durable's) is ignored,
+/// while the same bytes through the jobs stream, before and after it, are handled (here:
+/// refused as malformed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_on_a_sites_delivery_subject_not_from_its_durable_is_not_a_job() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(1).start().await;
+    let site = fleet.site_id(0);
+    let mut events = fleet.bus.read_events(vec![names::EVENTS_ALL.to_string()], DeliverPolicy::New).await.unwrap();
+    let garbage = b"\x08\xff\xff\xff".to_vec();
+    let with_id = |id: &str| {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(names::headers::TYPE, pb::ProvisionOs::TYPE);
+        headers.insert(names::headers::MSG_ID, id);
+        headers
+    };
+    let subject = pb::ProvisionOs { site_id: site.clone(), ..Default::default() }.subject();
+    let mut refused = Vec::new();
+    for id in ["before", "stranger", "after"] {
+        if id == "stranger" {
+            let client = fleet.bus.client();
+            client.publish_with_headers(names::site_deliver(&site), with_id(id), garbage.clone().into()).await.unwrap();
+            client.flush().await.unwrap();
+            continue;
+        }
+        let js = fleet.bus.jetstream();
+        js.publish_with_headers(subject.clone(), with_id(id), garbage.clone().into()).await.unwrap().await.unwrap();
+        // Each job through the stream is refused before the next message goes out.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !refused.iter().any(|r| r == id) {
+            let e = tokio::time::timeout_at(deadline, events.next()).await.expect("a rejection").unwrap().unwrap();
+            if e.delivery.type_name == pb::MessageRejected::TYPE {
+                refused.push(e.delivery.decode::<pb::MessageRejected>().unwrap().message_id);
+            }
+        }
+    }
+    let quiet = tokio::time::Instant::now() + Duration::from_secs(1);
+    while let Ok(Some(e)) = tokio::time::timeout_at(quiet, events.next()).await {
+        let e = e.unwrap();
+        if e.delivery.type_name == pb::MessageRejected::TYPE {
+            refused.push(e.delivery.decode::<pb::MessageRejected>().unwrap().message_id);
+        }
+    }
+    assert_eq!(refused, ["before", "after"], "only what the durable delivered was handled");
+    fleet.stop().await;
+}

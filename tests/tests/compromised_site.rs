@@ -724,6 +724,22 @@ async fn subscribe_b_jobs(t: &Intruder, _: &Scene) -> Outcome {
     t.subscribe(&names::site_jobs(B)).await
 }
 
+/// B's jobs as its durable pushes them.
+async fn subscribe_b_deliveries(t: &Intruder, _: &Scene) -> Outcome {
+    t.subscribe(&names::site_deliver(B)).await
+}
+
+/// A job of the thief's making pushed at B's gateway, as if its durable had delivered it.
+async fn job_into_b_deliveries(t: &Intruder, _: &Scene) -> Outcome {
+    let job = pb::StageArtifacts { site_id: B.into(), ..Default::default() };
+    t.publish(&names::site_deliver(B), job.encode_to_vec()).await
+}
+
+/// Flow control of B's durable answered, so its deliveries run on (or stall).
+async fn js_flow_control_of_b_durable(t: &Intruder, _: &Scene) -> Outcome {
+    t.publish(&format!("$JS.FC.{}.{}.1", names::JOBS_STREAM, names::gateway_consumer(B)), Vec::new()).await
+}
+
 async fn subscribe_every_site_bmc_request(t: &Intruder, _: &Scene) -> Outcome {
     t.subscribe(&names::svc_every_site(names::BMC_CREDENTIALS)).await
 }
@@ -807,6 +823,7 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         Permission: js_own_consumer_by_the_legacy_durable_api,
         Permission: js_own_consumer_claims_jobs_of_a_site_not_yet_online,
         Permission: js_fetch_from_b_durable,
+        Permission: js_flow_control_of_b_durable,
         Permission: js_ack_b_job,
         Permission: js_delete_b_consumer,
         Permission: js_delete_jobs_stream,
@@ -829,6 +846,8 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         ReplyInbox: reply_into_kubeconfig_collector_inbox,
         Permission: subscribe_b_rpc,
         Permission: subscribe_b_jobs,
+        Permission: subscribe_b_deliveries,
+        Permission: job_into_b_deliveries,
         Permission: subscribe_every_site_bmc_request,
         Permission: subscribe_every_event,
     )

@@ -1,4 +1,4 @@
-//! The consume loop: a durable pull consumer whose messages a [`Handler`] carries out, each
+//! The consume loop: a durable consumer whose messages a [`Handler`] carries out, each
 //! delivery taken through its life by `settle.rs` (acked once the effect is durable, parked and
 //! retried in place on a transient failure or a wait, given up to `LANDFALL_DEAD` after too many
 //! failures, terminated with a rejection event on a permanent one).
@@ -7,8 +7,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer;
+use async_nats::jetstream::{self, ErrorCode, consumer};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -48,12 +49,20 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// stop new work from arriving.
 const PARKED_ALLOWANCE: i64 = 1024;
 
-/// A durable pull consumer and how to run it.
+/// How often the server tells an idle push consumer's subscriber it is still there; two missed
+/// and the subscriber opens its delivery again.
+const PUSH_HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// A durable consumer and how to run it.
 #[derive(Debug, Clone)]
 pub struct ConsumerSpec {
     pub stream: &'static str,
     pub durable: String,
     pub filter_subjects: Vec<String>,
+    /// `Some`: a push consumer, which the server delivers to this subject as soon as there is
+    /// a subscriber (a site's gateway: see [`ConsumerSpec::gateway`]). `None`: a pull consumer,
+    /// whose subscriber asks for messages.
+    pub deliver_subject: Option<String>,
     /// How long a delivery may go unacknowledged; the loop sends progress while a handler runs.
     pub ack_wait: Duration,
     /// How many messages may be handled at once by this process.
@@ -80,6 +89,7 @@ impl ConsumerSpec {
             stream,
             durable: durable.into(),
             filter_subjects: filters,
+            deliver_subject: None,
             ack_wait: Duration::from_secs(10),
             concurrency: 64,
             reject_as,
@@ -116,16 +126,30 @@ impl ConsumerSpec {
     /// provision together). The hub makes it when the site is registered ([`ensure_consumer`]),
     /// so a site's user needs no right to create a consumer of any kind. A site may not file
     /// dead letters (its key may be stolen): its jobs are retried until they are settled.
+    ///
+    /// It is a push consumer delivering to [`names::site_deliver`], which only the site's user
+    /// may subscribe. A waiting pull request costs the hub at every new job of any site, and a
+    /// pull request lost with a leaf node's link is renewed only after missed heartbeats; a push
+    /// consumer costs nothing while idle and delivers as soon as the subscriber's interest
+    /// crosses the link again (ARCHITECTURE.md, "Jobs at 10,000 sites").
     pub fn gateway(site: &str) -> Self {
         let durable = names::gateway_consumer(site);
-        Self::new(
+        let mut spec = Self::new(
             names::JOBS_STREAM,
             durable.clone(),
             vec![names::site_jobs(site)],
             RejectAs::Message { consumer: durable },
         )
         .concurrency(256)
-        .max_attempts(None)
+        .max_attempts(None);
+        spec.deliver_subject = Some(names::site_deliver(site));
+        spec
+    }
+
+    /// Deliveries parked or queued behind their key are unacknowledged too: room for them on
+    /// top of the work in hand, so a thousand waiting installs do not stop the rest.
+    fn max_ack_pending(&self) -> i64 {
+        (self.concurrency as i64 * 4).max(256) + PARKED_ALLOWANCE
     }
 
     fn pull_config(&self) -> consumer::pull::Config {
@@ -137,11 +161,34 @@ impl ConsumerSpec {
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: self.ack_wait,
             max_deliver: -1,
-            // Deliveries parked or queued behind their key are unacknowledged too: room for them
-            // on top of the work in hand, so a thousand waiting installs do not stop the rest.
-            max_ack_pending: (self.concurrency as i64 * 4).max(256) + PARKED_ALLOWANCE,
+            max_ack_pending: self.max_ack_pending(),
             ..Default::default()
         }
+    }
+
+    /// Flow control paces deliveries to what the subscriber takes in (a slow link); it needs
+    /// the idle heartbeat, which also tells the subscriber its delivery is still live.
+    fn push_config(&self, deliver_subject: &str) -> consumer::push::Config {
+        let (filter_subject, filter_subjects) = filters(&self.filter_subjects);
+        consumer::push::Config {
+            durable_name: Some(self.durable.clone()),
+            deliver_subject: deliver_subject.to_owned(),
+            filter_subject,
+            filter_subjects,
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            max_deliver: -1,
+            max_ack_pending: self.max_ack_pending(),
+            flow_control: true,
+            idle_heartbeat: PUSH_HEARTBEAT,
+            ..Default::default()
+        }
+    }
+
+    /// The start of the acknowledgement subject of every message this consumer delivers
+    /// (`$JS.ACK.<stream>.<durable>.`).
+    fn ack_prefix(&self) -> String {
+        format!("$JS.ACK.{}.{}.", self.stream, self.durable)
     }
 }
 
@@ -150,12 +197,122 @@ impl ConsumerSpec {
 ///
 /// # Errors
 /// [`BusError::Consume`] when the stream or the JetStream API cannot be reached.
+///
+/// A push consumer that exists as a pull consumer, or pushes elsewhere (made by an earlier
+/// version), is made anew: the server cannot turn one into the other. On the work-queue jobs
+/// stream nothing is lost by it: the jobs the old one had not had acknowledged are still there,
+/// and the new one delivers them (a gateway carries out a job delivered again without effect).
 pub async fn ensure_consumer(bus: &Bus, spec: &ConsumerSpec) -> Result<(), BusError> {
     let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
     let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
-    stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map_err(|e| consume_err(boxed(e)))?;
+    let Some(deliver) = &spec.deliver_subject else {
+        stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map_err(|e| consume_err(boxed(e)))?;
+        return Ok(());
+    };
+    match stream.consumer_info(&spec.durable).await {
+        Ok(info) if info.config.deliver_subject.as_deref() == Some(deliver.as_str()) => return Ok(()),
+        Ok(info) => {
+            info!(consumer = %spec.durable, was = ?info.config.deliver_subject, to = %deliver, "made anew as a push consumer");
+            match stream.delete_consumer(&spec.durable).await {
+                Ok(_) => {}
+                Err(e) if consumer_missing(&e) => {}
+                Err(e) => return Err(consume_err(boxed(e))),
+            }
+        }
+        Err(e) if matches!(e.kind(), jetstream::context::ConsumerInfoErrorKind::NotFound) => {}
+        Err(e) => return Err(consume_err(boxed(e))),
+    }
+    stream.create_consumer(spec.push_config(deliver)).await.map_err(|e| consume_err(boxed(e)))?;
     Ok(())
 }
+
+fn consumer_missing(e: &jetstream::stream::ConsumerError) -> bool {
+    matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(j) if j.error_code() == ErrorCode::CONSUMER_NOT_FOUND)
+}
+
+/// Where a consume loop's messages come from.
+enum Source {
+    Pull(consumer::PullConsumer),
+    /// With the acknowledgement prefix every delivery of the consumer carries.
+    Push(consumer::PushConsumer, String),
+}
+
+/// What went wrong while reading a consumer's deliveries.
+enum Hitch {
+    /// The deliveries must be opened again (the consumer was deleted, or heartbeats stopped).
+    Reopen(String),
+    /// Logged, and reading goes on.
+    Passing(String),
+    /// A message on a push consumer's delivery subject that the consumer did not deliver.
+    Stranger(String),
+}
+
+type Deliveries = BoxStream<'static, Result<jetstream::Message, Hitch>>;
+
+impl Source {
+    async fn messages(&self) -> Result<Deliveries, BoxError> {
+        Ok(match self {
+            Source::Pull(c) => c
+                .messages()
+                .await
+                .map_err(boxed)?
+                .map(|r| {
+                    r.map_err(|e| match e.kind() {
+                        consumer::pull::MessagesErrorKind::ConsumerDeleted => Hitch::Reopen(e.to_string()),
+                        _ => Hitch::Passing(e.to_string()),
+                    })
+                })
+                .boxed(),
+            Source::Push(c, acks) => {
+                let acks = acks.clone();
+                c.messages()
+                    .await
+                    .map_err(boxed)?
+                    .map(move |r| match r {
+                        // Only the consumer's own deliveries carry its acknowledgement subject;
+                        // anything else on the subject is no job of this consumer's.
+                        Ok(m) if m.reply.as_deref().is_some_and(|r| r.starts_with(&acks)) => Ok(m),
+                        Ok(m) => Err(Hitch::Stranger(m.subject.to_string())),
+                        Err(e) => Err(match e.kind() {
+                            consumer::push::MessagesErrorKind::MissingHeartbeat
+                            | consumer::push::MessagesErrorKind::ConsumerDeleted => Hitch::Reopen(e.to_string()),
+                            _ => Hitch::Passing(e.to_string()),
+                        }),
+                    })
+                    .boxed()
+            }
+        })
+    }
+}
+
+/// The consumer `spec` names, once it exists: a hub service makes its own (and brings its
+/// filters up to date), a site's gateway waits for the one the hub makes.
+async fn open(stream: &jetstream::stream::Stream, spec: &ConsumerSpec, shutdown: &CancellationToken) -> Option<Source> {
+    loop {
+        let got = match &spec.deliver_subject {
+            None => {
+                stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map(Source::Pull).map_err(boxed)
+            }
+            Some(_) => stream
+                .get_consumer::<consumer::push::Config>(&spec.durable)
+                .await
+                .map(|c| Source::Push(c, spec.ack_prefix())),
+        };
+        match got {
+            Ok(source) => return Some(source),
+            Err(e) => {
+                warn!(consumer = %spec.durable, error = %e, "no consumer yet (the hub makes a site's when it is registered); asking again");
+                // 1 to 3 s: many gateways started together do not ask together.
+                let pause = Duration::from_millis(1_000 + super::connect::jitter(2_000));
+                tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+}
+
 /// Runs a consume loop until `shutdown`; on shutdown, deliveries parked or waiting for their
 /// turn are NAKed at once (another replica takes them) and those being handled finish.
 ///
@@ -175,32 +332,21 @@ pub async fn consume<H: Handler>(
     let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
     // A site's gateway may not create its consumer: the hub made it when the site was
     // registered. Until then (or while the hub is out of reach) it waits, asking again.
-    let mut consumer = loop {
-        match stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await {
-            Ok(c) => break c,
-            Err(e) => {
-                warn!(consumer = %spec.durable, error = %e, "no consumer yet (the hub makes a site's when it is registered); asking again");
-                // 1 to 3 s: many gateways started together do not ask together.
-                let pause = Duration::from_millis(1_000 + super::connect::jitter(2_000));
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(pause) => {}
-                }
-            }
-        }
-    };
+    let Some(mut source) = open(&stream, &spec, &shutdown).await else { return Ok(()) };
     // A durable made by an earlier version with other filters takes this version's: a hub
     // service may change its own (a site may not, and keeps the filter the hub gave it).
-    let (filter_subject, filter_subjects) = filters(&spec.filter_subjects);
-    let made = &consumer.cached_info().config;
-    if (&made.filter_subject, &made.filter_subjects) != (&filter_subject, &filter_subjects) {
-        match stream.update_consumer(spec.pull_config()).await {
-            Ok(updated) => {
-                info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consumer's filters brought up to date");
-                consumer = updated;
-            }
-            Err(e) => {
-                warn!(consumer = %spec.durable, error = %e, "consumer's filters differ from this version's and cannot be changed; consuming as they are")
+    if let Source::Pull(consumer) = &mut source {
+        let (filter_subject, filter_subjects) = filters(&spec.filter_subjects);
+        let made = &consumer.cached_info().config;
+        if (&made.filter_subject, &made.filter_subjects) != (&filter_subject, &filter_subjects) {
+            match stream.update_consumer(spec.pull_config()).await {
+                Ok(updated) => {
+                    info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consumer's filters brought up to date");
+                    *consumer = updated;
+                }
+                Err(e) => {
+                    warn!(consumer = %spec.durable, error = %e, "consumer's filters differ from this version's and cannot be changed; consuming as they are")
+                }
             }
         }
     }
@@ -216,10 +362,10 @@ pub async fn consume<H: Handler>(
     info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consuming");
 
     'outer: while !shutdown.is_cancelled() {
-        let mut messages = match consumer.messages().await {
+        let mut messages = match source.messages().await {
             Ok(m) => m,
             Err(e) => {
-                warn!(consumer = %spec.durable, error = %e, "cannot pull, retrying");
+                warn!(consumer = %spec.durable, error = %e, "cannot read the consumer, retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
@@ -235,11 +381,20 @@ pub async fn consume<H: Handler>(
                 Some(Ok(msg)) => {
                     in_flight.spawn(settle(context.clone(), handler.clone(), msg));
                 }
-                Some(Err(e)) => {
-                    debug!(consumer = %spec.durable, error = %e, "pull stream error");
-                    if matches!(e.kind(), consumer::pull::MessagesErrorKind::ConsumerDeleted) {
-                        break;
+                Some(Err(Hitch::Passing(e))) => debug!(consumer = %spec.durable, error = %e, "delivery stream error"),
+                Some(Err(Hitch::Stranger(subject))) => {
+                    warn!(consumer = %spec.durable, %subject, "a message on the delivery subject that the consumer did not deliver: ignored")
+                }
+                Some(Err(Hitch::Reopen(e))) => {
+                    debug!(consumer = %spec.durable, error = %e, "opening the deliveries again");
+                    if matches!(source, Source::Push(..)) {
+                        drop(messages);
+                        match open(&stream, spec, &shutdown).await {
+                            Some(s) => source = s,
+                            None => break 'outer,
+                        }
                     }
+                    break;
                 }
                 None => break,
             }
