@@ -106,7 +106,7 @@ impl Observer {
         };
         self.observed.put(&keys::node_departed(&e.site_id, &e.node), &departed).await?;
         let prefix = keys::observed_node_prefix(&e.site_id, &e.node);
-        let entries = self.observed.scan::<pb::ObservedVersion>(&prefix).await?;
+        let entries = self.observed.scan_few::<pb::ObservedVersion>(&prefix).await?;
         try_join_all(entries.iter().map(|(key, _, rev)| self.observed.purge_if(key, *rev))).await?;
         Ok(())
     }
@@ -127,9 +127,9 @@ impl Observer {
 
     /// Forgets everything observed at a removed site, and its departed nodes.
     async fn site_removed(&self, site: &str) -> Result<(), HandlerError> {
-        let observed = self.observed.scan::<pb::ObservedVersion>(&keys::observed_site_prefix(site)).await?;
+        let observed = self.observed.scan_few::<pb::ObservedVersion>(&keys::observed_site_prefix(site)).await?;
         try_join_all(observed.iter().map(|(key, _, _)| self.observed.purge(key))).await?;
-        let departed = self.observed.scan::<pb::NodeDeparted>(&keys::departed_site_prefix(site)).await?;
+        let departed = self.observed.scan_few::<pb::NodeDeparted>(&keys::departed_site_prefix(site)).await?;
         try_join_all(departed.iter().map(|(key, _, _)| self.observed.purge(key))).await?;
         debug!(%site, keys = observed.len(), "observed state of a removed site forgotten");
         Ok(())
@@ -172,11 +172,8 @@ impl Observer {
             // (`observed_nodes` gives each node once).
             let e: pb::ContainerPackagesApplied = d.decode()?;
             self.jobs.check(d, None, None).await?;
-            let nodes: Vec<String> = runtime::observed_nodes(&self.observed, &keys::observed_site_prefix(&e.site_id))
-                .await?
-                .into_iter()
-                .map(|n| n.node)
-                .collect();
+            let nodes: Vec<String> =
+                runtime::site_observed_nodes(&self.observed, &e.site_id).await?.into_iter().map(|n| n.node).collect();
             let kind = pb::PackageKind::Container as i32;
             let found: Vec<_> = e.packages.into_iter().map(|p| (p.name, p.version, kind)).collect();
             self.record(d, &e.site_id, &nodes, &found).await

@@ -194,6 +194,50 @@ async fn a_scan_during_writes_sees_each_key_once() {
     }
 }
 
+/// A key-by-key scan of one site's keys finds each live key of that site once, with a value it
+/// had during the scan, while its keys are rewritten, deleted and purged and other sites' keys
+/// are written around them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_of_few_keys_sees_each_live_key_of_its_prefix_once() {
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    bus.ensure_topology(&Default::default()).await.unwrap();
+    let kv = bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let value = |v: &str| pb::NodeObserved { node: v.into(), ..Default::default() };
+    for i in 0..20 {
+        for site in ["edge-01", "edge-02", "edge-010"] {
+            kv.put(&format!("node.{site}.n{i:02}.kubelet"), &value("1")).await.unwrap();
+        }
+    }
+    kv.put("node.edge-01.n05.kubelet", &value("2")).await.unwrap();
+    let (_, n06) = kv.get::<pb::NodeObserved>("node.edge-01.n06.kubelet").await.unwrap().unwrap();
+    kv.delete_if("node.edge-01.n06.kubelet", n06).await.unwrap();
+    kv.purge("node.edge-01.n07.kubelet").await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let (kv, stop) = (kv.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.is_cancelled() {
+                n += 1;
+                kv.put("node.edge-01.n00.kubelet", &value(&n.to_string())).await.unwrap();
+                kv.put(&format!("node.edge-02.x{n}.kubelet"), &value("1")).await.unwrap();
+            }
+        })
+    };
+    for scan in 0..20 {
+        let got = kv.scan_few::<pb::NodeObserved>("node.edge-01.").await.unwrap();
+        let keys: Vec<&str> = got.iter().map(|(k, _, _)| k.as_str()).collect();
+        let expected: Vec<String> =
+            (0..20).filter(|i| ![6, 7].contains(i)).map(|i| format!("node.edge-01.n{i:02}.kubelet")).collect();
+        assert_eq!(keys, expected, "scan {scan}: each live key of edge-01 once, in key order");
+        let n05 = got.iter().find(|(k, _, _)| k == "node.edge-01.n05.kubelet").unwrap();
+        assert_eq!(n05.1.node, "2", "the key's latest value");
+    }
+    stop.cancel();
+    writer.await.unwrap();
+}
+
 /// Two writers changing one key at once through `Kv::update_with`: every change of each is in
 /// the value once, none lost to the other's write and none applied twice by a retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,10 +19,20 @@ pub async fn package_refs(packages: &Kv) -> Result<std::collections::BTreeSet<cr
 }
 
 /// What nodes run, as observed (`landfall-observed`), one record per node with every package
-/// reported for it, for keys starting with `prefix` (e.g. [`names::keys::observed_site_prefix`]).
+/// reported for it, for keys starting with `prefix` (e.g. [`names::keys::OBSERVED_PREFIX`]).
 pub async fn observed_nodes(observed: &Kv, prefix: &str) -> Result<Vec<pb::NodeObserved>, BusError> {
+    Ok(by_node(observed.scan::<pb::ObservedVersion>(prefix).await?))
+}
+
+/// [`observed_nodes`] of one site, read key by key ([`Kv::scan_few`]): a site's share of a
+/// fleet's bucket is small.
+pub async fn site_observed_nodes(observed: &Kv, site: &str) -> Result<Vec<pb::NodeObserved>, BusError> {
+    Ok(by_node(observed.scan_few::<pb::ObservedVersion>(&names::keys::observed_site_prefix(site)).await?))
+}
+
+fn by_node(entries: Vec<(String, pb::ObservedVersion, u64)>) -> Vec<pb::NodeObserved> {
     let mut nodes: std::collections::BTreeMap<(String, String), pb::NodeObserved> = Default::default();
-    for (_, v, _) in observed.scan::<pb::ObservedVersion>(prefix).await? {
+    for (_, v, _) in entries {
         let n = nodes.entry((v.site_id.clone(), v.node.clone())).or_insert_with(|| pb::NodeObserved {
             site_id: v.site_id.clone(),
             node: v.node.clone(),
@@ -34,5 +44,5 @@ pub async fn observed_nodes(observed: &Kv, prefix: &str) -> Result<Vec<pb::NodeO
         }
         n.packages.push(pb::ObservedPackage { name: v.name, version: v.version, kind: v.kind });
     }
-    Ok(nodes.into_values().collect())
+    nodes.into_values().collect()
 }

@@ -117,6 +117,62 @@ impl Kv {
         self.scan_matching(&format!("{prefix}>")).await
     }
 
+    /// Like [`Kv::scan`], for a prefix that matches a few keys of a bucket that may hold many
+    /// (one site's, one node's): the keys are listed from the stream's subject index and each is
+    /// read by itself, so the scan costs the keys it finds. A consumer filtered on a wildcard,
+    /// as [`Kv::scan`] makes, has nats-server 2.10 decode every message of the blocks between
+    /// the keys it delivers: scanning one site's ten keys cost in proportion to the whole fleet's.
+    ///
+    /// The same promise as [`Kv::scan`]: every key that exists when the scan ends comes back
+    /// once, with a value it had during the scan (the keys are listed again until a listing
+    /// brings none unread).
+    pub async fn scan_few<M: prost::Message + Default>(&self, prefix: &str) -> Result<Vec<(String, M, u64)>, BusError> {
+        let pattern = format!("{prefix}>");
+        let err = |e: BoxError| self.err("scan", &pattern, e);
+        let subject_prefix = self.store.prefix.as_str(); // "$KV.<bucket>."
+        let filter = format!("{subject_prefix}{pattern}");
+        let mut latest = ScanEntries::<M>::default();
+        let mut read = std::collections::BTreeSet::new();
+        loop {
+            let listed = self.store.stream.info_with_subjects(&filter).await.map_err(|e| err(boxed(e)))?;
+            let unread: Vec<String> = listed
+                .map_ok(|(subject, _)| subject)
+                .try_filter(|subject| futures::future::ready(!read.contains(subject)))
+                .try_collect()
+                .await
+                .map_err(|e| err(boxed(e)))?;
+            if unread.is_empty() {
+                break;
+            }
+            let mut got = futures::stream::iter(unread.clone().into_iter().map(|subject| {
+                let stream = self.store.stream.clone();
+                async move {
+                    match stream.get_last_raw_message_by_subject(&subject).await {
+                        Ok(msg) => Ok(Some(msg)),
+                        Err(e)
+                            if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+                        {
+                            Ok(None)
+                        }
+                        Err(e) => Err(boxed(e)),
+                    }
+                }
+            }))
+            .buffer_unordered(16);
+            while let Some(msg) = got.next().await {
+                if let Some(msg) = msg.map_err(err)? {
+                    latest.add(self, subject_prefix, &msg.subject, Some(&msg.headers), &msg.payload, msg.sequence);
+                }
+            }
+            read.extend(unread);
+        }
+        Ok(latest
+            .0
+            .into_iter()
+            .filter_map(|(key, entry)| entry.map(|(value, revision)| (key, value, revision)))
+            .collect())
+    }
+
     /// Like [`Kv::scan`], for every key matching a NATS wildcard pattern (`node.*.*.kubelet`).
     ///
     /// Every key that exists when the scan ends comes back once, with a value it had during the

@@ -52,7 +52,7 @@ pub mod store_health;
 mod topology;
 mod version;
 
-pub use catalog::{observed_nodes, package_refs};
+pub use catalog::{observed_nodes, package_refs, site_observed_nodes};
 pub use connect::{Access, Bus, private_file};
 pub use consume::{ConsumerSpec, DEFAULT_MAX_ATTEMPTS, Handler, consume, ensure_consumer};
 pub use dead_letter::{Replayed, StoredDeadLetter, dead_letter_type};

@@ -89,7 +89,7 @@ impl Orchestrator {
 
     /// Whether the node has reported running anything (`landfall-observed`).
     async fn runs_something(&self, site: &str, node: &str) -> Result<bool, HandlerError> {
-        Ok(!self.observed.scan::<pb::ObservedVersion>(&keys::observed_node_prefix(site, node)).await?.is_empty())
+        Ok(!self.observed.scan_few::<pb::ObservedVersion>(&keys::observed_node_prefix(site, node)).await?.is_empty())
     }
 
     /// Whether the site's latest install ended with a cluster (success or partial success).

@@ -7,16 +7,17 @@
 //! Cheap and bounded: a cursor per scope (`order.<scope>` in `landfall-ledger`, the last
 //! sequence up to which the scope's commands are all settled, moved forward by compare-and-set
 //! and never back) means a check reads only the commands after it, one JetStream get-next-by-
-//! subject each. The `fleet` scope is ordered the same way, per scope: across replicas it
+//! subject each, of one kind's subject at a time ([`ScopeCommands`]). The `fleet` scope is ordered the same way, per scope: across replicas it
 //! orders fleet commands among themselves, not against every site's (in one process it is
 //! still a barrier).
 
 use std::time::Duration;
 
-use async_nats::jetstream::stream::RawMessageErrorKind;
+use async_nats::jetstream::{self, message::StreamMessage, stream::RawMessageErrorKind};
 use bus_schema::names::{self, keys};
 use bus_schema::pb;
 use bus_schema::runtime::{Delivery, Envelope, HandlerError, Update};
+use futures::StreamExt;
 use tracing::debug;
 
 use super::service::Orchestrator;
@@ -49,6 +50,76 @@ pub(super) fn behind(scope: &str, earlier: &Earlier) -> HandlerError {
     }
 }
 
+/// The commands of one scope stored in a range of the commands stream, in stream order.
+///
+/// Read one subject (one kind) at a time and merged: nats-server 2.10 finds the next message of
+/// a literal subject block by block through each block's subject index, while a wildcard
+/// (`landfall.cmd.*.<scope>`) over blocks of many subjects makes it decode every message in
+/// between. With thousands of sites' commands between two of one site's, that made each check
+/// cost in proportion to the fleet, and registering or installing a fleet in proportion to its
+/// square. Which kinds the scope has is one stream info, answered from the stream's subject
+/// index.
+struct ScopeCommands<'a> {
+    stream: &'a jetstream::stream::Stream<()>,
+    /// Each subject's next message in the range, once read (`None`: none left).
+    heads: Vec<(String, Option<StreamMessage>)>,
+    before: u64,
+}
+
+impl<'a> ScopeCommands<'a> {
+    /// The scope's commands from sequence `from` up to (not including) `before`.
+    async fn open(
+        stream: &'a jetstream::stream::Stream<()>,
+        scope: &str,
+        from: u64,
+        before: u64,
+    ) -> Result<Self, HandlerError> {
+        let mut heads = Vec::new();
+        if from < before {
+            let mut subjects = stream.info_with_subjects(names::command_subject("*", scope)).await.map_err(read_err)?;
+            while let Some(subject) = subjects.next().await {
+                let (subject, _) = subject.map_err(read_err)?;
+                let head = next_of(stream, &subject, from, before).await?;
+                heads.push((subject, head));
+            }
+        }
+        Ok(Self { stream, heads, before })
+    }
+
+    /// The next command of the scope in stream order.
+    async fn next(&mut self) -> Result<Option<StreamMessage>, HandlerError> {
+        let Some((subject, head)) = self
+            .heads
+            .iter_mut()
+            .filter(|(_, head)| head.is_some())
+            .min_by_key(|(_, head)| head.as_ref().map(|m| m.sequence))
+        else {
+            return Ok(None);
+        };
+        let m = head.take().expect("a head that is there");
+        *head = next_of(self.stream, subject, m.sequence + 1, self.before).await?;
+        Ok(Some(m))
+    }
+}
+
+/// The first message on `subject` at or after `from` and before `before`.
+async fn next_of(
+    stream: &jetstream::stream::Stream<()>,
+    subject: &str,
+    from: u64,
+    before: u64,
+) -> Result<Option<StreamMessage>, HandlerError> {
+    if from >= before {
+        return Ok(None);
+    }
+    match stream.raw_message_builder().sequence(from).next_by_subject(subject.to_string()).send().await {
+        Ok(m) if m.sequence < before => Ok(Some(m)),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(read_err(e)),
+    }
+}
+
 fn read_err(e: impl std::error::Error + Send + Sync + 'static) -> HandlerError {
     HandlerError::transient("reading the earlier commands of the scope", e)
 }
@@ -67,21 +138,12 @@ impl Orchestrator {
         let cursor_key = keys::scope_order(scope);
         let cursor = ledger.get::<pb::ScopeOrder>(&cursor_key).await?.map_or(0, |(o, _)| o.settled_through);
         let stream = self.bus.jetstream().get_stream_no_info(names::COMMANDS_STREAM).await.map_err(read_err)?;
-        let filter = names::command_subject("*", scope);
+        let mut earlier = ScopeCommands::open(&stream, scope, cursor + 1, d.stream_sequence).await?;
         let mut settled = Vec::new();
         let mut blocking = None;
         // Read lazily: the consumer's ack floor settles what was acked without a ledger record.
         let mut ack_floor: Option<u64> = None;
-        let mut from = cursor + 1;
-        while from < d.stream_sequence {
-            let m = match stream.raw_message_builder().sequence(from).next_by_subject(filter.clone()).send().await {
-                Ok(m) => m,
-                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
-                Err(e) => return Err(read_err(e)),
-            };
-            if m.sequence >= d.stream_sequence {
-                break;
-            }
+        while let Some(m) = earlier.next().await? {
             let id = Envelope::from_headers(Some(&m.headers), || {
                 bus_schema::ids::derived_id(names::COMMANDS_STREAM, "seq", Some(&m.sequence.to_string())).to_string()
             })
@@ -99,7 +161,6 @@ impl Orchestrator {
                 break;
             }
             settled.push(m.sequence);
-            from = m.sequence + 1;
         }
         let next = advanced(cursor, &settled);
         if next > cursor {

@@ -43,7 +43,7 @@ impl Orchestrator {
 
     /// Purges the site's design and every revision of it; how many revisions there were.
     async fn forget_design(&self, site: &str) -> Result<u32, HandlerError> {
-        let revisions = self.sites.scan::<pb::DesignRevision>(&keys::design_revisions_prefix(site)).await?;
+        let revisions = self.sites.scan_few::<pb::DesignRevision>(&keys::design_revisions_prefix(site)).await?;
         let mut n = 0;
         for (key, _, _) in &revisions {
             self.sites.purge(key).await?;

@@ -54,7 +54,7 @@ impl KubeconfigCollector {
         let removed: pb::SiteRemoved = d.decode()?;
         let site = removed.site_id;
         self.store.purge(&keys::kubeconfig(&site)).await?;
-        let bmc = self.store.scan::<pb::SealedSecret>(&keys::bmc_credentials(&site, "")).await?;
+        let bmc = self.store.scan_few::<pb::SealedSecret>(&keys::bmc_credentials(&site, "")).await?;
         for (key, _, _) in &bmc {
             self.store.purge(key).await?;
         }
