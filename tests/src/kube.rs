@@ -29,7 +29,6 @@
 
 use producers::embedded::tied;
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -386,14 +385,9 @@ async fn client_from(kubeconfig: &Path) -> Result<kube::Client, String> {
     kube::Client::try_from(config).map_err(|e| format!("cannot build a client from {}: {e}", kubeconfig.display()))
 }
 
-/// Three distinct ports that were free a moment ago (the listeners are held together, so the
-/// three differ, and dropped before returning).
+/// Three distinct ports that were free a moment ago.
 fn free_ports() -> [u16; 3] {
-    let listeners = [(); 3].map(|()| {
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"))
-    });
-    listeners.map(|l| l.local_addr().expect("local_addr of a bound listener").port())
+    [(); 3].map(|()| crate::nats::free_port())
 }
 
 /// The directory holding `etcd` and `apiextensions-apiserver`, resolved once per test binary.

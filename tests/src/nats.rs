@@ -274,11 +274,38 @@ fn read_info(addr: SocketAddr) -> std::io::Result<String> {
     if line.starts_with("INFO ") { Ok(line) } else { Err(ErrorKind::InvalidData.into()) }
 }
 
-/// A port that was free a moment ago (the listener is dropped before returning).
+/// A port that was free a moment ago (the listener is dropped before returning), never the same
+/// twice in one test binary, and below the kernel's range for outgoing connections: a server
+/// started again later on its port (a hub restarted whole) would otherwise find it taken by some
+/// client's connection, as a port the kernel handed out for `127.0.0.1:0` is also one it hands
+/// to outgoing connections.
 pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    const LOWEST: u32 = 10_000;
+    let outgoing_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()))
+        .unwrap_or(32_768);
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    if outgoing_from > LOWEST + 1_000 {
+        let span = outgoing_from - LOWEST;
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let mut x = (seed as u32) ^ std::process::id().rotate_left(16);
+        for _ in 0..1_000 {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let port = (LOWEST + x % span) as u16;
+            if !given.contains(&port) && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+                given.insert(port);
+                return port;
+            }
+        }
+    }
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"));
-    listener.local_addr().expect("local_addr of a bound listener").port()
+    let port = listener.local_addr().expect("local_addr of a bound listener").port();
+    given.insert(port);
+    port
 }
 
 /// The nats-server binary, resolved once per test binary.

@@ -9,7 +9,6 @@
 //! user), where services are also killed while the whole cluster is down.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ use bus_schema::pb::{self, BusCommand, BusEvent, BusMessage};
 use bus_schema::runtime::{self, Access, Bus, Envelope, ReadEvent, Topology};
 use consumers::artifacts::ArtifactStore;
 use landfall_tests::fleet::{TEST_KEY_HEX, TEST_SHRINK};
-use landfall_tests::nats::NatsServer;
+use landfall_tests::nats::{NatsServer, free_port};
 use landfall_tests::procs::Service;
 use landfall_tests::topology::{ConfServer, TlsFiles, connect_when_ready};
 use serde_json::Value;
@@ -633,11 +632,6 @@ impl Verdict {
         assert!(self.problems.is_empty(), "{} problems:\n{}", self.problems.len(), self.problems.join("\n"));
         assert_eq!(self.terminal, self.commands);
     }
-}
-
-/// A port that was free a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
 }
 
 fn patch(version: &str) -> pb::PatchPackage {

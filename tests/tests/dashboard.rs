@@ -12,7 +12,7 @@
 
 use producers::embedded::tied;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bus_schema::pb;
 use futures::StreamExt;
+use landfall_tests::nats::free_port;
 use serde_json::json;
 
 /// How long `landfall up` may take to serve a caught-up API.
@@ -40,11 +41,6 @@ struct Up {
     api: SocketAddr,
     operator: String,
     viewer: String,
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0 to find a free port");
-    listener.local_addr().expect("a bound listener's address").port()
 }
 
 impl Up {
