@@ -7,9 +7,9 @@
 //! Cheap and bounded: a cursor per scope (`order.<scope>` in `landfall-ledger`, the last
 //! sequence up to which the scope's commands are all settled, moved forward by compare-and-set
 //! and never back) means a check reads only the commands after it, one JetStream get-next-by-
-//! subject each, of one kind's subject at a time ([`ScopeCommands`]). The `fleet` scope is ordered the same way, per scope: across replicas it
-//! orders fleet commands among themselves, not against every site's (in one process it is
-//! still a barrier).
+//! subject each, one kind's subject at a time ([`ScopeCommands`]). The `fleet` scope is ordered
+//! the same way, per scope: across replicas it orders fleet commands among themselves, not
+//! against every site's (in one process it is still a barrier).
 
 use std::time::Duration;
 
