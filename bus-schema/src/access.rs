@@ -210,6 +210,8 @@ impl Role {
                 p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
                 // Durables an earlier version made as pull consumers are made anew as push ones.
                 p.publish.push(js_api(&format!("CONSUMER.LIST.{jobs}")));
+                // A job its site's durable holds nothing of is looked at, by the time it was stored.
+                p.publish.push(js_api(&format!("STREAM.MSG.GET.{jobs}")));
                 p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::site_jobs("*"))));
                 // Removing a site deletes its gateway's durable and drops its jobs.
                 // (Only gateways have durables on the jobs stream.)

@@ -435,3 +435,61 @@ async fn a_message_on_a_sites_delivery_subject_not_from_its_durable_is_not_a_job
     assert_eq!(refused, ["before", "after"], "only what the durable delivered was handled");
     fleet.stop().await;
 }
+
+/// A job still in the jobs stream that its site's durable holds nothing of (here: a durable that
+/// gave up on it after one delivery, as a restarted hub once left two durables past their jobs)
+/// is delivered again once the orchestrator's sweep makes the durable anew; a job a durable
+/// still holds is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_stranded_past_its_durable_is_delivered_again() {
+    use async_nats::jetstream::consumer;
+    use bus_schema::runtime::ConsumerSpec;
+    use futures::StreamExt;
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    bus.ensure_topology(&Default::default()).await.unwrap();
+    let jobs = bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    let (stranded, held) = ("edge-01", "edge-02");
+    let job = |site: &str| pb::StageArtifacts { site_id: site.into(), artifacts: vec![] };
+    // edge-01's durable delivers its job once, is not answered, and gives it up.
+    let once = consumer::push::Config {
+        durable_name: Some(names::gateway_consumer(stranded)),
+        deliver_subject: names::site_deliver(stranded),
+        filter_subject: names::site_jobs(stranded),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_millis(500),
+        max_deliver: 1,
+        ..Default::default()
+    };
+    let mut first = jobs.create_consumer(once).await.unwrap().messages().await.unwrap();
+    bus.publish_job(&job(stranded), &Envelope::root()).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(10), first.next()).await.expect("delivered").unwrap().unwrap();
+    drop((lost, first));
+    // edge-02's durable holds its job, undelivered (no gateway listens).
+    bus_schema::runtime::ensure_consumer(&bus, &ConsumerSpec::gateway(held)).await.unwrap();
+    bus.publish_job(&job(held), &Envelope::root()).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = jobs.consumer_info(names::gateway_consumer(stranded)).await.unwrap();
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "edge-01's durable still holds its job: {info:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let found = consumers::redeliver_stranded_jobs(&bus, Duration::from_secs(60)).await.unwrap();
+    assert!(found.is_empty(), "younger than a minute: left alone, {found:?}");
+    let found = consumers::redeliver_stranded_jobs(&bus, Duration::ZERO).await.unwrap();
+    assert_eq!(found, [stranded], "only the durable that holds nothing of its job");
+
+    let pushed = jobs.get_consumer::<consumer::push::Config>(&names::gateway_consumer(stranded)).await.unwrap();
+    assert_eq!(pushed.cached_info().config.max_deliver, -1, "made anew as landfall makes it");
+    let mut deliveries = pushed.messages().await.unwrap();
+    let got =
+        tokio::time::timeout(Duration::from_secs(10), deliveries.next()).await.expect("the job").unwrap().unwrap();
+    assert_eq!(got.subject.as_str(), job(stranded).subject());
+    got.double_ack().await.unwrap();
+    let held_info = jobs.consumer_info(names::gateway_consumer(held)).await.unwrap();
+    assert_eq!(held_info.num_pending, 1, "edge-02's job still waits in its own durable");
+}

@@ -11,6 +11,7 @@
 //! - `order`: a scope's commands carried out in stream order across replicas;
 //! - `compact`: finished sagas and rollouts replaced by summaries after the retention;
 //! - `remove_site`: a site taken out of landfall;
+//! - `stranded`: a site's jobs its durable will not deliver again, delivered again;
 //! - `run`: the consumers, started, and commands dispatched to their handlers.
 
 mod compact;
@@ -23,8 +24,10 @@ mod register;
 mod remove_site;
 mod run;
 pub mod service;
+mod stranded;
 
 pub use compact::Compacted;
 pub use install::saga_event_filters;
 pub use run::{OrchestratorOptions, run_orchestrator, run_orchestrator_with};
 pub use service::Orchestrator;
+pub use stranded::{STRANDED_AFTER, redeliver_stranded_jobs};

@@ -185,6 +185,7 @@ pub async fn run_orchestrator_with(
     let store =
         tokio::spawn(crate::store_watch::run_store_watch(bus.clone(), crate::store_watch::EVERY, shutdown.clone()));
     let compaction = tokio::spawn(super::compact::compact_periodically(orchestrator.clone(), shutdown.clone()));
+    let stranded = tokio::spawn(super::stranded::sweep_periodically(bus.clone(), shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());
     let r = runtime::consume(bus, rollouts, Arc::new(RolloutEvents(orchestrator)), shutdown);
@@ -195,6 +196,7 @@ pub async fn run_orchestrator_with(
     let _ = ticks.await;
     let _ = store.await;
     let _ = compaction.await;
+    let _ = stranded.await;
     c?;
     e?;
     r?;
