@@ -226,7 +226,8 @@ pub async fn ensure_consumer(bus: &Bus, spec: &ConsumerSpec) -> Result<(), BusEr
     Ok(())
 }
 
-fn consumer_missing(e: &jetstream::stream::ConsumerError) -> bool {
+/// Whether a consumer request failed because there is no such consumer.
+pub(super) fn consumer_missing(e: &jetstream::stream::ConsumerError) -> bool {
     matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(j) if j.error_code() == ErrorCode::CONSUMER_NOT_FOUND)
 }
 

@@ -2,10 +2,8 @@
 //! consumer ([`Bus::delete_gateway_consumer`]) and its jobs not yet delivered
 //! ([`Bus::drop_site_jobs`]).
 
-use async_nats::jetstream::ErrorCode;
-use async_nats::jetstream::stream::ConsumerErrorKind;
-
 use super::connect::Bus;
+use super::consume::consumer_missing;
 use super::error::{BusError, boxed};
 use crate::names;
 
@@ -20,9 +18,7 @@ impl Bus {
         let stream = self.jetstream().get_stream(names::JOBS_STREAM).await.map_err(|e| err(boxed(e)))?;
         match stream.delete_consumer(&durable).await {
             Ok(status) => Ok(status.success),
-            Err(e) if matches!(e.kind(), ConsumerErrorKind::JetStream(j) if j.error_code() == ErrorCode::CONSUMER_NOT_FOUND) => {
-                Ok(false)
-            }
+            Err(e) if consumer_missing(&e) => Ok(false),
             Err(e) => Err(err(boxed(e))),
         }
     }

@@ -28,10 +28,10 @@ pub const STRANDED_AFTER: Duration = Duration::from_secs(60);
 /// # Errors
 /// When the jobs stream cannot be read.
 pub async fn redeliver_stranded_jobs(bus: &Bus, older_than: Duration) -> anyhow::Result<Vec<String>> {
-    let mut stream = bus.jetstream().get_stream(names::JOBS_STREAM).await?;
+    let stream = bus.jetstream().get_stream(names::JOBS_STREAM).await?;
     // Nothing stored for that long (the usual case): nothing to look at.
-    let oldest = stream.info().await?.state.first_timestamp;
-    if stream.cached_info().state.messages == 0 || !stored_for(oldest.unix_timestamp_nanos(), older_than) {
+    let state = &stream.cached_info().state;
+    if state.messages == 0 || !stored_for(state.first_timestamp.unix_timestamp_nanos(), older_than) {
         return Ok(Vec::new());
     }
     let mut sites: Vec<String> = Vec::new();
@@ -46,18 +46,14 @@ pub async fn redeliver_stranded_jobs(bus: &Bus, older_than: Duration) -> anyhow:
     }
     let mut stranded = Vec::new();
     for site in sites {
-        let Ok(info) = stream.consumer_info(names::gateway_consumer(&site)).await else { continue };
-        if info.num_pending > 0 || info.num_ack_pending > 0 {
-            continue;
-        }
         let first = stream.raw_message_builder().sequence(1).next_by_subject(names::site_jobs(&site)).send().await;
         let Ok(first) = first else { continue };
         if !stored_for(first.time.unix_timestamp_nanos(), older_than) {
             continue;
         }
-        // Taken again: its job may have been delivered and acknowledged meanwhile.
+        // Read after the job: a durable that has it pending or unacknowledged will deliver it.
         match stream.consumer_info(names::gateway_consumer(&site)).await {
-            Ok(again) if again.num_pending == 0 && again.num_ack_pending == 0 => {}
+            Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {}
             _ => continue,
         }
         warn!(%site, job = %first.subject, sequence = first.sequence, "a job its durable holds nothing of: making the durable anew to deliver it again");
