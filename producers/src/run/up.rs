@@ -235,7 +235,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     if let Some(nats) = nats {
         nats.stop().await;
     }
-    println!("landfall stopped");
+    say(format_args!("landfall stopped"));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -371,7 +371,7 @@ fn print_banner(args: &UpArgs, banner: Banner<'_>) {
         None => format!("{url} (from NATS_URL)"),
     };
     let url_hint = if url == DEFAULT_NATS_URL { String::new() } else { format!(" --nats-url {url}") };
-    println!(
+    say(format_args!(
         "\nlandfall is up
   nats       {nats_line}
   services   orchestrator, kubeconfig collector + secrets, observer, distribution, {n} site gateways
@@ -404,5 +404,14 @@ Ctrl-C stops everything.",
         keyfile = args.data_dir.join("secret.key").display(),
         store = store_url,
         viewer = if viewer_token.is_empty() { "TOKEN" } else { viewer_token },
-    );
+    ));
+}
+
+/// Prints a line for the person who ran `up`. A terminal or pipe that went away (`landfall up |
+/// head`, a closed log reader) costs the line, not the running system: `println!` would panic.
+fn say(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{text}") {
+        tracing::warn!(error = %e, "standard output is gone; landfall goes on without it");
+    }
 }
