@@ -112,9 +112,23 @@ fn a_killed_up_takes_its_nats_server_along_and_the_next_up_starts() {
     again.kill().unwrap();
     again.wait().unwrap();
     assert_gone(server, "the second landfall up");
-    let (mut third, server) = start_with_server(&args, dir.path(), &[]);
-    let stdout = BufReader::new(third.stdout.take().unwrap());
-    assert!(stdout.lines().map_while(Result::ok).any(|l| l.starts_with("landfall is up")), "no banner the third time");
+    // The third time nobody reads what `up` prints: its standard output is closed before the
+    // banner (as under `landfall up | head -1`), which costs the banner, not the system.
+    let api_port = free_port();
+    let api = format!("127.0.0.1:{api_port}");
+    let mut third_args = args;
+    third_args[4] = &api;
+    let (mut third, server) = start_with_server(&third_args, dir.path(), &[]);
+    drop(third.stdout.take());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", api_port)).is_err() {
+        assert!(third.try_wait().unwrap().is_none(), "the third landfall up exited before serving its API");
+        assert!(Instant::now() < deadline, "the third landfall up served no API within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The banner comes right after the API listens.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(third.try_wait().unwrap().is_none(), "landfall up died when its standard output was gone");
     assert!(has_node_9(), "the third start registered edge-01 over what it had become");
     drop(rt);
     let again = &mut third;
@@ -123,22 +137,65 @@ fn a_killed_up_takes_its_nats_server_along_and_the_next_up_starts() {
     assert_gone(server, "the third landfall up");
 }
 
+/// The files a benchmark left in `dir`.
+fn bench_files(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("landfall-bench-"))
+        .collect()
+}
+
 #[test]
 fn a_terminated_bench_takes_its_nats_server_and_its_store_along() {
     let dir = tempfile::tempdir().unwrap();
     // Long enough to be running when the signal comes; its temporary store under our TMPDIR.
-    let args = ["bench", "fanout", "--sites", "2000", "--nodes", "10"];
+    let args = ["bench", "fanout", "--sites", "200", "--nodes", "10"];
     let (mut bench, server) = start_with_server(&args, dir.path(), &[("TMPDIR", dir.path())]);
     let status = std::process::Command::new("kill").args(["-TERM", &bench.id().to_string()]).status().unwrap();
     assert!(status.success());
     let exit = bench.wait().unwrap();
     assert!(!exit.success(), "a benchmark stopped before its end does not exit 0");
     assert_gone(server, "landfall bench stopped with SIGTERM");
-    let left: Vec<String> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("landfall-bench-"))
-        .collect();
+    let left = bench_files(dir.path());
+    assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
+}
+
+#[test]
+fn a_bench_stopped_while_it_makes_its_sites_keys_stops_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = tied::command(landfall_tests::cli::binary());
+    cmd.args(["bench", "fanout", "--sites", "2000", "--nodes", "10"])
+        .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
+        .env("TMPDIR", dir.path())
+        .env_remove("NATS_URL")
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut bench = tied::spawn(cmd).expect("start landfall bench");
+    // Its run directory is made right before the hub's configuration, whose 2,000 site keys
+    // take tens of seconds in a debug build.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while bench_files(dir.path()).is_empty() {
+        assert!(bench.try_wait().unwrap().is_none(), "the benchmark ended before it made its run directory");
+        assert!(Instant::now() < deadline, "the benchmark made no run directory within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !bench_files(dir.path()).iter().any(|run| dir.path().join(run).join("nats").exists()),
+        "the keys were made already: the signal would not come while they are"
+    );
+    let status = std::process::Command::new("kill").args(["-TERM", &bench.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let stopping = Instant::now();
+    let exit = bench.wait().unwrap();
+    let took = stopping.elapsed();
+    assert!(!exit.success(), "a benchmark stopped before its end does not exit 0");
+    // Stopped when told, not once the step it was in is over (tens of seconds in a debug build).
+    assert!(took < Duration::from_secs(10), "the benchmark took {took:?} to stop after SIGTERM");
+    let left = bench_files(dir.path());
     assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
 }

@@ -462,8 +462,13 @@ impl Hub {
             tls_ca: None,
         };
         let http = args.hubs[0].rsplit(':').next().unwrap_or_default().parse::<u16>()?;
-        let plan = deploy::plan(&args)?;
-        deploy::write(&plan, &args.out)?;
+        // A key per site is seconds of CPU at thousands of sites: off the runtime, so a signal
+        // meanwhile stops the benchmark at once.
+        let args = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            deploy::write(&deploy::plan(&args)?, &args.out)?;
+            Ok(args)
+        })
+        .await??;
         let process = Self::spawn(binary, &args.out, client).await?;
         Ok(Self { process, url: format!("nats://127.0.0.1:{client}"), config: args.out, client, http })
     }

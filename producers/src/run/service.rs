@@ -17,13 +17,17 @@ pub fn block_on(work: impl std::future::Future<Output = anyhow::Result<ExitCode>
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(work) {
+    let code = match runtime.block_on(work) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Work left on a blocking thread (a stopped benchmark's key generation, say) does not hold
+    // the exit back: the process ends, and the thread with it.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 /// A token cancelled on SIGINT or SIGTERM.
