@@ -104,6 +104,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     eprintln!("raw JetStream: {raw:.0} msgs/s");
 
     let cpu_at_start = hub.cpu_seconds();
+    let sample_at_start = CpuSample::take(&hub, &services);
     let t = Instant::now();
     let (target, rest) = catalog.split_last().context("the catalog is empty")?;
     register_fleet(&bus, &designs, rest).await?;
@@ -124,6 +125,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     eprintln!("installed {installed} sites ({install_failed} failed) in {install_s:.1} s");
     anyhow::ensure!(install_failed == 0, "{install_failed} installs failed");
     let cpu_after_install = hub.cpu_seconds();
+    let sample_after_install = CpuSample::take(&hub, &services);
     let hub_rss_setup = hub.process.rss_mib();
 
     let register = pb::RegisterPackage { package: Some(target.clone()), auto_rollout: None };
@@ -138,9 +140,11 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     };
     // After a restart the hub is a new process: its CPU counts from there.
     let cpu_after_setup = hub.cpu_seconds();
+    let sample_after_setup = CpuSample::take(&hub, &services);
 
     let patched = patch_fleet(&bus, target, &strategy).await?;
     let cpu_after_patch = hub.cpu_seconds();
+    let sample_after_patch = CpuSample::take(&hub, &services);
     let figures = patched.figures(stored_messages(&bus).await?, raw, &sims);
     let phases = rollout_phases(&bus, &patched.rollout_id).await?;
 
@@ -186,11 +190,52 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             "cpu_seconds_patch": round(cpu_after_patch - cpu_after_setup, 2),
         },
         "services_rss_mib": service_memory,
+        // Where the machine's CPU went: register, connect and install; then the patch.
+        "cpu_seconds": {
+            "setup": sample_after_install.since(&sample_at_start),
+            "patch": sample_after_patch.since(&sample_after_setup),
+        },
         "leaf_nodes": leaf_memory,
         "hub_restart": restart,
     });
     extend(&mut report, figures);
     Ok(report)
+}
+
+/// User and system CPU seconds so far of process `pid` (or `self`), in clock ticks of 1/100 s
+/// (Linux's USER_HZ).
+fn cpu_seconds_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: state is the first, utime the 12th.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU seconds of every process of the run at one moment: the hub, each service, and this
+/// process (the gateways and their simulated sites, with the benchmark's own driving).
+struct CpuSample(Vec<(&'static str, f64)>);
+
+impl CpuSample {
+    fn take(hub: &Hub, services: &Services) -> Self {
+        let mut each = vec![("hub_nats", hub.cpu_seconds())];
+        each.extend(services.processes.iter().map(|(name, p)| (*name, p.cpu_seconds())));
+        each.push(("gateways_and_bench", cpu_seconds_of("self")));
+        Self(each)
+    }
+
+    /// What each process spent since `before`, and the sum.
+    fn since(&self, before: &Self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        let mut total = 0.0;
+        for ((name, now), (_, then)) in self.0.iter().zip(&before.0) {
+            total += now - then;
+            out.insert(name.to_string(), json!(round(now - then, 2)));
+        }
+        out.insert("total".into(), json!(round(total, 2)));
+        out.into()
+    }
 }
 
 /// Restarts the hub under the whole fleet (every gateway and service connected), publishes
@@ -387,14 +432,8 @@ impl Process {
         self.status_mib("VmHWM:")
     }
 
-    /// User and system CPU seconds so far (clock ticks of 1/100 s, Linux's USER_HZ).
     pub(super) fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the command's closing parenthesis: state is the first, utime the 12th.
-        let fields: Vec<&str> =
-            stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-        let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        (ticks(11) + ticks(12)) / 100.0
+        cpu_seconds_of(&self.child.id().to_string())
     }
 
     pub(super) fn stop(mut self) {
