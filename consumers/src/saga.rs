@@ -565,4 +565,4 @@ fn finish(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64, failure: Op
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

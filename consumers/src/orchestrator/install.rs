@@ -2,6 +2,8 @@
 //! saga decided by [`crate::saga::decide`] and written with compare-and-set, outboxes published
 //! and cleared, the site lease let go when the saga ends, and what a crash left resumed.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bus_schema::names::{self, keys};
@@ -102,53 +104,102 @@ impl Orchestrator {
         Ok(settled)
     }
 
+    /// Applies an event to its saga. Events of one saga that arrive while a write of it is under
+    /// way are applied together, in stream order, by the next write: a site's nodes report
+    /// together, and one compare-and-set write (and one outbox) for all of them costs the hub a
+    /// fraction of one each.
     pub(super) async fn on_event(&self, d: &Delivery) -> Result<(), HandlerError> {
         let Some(input) = input_of(d)? else { return Ok(()) };
         let key = keys::saga(&d.envelope.correlation);
-        let now = now_ms();
-        let site = trust::subject_site(&d.subject).unwrap_or_default();
-        let answers = trust::rule_for_subject(&d.subject).map_or(&[][..], |r| r.answers);
-        // A saga whose outbox a previous step did not finish publishing takes this step on top:
-        // the new messages follow the old ones in the outbox, and both go out below.
-        let (step, saga) = self
-            .sagas
-            .update_with_entry(&key, |current: Option<&pb::InstallSaga>| {
-                let Some(current) = current else { return Update::Keep(Step::Ignored) };
-                if let Err(reason) = saga::check_answer(current, site, answers, input.node(), &d.envelope) {
-                    return Update::Abort(Step::Forbidden(reason));
-                }
-                match saga::decide(current, &input, &d.envelope, now) {
-                    Decision::Ignore => Update::Keep(Step::Ignored),
-                    Decision::Wait => Update::Abort(Step::Wait),
-                    Decision::Apply(next) => {
-                        let observed = SagaMetrics::of(current, &next);
-                        Update::Put(*next, Step::Applied(observed))
-                    }
-                }
-            })
-            .await?;
-        let Some((saga, rev)) = saga else {
-            debug!(subject = %d.subject, correlation = %d.envelope.correlation, "event belongs to no install saga");
-            return Ok(());
+        let arrival =
+            Arrival { input, subject: d.subject.clone(), envelope: d.envelope.clone(), sequence: d.stream_sequence };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let lead = {
+            let mut batches = self.saga_batches.lock().expect("saga batches lock");
+            let batch = batches.entry(key.clone()).or_default();
+            batch.waiting.push((arrival, tx));
+            !std::mem::replace(&mut batch.writing, true)
         };
-        match step {
-            Step::Forbidden(reason) => Err(HandlerError::reject(pb::RejectCode::Forbidden, reason)),
-            Step::Ignored => self.settle_pending(&key, saga, rev).await,
-            Step::Wait => {
-                self.settle_pending(&key, saga, rev).await?;
-                Err(HandlerError::Wait {
-                    reason: format!("{} arrived before the saga reached its phase", d.type_name),
-                    delay: Duration::from_millis(200),
-                })
-            }
-            Step::Applied(observed) => {
-                observed.record();
-                if saga::is_terminal(&saga) {
-                    info!(site = %saga.site_id, saga = %saga.saga_id, outcome = saga.outcome, "install finished");
+        if lead {
+            loop {
+                let mut batch = {
+                    let mut batches = self.saga_batches.lock().expect("saga batches lock");
+                    let Some(b) = batches.get_mut(&key) else { break };
+                    if b.waiting.is_empty() {
+                        batches.remove(&key);
+                        break;
+                    }
+                    std::mem::take(&mut b.waiting)
+                };
+                batch.sort_by_key(|(a, _)| a.sequence);
+                let (arrivals, answer_to): (Vec<Arrival>, Vec<_>) = batch.into_iter().unzip();
+                let answers = self.apply_events(&key, &arrivals).await;
+                for (answer, tx) in answers.into_iter().zip(answer_to) {
+                    let _ = tx.send(answer);
                 }
-                self.settle(&key, saga, rev).await
             }
         }
+        match rx.await {
+            Ok(Answer::Done) => Ok(()),
+            Ok(Answer::Forbidden(reason)) => Err(HandlerError::reject(pb::RejectCode::Forbidden, reason)),
+            Ok(Answer::Wait) => Err(HandlerError::Wait {
+                reason: format!("{} arrived before the saga reached its phase", d.type_name),
+                delay: Duration::from_millis(200),
+            }),
+            Ok(Answer::Failed(e)) => Err(HandlerError::transient(format!("applying {} to {key}", d.type_name), e)),
+            Err(_) => {
+                Err(HandlerError::transient_reason(format!("{key}: the write applying {} was dropped", d.type_name)))
+            }
+        }
+    }
+
+    /// Applies `arrivals` (in stream order) to the saga at `key` in one compare-and-set write,
+    /// publishes what they decided, and says what became of each.
+    async fn apply_events(&self, key: &str, arrivals: &[Arrival]) -> Vec<Answer> {
+        let now = now_ms();
+        let result = self
+            .sagas
+            .update_with_entry(key, |current: Option<&pb::InstallSaga>| match current {
+                None => Update::Keep(vec![Step::Ignored; arrivals.len()]),
+                Some(current) => match apply_in_turn(current, arrivals, now) {
+                    (Some(next), steps) => Update::Put(next, steps),
+                    (None, steps) => Update::Keep(steps),
+                },
+            })
+            .await;
+        let (steps, saga) = match result {
+            Ok(done) => done,
+            Err(e) => {
+                let e = Arc::new(HandlerError::from(e));
+                return arrivals.iter().map(|_| Answer::Failed(e.clone())).collect();
+            }
+        };
+        let Some((saga, rev)) = saga else {
+            debug!(%key, events = arrivals.len(), "events belong to no install saga");
+            return arrivals.iter().map(|_| Answer::Done).collect();
+        };
+        let mut applied = false;
+        for step in &steps {
+            if let Step::Applied(observed) = step {
+                applied = true;
+                observed.record();
+            }
+        }
+        if applied && saga::is_terminal(&saga) {
+            info!(site = %saga.site_id, saga = %saga.saga_id, outcome = saga.outcome, "install finished");
+        }
+        let settled =
+            if applied { self.settle(key, saga, rev).await } else { self.settle_pending(key, saga, rev).await };
+        let failed = settled.err().map(Arc::new);
+        steps
+            .into_iter()
+            .map(|step| match (step, &failed) {
+                (Step::Forbidden(reason), _) => Answer::Forbidden(reason),
+                (_, Some(e)) => Answer::Failed(e.clone()),
+                (Step::Wait, None) => Answer::Wait,
+                (Step::Ignored | Step::Applied(_), None) => Answer::Done,
+            })
+            .collect()
     }
 
     /// Settles a saga read but not written, if a previous step left its outbox unpublished.
@@ -157,7 +208,63 @@ impl Orchestrator {
     }
 }
 
+/// Applies `arrivals` one after another to `saga`, each to what the ones before it made: the
+/// saga after them (`None` when none moved it) and what became of each.
+fn apply_in_turn(saga: &pb::InstallSaga, arrivals: &[Arrival], now: i64) -> (Option<pb::InstallSaga>, Vec<Step>) {
+    let mut moved: Option<pb::InstallSaga> = None;
+    let steps = arrivals
+        .iter()
+        .map(|a| {
+            let current = moved.as_ref().unwrap_or(saga);
+            let site = trust::subject_site(&a.subject).unwrap_or_default();
+            let answers = trust::rule_for_subject(&a.subject).map_or(&[][..], |r| r.answers);
+            if let Err(reason) = saga::check_answer(current, site, answers, a.input.node(), &a.envelope) {
+                return Step::Forbidden(reason);
+            }
+            match saga::decide(current, &a.input, &a.envelope, now) {
+                Decision::Ignore => Step::Ignored,
+                Decision::Wait => Step::Wait,
+                Decision::Apply(next) => {
+                    let observed = SagaMetrics::of(current, &next);
+                    moved = Some(*next);
+                    Step::Applied(observed)
+                }
+            }
+        })
+        .collect();
+    (moved, steps)
+}
+
+/// Events of sagas waiting for the write that applies them, by saga key.
+pub(super) type SagaBatches = Mutex<HashMap<String, SagaBatch>>;
+
+/// The events of one saga waiting for a write; `writing` while a handler writes it, which
+/// takes what arrives meanwhile in its next write.
+#[derive(Default)]
+pub(super) struct SagaBatch {
+    waiting: Vec<(Arrival, tokio::sync::oneshot::Sender<Answer>)>,
+    writing: bool,
+}
+
+/// An event, as its saga's write needs it.
+struct Arrival {
+    input: Input,
+    subject: String,
+    envelope: bus_schema::runtime::Envelope,
+    sequence: u64,
+}
+
+/// What became of one event of a write.
+enum Answer {
+    Done,
+    Forbidden(String),
+    Wait,
+    /// The write or the publishing of its outbox failed; the event is tried again.
+    Failed(Arc<HandlerError>),
+}
+
 /// What an event did to its saga.
+#[derive(Clone)]
 enum Step {
     /// It does not come from where an answer for the saga must (see [`saga::check_answer`]).
     Forbidden(String),
@@ -172,6 +279,7 @@ enum Step {
 /// What a saga's move adds to the metrics: how long it spent in the phase it has just left
 /// and, once it has ended, in all. Only the write that moved it counts, so each is observed
 /// once whatever the replicas.
+#[derive(Clone)]
 struct SagaMetrics {
     phase_left: Option<(&'static str, f64)>,
     /// Kind, outcome and seconds of a saga that has just ended.
@@ -192,7 +300,7 @@ impl SagaMetrics {
         Self { phase_left: saga::phase_left(before, after), ended }
     }
 
-    fn record(self) {
+    fn record(&self) {
         if let Some((step, seconds)) = self.phase_left {
             metrics::histogram!("landfall_saga_step_seconds", "step" => step).record(seconds);
         }
@@ -251,7 +359,8 @@ pub fn saga_event_filters() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bus_schema::pb::BusMessage;
+    use bus_schema::pb::{BusJob, BusMessage};
+    use bus_schema::runtime::Envelope;
 
     #[test]
     fn every_filter_is_an_event_subject() {
@@ -259,5 +368,63 @@ mod tests {
             assert!(f.starts_with("landfall.evt."), "{f}");
         }
         assert_eq!(pb::ClusterReady::TYPE, "landfall.v1.ClusterReady");
+    }
+
+    /// A site's report as the saga consumer gets it: on the site's subject, answering `job`.
+    fn report(site: &str, input: Input, job: &str, node: Option<&str>, sequence: u64) -> Arrival {
+        let subject = match &input {
+            Input::OsProvisioned { node } => {
+                pb::NodeOsProvisioned { site_id: site.into(), node: node.clone(), ..Default::default() }.subject()
+            }
+            Input::BinariesInstalled { node } => {
+                pb::NodeBinariesInstalled { site_id: site.into(), node: node.clone(), ..Default::default() }.subject()
+            }
+            other => panic!("no subject for {other:?} here"),
+        };
+        let job = Envelope { id: job.into(), ..Envelope::root() };
+        Arrival { input, subject, envelope: job.derive("report", node), sequence }
+    }
+
+    /// Events written together are each decided against what those before them made, and each
+    /// gets its own answer: one refused or early does not hold back or carry the others.
+    #[test]
+    fn events_applied_together_are_each_decided_in_turn_and_answered_alone() {
+        let started = crate::saga::tests::started(2);
+        let Decision::Apply(staged) = saga::decide(&started, &Input::Staged, &Envelope::root(), 1) else { panic!() };
+        let staged = pb::InstallSaga { outbox: vec![], ..*staged };
+        let site = staged.site_id.clone();
+        let job_of = |node: &str| {
+            let job = staged.jobs.iter().find(|j| j.kind == pb::ProvisionOs::KIND && j.nodes == [node]).unwrap();
+            job.id.clone()
+        };
+        let (n0, n1) = (job_of("n0"), job_of("n1"));
+        let os = |node: &str| Input::OsProvisioned { node: node.into() };
+        let arrivals = [
+            report(&site, os("n0"), &n0, Some("n0"), 10),
+            // n0 again, right behind: the first one already moved it.
+            report(&site, os("n0"), &n0, Some("n0"), 11),
+            // Another site speaking of this saga.
+            report("edge-9", os("n1"), &n1, Some("n1"), 12),
+            // Binaries before the site's OS is all there.
+            report(&site, Input::BinariesInstalled { node: "n0".into() }, &n0, Some("n0"), 13),
+            report(&site, os("n1"), &n1, Some("n1"), 14),
+        ];
+        let (after, steps) = apply_in_turn(&staged, &arrivals, 2);
+        let kinds: Vec<&str> = steps
+            .iter()
+            .map(|s| match s {
+                Step::Applied(_) => "applied",
+                Step::Ignored => "ignored",
+                Step::Forbidden(_) => "forbidden",
+                Step::Wait => "wait",
+            })
+            .collect();
+        assert_eq!(kinds, ["applied", "ignored", "forbidden", "forbidden", "applied"]);
+        let after = after.expect("two of them moved the saga");
+        assert!(after.nodes.iter().all(|n| n.step == pb::NodeStep::OsProvisioned as i32), "{:?}", after.nodes);
+        assert_eq!(after.phase, pb::InstallPhase::InstallingBinaries as i32, "the last OS moved the phase on");
+        // Nothing in the batch moves the saga: no write.
+        let (none, steps) = apply_in_turn(&after, &arrivals[..2], 3);
+        assert!(none.is_none() && steps.iter().all(|s| matches!(s, Step::Ignored)));
     }
 }

@@ -167,9 +167,8 @@ pub async fn run_orchestrator_with(
         saga_event_filters(),
         RejectAs::Message { consumer: names::ORCHESTRATOR_EVENTS.to_string() },
     )
-    // One site's events, one at a time: they all land on that site's saga record, and taking
-    // turns beats losing compare-and-set races. Sites still run in parallel.
-    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None)
+    // Not one site's events at a time: those that arrive together (a site's nodes report
+    // together) are applied to the site's saga in one write (`Orchestrator::on_event`).
     .max_attempts(options.max_attempts);
     let rollouts = ConsumerSpec::new(
         names::EVENTS_STREAM,

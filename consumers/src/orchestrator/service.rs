@@ -31,6 +31,8 @@ pub struct Orchestrator {
     pub rollouts: Rollouts,
     /// What is kept, and for how long.
     pub(super) policy: StorePolicy,
+    /// Events waiting for the write that applies them to their saga, by saga key.
+    pub(super) saga_batches: super::install::SagaBatches,
 }
 
 /// This replica's name: its host (a pod's name), process id, and which orchestrator of the
@@ -56,6 +58,7 @@ impl Orchestrator {
             observed: bus.kv(names::OBSERVED_BUCKET).await?,
             ledger: Ledger { kv: bus.kv(names::LEDGER_BUCKET).await?, replica: replica_name() },
             rollouts: Rollouts::new(bus.clone()).await?,
+            saga_batches: Default::default(),
             bus,
         })
     }

@@ -67,7 +67,7 @@ fn apply(saga: &pb::InstallSaga, input: Input) -> pb::InstallSaga {
     }
 }
 
-fn started(nodes: usize) -> pb::InstallSaga {
+pub(crate) fn started(nodes: usize) -> pb::InstallSaga {
     let d = design(nodes);
     let saga = start(&Envelope::root(), &d, resolve(&d, &catalog()).unwrap(), 0);
     assert_eq!(saga.outbox.len(), 2, "started event and stage job");
