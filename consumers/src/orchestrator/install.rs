@@ -121,12 +121,14 @@ impl Orchestrator {
             !std::mem::replace(&mut batch.writing, true)
         };
         if lead {
+            let mut writer = Writer { batches: &self.saga_batches, key: &key, done: false };
             loop {
                 let mut batch = {
                     let mut batches = self.saga_batches.lock().expect("saga batches lock");
                     let Some(b) = batches.get_mut(&key) else { break };
                     if b.waiting.is_empty() {
                         batches.remove(&key);
+                        writer.done = true;
                         break;
                     }
                     std::mem::take(&mut b.waiting)
@@ -244,6 +246,23 @@ pub(super) type SagaBatches = Mutex<HashMap<String, SagaBatch>>;
 pub(super) struct SagaBatch {
     waiting: Vec<(Arrival, tokio::sync::oneshot::Sender<Answer>)>,
     writing: bool,
+}
+
+/// The handler writing a saga's batches. Should it end before the last (a panic), the events
+/// left waiting are let go: their deliveries fail and are tried again, instead of waiting for a
+/// writer that is gone.
+struct Writer<'a> {
+    batches: &'a SagaBatches,
+    key: &'a str,
+    done: bool,
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.batches.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(self.key);
+        }
+    }
 }
 
 /// An event, as its saga's write needs it.
@@ -368,6 +387,29 @@ mod tests {
             assert!(f.starts_with("landfall.evt."), "{f}");
         }
         assert_eq!(pb::ClusterReady::TYPE, "landfall.v1.ClusterReady");
+    }
+
+    /// A writer that ends before its last batch lets the events waiting on it go, so their
+    /// deliveries are tried again; one that finished leaves a newer writer's batch alone.
+    #[tokio::test]
+    async fn events_waiting_on_a_writer_that_is_gone_are_let_go() {
+        let batches = SagaBatches::default();
+        let waiting = |batches: &SagaBatches| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let arrival =
+                Arrival { input: Input::Staged, subject: String::new(), envelope: Envelope::root(), sequence: 1 };
+            batches.lock().unwrap().entry("saga.s1".into()).or_default().waiting.push((arrival, tx));
+            rx
+        };
+        let rx = waiting(&batches);
+        drop(Writer { batches: &batches, key: "saga.s1", done: false });
+        assert!(rx.await.is_err(), "the waiting event was let go");
+        assert!(batches.lock().unwrap().is_empty());
+
+        let mut rx = waiting(&batches);
+        drop(Writer { batches: &batches, key: "saga.s1", done: true });
+        assert!(rx.try_recv().is_err_and(|e| e == tokio::sync::oneshot::error::TryRecvError::Empty));
+        assert_eq!(batches.lock().unwrap()["saga.s1"].waiting.len(), 1);
     }
 
     /// A site's report as the saga consumer gets it: on the site's subject, answering `job`.
