@@ -21,6 +21,7 @@ pub mod compaction;
 mod decision;
 pub mod distribution;
 pub mod failpoint;
+mod group_commit;
 pub mod lease;
 pub mod observer;
 pub mod orchestrator;

@@ -2,8 +2,7 @@
 //! saga decided by [`crate::saga::decide`] and written with compare-and-set, outboxes published
 //! and cleared, the site lease let go when the saga ends, and what a crash left resumed.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bus_schema::names::{self, keys};
@@ -113,43 +112,25 @@ impl Orchestrator {
         let key = keys::saga(&d.envelope.correlation);
         let arrival =
             Arrival { input, subject: d.subject.clone(), envelope: d.envelope.clone(), sequence: d.stream_sequence };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let lead = {
-            let mut batches = self.saga_batches.lock().expect("saga batches lock");
-            let batch = batches.entry(key.clone()).or_default();
-            batch.waiting.push((arrival, tx));
-            !std::mem::replace(&mut batch.writing, true)
-        };
-        if lead {
-            let mut writer = Writer { batches: &self.saga_batches, key: &key, done: false };
-            loop {
-                let mut batch = {
-                    let mut batches = self.saga_batches.lock().expect("saga batches lock");
-                    let Some(b) = batches.get_mut(&key) else { break };
-                    if b.waiting.is_empty() {
-                        batches.remove(&key);
-                        writer.done = true;
-                        break;
-                    }
-                    std::mem::take(&mut b.waiting)
-                };
-                batch.sort_by_key(|(a, _)| a.sequence);
-                let (arrivals, answer_to): (Vec<Arrival>, Vec<_>) = batch.into_iter().unzip();
-                let answers = self.apply_events(&key, &arrivals).await;
-                for (answer, tx) in answers.into_iter().zip(answer_to) {
-                    let _ = tx.send(answer);
+        let answer = self
+            .saga_batches
+            .submit(&key, arrival, |mut arrivals| {
+                let key = &key;
+                async move {
+                    arrivals.sort_by_key(|a| a.sequence);
+                    self.apply_events(key, &arrivals).await
                 }
-            }
-        }
-        match rx.await {
-            Ok(Answer::Done) => Ok(()),
-            Ok(Answer::Forbidden(reason)) => Err(HandlerError::reject(pb::RejectCode::Forbidden, reason)),
-            Ok(Answer::Wait) => Err(HandlerError::Wait {
+            })
+            .await;
+        match answer {
+            Some(Answer::Done) => Ok(()),
+            Some(Answer::Forbidden(reason)) => Err(HandlerError::reject(pb::RejectCode::Forbidden, reason)),
+            Some(Answer::Wait) => Err(HandlerError::Wait {
                 reason: format!("{} arrived before the saga reached its phase", d.type_name),
                 delay: Duration::from_millis(200),
             }),
-            Ok(Answer::Failed(e)) => Err(HandlerError::transient(format!("applying {} to {key}", d.type_name), e)),
-            Err(_) => {
+            Some(Answer::Failed(e)) => Err(HandlerError::transient(format!("applying {} to {key}", d.type_name), e)),
+            None => {
                 Err(HandlerError::transient_reason(format!("{key}: the write applying {} was dropped", d.type_name)))
             }
         }
@@ -238,35 +219,10 @@ fn apply_in_turn(saga: &pb::InstallSaga, arrivals: &[Arrival], now: i64) -> (Opt
 }
 
 /// Events of sagas waiting for the write that applies them, by saga key.
-pub(super) type SagaBatches = Mutex<HashMap<String, SagaBatch>>;
-
-/// The events of one saga waiting for a write; `writing` while a handler writes it, which
-/// takes what arrives meanwhile in its next write.
-#[derive(Default)]
-pub(super) struct SagaBatch {
-    waiting: Vec<(Arrival, tokio::sync::oneshot::Sender<Answer>)>,
-    writing: bool,
-}
-
-/// The handler writing a saga's batches. Should it end before the last (a panic), the events
-/// left waiting are let go: their deliveries fail and are tried again, instead of waiting for a
-/// writer that is gone.
-struct Writer<'a> {
-    batches: &'a SagaBatches,
-    key: &'a str,
-    done: bool,
-}
-
-impl Drop for Writer<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.batches.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(self.key);
-        }
-    }
-}
+pub(super) type SagaBatches = crate::group_commit::GroupCommit<Arrival, Answer>;
 
 /// An event, as its saga's write needs it.
-struct Arrival {
+pub(super) struct Arrival {
     input: Input,
     subject: String,
     envelope: bus_schema::runtime::Envelope,
@@ -274,7 +230,7 @@ struct Arrival {
 }
 
 /// What became of one event of a write.
-enum Answer {
+pub(super) enum Answer {
     Done,
     Forbidden(String),
     Wait,
@@ -387,29 +343,6 @@ mod tests {
             assert!(f.starts_with("landfall.evt."), "{f}");
         }
         assert_eq!(pb::ClusterReady::TYPE, "landfall.v1.ClusterReady");
-    }
-
-    /// A writer that ends before its last batch lets the events waiting on it go, so their
-    /// deliveries are tried again; one that finished leaves a newer writer's batch alone.
-    #[tokio::test]
-    async fn events_waiting_on_a_writer_that_is_gone_are_let_go() {
-        let batches = SagaBatches::default();
-        let waiting = |batches: &SagaBatches| {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let arrival =
-                Arrival { input: Input::Staged, subject: String::new(), envelope: Envelope::root(), sequence: 1 };
-            batches.lock().unwrap().entry("saga.s1".into()).or_default().waiting.push((arrival, tx));
-            rx
-        };
-        let rx = waiting(&batches);
-        drop(Writer { batches: &batches, key: "saga.s1", done: false });
-        assert!(rx.await.is_err(), "the waiting event was let go");
-        assert!(batches.lock().unwrap().is_empty());
-
-        let mut rx = waiting(&batches);
-        drop(Writer { batches: &batches, key: "saga.s1", done: true });
-        assert!(rx.try_recv().is_err_and(|e| e == tokio::sync::oneshot::error::TryRecvError::Empty));
-        assert_eq!(batches.lock().unwrap()["saga.s1"].waiting.len(), 1);
     }
 
     /// A site's report as the saga consumer gets it: on the site's subject, answering `job`.

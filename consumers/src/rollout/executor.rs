@@ -17,6 +17,7 @@ use super::decide::{self, Report};
 use crate::active;
 use crate::clock::now_ms;
 use crate::decision::{self, Refusal};
+use crate::group_commit::GroupCommit;
 use crate::lease::{self, Acquired, Holder};
 
 /// Sites of a wave started at once by one replica.
@@ -63,18 +64,10 @@ pub struct Rollouts {
     /// Catalog entries by key: immutable once registered.
     catalog: Mutex<HashMap<String, pb::Package>>,
     /// Site reports waiting to be counted, by rollout: counted together in one write.
-    counting: Mutex<HashMap<String, Batch>>,
+    counting: GroupCommit<Report, Counted>,
     /// Rollouts this process is starting sites of: one dispatch at a time per rollout, or
     /// every settle during a long dispatch would start the same sites again.
     dispatching: Mutex<HashSet<String>>,
-}
-
-/// Site reports of one rollout waiting for the write that counts them.
-#[derive(Default)]
-struct Batch {
-    waiting: Vec<(Report, tokio::sync::oneshot::Sender<Counted>)>,
-    /// A handler is writing: it takes what arrives meanwhile in its next write.
-    writing: bool,
 }
 
 /// Whether the write that counts a batch of reports went in; its failure is shared by every
@@ -107,7 +100,7 @@ impl Rollouts {
             bus,
             chunks: Mutex::default(),
             catalog: Mutex::default(),
-            counting: Mutex::default(),
+            counting: GroupCommit::default(),
             dispatching: Mutex::default(),
         })
     }
@@ -426,40 +419,25 @@ impl Rollouts {
     /// arrive meanwhile: one compare-and-set write for many sites (group commit). Returns once
     /// the write that counts this report is stored, so the delivery is acknowledged only then.
     async fn count(&self, rollout_id: &str, report: Report) -> Result<(), HandlerError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let lead = {
-            let mut counting = self.counting.lock().expect("counting lock");
-            let batch = counting.entry(rollout_id.to_string()).or_default();
-            batch.waiting.push((report, tx));
-            !std::mem::replace(&mut batch.writing, true)
-        };
-        if lead {
-            loop {
-                let batch = {
-                    let mut counting = self.counting.lock().expect("counting lock");
-                    let Some(b) = counting.get_mut(rollout_id) else { break };
-                    if b.waiting.is_empty() {
-                        counting.remove(rollout_id);
-                        break;
-                    }
-                    std::mem::take(&mut b.waiting)
-                };
-                let reports: Vec<&Report> = batch.iter().map(|(r, _)| r).collect();
+        let counted = self
+            .counting
+            .submit(rollout_id, report, |batch: Vec<Report>| async move {
+                let reports: Vec<&Report> = batch.iter().collect();
                 let now = now_ms();
                 let result = self
                     .update(rollout_id, |r| Ok(decide::count_reports(r, &reports, now)))
                     .await
                     .map(drop)
                     .map_err(Arc::new);
-                for (_, tx) in batch {
-                    let _ = tx.send(result.clone());
-                }
+                vec![result; batch.len()]
+            })
+            .await;
+        match counted {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => {
+                Err(HandlerError::transient(format!("counting a site's report on rollout {rollout_id}"), e))
             }
-        }
-        match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(HandlerError::transient(format!("counting a site's report on rollout {rollout_id}"), e)),
-            Err(_) => {
+            None => {
                 Err(HandlerError::transient_reason(format!("rollout {rollout_id}: the counting write was dropped")))
             }
         }

@@ -103,7 +103,6 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let raw = raw_publish_rate(&bus, payload, raw_messages).await?;
     eprintln!("raw JetStream: {raw:.0} msgs/s");
 
-    let cpu_at_start = hub.cpu_seconds();
     let sample_at_start = CpuSample::take(&hub, &services);
     let t = Instant::now();
     let (target, rest) = catalog.split_last().context("the catalog is empty")?;
@@ -124,7 +123,6 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let install_s = t.elapsed().as_secs_f64();
     eprintln!("installed {installed} sites ({install_failed} failed) in {install_s:.1} s");
     anyhow::ensure!(install_failed == 0, "{install_failed} installs failed");
-    let cpu_after_install = hub.cpu_seconds();
     let sample_after_install = CpuSample::take(&hub, &services);
     let hub_rss_setup = hub.process.rss_mib();
 
@@ -139,11 +137,9 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
         }
     };
     // After a restart the hub is a new process: its CPU counts from there.
-    let cpu_after_setup = hub.cpu_seconds();
     let sample_after_setup = CpuSample::take(&hub, &services);
 
     let patched = patch_fleet(&bus, target, &strategy).await?;
-    let cpu_after_patch = hub.cpu_seconds();
     let sample_after_patch = CpuSample::take(&hub, &services);
     let figures = patched.figures(stored_messages(&bus).await?, raw, &sims);
     let phases = rollout_phases(&bus, &patched.rollout_id).await?;
@@ -158,6 +154,8 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     leaves.stop();
     drop(hub);
 
+    let cpu_setup = sample_after_install.since(&sample_at_start);
+    let cpu_patch = sample_after_patch.since(&sample_after_setup);
     let per_site_kib = |mib: f64| round(mib * 1024.0 / sites as f64, 1);
     let mut report = json!({
         "bench": "fanout",
@@ -186,15 +184,12 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             "rss_mib_after_patch": round(hub_rss, 1),
             "peak_rss_mib": round(hub_peak, 1),
             "rss_kib_per_site": per_site_kib(hub_rss),
-            "cpu_seconds_setup": round(cpu_after_install - cpu_at_start, 2),
-            "cpu_seconds_patch": round(cpu_after_patch - cpu_after_setup, 2),
+            "cpu_seconds_setup": cpu_setup["hub_nats"],
+            "cpu_seconds_patch": cpu_patch["hub_nats"],
         },
         "services_rss_mib": service_memory,
         // Where the machine's CPU went: register, connect and install; then the patch.
-        "cpu_seconds": {
-            "setup": sample_after_install.since(&sample_at_start),
-            "patch": sample_after_patch.since(&sample_after_setup),
-        },
+        "cpu_seconds": { "setup": cpu_setup, "patch": cpu_patch },
         "leaf_nodes": leaf_memory,
         "hub_restart": restart,
     });
