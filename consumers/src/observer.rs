@@ -1,7 +1,9 @@
 //! The observer: keeps `landfall-observed` (what each node really runs) up to date from what
-//! gateways report. One key per node and package, written without reading the old value: a
-//! report costs one read (whether the node left its site, `left.<site>.<node>`) and one write
-//! per package. A node that leaves, or a site removed, is forgotten (purged, history and all).
+//! gateways report. One key per node and package: a report costs one read (whether the node
+//! left its site, `left.<site>.<node>`), and a read and a compare-and-set write per package, so
+//! that what an earlier event reported never replaces what a later one did (see
+//! [`Observer::write_if_later`]). A node that leaves, or a site removed, is forgotten (purged,
+//! history and all).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -72,12 +74,34 @@ impl Observer {
                     kind: *kind,
                     updated_unix_ms: now,
                     event_id: d.envelope.id.clone(),
+                    event_seq: d.stream_sequence,
                 };
-                async move { self.observed.put(&keys::observed(site, node, name), &value).await }
+                async move { self.write_if_later(&keys::observed(site, node, name), &value).await }
             })
         });
         try_join_all(writes).await?;
         Ok(())
+    }
+
+    /// Writes `value` at `key` unless the key holds what the same or a later event reported.
+    /// A site's reports are handled in stream order, but one can still come back late: its
+    /// handler wrote it and died before the ack, a newer report of the node was handled by the
+    /// next replica, and the server delivers the first again once its ack wait ends. Written
+    /// blindly, that old version would stand until the node's next report.
+    async fn write_if_later(&self, key: &str, value: &pb::ObservedVersion) -> Result<(), BusError> {
+        loop {
+            let written = match self.observed.get::<pb::ObservedVersion>(key).await? {
+                Some((held, _)) if held.event_seq >= value.event_seq => {
+                    debug!(%key, held = held.event_seq, late = value.event_seq, "a later report is written: kept");
+                    return Ok(());
+                }
+                Some((_, rev)) => self.observed.update(key, value, rev).await?,
+                None => self.observed.create(key, value).await?,
+            };
+            if written != runtime::Cas::Conflict {
+                return Ok(());
+            }
+        }
     }
 
     /// Whether what `d` reports of `node` may be written: the node never left its site, or it

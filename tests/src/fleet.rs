@@ -149,6 +149,7 @@ pub struct FleetBuilder {
     artifacts: bool,
     access: Option<AccessFor>,
     gateways: bool,
+    observer: bool,
     duplicate_window: Option<Duration>,
 }
 
@@ -213,6 +214,12 @@ impl FleetBuilder {
         self
     }
 
+    /// Run no observer in this process (the test runs its own, to stop and start it).
+    pub fn without_observer(mut self) -> Self {
+        self.observer = false;
+        self
+    }
+
     /// Run `n` orchestrator replicas, each with its own connection, sharing the durable consumers.
     pub fn orchestrators(mut self, n: usize) -> Self {
         self.orchestrators = n;
@@ -259,8 +266,10 @@ impl FleetBuilder {
             let replica = Bus::connect_with(&self.url, &name, &access(&Role::Orchestrator)).await.expect("connect");
             tasks.spawn(consumers::run_orchestrator(replica, self.policy, shutdown.clone()));
         }
-        let observer = connect(Role::Observer, "landfall-test-observer").await;
-        tasks.spawn(consumers::run_observer_with(observer, self.policy, shutdown.clone()));
+        if self.observer {
+            let observer = connect(Role::Observer, "landfall-test-observer").await;
+            tasks.spawn(consumers::run_observer_with(observer, self.policy, shutdown.clone()));
+        }
         let dir = tempfile::tempdir().expect("a temporary directory");
         // The kubeconfig collector and the secrets service, under a key file in `dir`.
         let key_ring = crate::secrets::test_key_ring(dir.path());
@@ -463,6 +472,7 @@ impl Fleet {
             artifacts: false,
             access: None,
             gateways: true,
+            observer: true,
             duplicate_window: None,
         }
     }

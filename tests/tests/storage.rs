@@ -233,6 +233,76 @@ async fn a_node_that_left_is_forgotten_and_a_late_report_does_not_bring_it_back(
     fleet.stop().await;
 }
 
+/// The observer writes a node's report and dies before acknowledging it; the next observer
+/// writes the node's newer report; then the server delivers the first again (its ack wait is
+/// over). The node keeps the newer version: a report late in coming never undoes a later one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_delivered_again_after_a_newer_one_does_not_undo_it() {
+    use async_nats::jetstream::consumer::PullConsumer;
+    use futures::StreamExt;
+    use tokio_util::sync::CancellationToken;
+
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).without_observer().start().await;
+    let site = fleet.site_id(0);
+    let install = fleet.install(&site).await;
+    fleet.wait_install(&install).await;
+    let events = fleet.bus.jetstream().get_stream(names::EVENTS_STREAM).await.unwrap();
+    let consumer = async || -> PullConsumer { events.get_consumer(names::OBSERVER_EVENTS).await.unwrap() };
+    let settled = async || {
+        let info = consumer().await.info().await.unwrap().clone();
+        info.num_pending == 0 && info.num_ack_pending == 0
+    };
+    let observer = |token: &CancellationToken| tokio::spawn(consumers::run_observer(fleet.bus.clone(), token.clone()));
+
+    // An observer reads the install's reports and stops.
+    let first_observer = CancellationToken::new();
+    let running = observer(&first_observer);
+    until("the install's reports read", async || {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        settled().await
+    })
+    .await;
+    first_observer.cancel();
+    running.await.unwrap().unwrap();
+
+    // node-2 reports 1.30.6; the observer that takes it dies before its ack (the test takes it
+    // and acknowledges nothing), so the server holds it until the ack wait ends.
+    let report = |version: &str| pb::NodeReady {
+        site_id: site.clone(),
+        node: "node-2".into(),
+        packages: vec![pb::PackageRef { name: "kubelet".into(), version: version.into() }],
+        ..Default::default()
+    };
+    let first = install.derive("first report", Some("node-2"));
+    fleet.bus.publish_event(&report("1.30.6"), &first).await.unwrap();
+    let mut taken = consumer().await.fetch().max_messages(1).expires(WAIT).messages().await.unwrap();
+    let held = taken.next().await.expect("the report delivered").unwrap();
+    let held_id = held.headers.as_ref().and_then(|h| h.get(names::headers::MSG_ID)).map(|v| v.to_string());
+    assert_eq!(held_id.as_deref(), Some(first.id.as_str()), "the first report is the next to read");
+    drop(taken);
+
+    // node-2 reports 1.30.7; the next observer writes it, then gets the first again.
+    fleet.bus.publish_event(&report("1.30.7"), &install.derive("second report", Some("node-2"))).await.unwrap();
+    let second_observer = CancellationToken::new();
+    let running = observer(&second_observer);
+    let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let kubelet_of_node_2 = async || {
+        observed.get::<pb::ObservedVersion>(&keys::observed(&site, "node-2", "kubelet")).await.unwrap().map(|(v, _)| v)
+    };
+    until("the newer report written", async || kubelet_of_node_2().await.is_some_and(|v| v.version == "1.30.7")).await;
+    until("the first report delivered again and handled", async || {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        settled().await
+    })
+    .await;
+    let kept = kubelet_of_node_2().await.expect("node-2's kubelet");
+    assert_eq!(kept.version, "1.30.7", "the late report did not undo the newer one ({kept:?})");
+    second_observer.cancel();
+    running.await.unwrap().unwrap();
+    fleet.stop().await;
+}
+
 async fn remove(fleet: &Fleet, site: &str) -> pb::SiteRemoved {
     let env = Envelope::root();
     fleet.bus.publish_command(&pb::RemoveSite { site_id: site.into(), reason: "closed".into() }, &env).await.unwrap();

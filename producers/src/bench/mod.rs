@@ -352,6 +352,8 @@ async fn seed_observed(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package
                     kind: kind.map_or(0, |c| c.kind),
                     updated_unix_ms: now,
                     event_id: String::new(),
+                    // Before any event: the first report of the node is written over it.
+                    event_seq: 0,
                 }
             })
         })

@@ -152,6 +152,7 @@ fn observed_of(
                 kind: catalog.get(&p.key()).map_or(0, |c| c.kind as i32),
                 updated_unix_ms: now_ms,
                 event_id: report.id.clone(),
+                event_seq: 0,
             })
         })
         .collect()
