@@ -374,6 +374,9 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
         // A simulated site is built from the site's design, and only its own.
         js_api(&format!("STREAM.INFO.{sites}")),
         js_api(&format!("DIRECT.GET.{sites}.$KV.{}.{}", names::SITES_BUCKET, keys::site(site))),
+        // The last event stored of a kind its site sends, by subject: what its outbox had
+        // forwarded before the forwarder stopped. Only its own site's subjects.
+        js_api(&format!("DIRECT.GET.{}.{}", names::EVENTS_STREAM, names::event_subject(site, "*", "*"))),
     ];
     p.publish.extend(api.iter().cloned());
     p.publish.extend(api.iter().map(|s| in_domain(s, HUB_DOMAIN)));
@@ -433,6 +436,7 @@ mod tests {
             "$JS.ACK.LANDFALL_JOBS.gateway-edge-01.1.2.3.4.5",
             "$JS.FC.LANDFALL_JOBS.gateway-edge-01.abc",
             "_INBOX_UKC.site.edge-01.reply1",
+            "$JS.hub.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.edge-01.node.patched",
         ] {
             assert!(may_publish(&p, ok), "{ok}");
         }
@@ -460,6 +464,11 @@ mod tests {
             "$JS.API.DIRECT.GET.KV_landfall-sites.$KV.landfall-sites.site.edge-02",
             "$JS.API.DIRECT.GET.KV_landfall-kubeconfigs.$KV.landfall-kubeconfigs.kubeconfig.edge-01",
             "$KV.landfall-sites.site.edge-01",
+            // Another site's events, or any event by a request whose body names it.
+            "$JS.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.edge-02.node.patched",
+            "$JS.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.fleet.rollout.completed",
+            "$JS.API.DIRECT.GET.LANDFALL_EVENTS",
+            "$JS.API.STREAM.MSG.GET.LANDFALL_EVENTS",
             "$JS.ACK.LANDFALL_JOBS.gateway-edge-02.1.2.3.4.5",
             "_INBOX_UAPI.reply.1",
         ] {

@@ -35,6 +35,24 @@ pub fn stream_of_subject(subject: &str) -> Option<&'static str> {
     }
 }
 
+/// A site's own record of what its gateway reported, in the site's own JetStream domain (its
+/// leaf node): each report is stored there first, at `outbox.<hub subject>`, and forwarded to
+/// the hub's stream from there, in order and once.
+pub const OUTBOX_STREAM: &str = "LANDFALL_OUTBOX";
+pub const OUTBOX_ALL: &str = "outbox.>";
+/// The site's own bucket (in its domain): how far its outbox has reached the hub.
+pub const SITE_STATE_BUCKET: &str = "landfall-site";
+
+/// Where a site keeps a report bound for `subject` on the hub.
+pub fn outbox_subject(subject: &str) -> String {
+    format!("outbox.{subject}")
+}
+
+/// The hub subject a report kept in a site's outbox is bound for.
+pub fn outbox_destination(local: &str) -> Option<&str> {
+    local.strip_prefix("outbox.")
+}
+
 pub const COMMANDS_ALL: &str = "landfall.cmd.>";
 pub const JOBS_ALL: &str = "landfall.job.>";
 pub const EVENTS_ALL: &str = "landfall.evt.>";

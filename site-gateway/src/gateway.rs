@@ -17,6 +17,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::backend::{BackendError, Cause, ClusterRequest, HostChange, HostRequest, PatchRequest, SiteBackend};
 use crate::cache::{ArtifactCache, CacheError, Staged};
+use crate::outbox::{self, Outbox};
 
 /// The gateway of one site.
 pub struct Gateway<B> {
@@ -24,11 +25,20 @@ pub struct Gateway<B> {
     bus: Bus,
     backend: Arc<B>,
     cache: ArtifactCache,
+    /// The site's own record, when the gateway runs on its site's leaf node: its reports are
+    /// stored there first and reach the hub from there.
+    outbox: Option<Arc<Outbox>>,
 }
 
 impl<B: SiteBackend> Gateway<B> {
     pub fn new(site: SiteId, bus: Bus, backend: Arc<B>, cache: ArtifactCache) -> Self {
-        Self { site, bus, backend, cache }
+        Self { site, bus, backend, cache, outbox: None }
+    }
+
+    /// Stores the reports in `outbox` first (see [`crate::outbox`]).
+    pub fn with_outbox(mut self, outbox: Arc<Outbox>) -> Self {
+        self.outbox = Some(outbox);
+        self
     }
 
     fn check_site<J: BusJob>(&self, job: &J) -> Result<(), HandlerError> {
@@ -42,7 +52,15 @@ impl<B: SiteBackend> Gateway<B> {
     }
 
     async fn publish<E: bus_schema::BusEvent>(&self, evt: &E, env: &Envelope) -> Result<(), HandlerError> {
-        self.bus.publish_event(evt, env).await?;
+        let subject = evt.subject();
+        match &self.outbox {
+            Some(outbox) if outbox::kept_at_site(&subject) => {
+                outbox.store(&subject, E::TYPE, evt.encode_to_vec().into(), env).await?;
+            }
+            _ => {
+                self.bus.publish_event(evt, env).await?;
+            }
+        }
         Ok(())
     }
 
@@ -601,13 +619,27 @@ pub async fn run_gateway<B: SiteBackend>(
     }
     // Provisioning takes minutes; all of a site's hosts provision at once.
     let spec = ConsumerSpec::gateway(site.as_str());
-    let gateway = Arc::new(Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
-    info!(%site, "gateway running");
+    let mut gateway = Gateway::new(site.clone(), bus.clone(), backend.clone(), cache);
+    // On its site's leaf node (the hub's JetStream named by its domain), the site keeps its
+    // own record of what it reports.
+    let mut forwarder = None;
+    if bus.js_domain().is_some() {
+        let outbox = Arc::new(Outbox::open(site.as_str(), &bus).await.map_err(|e| {
+            anyhow::anyhow!("the site's leaf node keeps no outbox (is JetStream on in its own domain?): {e}")
+        })?);
+        forwarder = Some(tokio::spawn(outbox.clone().forward(shutdown.clone())));
+        gateway = gateway.with_outbox(outbox);
+    }
+    let gateway = Arc::new(gateway);
+    info!(%site, outbox = forwarder.is_some(), "gateway running");
     let arrivals = tokio::spawn(announce_host_changes(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
     let rpc = tokio::spawn(serve_kubeconfig(site, bus.clone(), backend, shutdown.clone()));
     runtime::consume(bus, spec, gateway, shutdown).await?;
     rpc.await??;
     arrivals.await?;
+    if let Some(forwarder) = forwarder {
+        forwarder.await?;
+    }
     Ok(())
 }
 

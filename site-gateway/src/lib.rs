@@ -8,6 +8,7 @@ pub mod credentials;
 pub mod eviction;
 pub mod gateway;
 pub mod kube_site;
+pub mod outbox;
 pub mod sim;
 
 pub use backend::SiteBackend;

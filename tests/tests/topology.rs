@@ -249,77 +249,112 @@ fn each_once(events: &[ReadEvent]) {
     assert!(seen.values().all(|n| *n == 1), "an event arrived twice: {seen:?}");
 }
 
+/// One site behind a leaf node over TLS, as deployed: the hub's services under their users,
+/// the site's gateway a process of its own on the leaf node as the site's user (reaching the
+/// hub's JetStream through its domain), and a proxy standing in for the network between the
+/// leaf node and the hub, to cut.
+struct LeafSite {
+    d: Deployment,
+    proxy: TcpProxy,
+    hubs: Vec<landfall_tests::topology::ConfServer>,
+    fleet: Fleet,
+    leaf: landfall_tests::topology::ConfServer,
+    gateway: Service,
+    /// The simulated site's state file: what it has done, across gateway restarts.
+    state: std::path::PathBuf,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+impl LeafSite {
+    async fn start(nodes: usize) -> LeafSite {
+        let tls_dir = tempfile::tempdir().unwrap();
+        let tls = TlsFiles::make(tls_dir.path());
+        let via = landfall_tests::nats::free_port();
+        let d = Deployment::generate_with(&["edge-01"], 1, Some(&tls), &[via]);
+        let proxy = TcpProxy::start(via, d.hubs[0].leaf).await;
+        let hubs = d.start_hubs();
+        let url = d.hub_urls("tls");
+        let ca = tls.ca.clone();
+        let with_ca = move |mut a: Access| {
+            a.ca_file = Some(ca.clone());
+            a
+        };
+        let roles = d.users(None);
+        let fleet = Fleet::builder(&url)
+            .sites(1)
+            .nodes(nodes)
+            .access(Arc::new(move |role: &Role| with_ca(roles(role))))
+            .without_gateways()
+            .start()
+            .await;
+        let leaf = d.start_leaf("edge-01");
+        let work = tempfile::tempdir().unwrap();
+        let state = work.path().join("edge-01.json");
+        let cache = work.path().join("cache");
+        let seed = d.seed_file(&Role::Site("edge-01".into()));
+        let args = [
+            "serve",
+            "gateway",
+            "--site",
+            "edge-01",
+            "--backend",
+            "sim",
+            "--time-scale",
+            "300",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--sim-state",
+            state.to_str().unwrap(),
+            "--nats-nkey-file",
+            seed.to_str().unwrap(),
+            "--js-domain",
+            HUB_DOMAIN,
+        ];
+        let site_url = format!("nats://127.0.0.1:{}", leaf.port);
+        let gateway = Service::start("gateway-edge-01", &site_url, work.path(), &args);
+        LeafSite { d, proxy, hubs, fleet, leaf, gateway, state, _dirs: (tls_dir, work) }
+    }
+
+    /// Cuts the link for `cut_for` (see [`partition`]).
+    async fn partition(&self, cut_for: Duration) {
+        partition(&self.proxy, self.d.hubs[0].http, cut_for).await;
+    }
+
+    /// Checks that nothing the site needs was refused, and stops everything.
+    async fn stop(self) {
+        let log = self.hubs[0].log();
+        assert!(!log.contains("Permissions Violation"), "the site was refused something it needs:\n{log}");
+        assert!(!self.gateway.log_text().contains("Permissions Violation"), "{}", self.gateway.log_tail(30));
+        drop(self.gateway);
+        drop(self.leaf);
+        self.fleet.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_gateway_killed_loses_and_repeats_nothing()
  {
-    let tls_dir = tempfile::tempdir().unwrap();
-    let tls = TlsFiles::make(tls_dir.path());
-    // The network between the site and the hub: the proxy stands in for it.
-    let via = landfall_tests::nats::free_port();
-    let d = Deployment::generate_with(&["edge-01"], 1, Some(&tls), &[via]);
-    let proxy = TcpProxy::start(via, d.hubs[0].leaf).await;
-    let hubs = d.start_hubs();
-    let url = d.hub_urls("tls");
-    let ca = tls.ca.clone();
-    let with_ca = move |mut a: Access| {
-        a.ca_file = Some(ca.clone());
-        a
-    };
-    let roles = d.users(None);
-    let fleet = Fleet::builder(&url)
-        .sites(1)
-        .nodes(4)
-        .access(Arc::new(move |role: &Role| with_ca(roles(role))))
-        .without_gateways()
-        .start()
-        .await;
-    let leaf = d.start_leaf("edge-01");
+    let mut site = LeafSite::start(4).await;
+    let state = site.state.clone();
+    let design = site.fleet.sites[0].0.clone();
 
-    // The gateway at the site, as its own process on the site's leaf node, as the site's user,
-    // reaching the hub's JetStream through its domain.
-    let work = tempfile::tempdir().unwrap();
-    let state = work.path().join("edge-01.json");
-    let cache = work.path().join("cache");
-    let seed = d.seed_file(&Role::Site("edge-01".into()));
-    let args = [
-        "serve",
-        "gateway",
-        "--site",
-        "edge-01",
-        "--backend",
-        "sim",
-        "--time-scale",
-        "300",
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--sim-state",
-        state.to_str().unwrap(),
-        "--nats-nkey-file",
-        seed.to_str().unwrap(),
-        "--js-domain",
-        HUB_DOMAIN,
-    ];
-    let site_url = format!("nats://127.0.0.1:{}", leaf.port);
-    let mut gateway = Service::start("gateway-edge-01", &site_url, work.path(), &args);
-    let design = fleet.sites[0].0.clone();
-
-    // 1. The link is cut while the site provisions its hosts; the gateway stays up and
-    // holds what it has to say until the link is back.
-    let env = fleet.install("edge-01").await;
+    // 1. The link is cut while the site provisions its hosts; the gateway stays up and keeps
+    // what it has to say at the site until the link is back.
+    let env = site.fleet.install("edge-01").await;
     until_site(&state, "the install did not reach the site", |e| e.provisions.len() >= 2).await;
     let cut_at = Instant::now();
     println!("leaf: link cut with {} host(s) provisioning", site_effects(&state).provisions.len());
-    partition(&proxy, d.hubs[0].http, Duration::from_secs(5)).await;
+    site.partition(Duration::from_secs(5)).await;
     let during = site_effects(&state).provisions.len();
     println!("leaf: link back after {:?}; the site had {during} host(s) provisioned meanwhile", cut_at.elapsed());
 
-    let run = fleet.wait_install(&env).await;
+    let run = site.fleet.wait_install(&env).await;
     assert_eq!(
         run.terminal().delivery.type_name,
         pb::SiteInstalled::TYPE,
         "{:?}\n{}",
         run.kinds(),
-        gateway.log_tail(30)
+        site.gateway.log_tail(30)
     );
     let installed = run.of_type::<pb::SiteInstalled>().pop().unwrap();
     assert_eq!(installed.outcome, pb::InstallOutcome::Success as i32);
@@ -329,33 +364,172 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_
     assert_eq!(run.of_type::<pb::NodeOsProvisioned>().len(), 4, "every host's NodeOsProvisioned arrived");
 
     // 2. The link is cut again mid-rollout, and the gateway is killed while it is cut and
-    // started again: what it held in memory is gone, the hub redelivers its jobs once the link
-    // is back, and no node is patched twice.
-    let cmd = roll_out_kubelet_one_node_at_a_time(&fleet, "1.30.0").await;
+    // started again: the hub redelivers its jobs once the link is back, and no node is patched
+    // twice.
+    let cmd = roll_out_kubelet_one_node_at_a_time(&site.fleet, "1.30.0").await;
     until_site(&state, "the rollout did not reach the site", |e| !e.patches.is_empty()).await;
     println!("leaf: link cut again with {} node(s) patched", site_effects(&state).patches.len());
     // The gateway dies while it cannot reach the hub, and starts again while it still cannot.
+    let LeafSite { gateway, proxy, d, .. } = &mut site;
     let kill = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
         gateway.restart();
         println!("leaf: gateway killed (kill -9) and started again while the link is cut");
     };
-    tokio::join!(partition(&proxy, d.hubs[0].http, Duration::from_secs(5)), kill);
+    tokio::join!(partition(proxy, d.hubs[0].http, Duration::from_secs(5)), kill);
     println!("leaf: link back; {} node(s) patched by then", site_effects(&state).patches.len());
 
-    let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(120)).await;
-    let done = completed(&run, &gateway.log_tail(30));
+    let run = site.fleet.wait_rollout(&cmd.id, Duration::from_secs(120)).await;
+    let done = completed(&run, &site.gateway.log_tail(30));
     assert_eq!((done.planned_nodes, done.patched, done.failed), (4, 4, 0));
     assert_eq!(site_effects(&state).patches, once, "each node patched once");
     assert_eq!(site_effects(&state).provisions, once, "no host provisioned again");
     each_once(&run.events);
-    assert_eq!(gateway.starts(), 2);
-    assert!(gateway.is_running(), "the gateway exited:\n{}", gateway.log_tail(30));
+    assert_eq!(site.gateway.starts(), 2);
+    assert!(site.gateway.is_running(), "the gateway exited:\n{}", site.gateway.log_tail(30));
+    site.stop().await;
+}
 
-    let log = hubs[0].log();
-    assert!(!log.contains("Permissions Violation"), "the site was refused something it needs:\n{log}");
-    assert!(!gateway.log_text().contains("Permissions Violation"), "{}", gateway.log_tail(30));
-    drop(gateway);
-    drop(leaf);
-    fleet.stop().await;
+/// The ids of the reports of type `type_name` kept in the site's outbox on its leaf node, in
+/// the order they were stored.
+async fn outbox_ids(site: &LeafSite, type_name: &str) -> Vec<String> {
+    let url = format!("nats://127.0.0.1:{}", site.leaf.port);
+    let bus = connect_when_ready(&url, "outbox-reader", &site.d.access(&Role::Site("edge-01".into()))).await;
+    let mut outbox = bus.local_jetstream().get_stream(names::OUTBOX_STREAM).await.expect("the site's outbox");
+    let last = outbox.info().await.unwrap().state.last_sequence;
+    let mut ids = Vec::new();
+    for seq in 1..=last {
+        let m = outbox.direct_get(seq).await.unwrap();
+        if m.headers.get(names::headers::TYPE).is_some_and(|t| t.as_str() == type_name) {
+            ids.push(m.headers.get(names::headers::MSG_ID).unwrap().to_string());
+        }
+    }
+    ids
+}
+
+/// The site keeps working through a cut, and keeps its own record of it: a rollout's job that
+/// reached the site runs to its end while the link is down (every node patched), the gateway is
+/// killed after it, and when the link is back the hub gets each node's report once, in the order
+/// the nodes were patched, as it was made at the time (the version each node had before), not
+/// as a job done again after the cut would tell it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_once_in_order_after_its_gateway_dies() {
+    let mut site = LeafSite::start(4).await;
+    let state = site.state.clone();
+    let install = site.fleet.install("edge-01").await;
+    site.fleet.wait_install(&install).await;
+    // What each node ran before the rollout, as the hub observed it.
+    let observed = site.fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let mut before = BTreeMap::new();
+    for n in &site.fleet.sites[0].0.nodes {
+        let key = bus_schema::names::keys::observed("edge-01", n.name.as_str(), "kubelet");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let version = loop {
+            if let Some((v, _)) = observed.get::<pb::ObservedVersion>(&key).await.unwrap() {
+                break v.version;
+            }
+            assert!(Instant::now() < deadline, "{}'s kubelet not observed", n.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        before.insert(n.name.to_string(), version);
+    }
+
+    let cmd = roll_out_kubelet_one_node_at_a_time(&site.fleet, "1.30.0").await;
+    until_site(&state, "the rollout did not reach the site", |e| !e.patches.is_empty()).await;
+    let cut_for = Duration::from_secs(15);
+    let heals_at = Instant::now() + cut_for;
+    let LeafSite { gateway, proxy, d, .. } = &mut site;
+    let work_on = async {
+        until_site(&state, "the site did not patch its nodes while cut off", |e| e.patches.len() == 4).await;
+        assert!(Instant::now() < heals_at, "every node was patched only after the link was back");
+        println!("leaf: every node patched while the link is cut");
+        gateway.restart();
+        println!("leaf: gateway killed (kill -9) and started again while the link is cut");
+    };
+    tokio::join!(partition(proxy, d.hubs[0].http, cut_for), work_on);
+
+    let run = site.fleet.wait_rollout(&cmd.id, Duration::from_secs(120)).await;
+    let done = completed(&run, &site.gateway.log_tail(30));
+    assert_eq!((done.planned_nodes, done.patched, done.failed), (4, 4, 0));
+    each_once(&run.events);
+    // The site's own record, on its leaf node, and the hub's: the same reports in the same order.
+    let at_hub: Vec<String> = run
+        .events
+        .iter()
+        .filter(|e| e.delivery.type_name == pb::NodePatched::TYPE)
+        .map(|e| e.delivery.envelope.id.clone())
+        .collect();
+    let at_site = outbox_ids(&site, pb::NodePatched::TYPE).await;
+    assert_eq!(at_hub.len(), 4, "{:?}", run.kinds());
+    assert_eq!(at_hub, at_site, "the hub got the site's reports in the order the site made them");
+    for r in &run.of_type::<pb::NodePatched>() {
+        assert_eq!(r.from_version, before[&r.node], "{}: the report made at the time, not a redone job's", r.node);
+    }
+    site.stop().await;
+}
+
+/// Once means for good, not only within the hub's duplicate window: the forwarder of a site's
+/// outbox died after the hub stored some of its reports and before it marked them forwarded,
+/// and starts again long after the hub forgot their ids. It finds what the hub has, sends only
+/// the rest, and the hub holds each report once, in the order the site stored them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_forwarder_that_died_before_its_mark_sends_nothing_twice_after_the_duplicate_window() {
+    use site_gateway::outbox::Outbox;
+    use tokio_util::sync::CancellationToken;
+
+    // One server in the hub's domain stands for both the hub and the site's leaf node: the
+    // outbox is made in the connected server's domain, the reports go to the hub's.
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("domain.conf");
+    std::fs::write(&conf, format!("jetstream {{ domain: {HUB_DOMAIN} }}\n")).unwrap();
+    let server = landfall_tests::nats::NatsServer::start_with(&["-c", conf.to_str().unwrap()]);
+    let access = Access { js_domain: Some(HUB_DOMAIN.into()), ..Default::default() };
+    let bus = bus_schema::runtime::Bus::connect_with(&server.url(), "site", &access).await.unwrap();
+    let window = Duration::from_secs(1);
+    let topology = bus_schema::runtime::Topology::for_server(&bus).keeping(Some(window), None);
+    bus.ensure_topology(&topology).await.unwrap();
+    let outbox = Arc::new(Outbox::open("edge-01", &bus).await.unwrap());
+
+    let reports: Vec<(pb::NodePatched, Envelope)> = (0..10)
+        .map(|i| {
+            let node = format!("node-{i}");
+            let report = pb::NodePatched { site_id: "edge-01".into(), node: node.clone(), ..Default::default() };
+            (report, Envelope::root().derive("node_patched", Some(&node)))
+        })
+        .collect();
+    for (report, env) in &reports {
+        outbox.store(&report.subject(), pb::NodePatched::TYPE, report.encode_to_vec().into(), env).await.unwrap();
+    }
+    // What the dead forwarder got to the hub: the first six, none marked.
+    for (report, env) in &reports[..6] {
+        bus.publish_event(report, env).await.unwrap();
+    }
+    assert_eq!(outbox.waiting().await.unwrap(), 10);
+    tokio::time::sleep(window * 3).await;
+
+    let shutdown = CancellationToken::new();
+    let forwarder = tokio::spawn(outbox.clone().forward(shutdown.clone()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while outbox.waiting().await.unwrap() > 0 {
+        assert!(Instant::now() < deadline, "{} reports not forwarded", outbox.waiting().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    forwarder.await.unwrap();
+
+    let mut reader = bus.read_events(vec![pb::NodePatched::filter()], Default::default()).await.unwrap();
+    let mut at_hub = Vec::new();
+    while at_hub.len() < 10 {
+        let e =
+            tokio::time::timeout(Duration::from_secs(5), reader.next()).await.expect("ten reports").unwrap().unwrap();
+        at_hub.push(e.delivery.envelope.id);
+    }
+    let stored: Vec<String> = reports.iter().map(|(_, env)| env.id.clone()).collect();
+    assert_eq!(at_hub, stored, "each report once, in the order the site stored them");
+    let more = tokio::time::timeout(Duration::from_secs(1), reader.next()).await;
+    assert!(
+        more.is_err(),
+        "a report reached the hub twice: {:?}",
+        more.unwrap().unwrap().unwrap().delivery.envelope.id
+    );
 }

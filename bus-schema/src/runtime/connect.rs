@@ -117,6 +117,7 @@ pub struct Bus {
     url: String,
     /// Where this connection's replies arrive: `_INBOX_<key>` for a user with a key.
     inbox_prefix: String,
+    js_domain: Option<String>,
 }
 
 impl Bus {
@@ -204,7 +205,7 @@ impl Bus {
             Some(domain) => jetstream::with_domain(client.clone(), domain),
             None => jetstream::new(client.clone()),
         };
-        Ok(Self { client, js, url: url.to_string(), inbox_prefix })
+        Ok(Self { client, js, url: url.to_string(), inbox_prefix, js_domain: access.js_domain.clone() })
     }
 
     pub fn client(&self) -> &async_nats::Client {
@@ -213,6 +214,18 @@ impl Bus {
 
     pub fn jetstream(&self) -> &jetstream::Context {
         &self.js
+    }
+
+    /// The JetStream domain [`Bus::jetstream`] names, when not the connected server's own: a
+    /// gateway on its site's leaf node names the hub's.
+    pub fn js_domain(&self) -> Option<&str> {
+        self.js_domain.as_deref()
+    }
+
+    /// The JetStream of the server this connection reached, in its own domain: a gateway's
+    /// site's leaf node, whatever [`Bus::jetstream`] names.
+    pub fn local_jetstream(&self) -> jetstream::Context {
+        jetstream::new(self.client.clone())
     }
 
     pub fn url(&self) -> &str {

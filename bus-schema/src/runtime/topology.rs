@@ -112,8 +112,11 @@ impl Bus {
                 discard_new_per_subject: true,
                 ..base(names::JOBS_STREAM, names::JOBS_ALL, stream::RetentionPolicy::WorkQueue)
             },
+            // Direct gets: a site's outbox asks for the last report of a kind its site stored
+            // here, to know what reached the hub before its forwarder stopped.
             stream::Config {
                 max_age: topology.retention,
+                allow_direct: true,
                 ..base(names::EVENTS_STREAM, names::EVENTS_ALL, stream::RetentionPolicy::Limits)
             },
         ];
@@ -146,15 +149,23 @@ impl Bus {
             return Ok(());
         }
         let current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
-        if current.duplicate_window != config.duplicate_window || current.max_age != config.max_age {
+        if current.duplicate_window != config.duplicate_window
+            || current.max_age != config.max_age
+            || current.allow_direct != config.allow_direct
+        {
             info!(
                 stream = %config.name,
                 duplicate_window = ?config.duplicate_window,
                 max_age = ?config.max_age,
-                "keeping times changed"
+                allow_direct = config.allow_direct,
+                "keeping times or direct gets changed"
             );
-            let updated =
-                stream::Config { duplicate_window: config.duplicate_window, max_age: config.max_age, ..current };
+            let updated = stream::Config {
+                duplicate_window: config.duplicate_window,
+                max_age: config.max_age,
+                allow_direct: config.allow_direct,
+                ..current
+            };
             self.jetstream().update_stream(updated).await.map_err(|e| topology_err(boxed(e)))?;
         }
         Ok(())

@@ -1,0 +1,272 @@
+//! The site's own record of what its gateway reported. A gateway on its site's leaf node stores
+//! each report first in [`names::OUTBOX_STREAM`], in the site's own JetStream domain, and a
+//! forwarder carries them to the hub's events stream from there: in the order they were stored,
+//! each once, whenever the link allows. A cut link, a gateway killed, a leaf node restarted:
+//! what was stored is on the leaf node's disk, and goes when the link is back.
+//!
+//! Once, for good (not only within the hub's duplicate window): how far the outbox has reached
+//! the hub is kept in the site's own bucket ([`names::SITE_STATE_BUCKET`]), written after the
+//! hub acknowledged. What the hub stored after that mark and before the forwarder stopped is
+//! found again on the next start by asking the hub for the last event of each kind the site
+//! sent (a direct get by subject: only the site sends those kinds, and in order), so nothing is
+//! sent twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv, stream};
+use bus_schema::names;
+use bus_schema::runtime::{Bus, BusError, Envelope};
+use bus_schema::trust::{self, Party};
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// How many forwarded reports may wait for the hub's acknowledgement at once: the most the hub
+/// may hold that the mark does not yet count, and so the most the next start asks about.
+pub const FORWARD_WINDOW: usize = 256;
+/// How long the outbox keeps a report (forwarded or not): a site's history, readable at the site.
+pub const OUTBOX_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The most the outbox holds; past it a new report is refused (its job is tried again later)
+/// rather than an unforwarded one dropped.
+pub const OUTBOX_MAX_BYTES: i64 = 1024 * 1024 * 1024;
+/// A report repeated within this time (a job done again after the gateway restarted during a
+/// cut) is stored once.
+pub const OUTBOX_DUPLICATE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+const MARK_KEY: &str = "outbox.forwarded";
+/// The mark is written after this many acknowledged reports, and whenever the outbox is idle.
+const MARK_EVERY: u64 = 64;
+
+/// Whether a report on `subject` goes through the outbox: only the kinds no one but a site
+/// sends, so that the last one the hub stored of a kind at a site is the outbox's own.
+pub fn kept_at_site(subject: &str) -> bool {
+    subject.starts_with("landfall.evt.") && trust::rule_for_subject(subject).is_some_and(|r| r.senders == [Party::Site])
+}
+
+pub struct Outbox {
+    site: String,
+    local: jetstream::Context,
+    stream: stream::Stream,
+    state: kv::Store,
+    hub: Bus,
+    stored: Notify,
+}
+
+fn local_err(what: &'static str) -> impl Fn(async_nats::Error) -> BusError {
+    move |e| BusError::Topology { what, name: names::OUTBOX_STREAM.to_string(), source: e }
+}
+
+impl Outbox {
+    /// Opens (or makes) the outbox in the domain of the server `hub` is connected to: the
+    /// site's leaf node.
+    pub async fn open(site: &str, hub: &Bus) -> Result<Self, BusError> {
+        let local = hub.local_jetstream();
+        let config = stream::Config {
+            name: names::OUTBOX_STREAM.to_string(),
+            subjects: vec![names::OUTBOX_ALL.to_string()],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::Limits,
+            max_age: OUTBOX_RETENTION,
+            max_bytes: OUTBOX_MAX_BYTES,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: OUTBOX_DUPLICATE_WINDOW,
+            max_message_size: names::MAX_PAYLOAD as i32,
+            allow_direct: true,
+            ..Default::default()
+        };
+        let stream = local.get_or_create_stream(config).await.map_err(|e| local_err("stream")(e.into()))?;
+        let bucket = kv::Config {
+            bucket: names::SITE_STATE_BUCKET.to_string(),
+            history: 1,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        };
+        let state = match local.get_key_value(names::SITE_STATE_BUCKET).await {
+            Ok(store) => store,
+            Err(_) => local.create_key_value(bucket).await.map_err(|e| local_err("kv bucket")(e.into()))?,
+        };
+        Ok(Self { site: site.to_string(), local, stream, state, hub: hub.clone(), stored: Notify::new() })
+    }
+
+    /// Stores a report bound for `subject` at the site; [`Outbox::forward`] takes it to the hub.
+    pub async fn store(
+        &self,
+        subject: &str,
+        type_name: &str,
+        payload: Bytes,
+        envelope: &Envelope,
+    ) -> Result<(), BusError> {
+        if payload.len() > names::MAX_PAYLOAD {
+            return Err(BusError::TooLarge {
+                subject: subject.to_string(),
+                size: payload.len(),
+                max: names::MAX_PAYLOAD,
+            });
+        }
+        let publish_err = |e: async_nats::Error| BusError::Publish { subject: subject.to_string(), source: e };
+        let ack = self
+            .local
+            .publish_with_headers(names::outbox_subject(subject), envelope.headers(type_name), payload)
+            .await
+            .map_err(|e| publish_err(e.into()))?;
+        ack.await.map_err(|e| publish_err(e.into()))?;
+        self.stored.notify_one();
+        Ok(())
+    }
+
+    /// How many stored reports the hub has not acknowledged yet, by the last mark.
+    pub async fn waiting(&self) -> Result<u64, BusError> {
+        let last = self.last_stored().await?;
+        Ok(last.saturating_sub(self.mark().await?))
+    }
+
+    async fn last_stored(&self) -> Result<u64, BusError> {
+        let mut stream = self.stream.clone();
+        let info = stream.info().await.map_err(|e| local_err("stream")(e.into()))?;
+        Ok(info.state.last_sequence)
+    }
+
+    async fn mark(&self) -> Result<u64, BusError> {
+        let entry = self.state.get(MARK_KEY).await.map_err(|e| local_err("kv bucket")(e.into()))?;
+        Ok(entry.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map_or(0, u64::from_be_bytes))
+    }
+
+    async fn set_mark(&self, seq: u64) -> Result<(), BusError> {
+        let value = Bytes::copy_from_slice(&seq.to_be_bytes());
+        self.state.put(MARK_KEY, value).await.map_err(|e| local_err("kv bucket")(e.into()))?;
+        Ok(())
+    }
+
+    /// Forwards what the outbox holds to the hub until `shutdown`, starting again (after a
+    /// pause that grows with each failure) whenever the hub cannot be reached.
+    pub async fn forward(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut failures: i64 = 0;
+        loop {
+            let result = tokio::select! {
+                r = self.forward_until_error(&mut failures) => r,
+                _ = shutdown.cancelled() => return,
+            };
+            if let Err(e) = result {
+                failures += 1;
+                let pause = bus_schema::runtime::retry_delay(failures).min(Duration::from_secs(10));
+                match failures {
+                    1 => info!(site = %self.site, error = %e, "the hub cannot be reached: reports wait at the site"),
+                    _ => debug!(site = %self.site, error = %e, ?pause, "forwarding reports: trying again"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        }
+    }
+
+    /// Finds how far the hub has the outbox, then forwards from there as reports are stored,
+    /// until a publish fails. The hub answering clears `failures`.
+    async fn forward_until_error(&self, failures: &mut i64) -> Result<(), BusError> {
+        let mut forwarded = self.landed().await?;
+        if *failures > 0 {
+            info!(site = %self.site, "the hub is reached again: forwarding the reports kept at the site");
+        }
+        *failures = 0;
+        let mut marked = forwarded;
+        let reader = self
+            .stream
+            .create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: self.local.client().new_inbox(),
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: forwarded + 1 },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| local_err("consumer")(e.into()))?;
+        let mut reports = reader.messages().await.map_err(|e| local_err("consumer")(e.into()))?;
+        let mut acks = FuturesOrdered::new();
+        loop {
+            tokio::select! {
+                // The oldest acknowledgement first: the mark only moves over what the hub has.
+                Some(acked) = acks.next(), if !acks.is_empty() => {
+                    forwarded = acked?;
+                    if forwarded - marked >= MARK_EVERY || acks.is_empty() {
+                        self.set_mark(forwarded).await?;
+                        marked = forwarded;
+                        metrics::gauge!("landfall_site_outbox_forwarded").set(forwarded as f64);
+                    }
+                }
+                report = reports.next(), if acks.len() < FORWARD_WINDOW => {
+                    let Some(report) = report else {
+                        return Err(local_err("consumer")("the outbox reader ended".into()));
+                    };
+                    let report = report.map_err(|e| local_err("consumer")(e.into()))?;
+                    let seq = report.info().map_err(|e| local_err("consumer")(e))?.stream_sequence;
+                    let Some(subject) = names::outbox_destination(&report.subject).map(str::to_string) else {
+                        warn!(site = %self.site, subject = %report.subject, "not a report bound for the hub: skipped");
+                        continue;
+                    };
+                    let headers = report.headers.clone().unwrap_or_default();
+                    let ack = self
+                        .hub
+                        .jetstream()
+                        .publish_with_headers(subject.clone(), headers, report.payload.clone())
+                        .await
+                        .map_err(|e| BusError::Publish { subject: subject.clone(), source: e.into() })?;
+                    acks.push_back(async move {
+                        ack.await.map_err(|e| BusError::Publish { subject, source: e.into() })?;
+                        Ok::<_, BusError>(seq)
+                    });
+                }
+            }
+        }
+    }
+
+    /// How far the hub has the outbox: the mark, or past it as far as the hub stored reports
+    /// the mark does not count (acknowledged, or in flight, when the forwarder stopped). Only
+    /// the site sends the kinds in the outbox, and the hub stores them in the order they were
+    /// sent, so the last candidate whose kind's last event at the hub is itself is the last
+    /// one the hub has. The mark is written before returning.
+    async fn landed(&self) -> Result<u64, BusError> {
+        let mark = self.mark().await?;
+        let last = self.last_stored().await?;
+        let candidates = (mark + 1)..=last.min(mark + FORWARD_WINDOW as u64);
+        if candidates.is_empty() {
+            return Ok(mark);
+        }
+        let events = self
+            .hub
+            .jetstream()
+            .get_stream_no_info(names::EVENTS_STREAM)
+            .await
+            .map_err(|e| BusError::Topology { what: "stream", name: names::EVENTS_STREAM.into(), source: e.into() })?;
+        let checks = candidates.clone().rev().map(|seq| {
+            let (stream, events) = (&self.stream, &events);
+            async move {
+                let kept = match stream.direct_get(seq).await {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(local_err("stream")(e.into())),
+                };
+                let Some(subject) = names::outbox_destination(&kept.subject) else { return Ok(None) };
+                let id = kept.headers.get(names::headers::MSG_ID).map(|v| v.to_string());
+                match events.direct_get_last_for_subject(subject).await {
+                    Ok(at_hub) => {
+                        let hub_id = at_hub.headers.get(names::headers::MSG_ID).map(|v| v.to_string());
+                        Ok((id.is_some() && hub_id == id).then_some(seq))
+                    }
+                    Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(None),
+                    Err(e) => {
+                        Err(BusError::Topology { what: "stream", name: names::EVENTS_STREAM.into(), source: e.into() })
+                    }
+                }
+            }
+        });
+        let found = futures::future::try_join_all(checks).await?;
+        let landed = found.into_iter().flatten().max().unwrap_or(mark);
+        if landed > mark {
+            info!(site = %self.site, mark, landed, "the hub had reports past the mark: not sent again");
+            self.set_mark(landed).await?;
+        }
+        Ok(landed)
+    }
+}
