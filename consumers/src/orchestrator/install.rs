@@ -114,12 +114,9 @@ impl Orchestrator {
             Arrival { input, subject: d.subject.clone(), envelope: d.envelope.clone(), sequence: d.stream_sequence };
         let answer = self
             .saga_batches
-            .submit(&key, arrival, |mut arrivals| {
+            .submit(&key, arrival, |arrivals| {
                 let key = &key;
-                async move {
-                    arrivals.sort_by_key(|a| a.sequence);
-                    self.apply_events(key, &arrivals).await
-                }
+                async move { self.apply_events(key, &arrivals).await }
             })
             .await;
         match answer {
@@ -136,8 +133,9 @@ impl Orchestrator {
         }
     }
 
-    /// Applies `arrivals` (in stream order) to the saga at `key` in one compare-and-set write,
-    /// publishes what they decided, and says what became of each.
+    /// Applies `arrivals` (in stream order, whatever order they came in) to the saga at `key`
+    /// in one compare-and-set write, publishes what they decided, and says what became of
+    /// each, in the order they came in.
     async fn apply_events(&self, key: &str, arrivals: &[Arrival]) -> Vec<Answer> {
         let now = now_ms();
         let result = self
@@ -191,20 +189,24 @@ impl Orchestrator {
     }
 }
 
-/// Applies `arrivals` one after another to `saga`, each to what the ones before it made: the
-/// saga after them (`None` when none moved it) and what became of each.
+/// Applies `arrivals` one after another in stream order to `saga`, each to what the ones
+/// before it made: the saga after them (`None` when none moved it) and what became of each, in
+/// the order of `arrivals` (the order their handlers wait for their answers in).
 fn apply_in_turn(saga: &pb::InstallSaga, arrivals: &[Arrival], now: i64) -> (Option<pb::InstallSaga>, Vec<Step>) {
+    let mut in_stream_order: Vec<usize> = (0..arrivals.len()).collect();
+    in_stream_order.sort_by_key(|&i| arrivals[i].sequence);
     let mut moved: Option<pb::InstallSaga> = None;
-    let steps = arrivals
-        .iter()
-        .map(|a| {
+    let mut steps: Vec<(usize, Step)> = in_stream_order
+        .into_iter()
+        .map(|i| {
+            let a = &arrivals[i];
             let current = moved.as_ref().unwrap_or(saga);
             let site = trust::subject_site(&a.subject).unwrap_or_default();
             let answers = trust::rule_for_subject(&a.subject).map_or(&[][..], |r| r.answers);
             if let Err(reason) = saga::check_answer(current, site, answers, a.input.node(), &a.envelope) {
-                return Step::Forbidden(reason);
+                return (i, Step::Forbidden(reason));
             }
-            match saga::decide(current, &a.input, &a.envelope, now) {
+            let step = match saga::decide(current, &a.input, &a.envelope, now) {
                 Decision::Ignore => Step::Ignored,
                 Decision::Wait => Step::Wait,
                 Decision::Apply(next) => {
@@ -212,10 +214,12 @@ fn apply_in_turn(saga: &pb::InstallSaga, arrivals: &[Arrival], now: i64) -> (Opt
                     moved = Some(*next);
                     Step::Applied(observed)
                 }
-            }
+            };
+            (i, step)
         })
         .collect();
-    (moved, steps)
+    steps.sort_by_key(|(i, _)| *i);
+    (moved, steps.into_iter().map(|(_, step)| step).collect())
 }
 
 /// Events of sagas waiting for the write that applies them, by saga key.
@@ -384,16 +388,14 @@ mod tests {
             report(&site, Input::BinariesInstalled { node: "n0".into() }, &n0, Some("n0"), 13),
             report(&site, os("n1"), &n1, Some("n1"), 14),
         ];
+        let kind = |s: &Step| match s {
+            Step::Applied(_) => "applied",
+            Step::Ignored => "ignored",
+            Step::Forbidden(_) => "forbidden",
+            Step::Wait => "wait",
+        };
         let (after, steps) = apply_in_turn(&staged, &arrivals, 2);
-        let kinds: Vec<&str> = steps
-            .iter()
-            .map(|s| match s {
-                Step::Applied(_) => "applied",
-                Step::Ignored => "ignored",
-                Step::Forbidden(_) => "forbidden",
-                Step::Wait => "wait",
-            })
-            .collect();
+        let kinds: Vec<&str> = steps.iter().map(kind).collect();
         assert_eq!(kinds, ["applied", "ignored", "forbidden", "forbidden", "applied"]);
         let after = after.expect("two of them moved the saga");
         assert!(after.nodes.iter().all(|n| n.step == pb::NodeStep::OsProvisioned as i32), "{:?}", after.nodes);
@@ -401,5 +403,14 @@ mod tests {
         // Nothing in the batch moves the saga: no write.
         let (none, steps) = apply_in_turn(&after, &arrivals[..2], 3);
         assert!(none.is_none() && steps.iter().all(|s| matches!(s, Step::Ignored)));
+
+        // The same events handed over in another order are decided in stream order, and each
+        // answer goes to its own event: an early one answered as a repeat would be acknowledged
+        // unapplied, and its saga would wait for it for good.
+        let reversed: Vec<Arrival> = arrivals.into_iter().rev().collect();
+        let (again, steps) = apply_in_turn(&staged, &reversed, 2);
+        let kinds: Vec<&str> = steps.iter().map(kind).collect();
+        assert_eq!(kinds, ["applied", "forbidden", "forbidden", "ignored", "applied"]);
+        assert_eq!(again.map(|s| s.phase), Some(pb::InstallPhase::InstallingBinaries as i32));
     }
 }
