@@ -536,7 +536,13 @@ async fn serve_kubeconfig<B: SiteBackend>(
 /// A command's id depends only on the host (site, name, boot MAC, and its incarnation): a change a
 /// restarted gateway hears again is published with the id it had, and the stream drops the copy;
 /// a host deleted and created again is a new host.
-async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: Arc<B>, shutdown: CancellationToken) {
+async fn announce_host_changes<B: SiteBackend>(
+    site: SiteId,
+    bus: Bus,
+    outbox: Option<Arc<Outbox>>,
+    backend: Arc<B>,
+    shutdown: CancellationToken,
+) {
     let mut changes = backend.host_changes();
     loop {
         let notice = tokio::select! {
@@ -551,7 +557,8 @@ async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: 
                     node: Some(pb::NodeSpec::from(node)),
                     hardware: hardware.clone(),
                 };
-                announce(&bus, &site, node.name.as_str(), &cmd, Envelope::root_with_id(id), &shutdown).await
+                let envelope = Envelope::root_with_id(id);
+                announce(&bus, outbox.as_deref(), &site, node.name.as_str(), &cmd, envelope, &shutdown).await
             }
             HostChange::Departed { node, boot_mac, reason, incarnation } => {
                 let id = ids::node_removed_id(site.as_str(), node, boot_mac, incarnation);
@@ -561,7 +568,7 @@ async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: 
                     boot_mac: boot_mac.clone(),
                     reason: reason.clone(),
                 };
-                announce(&bus, &site, node, &cmd, Envelope::root_with_id(id), &shutdown).await
+                announce(&bus, outbox.as_deref(), &site, node, &cmd, Envelope::root_with_id(id), &shutdown).await
             }
         };
         if published && let Some(tell) = notice.announced {
@@ -574,15 +581,24 @@ async fn announce_host_changes<B: SiteBackend>(site: SiteId, bus: Bus, backend: 
 /// joins the cluster, nor leaves the design): `false` when it was refused or the gateway stops.
 async fn announce<C: pb::BusCommand>(
     bus: &Bus,
+    outbox: Option<&Outbox>,
     site: &SiteId,
     node: &str,
     cmd: &C,
     envelope: Envelope,
     shutdown: &CancellationToken,
 ) -> bool {
+    let subject = cmd.subject();
     for attempt in 1.. {
-        match bus.publish_command(cmd, &envelope).await {
-            Ok(_) => {
+        // At a leaf node, the site's outbox keeps it until the hub has it.
+        let published = match outbox {
+            Some(outbox) if outbox::kept_at_site(&subject) => {
+                outbox.store(&subject, C::TYPE, cmd.encode_to_vec().into(), &envelope).await
+            }
+            _ => bus.publish_command(cmd, &envelope).await.map(drop),
+        };
+        match published {
+            Ok(()) => {
                 info!(%site, node, kind = C::KIND, id = %envelope.id, "host change announced");
                 return true;
             }
@@ -632,7 +648,13 @@ pub async fn run_gateway<B: SiteBackend>(
     }
     let gateway = Arc::new(gateway);
     info!(%site, outbox = forwarder.is_some(), "gateway running");
-    let arrivals = tokio::spawn(announce_host_changes(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
+    let arrivals = tokio::spawn(announce_host_changes(
+        site.clone(),
+        bus.clone(),
+        gateway.outbox.clone(),
+        backend.clone(),
+        shutdown.clone(),
+    ));
     let rpc = tokio::spawn(serve_kubeconfig(site, bus.clone(), backend, shutdown.clone()));
     runtime::consume(bus, spec, gateway, shutdown).await?;
     rpc.await??;
@@ -676,7 +698,7 @@ pub async fn run_gateway_host<B: SiteBackend>(
     for (site, backend) in &sites {
         let cache = ArtifactCache::new(cache_root.join(site.as_str()));
         gateways.insert(site.to_string(), Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
-        side.spawn(announce_host_changes(site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
+        side.spawn(announce_host_changes(site.clone(), bus.clone(), None, backend.clone(), shutdown.clone()));
         let rpc = serve_kubeconfig(site.clone(), bus.clone(), backend.clone(), shutdown.clone());
         side.spawn(async move {
             if let Err(e) = rpc.await {

@@ -1,7 +1,7 @@
 //! The site's own record of what its gateway reported. A gateway on its site's leaf node stores
-//! each report first in [`names::OUTBOX_STREAM`], in the site's own JetStream domain, and a
-//! forwarder carries them to the hub's events stream from there: in the order they were stored,
-//! each once, whenever the link allows. A cut link, a gateway killed, a leaf node restarted:
+//! each report (and each host it announces) first in [`names::OUTBOX_STREAM`], in the site's own
+//! JetStream domain, and a forwarder carries them to the hub from there: in the order they were
+//! stored, each once, whenever the link allows. A cut link, a gateway killed, a leaf node restarted:
 //! what was stored is on the leaf node's disk, and goes when the link is back.
 //!
 //! Once, for good (not only within the hub's duplicate window): how far the outbox has reached
@@ -25,8 +25,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// How many forwarded reports may wait for the hub's acknowledgement at once: the most the hub
-/// may hold that the mark does not yet count, and so the most the next start asks about.
+/// How many forwarded reports may wait for the hub's acknowledgement at once.
 pub const FORWARD_WINDOW: usize = 256;
 /// How long the outbox keeps a report (forwarded or not): a site's history, readable at the site.
 pub const OUTBOX_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -39,11 +38,26 @@ pub const OUTBOX_DUPLICATE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 const MARK_KEY: &str = "outbox.forwarded";
 /// The mark is written after this many acknowledged reports, and whenever the outbox is idle.
 const MARK_EVERY: u64 = 64;
+/// The most reports the hub may hold past the mark when the forwarder stops: those
+/// acknowledged since the last mark, and those awaiting their acknowledgement. The next start
+/// asks the hub about that many.
+const UNMARKED_AT_MOST: u64 = MARK_EVERY - 1 + FORWARD_WINDOW as u64;
 
-/// Whether a report on `subject` goes through the outbox: only the kinds no one but a site
-/// sends, so that the last one the hub stored of a kind at a site is the outbox's own.
+/// Whether a message on `subject` goes through the outbox: the reports only a site sends, and
+/// the commands a site may send (its hosts arriving and leaving).
 pub fn kept_at_site(subject: &str) -> bool {
-    subject.starts_with("landfall.evt.") && trust::rule_for_subject(subject).is_some_and(|r| r.senders == [Party::Site])
+    match trust::rule_for_subject(subject) {
+        Some(r) if subject.starts_with("landfall.evt.") => r.senders == [Party::Site],
+        Some(r) if subject.starts_with("landfall.cmd.") => r.senders.contains(&Party::Site),
+        _ => false,
+    }
+}
+
+/// Whether the hub's last event on `subject` can only be the outbox's: a report no one but a
+/// site sends. A command an operator may send too is not asked about: one sent again is
+/// recognised by the hub's command ledger, however late.
+fn only_the_site_sends(subject: &str) -> bool {
+    subject.starts_with("landfall.evt.") && kept_at_site(subject)
 }
 
 pub struct Outbox {
@@ -123,6 +137,13 @@ impl Outbox {
         Ok(last.saturating_sub(self.mark().await?))
     }
 
+    /// Sets the `landfall_site_outbox_waiting` gauge.
+    async fn count_waiting(&self) {
+        if let Ok(waiting) = self.waiting().await {
+            metrics::gauge!("landfall_site_outbox_waiting", "site" => self.site.clone()).set(waiting as f64);
+        }
+    }
+
     async fn last_stored(&self) -> Result<u64, BusError> {
         let mut stream = self.stream.clone();
         let info = stream.info().await.map_err(|e| local_err("stream")(e.into()))?;
@@ -150,6 +171,7 @@ impl Outbox {
                 _ = shutdown.cancelled() => return,
             };
             if let Err(e) = result {
+                self.count_waiting().await;
                 failures += 1;
                 let pause = bus_schema::runtime::retry_delay(failures).min(Duration::from_secs(10));
                 match failures {
@@ -192,7 +214,7 @@ impl Outbox {
                     if forwarded - marked >= MARK_EVERY || acks.is_empty() {
                         self.set_mark(forwarded).await?;
                         marked = forwarded;
-                        metrics::gauge!("landfall_site_outbox_forwarded").set(forwarded as f64);
+                        self.count_waiting().await;
                     }
                 }
                 report = reports.next(), if acks.len() < FORWARD_WINDOW => {
@@ -229,7 +251,7 @@ impl Outbox {
     async fn landed(&self) -> Result<u64, BusError> {
         let mark = self.mark().await?;
         let last = self.last_stored().await?;
-        let candidates = (mark + 1)..=last.min(mark + FORWARD_WINDOW as u64);
+        let candidates = (mark + 1)..=last.min(mark + UNMARKED_AT_MOST);
         if candidates.is_empty() {
             return Ok(mark);
         }
@@ -247,7 +269,9 @@ impl Outbox {
                     Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
                     Err(e) => return Err(local_err("stream")(e.into())),
                 };
-                let Some(subject) = names::outbox_destination(&kept.subject) else { return Ok(None) };
+                let Some(subject) = names::outbox_destination(&kept.subject).filter(|s| only_the_site_sends(s)) else {
+                    return Ok(None);
+                };
                 let id = kept.headers.get(names::headers::MSG_ID).map(|v| v.to_string());
                 match events.direct_get_last_for_subject(subject).await {
                     Ok(at_hub) => {

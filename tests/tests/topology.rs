@@ -390,12 +390,10 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_
     site.stop().await;
 }
 
-/// The ids of the reports of type `type_name` kept in the site's outbox on its leaf node, in
-/// the order they were stored.
-async fn outbox_ids(site: &LeafSite, type_name: &str) -> Vec<String> {
-    let url = format!("nats://127.0.0.1:{}", site.leaf.port);
-    let bus = connect_when_ready(&url, "outbox-reader", &site.d.access(&Role::Site("edge-01".into()))).await;
-    let mut outbox = bus.local_jetstream().get_stream(names::OUTBOX_STREAM).await.expect("the site's outbox");
+/// The ids of the reports of type `type_name` kept in the site's outbox, read through a
+/// connection to its leaf node, in the order they were stored.
+async fn outbox_ids(at_site: &bus_schema::runtime::Bus, type_name: &str) -> Vec<String> {
+    let mut outbox = at_site.local_jetstream().get_stream(names::OUTBOX_STREAM).await.expect("the site's outbox");
     let last = outbox.info().await.unwrap().state.last_sequence;
     let mut ids = Vec::new();
     for seq in 1..=last {
@@ -411,7 +409,8 @@ async fn outbox_ids(site: &LeafSite, type_name: &str) -> Vec<String> {
 /// reached the site runs to its end while the link is down (every node patched), the gateway is
 /// killed after it, and when the link is back the hub gets each node's report once, in the order
 /// the nodes were patched, as it was made at the time (the version each node had before), not
-/// as a job done again after the cut would tell it.
+/// as a job done again after the cut would tell it. Then a host arrives during another cut and
+/// the gateway dies again: the host is announced when the link is back, and joins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_once_in_order_after_its_gateway_dies() {
     let mut site = LeafSite::start(4).await;
@@ -459,12 +458,51 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
         .filter(|e| e.delivery.type_name == pb::NodePatched::TYPE)
         .map(|e| e.delivery.envelope.id.clone())
         .collect();
-    let at_site = outbox_ids(&site, pb::NodePatched::TYPE).await;
+    let url = format!("nats://127.0.0.1:{}", site.leaf.port);
+    let at_site = connect_when_ready(&url, "at-site", &site.d.access(&Role::Site("edge-01".into()))).await;
+    let kept = outbox_ids(&at_site, pb::NodePatched::TYPE).await;
     assert_eq!(at_hub.len(), 4, "{:?}", run.kinds());
-    assert_eq!(at_hub, at_site, "the hub got the site's reports in the order the site made them");
+    assert_eq!(at_hub, kept, "the hub got the site's reports in the order the site made them");
     for r in &run.of_type::<pb::NodePatched>() {
         assert_eq!(r.from_version, before[&r.node], "{}: the report made at the time, not a redone job's", r.node);
     }
+
+    // A host appears at the site while it is cut off (asked at the leaf node, where the hub
+    // cannot be reached): the site records it, the gateway dies, and the host is announced and
+    // joins once the link is back.
+    let node = pb::NodeSpec {
+        name: "node-9".into(),
+        role: pb::Role::Worker as i32,
+        boot_mac: "52:54:00:aa:00:09".into(),
+        bmc_address: "ipmi://10.1.0.9".into(),
+        ..Default::default()
+    };
+    let LeafSite { gateway, proxy, d, .. } = &mut site;
+    let arrive = async {
+        let request = pb::SimulateHostArrival { site_id: "edge-01".into(), node: Some(node) };
+        let reply = at_site
+            .client()
+            .request(names::sim_host_arrival_rpc("edge-01"), request.encode_to_vec().into())
+            .await
+            .expect("the gateway answers at its site");
+        assert!(reply.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)).is_none());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let added = loop {
+            if let [id] = &outbox_ids(&at_site, pb::NodeAdded::TYPE).await[..] {
+                break id.clone();
+            }
+            assert!(Instant::now() < deadline, "the host's arrival was not kept at the site");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        gateway.restart();
+        println!("leaf: a host arrived while the link is cut; gateway killed and started again");
+        added
+    };
+    let ((), added) = tokio::join!(partition(proxy, d.hubs[0].http, Duration::from_secs(8)), arrive);
+    let ready = site.fleet.wait_for(pb::NodeReady::filter(), &added, Duration::from_secs(60)).await;
+    let ready = ready.unwrap_or_else(|| panic!("node-9 did not join:\n{}", site.gateway.log_tail(30)));
+    assert_eq!(ready.delivery.decode::<pb::NodeReady>().unwrap().node, "node-9");
+    assert_eq!(site_effects(&state).provisions.get("node-9"), Some(&1), "node-9 provisioned once");
     site.stop().await;
 }
 
