@@ -151,8 +151,7 @@ impl Outbox {
     }
 
     async fn mark(&self) -> Result<u64, BusError> {
-        let entry = self.state.get(MARK_KEY).await.map_err(|e| local_err("kv bucket")(e.into()))?;
-        Ok(entry.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map_or(0, u64::from_be_bytes))
+        read_mark(&self.state).await
     }
 
     async fn set_mark(&self, seq: u64) -> Result<(), BusError> {
@@ -293,4 +292,47 @@ impl Outbox {
         }
         Ok(landed)
     }
+}
+
+/// What a site's outbox holds, read at its leaf node (`landfall status SITE --local`): what the
+/// site itself knows while the hub is out of reach.
+pub struct Kept {
+    /// The reports stored so far (the outbox's last sequence).
+    pub stored: u64,
+    /// How far the hub has them, by the mark: the later ones wait at the site.
+    pub forwarded: u64,
+    /// The latest reports, oldest first, each with its place in the outbox.
+    pub latest: Vec<jetstream::message::StreamMessage>,
+}
+
+/// Reads the outbox of the site whose leaf node `bus` is connected to: its counts and its
+/// latest `n` reports. `None` when that server keeps no outbox.
+pub async fn read_kept(bus: &Bus, n: u64) -> Result<Option<Kept>, BusError> {
+    let local = bus.local_jetstream();
+    let Ok(mut stream) = local.get_stream(names::OUTBOX_STREAM).await else { return Ok(None) };
+    let state = stream.info().await.map_err(|e| local_err("stream")(e.into()))?.state.clone();
+    let forwarded = match local.get_key_value(names::SITE_STATE_BUCKET).await {
+        Ok(kv) => read_mark(&kv).await?,
+        Err(_) => 0,
+    };
+    let from = state.first_sequence.max(state.last_sequence.saturating_sub(n.saturating_sub(1))).max(1);
+    let reads = (from..=state.last_sequence).map(|seq| {
+        let stream = &stream;
+        async move {
+            match stream.direct_get(seq).await {
+                Ok(m) => Ok(Some(m)),
+                Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(None),
+                Err(e) => Err(local_err("stream")(e.into())),
+            }
+        }
+    });
+    let latest: Vec<_> = futures::stream::iter(reads).buffered(64).collect::<Vec<_>>().await;
+    let latest = latest.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect();
+    Ok(Some(Kept { stored: state.last_sequence, forwarded, latest }))
+}
+
+/// How far the hub has the outbox, as the site's bucket marks it (0 before the first mark).
+async fn read_mark(state: &kv::Store) -> Result<u64, BusError> {
+    let entry = state.get(MARK_KEY).await.map_err(|e| local_err("kv bucket")(e.into()))?;
+    Ok(entry.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map_or(0, u64::from_be_bytes))
 }

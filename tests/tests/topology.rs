@@ -437,13 +437,38 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
     until_site(&state, "the rollout did not reach the site", |e| !e.patches.is_empty()).await;
     let cut_for = Duration::from_secs(15);
     let heals_at = Instant::now() + cut_for;
+    let patched_before_cut: Vec<String> = site_effects(&state).patches.into_keys().collect();
+    let leaf_url = format!("nats://127.0.0.1:{}", site.leaf.port);
+    let seed = site.d.seed_file(&Role::Site("edge-01".into()));
+    let at_site = connect_when_ready(&leaf_url, "at-site", &site.d.access(&Role::Site("edge-01".into()))).await;
     let LeafSite { gateway, proxy, d, .. } = &mut site;
     let work_on = async {
         until_site(&state, "the site did not patch its nodes while cut off", |e| e.patches.len() == 4).await;
+        // The gateway dies once the site has recorded every node's report.
+        while outbox_ids(&at_site, pb::NodePatched::TYPE).await.len() < 4 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert!(Instant::now() < heals_at, "every node was patched only after the link was back");
         println!("leaf: every node patched while the link is cut");
         gateway.restart();
         println!("leaf: gateway killed (kill -9) and started again while the link is cut");
+        // What the site knows, asked at the site while the hub is out of reach.
+        let args = ["status", "edge-01", "--local", "-o", "json", "--nats-nkey-file", seed.to_str().unwrap()];
+        let out = landfall_tests::cli::landfall(&leaf_url, &args).await;
+        let stdout = landfall_tests::cli::text(&out.stdout);
+        assert!(out.status.success(), "{stdout}{}", landfall_tests::cli::text(&out.stderr));
+        assert!(Instant::now() < heals_at, "the local status was read only after the link was back");
+        let local: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        for node in before.keys() {
+            let last = &local["nodes"][node.as_str()];
+            assert_eq!(last["type"], pb::NodePatched::TYPE, "{node}: {last:#}");
+            if !patched_before_cut.contains(node) {
+                assert_eq!(last["at_hub"], false, "{node}, patched during the cut: {last:#}");
+            }
+        }
+        let during = (before.len() - patched_before_cut.len()) as u64;
+        assert!(local["waiting"].as_u64() >= Some(during), "{local:#}");
+        println!("leaf: `status --local` at the site shows {} reports waiting for the hub", local["waiting"]);
     };
     tokio::join!(partition(proxy, d.hubs[0].http, cut_for), work_on);
 
@@ -458,8 +483,6 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
         .filter(|e| e.delivery.type_name == pb::NodePatched::TYPE)
         .map(|e| e.delivery.envelope.id.clone())
         .collect();
-    let url = format!("nats://127.0.0.1:{}", site.leaf.port);
-    let at_site = connect_when_ready(&url, "at-site", &site.d.access(&Role::Site("edge-01".into()))).await;
     let kept = outbox_ids(&at_site, pb::NodePatched::TYPE).await;
     assert_eq!(at_hub.len(), 4, "{:?}", run.kinds());
     assert_eq!(at_hub, kept, "the hub got the site's reports in the order the site made them");

@@ -18,6 +18,11 @@ use crate::views::observed::{observed_json, package_text};
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     pub site: Option<String>,
+    /// What the site itself keeps, read at its leaf node (give --nats-url the leaf node's and
+    /// the site's key): its latest reports, and how many have not reached the hub yet. Works
+    /// while the hub is out of reach.
+    #[arg(long, requires = "site")]
+    pub local: bool,
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
@@ -70,6 +75,9 @@ async fn site_status(
 /// Prints the status of one site, or of every site.
 pub async fn run(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let bus = connect(url).await?;
+    if let (true, Some(site)) = (args.local, &args.site) {
+        return local_status(&bus, SiteId::try_from(site.as_str())?.as_str(), args.output).await;
+    }
     let sites = match &args.site {
         Some(s) => vec![SiteId::try_from(s.as_str())?.to_string()],
         None => {
@@ -105,6 +113,92 @@ pub async fn run(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
         eprintln!("warning: {warning}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How many of the site's latest reports `--local` reads.
+const LOCAL_REPORTS: u64 = 1000;
+
+/// `status SITE --local`: the site's own record, read at its leaf node.
+async fn local_status(bus: &Bus, site: &str, output: Format) -> anyhow::Result<ExitCode> {
+    let Some(kept) = site_gateway::outbox::read_kept(bus, LOCAL_REPORTS).await? else {
+        bail!("{} keeps no record of site {site}: --local reads a site's leaf node", bus.url());
+    };
+    let reports: Vec<serde_json::Value> = kept
+        .latest
+        .iter()
+        .filter(|m| names::outbox_destination(m.subject.as_str()).is_some())
+        .map(|m| {
+            let header = |h: &str| m.headers.get(h).map(|v| v.to_string()).unwrap_or_default();
+            let type_name = header(names::headers::TYPE);
+            let report = match pb::decode_to_json(&type_name, &m.payload) {
+                Some(Ok(v)) => v,
+                Some(Err(e)) => json!({ "undecodable": e.to_string() }),
+                None => json!({ "unknown_type": type_name }),
+            };
+            json!({
+                "seq": m.sequence,
+                "time": crate::views::human::rfc3339(m.time),
+                "subject": names::outbox_destination(m.subject.as_str()).unwrap_or_default(),
+                "type": type_name,
+                "id": header(names::headers::MSG_ID),
+                "at_hub": m.sequence <= kept.forwarded,
+                "report": report,
+            })
+        })
+        .collect();
+    // Each node's latest report, as far as the reports read go.
+    let mut nodes = serde_json::Map::new();
+    for r in &reports {
+        if let Some(node) = r["report"]["node"].as_str().filter(|n| !n.is_empty()) {
+            nodes.insert(node.to_string(), r.clone());
+        }
+    }
+    let status = json!({
+        "site": site,
+        "stored": kept.stored,
+        "at_hub_through": kept.forwarded,
+        "waiting": kept.stored.saturating_sub(kept.forwarded),
+        "nodes": nodes,
+        "latest": reports,
+    });
+    match output {
+        Format::Json | Format::Yaml => emit(output, &status)?,
+        Format::Table => print_local(&status),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_local(status: &serde_json::Value) {
+    let kind =
+        |r: &serde_json::Value| r["subject"].as_str().unwrap_or("").splitn(4, '.').nth(3).unwrap_or("").to_string();
+    println!(
+        "site {}, as its leaf node keeps it: {} reports, {} not at the hub yet",
+        status["site"].as_str().unwrap_or(""),
+        status["stored"],
+        status["waiting"]
+    );
+    let nodes = status["nodes"].as_object().cloned().unwrap_or_default();
+    if !nodes.is_empty() {
+        println!("  {:<16} {:<28} {:<32} DETAIL", "NODE", "LAST REPORT", "AT");
+        for (node, r) in &nodes {
+            let waiting = if r["at_hub"] == false { "  (not at the hub yet)" } else { "" };
+            println!(
+                "  {node:<16} {:<28} {:<32} {}{waiting}",
+                kind(r),
+                r["time"].as_str().unwrap_or(""),
+                summary(&r["report"])
+            );
+        }
+    }
+    let latest = status["latest"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let shown = &latest[latest.len().saturating_sub(20)..];
+    if !shown.is_empty() {
+        println!("  the latest {}:", shown.len());
+        for r in shown {
+            let waiting = if r["at_hub"] == false { "  (not at the hub yet)" } else { "" };
+            println!("  {}  {:<28} {}{waiting}", r["time"].as_str().unwrap_or(""), kind(r), summary(&r["report"]));
+        }
+    }
 }
 
 /// What has no room in the store: streams at their limits now, and what the hub's store watch
