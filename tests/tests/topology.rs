@@ -393,24 +393,29 @@ async fn a_site_behind_a_leaf_node_cut_off_mid_install_and_mid_rollout_with_its_
 /// The ids of the reports of type `type_name` kept in the site's outbox, read through a
 /// connection to its leaf node, in the order they were stored.
 async fn outbox_ids(at_site: &bus_schema::runtime::Bus, type_name: &str) -> Vec<String> {
-    let mut outbox = at_site.local_jetstream().get_stream(names::OUTBOX_STREAM).await.expect("the site's outbox");
-    let last = outbox.info().await.unwrap().state.last_sequence;
+    try_outbox_ids(at_site, type_name).await.expect("the site's outbox")
+}
+
+async fn try_outbox_ids(at_site: &bus_schema::runtime::Bus, type_name: &str) -> Result<Vec<String>, String> {
+    let mut outbox = at_site.local_jetstream().get_stream(names::OUTBOX_STREAM).await.map_err(|e| e.to_string())?;
+    let last = outbox.info().await.map_err(|e| e.to_string())?.state.last_sequence;
     let mut ids = Vec::new();
     for seq in 1..=last {
-        let m = outbox.direct_get(seq).await.unwrap();
+        let m = outbox.direct_get(seq).await.map_err(|e| e.to_string())?;
         if m.headers.get(names::headers::TYPE).is_some_and(|t| t.as_str() == type_name) {
-            ids.push(m.headers.get(names::headers::MSG_ID).unwrap().to_string());
+            ids.push(m.headers.get(names::headers::MSG_ID).map(|v| v.to_string()).unwrap_or_default());
         }
     }
-    ids
+    Ok(ids)
 }
 
 /// The site keeps working through a cut, and keeps its own record of it: a rollout's job that
 /// reached the site runs to its end while the link is down (every node patched), the gateway is
 /// killed after it, and when the link is back the hub gets each node's report once, in the order
 /// the nodes were patched, as it was made at the time (the version each node had before), not
-/// as a job done again after the cut would tell it. Then a host arrives during another cut and
-/// the gateway dies again: the host is announced when the link is back, and joins.
+/// as a job done again after the cut would tell it; the leaf node's server restarts during the
+/// cut too. Then a host arrives during another cut and the gateway dies again: the host is
+/// announced when the link is back, and joins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_once_in_order_after_its_gateway_dies() {
     let mut site = LeafSite::start(4).await;
@@ -441,7 +446,7 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
     let leaf_url = format!("nats://127.0.0.1:{}", site.leaf.port);
     let seed = site.d.seed_file(&Role::Site("edge-01".into()));
     let at_site = connect_when_ready(&leaf_url, "at-site", &site.d.access(&Role::Site("edge-01".into()))).await;
-    let LeafSite { gateway, proxy, d, .. } = &mut site;
+    let LeafSite { gateway, proxy, d, leaf, .. } = &mut site;
     let work_on = async {
         until_site(&state, "the site did not patch its nodes while cut off", |e| e.patches.len() == 4).await;
         // The gateway dies once the site has recorded every node's report.
@@ -469,6 +474,21 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
         let during = (before.len() - patched_before_cut.len()) as u64;
         assert!(local["waiting"].as_u64() >= Some(during), "{local:#}");
         println!("leaf: `status --local` at the site shows {} reports waiting for the hub", local["waiting"]);
+        // The leaf node's own server dies and starts again, still cut off: what the site kept is
+        // on its disk.
+        leaf.restart();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let kept =
+                tokio::time::timeout(Duration::from_secs(2), try_outbox_ids(&at_site, pb::NodePatched::TYPE)).await;
+            if kept.as_ref().is_ok_and(|k| k.as_ref().is_ok_and(|k| k.len() == 4)) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the site's reports after its leaf node restarted: {kept:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(Instant::now() < heals_at, "the leaf node came back only after the link");
+        println!("leaf: the leaf node's server restarted while the link is cut; the site's reports are still there");
     };
     tokio::join!(partition(proxy, d.hubs[0].http, cut_for), work_on);
 
