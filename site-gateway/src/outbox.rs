@@ -21,7 +21,6 @@ use bus_schema::trust::{self, Party};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -66,7 +65,6 @@ pub struct Outbox {
     stream: stream::Stream,
     state: kv::Store,
     hub: Bus,
-    stored: Notify,
 }
 
 fn local_err(what: &'static str) -> impl Fn(async_nats::Error) -> BusError {
@@ -102,7 +100,7 @@ impl Outbox {
             Ok(store) => store,
             Err(_) => local.create_key_value(bucket).await.map_err(|e| local_err("kv bucket")(e.into()))?,
         };
-        Ok(Self { site: site.to_string(), local, stream, state, hub: hub.clone(), stored: Notify::new() })
+        Ok(Self { site: site.to_string(), local, stream, state, hub: hub.clone() })
     }
 
     /// Stores a report bound for `subject` at the site; [`Outbox::forward`] takes it to the hub.
@@ -127,7 +125,6 @@ impl Outbox {
             .await
             .map_err(|e| publish_err(e.into()))?;
         ack.await.map_err(|e| publish_err(e.into()))?;
-        self.stored.notify_one();
         Ok(())
     }
 
