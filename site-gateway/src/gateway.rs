@@ -620,8 +620,8 @@ async fn announce<C: pb::BusCommand>(
     false
 }
 
-/// Runs a site's gateway until `shutdown`: its jobs consumer, its kubeconfig responder, and the
-/// announcer of the hosts that arrive at the site.
+/// Runs a site's gateway until `shutdown`: its jobs consumer, its kubeconfig responder, the
+/// announcer of the hosts that arrive at the site, and on a leaf node its outbox's forwarder.
 pub async fn run_gateway<B: SiteBackend>(
     site: SiteId,
     bus: Bus,
@@ -629,32 +629,39 @@ pub async fn run_gateway<B: SiteBackend>(
     cache: ArtifactCache,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    // On its site's leaf node (the hub's JetStream named by its domain), the site keeps its
+    // own record of what it reports and announces: kept, and forwarded, from the start, even
+    // while the hub cannot be reached.
+    let outbox = match bus.js_domain() {
+        Some(_) => Some(Arc::new(Outbox::open(site.as_str(), &bus).await.map_err(|e| {
+            anyhow::anyhow!("the site's leaf node keeps no outbox (is JetStream on in its own domain?): {e}")
+        })?)),
+        None => None,
+    };
+    let forwarder = outbox.clone().map(|o| tokio::spawn(o.forward(shutdown.clone())));
+    let arrivals = tokio::spawn(announce_host_changes(
+        site.clone(),
+        bus.clone(),
+        outbox.clone(),
+        backend.clone(),
+        shutdown.clone(),
+    ));
     // A site may start while its link to the hub is down, or before the hub made its streams.
     if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_err() {
+        arrivals.await?;
+        if let Some(forwarder) = forwarder {
+            forwarder.await?;
+        }
         return Ok(());
     }
     // Provisioning takes minutes; all of a site's hosts provision at once.
     let spec = ConsumerSpec::gateway(site.as_str());
     let mut gateway = Gateway::new(site.clone(), bus.clone(), backend.clone(), cache);
-    // On its site's leaf node (the hub's JetStream named by its domain), the site keeps its
-    // own record of what it reports.
-    let mut forwarder = None;
-    if bus.js_domain().is_some() {
-        let outbox = Arc::new(Outbox::open(site.as_str(), &bus).await.map_err(|e| {
-            anyhow::anyhow!("the site's leaf node keeps no outbox (is JetStream on in its own domain?): {e}")
-        })?);
-        forwarder = Some(tokio::spawn(outbox.clone().forward(shutdown.clone())));
+    if let Some(outbox) = outbox {
         gateway = gateway.with_outbox(outbox);
     }
-    let gateway = Arc::new(gateway);
     info!(%site, outbox = forwarder.is_some(), "gateway running");
-    let arrivals = tokio::spawn(announce_host_changes(
-        site.clone(),
-        bus.clone(),
-        gateway.outbox.clone(),
-        backend.clone(),
-        shutdown.clone(),
-    ));
+    let gateway = Arc::new(gateway);
     let rpc = tokio::spawn(serve_kubeconfig(site, bus.clone(), backend, shutdown.clone()));
     runtime::consume(bus, spec, gateway, shutdown).await?;
     rpc.await??;
