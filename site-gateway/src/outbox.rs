@@ -31,9 +31,10 @@ pub const OUTBOX_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The most the outbox holds; past it a new report is refused (its job is tried again later)
 /// rather than an unforwarded one dropped.
 pub const OUTBOX_MAX_BYTES: i64 = 1024 * 1024 * 1024;
-/// A report repeated within this time (a job done again after the gateway restarted during a
-/// cut) is stored once.
-pub const OUTBOX_DUPLICATE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+/// A report repeated while the outbox keeps the first (a job done again once a cut is over,
+/// however long the cut) is stored once: its copy would otherwise reach the hub long after the
+/// hub's own duplicate window.
+pub const OUTBOX_DUPLICATE_WINDOW: Duration = OUTBOX_RETENTION;
 const MARK_KEY: &str = "outbox.forwarded";
 /// The mark is written after this many acknowledged reports, and whenever the outbox is idle.
 const MARK_EVERY: u64 = 64;
@@ -89,7 +90,20 @@ impl Outbox {
             allow_direct: true,
             ..Default::default()
         };
-        let stream = local.get_or_create_stream(config).await.map_err(|e| local_err("stream")(e.into()))?;
+        let mut stream = local.get_or_create_stream(config.clone()).await.map_err(|e| local_err("stream")(e.into()))?;
+        // An outbox made by an earlier version takes this one's keeping times.
+        let made = stream.info().await.map_err(|e| local_err("stream")(e.into()))?.config.clone();
+        if (made.duplicate_window, made.max_age, made.max_bytes)
+            != (config.duplicate_window, config.max_age, config.max_bytes)
+        {
+            let keeping = stream::Config {
+                duplicate_window: config.duplicate_window,
+                max_age: config.max_age,
+                max_bytes: config.max_bytes,
+                ..made
+            };
+            local.update_stream(keeping).await.map_err(|e| local_err("stream")(e.into()))?;
+        }
         let bucket = kv::Config {
             bucket: names::SITE_STATE_BUCKET.to_string(),
             history: 1,
