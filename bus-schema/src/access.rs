@@ -396,23 +396,8 @@ fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Pe
 mod tests {
     use super::*;
 
-    /// NATS subject matching, enough to check the lists: `*` one token, `>` the rest. A
-    /// subject's own `*` or `>` tokens (a consumer's filter in a create subject) are literal.
-    fn matches(pattern: &str, subject: &str) -> bool {
-        let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
-        loop {
-            match (p.next(), s.next()) {
-                (Some(">"), Some(_)) => return true,
-                (Some("*"), Some(_)) => {}
-                (Some(a), Some(b)) if a == b => {}
-                (None, None) => return true,
-                _ => return false,
-            }
-        }
-    }
-
     fn allows(list: &[String], subject: &str) -> bool {
-        list.iter().any(|p| matches(p, subject))
+        list.iter().any(|p| names::subject_matches(p, subject))
     }
 
     /// Whether the server lets the user publish `subject`: allowed, and not denied.

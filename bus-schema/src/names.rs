@@ -24,6 +24,22 @@ pub const DEAD_STREAM: &str = "LANDFALL_DEAD";
 /// Every stream landfall keeps (its buckets' streams are [`kv_stream`] of [`ALL_BUCKETS`]).
 pub const STREAMS: [&str; 4] = [COMMANDS_STREAM, JOBS_STREAM, EVENTS_STREAM, DEAD_STREAM];
 
+/// Whether `subject` matches `pattern` as NATS matches them: in the pattern, `*` is one token
+/// and `>` the rest; a subject's own `*` or `>` tokens (a consumer's filter in a create subject)
+/// are literal.
+pub fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// The stream a message published on `subject` is stored in, when it is one of landfall's.
 pub fn stream_of_subject(subject: &str) -> Option<&'static str> {
     match subject.split('.').take(2).collect::<Vec<_>>()[..] {

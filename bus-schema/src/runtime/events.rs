@@ -62,20 +62,9 @@ fn covering(filters: &[String]) -> Option<String> {
     (literal(last) && same_aggregate && !head.split('.').any(|t| t == ">")).then(|| format!("{head}.*"))
 }
 
-/// Whether `subject` is one of `filters` (NATS wildcards: `*` one token, `>` the rest).
+/// Whether `subject` is one of `filters`.
 fn matches_any(filters: &[String], subject: &str) -> bool {
-    filters.iter().any(|f| {
-        let (mut f, mut s) = (f.split('.'), subject.split('.'));
-        loop {
-            match (f.next(), s.next()) {
-                (Some(">"), Some(_)) => return true,
-                (Some("*"), Some(_)) => {}
-                (Some(a), Some(b)) if a == b => {}
-                (None, None) => return true,
-                _ => return false,
-            }
-        }
-    })
+    filters.iter().any(|f| names::subject_matches(f, subject))
 }
 
 /// A new event reader's consumer name: unique, and never a durable's (`events-<uuid>`).
