@@ -108,8 +108,11 @@ impl Role {
                 names::SAGAS_BUCKET,
                 names::LEDGER_BUCKET,
             ],
-            // The sagas and rollouts too: a site's report counts only as the answer to their jobs.
-            Role::Observer => &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET, names::SAGAS_BUCKET],
+            // The sagas and rollouts too: a site's report counts only as the answer to their jobs;
+            // the sites, to hear only registered ones.
+            Role::Observer => {
+                &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET]
+            }
             Role::Kubeconfig => &[names::KUBECONFIGS_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET],
             Role::Distribution => &[names::PACKAGES_BUCKET],
             Role::Operator | Role::Site(_) => &[],
@@ -224,6 +227,8 @@ impl Role {
             }
             Role::Observer => {
                 p.publish.push(js_api(&format!("STREAM.PURGE.{}", kv_stream(names::OBSERVED_BUCKET))));
+                // Every site's heartbeat (see `consumers::links`).
+                p.subscribe.push(names::site_alive("*"));
             }
             Role::Kubeconfig => {
                 p.publish.push(names::kubeconfig_rpc("*"));

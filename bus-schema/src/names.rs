@@ -228,6 +228,17 @@ pub fn bmc_credentials_svc(site: &str) -> String {
 pub fn svc_every_site(kind: &str) -> String {
     format!("landfall.svc.*.{kind}")
 }
+/// A gateway's heartbeat (`landfall.svc.<site>.alive`, published, not a request): the hub
+/// hears its site through it.
+pub fn site_alive(site: &str) -> String {
+    format!("landfall.svc.{site}.{SITE_ALIVE}")
+}
+pub const SITE_ALIVE: &str = "alive";
+/// How often a gateway says it is there, by default.
+pub const ALIVE_EVERY: Duration = Duration::from_secs(15);
+/// How long the hub hears nothing of a site before it counts it cut off, by default: four
+/// heartbeats missed.
+pub const CUT_OFF_AFTER: Duration = Duration::from_secs(60);
 pub const ARTIFACT_PLAN: &str = "artifact_plan";
 pub const ARTIFACT_CHUNK: &str = "artifact_chunk";
 pub const BMC_CREDENTIALS: &str = "bmc_credentials";
@@ -415,6 +426,12 @@ pub mod keys {
     }
     /// Every departed node.
     pub const DEPARTED_PREFIX: &str = "left.";
+    /// Whether the hub hears a site (`landfall-observed`).
+    pub fn link(site: &str) -> String {
+        format!("{LINK_PREFIX}{site}")
+    }
+    /// Every site's link.
+    pub const LINK_PREFIX: &str = "link.";
     /// Every departed node of one site.
     pub fn departed_site_prefix(site: &str) -> String {
         format!("{DEPARTED_PREFIX}{site}.")

@@ -148,6 +148,10 @@ bus_message!(
     RolloutSummary,
     ActiveEntry,
     NodeDeparted,
+    SiteAlive,
+    SiteLink,
+    SiteCutOff,
+    SiteLinkRestored,
 );
 
 macro_rules! commands {
@@ -265,6 +269,8 @@ event!(
     NodePatchFailed => "node"."patch_failed",
     SitePatched => "rollout"."site_patched",
     BmcCredentialsStored => "node"."bmc_credentials_stored",
+    SiteCutOff => "link"."cut_off",
+    SiteLinkRestored => "link"."restored",
 );
 
 macro_rules! fleet_event {
@@ -412,6 +418,7 @@ pub mod json {
         RolloutPhase => as_str_name,
         RolloutSiteState => as_str_name,
         LeaseHolder => as_str_name,
+        LinkState => as_str_name,
     );
 
     /// Writes an enum field by name (a number no value has, as the number).

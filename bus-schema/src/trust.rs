@@ -176,6 +176,8 @@ rules! {
     Event NodeJoinFailed from HUB, sites ["site_id"];
     Event KubeconfigStored from &[Kubeconfig], sites ["site_id"];
     Event BmcCredentialsStored from &[Kubeconfig], sites ["site_id"];
+    Event SiteCutOff from &[Observer], sites ["site_id"];
+    Event SiteLinkRestored from &[Observer], sites ["site_id"];
 
     Event ArtifactsStaged from SITE, sites ["site_id"],
         answers [pb::StageArtifacts::KIND];
@@ -218,6 +220,7 @@ rules! {
     Service ArtifactPlanRequest ["", names::ARTIFACT_PLAN] from SITE, sites ["site_id"];
     Service ChunkRequest ["", names::ARTIFACT_CHUNK] from SITE, sites ["site_id"];
     Service BmcCredentialsRequest ["", names::BMC_CREDENTIALS] from SITE, sites ["site_id"];
+    Service SiteAlive ["", names::SITE_ALIVE] from SITE, sites ["site_id"];
 
     SiteRpc KubeconfigRequest ["", names::KUBECONFIG_RPC] from &[Kubeconfig, Operator], sites ["site_id"];
     SiteRpc SimulateHostArrival ["", names::SIM_HOST_ARRIVAL_RPC] from &[Operator], sites ["site_id"];

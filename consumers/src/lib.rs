@@ -23,6 +23,7 @@ pub mod distribution;
 pub mod failpoint;
 mod group_commit;
 pub mod lease;
+pub mod links;
 pub mod observer;
 pub mod orchestrator;
 pub mod rollout;

@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 
 use crate::answers::Jobs;
 use crate::clock::now_ms;
+use crate::links::LinkWatch;
 
 pub struct Observer {
     observed: Kv,
@@ -155,6 +156,7 @@ impl Observer {
         try_join_all(observed.iter().map(|(key, _, _)| self.observed.purge(key))).await?;
         let departed = self.observed.scan_few::<pb::NodeDeparted>(&keys::departed_site_prefix(site)).await?;
         try_join_all(departed.iter().map(|(key, _, _)| self.observed.purge(key))).await?;
+        self.observed.purge(&keys::link(site)).await?;
         debug!(%site, keys = observed.len(), "observed state of a removed site forgotten");
         Ok(())
     }
@@ -224,16 +226,20 @@ impl runtime::Handler for Events {
 
 /// Runs the observer until `shutdown`.
 pub async fn run_observer(bus: Bus, shutdown: CancellationToken) -> anyhow::Result<()> {
-    run_observer_with(bus, retention::StorePolicy::default(), shutdown).await
+    run_observer_with(bus, retention::StorePolicy::default(), names::CUT_OFF_AFTER, shutdown).await
 }
 
-/// [`run_observer`], sweeping deletion markers as `policy` says (how often, how old).
+/// [`run_observer`], sweeping deletion markers as `policy` says (how often, how old), and
+/// writing a site cut off once nothing was heard of it for `cut_off_after` (see [`crate::links`]).
 pub async fn run_observer_with(
     bus: Bus,
     policy: retention::StorePolicy,
+    cut_off_after: std::time::Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let observer = Arc::new(Observer::new(&bus).await?);
+    let links = LinkWatch::new(&bus, cut_off_after).await?;
+    let links = tokio::spawn(links.run(shutdown.clone()));
     let spec = ConsumerSpec::new(
         names::EVENTS_STREAM,
         names::OBSERVER_EVENTS,
@@ -247,6 +253,7 @@ pub async fn run_observer_with(
     let sweep = tokio::spawn(sweep_markers(observer.clone(), policy, shutdown.clone()));
     runtime::consume(bus, spec, Arc::new(Events(observer)), shutdown).await?;
     let _ = sweep.await;
+    links.await??;
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::alive::{LastReport, keep_alive};
 use crate::announce::announce_host_changes;
 use crate::backend::{BackendError, Cause, ClusterRequest, HostRequest, PatchRequest, SiteBackend};
 use crate::cache::{ArtifactCache, CacheError, Staged};
@@ -27,11 +28,19 @@ pub struct Gateway<B> {
     /// The site's own record, when the gateway runs on its site's leaf node: its reports are
     /// stored there first and reach the hub from there.
     outbox: Option<Arc<Outbox>>,
+    /// Its latest report, which its heartbeat tells the hub.
+    last_report: Arc<LastReport>,
 }
 
 impl<B: SiteBackend> Gateway<B> {
     pub fn new(site: SiteId, bus: Bus, backend: Arc<B>, cache: ArtifactCache) -> Self {
-        Self { site, bus, backend, cache, outbox: None }
+        Self { site, bus, backend, cache, outbox: None, last_report: Arc::default() }
+    }
+
+    /// Notes each report in `last` (see [`crate::alive`]).
+    pub fn with_last_report(mut self, last: Arc<LastReport>) -> Self {
+        self.last_report = last;
+        self
     }
 
     /// Stores the reports in `outbox` first (see [`crate::outbox`]).
@@ -52,6 +61,7 @@ impl<B: SiteBackend> Gateway<B> {
 
     async fn publish<E: bus_schema::BusEvent>(&self, evt: &E, env: &Envelope) -> Result<(), HandlerError> {
         let subject = evt.subject();
+        self.last_report.note(E::TYPE);
         match &self.outbox {
             Some(outbox) if outbox::kept_at_site(&subject) => {
                 outbox.store(&subject, E::TYPE, evt.encode_to_vec().into(), env).await?;
@@ -531,11 +541,13 @@ async fn serve_kubeconfig<B: SiteBackend>(
 
 /// Runs a site's gateway until `shutdown`: its jobs consumer, its kubeconfig responder, the
 /// announcer of the hosts that arrive at the site, and on a leaf node its outbox's forwarder.
+/// Its heartbeat goes out every `alive_every` (see [`crate::alive`]).
 pub async fn run_gateway<B: SiteBackend>(
     site: SiteId,
     bus: Bus,
     backend: Arc<B>,
     cache: ArtifactCache,
+    alive_every: std::time::Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     // On its site's leaf node (the hub's JetStream named by its domain), the site keeps its
@@ -548,6 +560,15 @@ pub async fn run_gateway<B: SiteBackend>(
         None => None,
     };
     let forwarder = outbox.clone().map(|o| tokio::spawn(o.forward(shutdown.clone())));
+    let last_report = Arc::new(LastReport::default());
+    let alive = tokio::spawn(keep_alive(
+        site.to_string(),
+        bus.clone(),
+        alive_every,
+        outbox.clone(),
+        last_report.clone(),
+        shutdown.clone(),
+    ));
     let arrivals = tokio::spawn(announce_host_changes(
         site.clone(),
         bus.clone(),
@@ -558,6 +579,7 @@ pub async fn run_gateway<B: SiteBackend>(
     // A site may start while its link to the hub is down, or before the hub made its streams.
     if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_err() {
         arrivals.await?;
+        alive.await?;
         if let Some(forwarder) = forwarder {
             forwarder.await?;
         }
@@ -565,7 +587,7 @@ pub async fn run_gateway<B: SiteBackend>(
     }
     // Provisioning takes minutes; all of a site's hosts provision at once.
     let spec = ConsumerSpec::gateway(site.as_str());
-    let mut gateway = Gateway::new(site.clone(), bus.clone(), backend.clone(), cache);
+    let mut gateway = Gateway::new(site.clone(), bus.clone(), backend.clone(), cache).with_last_report(last_report);
     if let Some(outbox) = outbox {
         gateway = gateway.with_outbox(outbox);
     }
@@ -575,6 +597,7 @@ pub async fn run_gateway<B: SiteBackend>(
     runtime::consume(bus, spec, gateway, shutdown).await?;
     rpc.await??;
     arrivals.await?;
+    alive.await?;
     if let Some(forwarder) = forwarder {
         forwarder.await?;
     }
@@ -613,7 +636,11 @@ pub async fn run_gateway_host<B: SiteBackend>(
     let mut side = tokio::task::JoinSet::new();
     for (site, backend) in &sites {
         let cache = ArtifactCache::new(cache_root.join(site.as_str()));
-        gateways.insert(site.to_string(), Gateway::new(site.clone(), bus.clone(), backend.clone(), cache));
+        let last_report = Arc::new(LastReport::default());
+        let gateway =
+            Gateway::new(site.clone(), bus.clone(), backend.clone(), cache).with_last_report(last_report.clone());
+        gateways.insert(site.to_string(), gateway);
+        side.spawn(keep_alive(site.to_string(), bus.clone(), names::ALIVE_EVERY, None, last_report, shutdown.clone()));
         side.spawn(announce_host_changes(site.clone(), bus.clone(), None, backend.clone(), shutdown.clone()));
         let rpc = serve_kubeconfig(site.clone(), bus.clone(), backend.clone(), shutdown.clone());
         side.spawn(async move {

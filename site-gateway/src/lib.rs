@@ -2,6 +2,7 @@
 //! backend (Metal3 + BPA, or the simulation), publishes what happened as events, announces
 //! the hosts that arrive at the site, and answers the kubeconfig consumer's requests.
 
+pub mod alive;
 mod announce;
 pub mod backend;
 pub mod cache;

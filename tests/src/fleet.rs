@@ -151,6 +151,8 @@ pub struct FleetBuilder {
     gateways: bool,
     observer: bool,
     duplicate_window: Option<Duration>,
+    alive_every: Duration,
+    cut_off_after: Duration,
 }
 
 /// How each role connects, when the fleet runs under a deployment's users.
@@ -214,6 +216,14 @@ impl FleetBuilder {
         self
     }
 
+    /// Gateways say they are there every `alive_every`; the observer counts a site cut off
+    /// after `cut_off_after` without word of it.
+    pub fn link_timing(mut self, alive_every: Duration, cut_off_after: Duration) -> Self {
+        self.alive_every = alive_every;
+        self.cut_off_after = cut_off_after;
+        self
+    }
+
     /// Run no observer in this process (the test runs its own, to stop and start it).
     pub fn without_observer(mut self) -> Self {
         self.observer = false;
@@ -268,7 +278,7 @@ impl FleetBuilder {
         }
         if self.observer {
             let observer = connect(Role::Observer, "landfall-test-observer").await;
-            tasks.spawn(consumers::run_observer_with(observer, self.policy, shutdown.clone()));
+            tasks.spawn(consumers::run_observer_with(observer, self.policy, self.cut_off_after, shutdown.clone()));
         }
         let dir = tempfile::tempdir().expect("a temporary directory");
         // The kubeconfig collector and the secrets service, under a key file in `dir`.
@@ -308,6 +318,7 @@ impl FleetBuilder {
                     site_bus.clone(),
                     backend.clone(),
                     cache,
+                    self.alive_every,
                     gateway.clone(),
                 ));
                 let control =
@@ -474,6 +485,8 @@ impl Fleet {
             gateways: true,
             observer: true,
             duplicate_window: None,
+            alive_every: bus_schema::names::ALIVE_EVERY,
+            cut_off_after: bus_schema::names::CUT_OFF_AFTER,
         }
     }
 

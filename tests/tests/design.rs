@@ -238,6 +238,7 @@ async fn an_install_uses_the_design_at_the_revision_it_names() {
         fleet.bus.clone(),
         backend,
         fleet.cache_for(effective.site.as_str()),
+        bus_schema::names::ALIVE_EVERY,
         Default::default(),
     ));
 

@@ -314,6 +314,7 @@ async fn register_then_install_at_once_runs_in_publish_order() {
             bus.clone(),
             backend,
             fleet.cache_for(design.site.as_str()),
+            bus_schema::names::ALIVE_EVERY,
             Default::default(),
         ));
         let mut extra = producers::up::demo_packages()[0].clone();

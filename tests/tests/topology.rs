@@ -184,6 +184,60 @@ async fn leaf_links(http_port: u16) -> u64 {
 
 /// Holds the link cut for `cut_for`, checking all along that the site has no other way to the
 /// hub (it must not reconnect around the cut), then heals it and waits until it is back.
+/// What the hub says of the leaf site, read while the site's processes are borrowed elsewhere.
+struct HubView<'a> {
+    fleet: &'a Fleet,
+    d: &'a Deployment,
+    ca: &'a std::path::Path,
+}
+
+impl HubView<'_> {
+    /// `landfall status edge-01 -o json`, run by an operator at the hub: the site's entry.
+    async fn hub_status(&self) -> serde_json::Value {
+        let seed = self.d.seed_file(&Role::Operator);
+        let args = [
+            "status",
+            "edge-01",
+            "-o",
+            "json",
+            "--nats-nkey-file",
+            seed.to_str().unwrap(),
+            "--nats-ca",
+            self.ca.to_str().unwrap(),
+        ];
+        let out = landfall_tests::cli::landfall(&self.d.hub_urls("tls"), &args).await;
+        let stdout = landfall_tests::cli::text(&out.stdout);
+        assert!(out.status.success(), "{stdout}{}", landfall_tests::cli::text(&out.stderr));
+        let all: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        all[0].clone()
+    }
+
+    /// Waits until the hub counts the site's link `state` (`up` or `cut_off`), by `deadline`;
+    /// the record.
+    async fn until_link(&self, state: pb::LinkState, deadline: Instant) -> pb::SiteLink {
+        let observed = self.fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+        loop {
+            let link = observed.get::<pb::SiteLink>(&names::keys::link("edge-01")).await.unwrap();
+            if let Some((l, _)) = link.as_ref().filter(|(l, _)| l.state == state as i32) {
+                return l.clone();
+            }
+            assert!(Instant::now() < deadline, "the hub did not count the site {state:?}: {link:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Now, as Unix milliseconds.
+fn unix_ms_now() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    i64::try_from(since.as_millis()).unwrap()
+}
+
+/// How often the leaf site's gateway says it is there, and how long the hub waits without word
+/// of it before it counts the site cut off.
+const ALIVE_EVERY: Duration = Duration::from_millis(250);
+const CUT_OFF_AFTER: Duration = Duration::from_secs(2);
+
 async fn partition(proxy: &TcpProxy, http_port: u16, cut_for: Duration) {
     proxy.cut();
     let healed_at = Instant::now() + cut_for;
@@ -204,11 +258,17 @@ async fn partition(proxy: &TcpProxy, http_port: u16, cut_for: Duration) {
 /// Registers kubelet `version` and rolls it out one site, and one node, at a time; the rollout's
 /// command.
 async fn roll_out_kubelet_one_node_at_a_time(fleet: &Fleet, version: &str) -> Envelope {
+    roll_out_kubelet(fleet, version, pb::RolloutStrategy::default()).await
+}
+
+/// Registers kubelet `version` and rolls it out one site, and one node, at a time, with the rest
+/// of `strategy`; the rollout's command.
+async fn roll_out_kubelet(fleet: &Fleet, version: &str, strategy: pb::RolloutStrategy) -> Envelope {
     let env = Envelope::root();
     let register = pb::RegisterPackage { package: Some(kubelet(version)), auto_rollout: None };
     fleet.bus.publish_command(&register, &env).await.unwrap();
     assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(30)).await.is_some());
-    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..Default::default() };
+    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..strategy };
     fleet
         .patch(pb::PatchPackage {
             name: "kubelet".into(),
@@ -262,6 +322,8 @@ struct LeafSite {
     gateway: Service,
     /// The simulated site's state file: what it has done, across gateway restarts.
     state: std::path::PathBuf,
+    /// The CA that signed the hub's certificate.
+    ca: std::path::PathBuf,
     _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
@@ -285,6 +347,7 @@ impl LeafSite {
             .nodes(nodes)
             .access(Arc::new(move |role: &Role| with_ca(roles(role))))
             .without_gateways()
+            .link_timing(ALIVE_EVERY, CUT_OFF_AFTER)
             .start()
             .await;
         let leaf = d.start_leaf("edge-01");
@@ -309,10 +372,18 @@ impl LeafSite {
             seed.to_str().unwrap(),
             "--js-domain",
             HUB_DOMAIN,
+            "--alive-every",
+            "250ms",
         ];
         let site_url = format!("nats://127.0.0.1:{}", leaf.port);
         let gateway = Service::start("gateway-edge-01", &site_url, work.path(), &args);
-        LeafSite { d, proxy, hubs, fleet, leaf, gateway, state, _dirs: (tls_dir, work) }
+        let ca = tls.ca.clone();
+        LeafSite { d, proxy, hubs, fleet, leaf, gateway, state, ca, _dirs: (tls_dir, work) }
+    }
+
+    /// What the hub says of the site.
+    fn view(&self) -> HubView<'_> {
+        HubView { fleet: &self.fleet, d: &self.d, ca: &self.ca }
     }
 
     /// Cuts the link for `cut_for` (see [`partition`]).
@@ -446,7 +517,10 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
     let leaf_url = format!("nats://127.0.0.1:{}", site.leaf.port);
     let seed = site.d.seed_file(&Role::Site("edge-01".into()));
     let at_site = connect_when_ready(&leaf_url, "at-site", &site.d.access(&Role::Site("edge-01".into()))).await;
-    let LeafSite { gateway, proxy, d, leaf, .. } = &mut site;
+    // Borrowed apart: the proxy and the processes, and the rest of the site to read the hub with.
+    let LeafSite { gateway, proxy, d, leaf, fleet, ca, .. } = &mut site;
+    let d: &Deployment = d;
+    let site_view = HubView { fleet, d, ca };
     let work_on = async {
         until_site(&state, "the site did not patch its nodes while cut off", |e| e.patches.len() == 4).await;
         // The gateway dies once the site has recorded every node's report.
@@ -490,7 +564,26 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
         assert!(Instant::now() < heals_at, "the leaf node came back only after the link");
         println!("leaf: the leaf node's server restarted while the link is cut; the site's reports are still there");
     };
-    tokio::join!(partition(proxy, d.hubs[0].http, cut_for), work_on);
+    let cut_at = unix_ms_now();
+    let ((), (), cut_off) = tokio::join!(partition(proxy, d.hubs[0].http, cut_for), work_on, async {
+        // The hub's view while the link is down: the site is cut off since it was last heard,
+        // with what it said last, not failed.
+        let link = site_view.until_link(pb::LinkState::CutOff, heals_at).await;
+        let status = site_view.hub_status().await;
+        assert!(Instant::now() < heals_at, "the hub counted the site cut off only after the link was back");
+        (link, status)
+    });
+    let (link, status) = cut_off;
+    assert!(
+        (cut_at - 2_000..=cut_at + 1_000).contains(&link.since_unix_ms),
+        "cut off since {} for a link cut at {cut_at}",
+        link.since_unix_ms
+    );
+    assert_eq!(status["link"]["state"], "cut_off", "{status:#}");
+    assert_ne!(status["install"]["phase"], "INSTALL_PHASE_FAILED", "{status:#}");
+    println!("leaf: the hub counts the site cut off since it was last heard: {}", status["link"]);
+    let back = site.view().until_link(pb::LinkState::Up, Instant::now() + Duration::from_secs(10)).await;
+    assert_eq!(back.cut_off_since_unix_ms, link.since_unix_ms);
 
     let run = site.fleet.wait_rollout(&cmd.id, Duration::from_secs(120)).await;
     let done = completed(&run, &site.gateway.log_tail(30));
@@ -546,6 +639,78 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
     let ready = ready.unwrap_or_else(|| panic!("node-9 did not join:\n{}", site.gateway.log_tail(30)));
     assert_eq!(ready.delivery.decode::<pb::NodeReady>().unwrap().node, "node-9");
     assert_eq!(site_effects(&state).provisions.get("node-9"), Some(&1), "node-9 provisioned once");
+    site.stop().await;
+}
+
+/// A rollout's wave runs out of time while its one site is cut off: the hub counts the site cut
+/// off (not failed) and the strategy decides (here: go on, its nodes counted failed, the record
+/// saying the site is cut off). The site patches on, and its report, arriving after the link is
+/// back, lands in the site's record; the counts stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_cut_off_past_its_waves_timeout_counts_as_the_strategy_says_and_its_late_report_is_recorded() {
+    let site = LeafSite::start(2).await;
+    let install = site.fleet.install("edge-01").await;
+    site.fleet.wait_install(&install).await;
+    site.view().until_link(pb::LinkState::Up, Instant::now() + Duration::from_secs(10)).await;
+
+    let strategy = pb::RolloutStrategy {
+        wave_timeout_seconds: 6,
+        on_wave_timeout: pb::WaveTimeoutAction::Continue as i32,
+        failure_threshold: "100%".into(),
+        ..Default::default()
+    };
+    let cmd = roll_out_kubelet(&site.fleet, "1.30.0", strategy).await;
+    until_site(&site.state, "the rollout did not reach the site", |e| !e.patches.is_empty()).await;
+    let cut_for = Duration::from_secs(12);
+    let heals_at = Instant::now() + cut_for;
+    let hub = site.view();
+    let (run, ()) = tokio::join!(
+        async {
+            let run = site.fleet.wait_rollout(&cmd.id, Duration::from_secs(60)).await;
+            assert!(Instant::now() < heals_at, "the wave timed out only after the link was back");
+            run
+        },
+        site.partition(cut_for)
+    );
+    let done = completed(&run, &site.gateway.log_tail(30));
+    assert_eq!((done.planned_nodes, done.patched, done.failed), (2, 0, 2), "counted failed at the time-out");
+    let sagas = site.fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    let key = names::keys::rollout_site(&cmd.id, "edge-01");
+    let (timed_out, _) = sagas.get::<pb::RolloutSite>(&key).await.unwrap().expect("the site's record");
+    assert_eq!(timed_out.state, pb::RolloutSiteState::TimedOut as i32, "{timed_out:?}");
+    let reason = &timed_out.failed[0].reason;
+    assert!(reason.contains("the site is cut off (nothing heard since"), "{reason}");
+    println!("leaf: the wave timed out with the site cut off: {reason}");
+
+    // The link is back: the site's report arrives and lands in its record.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let late = loop {
+        let (record, _) = sagas.get::<pb::RolloutSite>(&key).await.unwrap().unwrap();
+        if record.reported_late {
+            break record;
+        }
+        assert!(Instant::now() < deadline, "the site's late report was not recorded: {record:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(late.patched.len(), 2, "{late:?}");
+    assert!(late.failed.is_empty(), "{late:?}");
+    assert_eq!(&late.timed_out_reason, reason);
+    let (rollout, _) = sagas.get::<pb::Rollout>(&names::keys::rollout(&cmd.id)).await.unwrap().unwrap();
+    assert_eq!((rollout.patched, rollout.failed), (0, 2), "the counts stay as they were");
+    let sites = site.fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
+    let (design, _) = sites.get::<pb::SiteDesign>(&names::keys::site("edge-01")).await.unwrap().unwrap();
+    let kubelet: Vec<&str> = design
+        .packages
+        .iter()
+        .flat_map(|r| &r.packages)
+        .filter(|p| p.name == "kubelet")
+        .map(|p| p.version.as_str())
+        .collect();
+    assert!(
+        !kubelet.is_empty() && kubelet.iter().all(|v| *v == "1.30.0"),
+        "the site's design follows its nodes: {kubelet:?}"
+    );
+    hub.until_link(pb::LinkState::Up, Instant::now() + Duration::from_secs(10)).await;
     site.stop().await;
 }
 

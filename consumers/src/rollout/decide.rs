@@ -5,6 +5,7 @@
 //! publish in the rollout's outbox, and the jobs to send. No I/O, no clock: the executor reads,
 //! calls these, writes with compare-and-set, and publishes.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use bus_schema::domain::{PackageName, SiteDesign, Version};
@@ -403,6 +404,7 @@ pub fn site_report(e: &pb::SitePatched, cause: &Envelope, now: i64) -> SiteRepor
             failed: e.failed.clone(),
             skipped: e.skipped.clone(),
             updated_unix_ms: now,
+            ..Default::default()
         },
         design_to: (!e.patched.is_empty()).then(|| e.package.clone().unwrap_or_default()),
         count: Report {
@@ -412,6 +414,23 @@ pub fn site_report(e: &pb::SitePatched, cause: &Envelope, now: i64) -> SiteRepor
             cause: cause.clone(),
         },
     }
+}
+
+/// The record of a site counted failed at its wave's time-out, once its report arrives after
+/// all (it was cut off, and worked on): what its nodes really did, marked late, with the reason
+/// it was counted failed kept. The rollout's counts stay as they were. `None` when `held` is
+/// not such a record, or already has its late report.
+pub fn late_record(held: &pb::RolloutSite, report: &SiteReport) -> Option<pb::RolloutSite> {
+    if held.state != pb::RolloutSiteState::TimedOut as i32 || held.reported_late {
+        return None;
+    }
+    let reason = held.failed.first().map(|f| f.reason.clone()).unwrap_or_default();
+    Some(pb::RolloutSite {
+        state: pb::RolloutSiteState::TimedOut as i32,
+        reported_late: true,
+        timed_out_reason: reason,
+        ..report.record.clone()
+    })
 }
 
 /// What a site removed since the rollout was planned comes to, when its turn comes: no job, its
@@ -656,15 +675,22 @@ impl WaveTimeout {
 
     /// When the rollout goes on, each silent site's record, saying why its nodes count as failed
     /// (each of those sites lets go of its lease too); none when it halts.
-    pub fn site_records(&self, now: i64) -> Vec<pb::RolloutSite> {
+    /// `cut_off` gives, for each late site the hub has counted cut off, since when.
+    pub fn site_records(&self, now: i64, cut_off: &HashMap<String, i64>) -> Vec<pb::RolloutSite> {
         if self.abort {
             return vec![];
         }
         let timeout = self.timeout;
-        let reason = format!("no report within the wave timeout of {timeout}s (site offline?): counted as failed");
         self.late
             .iter()
-            .map(|(i, s)| pb::RolloutSite {
+            .map(|(i, s)| (i, s, match cut_off.get(&s.site_id) {
+                Some(since) => format!(
+                    "no report within the wave timeout of {timeout}s: the site is cut off (nothing heard since {}), counted as failed; its report is recorded when it arrives",
+                    time_text(*since)
+                ),
+                None => format!("no report within the wave timeout of {timeout}s (site offline?): counted as failed"),
+            }))
+            .map(|(i, s, reason)| pb::RolloutSite {
                 rollout_id: self.rollout_id.clone(),
                 site_id: s.site_id.clone(),
                 plan_index: *i as u32,
@@ -720,6 +746,13 @@ impl WaveTimeout {
         advance(&mut next, now);
         Some(next)
     }
+}
+
+/// A time as people read it (RFC 3339, UTC, whole seconds).
+fn time_text(unix_ms: i64) -> String {
+    let t =
+        time::OffsetDateTime::from_unix_timestamp(unix_ms.div_euclid(1000)).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| unix_ms.to_string())
 }
 
 #[cfg(test)]

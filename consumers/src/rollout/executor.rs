@@ -395,7 +395,11 @@ impl Rollouts {
         decide::check_report(&r, &planned, &e, &d.envelope)
             .map_err(|reason| HandlerError::reject(pb::RejectCode::Forbidden, reason))?;
         let report = decide::site_report(&e, &d.envelope, now_ms());
-        if !decide::counted(&r, report.count.index) {
+        if decide::counted(&r, report.count.index) {
+            // Counted already: this report again, or the report of a site the wave's time-out
+            // counted failed, which its record keeps now (the counts stay as they were).
+            self.record_late(&report).await?;
+        } else {
             let site_key = keys::rollout_site(&e.rollout_id, &e.site_id);
             let (a, b) = tokio::join!(self.sagas.put(&site_key, &report.record), async {
                 match &report.design_to {
@@ -412,6 +416,27 @@ impl Rollouts {
         if failed > 0 {
             info!(rollout = %e.rollout_id, site = %e.site_id, patched, failed, "site patched with failures");
         }
+        Ok(())
+    }
+
+    /// A report that arrives after its site was counted failed at the wave's time-out: what the
+    /// site really did goes in its record, and its design moves to the version when it patched
+    /// nodes (they run it, whatever the rollout counted).
+    async fn record_late(&self, report: &decide::SiteReport) -> Result<(), HandlerError> {
+        let site = &report.record.site_id;
+        let key = keys::rollout_site(&report.record.rollout_id, site);
+        let Some((held, rev)) = self.sagas.get::<pb::RolloutSite>(&key).await? else { return Ok(()) };
+        let Some(late) = decide::late_record(&held, report) else { return Ok(()) };
+        if let Some(package) = &report.design_to {
+            self.move_design(site, package).await?;
+        }
+        if self.sagas.update(&key, &late, rev).await? == bus_schema::runtime::Cas::Conflict {
+            return Err(HandlerError::Wait {
+                reason: format!("the record of site {site} changed while its late report was written"),
+                delay: REPORT_BEFORE_MARK_RETRY,
+            });
+        }
+        info!(rollout = %late.rollout_id, %site, patched = late.patched.len(), failed = late.failed.len(), "a site timed out reported late: recorded");
         Ok(())
     }
 
@@ -524,12 +549,20 @@ impl Rollouts {
             return Ok(());
         }
         let mut late = Vec::new();
+        // The silent sites the hub counts cut off, and since when: their records say so.
+        let mut cut_off = std::collections::HashMap::new();
         for i in decide::silent_sites(&r) {
-            late.push((i, self.plan_site(&r, i).await?));
+            let site = self.plan_site(&r, i).await?;
+            if let Some((link, _)) = self.observed.get::<pb::SiteLink>(&keys::link(&site.site_id)).await?
+                && link.state == pb::LinkState::CutOff as i32
+            {
+                cut_off.insert(site.site_id.clone(), link.since_unix_ms);
+            }
+            late.push((i, site));
         }
         let timeout = decide::wave_timeout(&r, late);
         // Each silent site says why it counts as failed, in its record, and lets go of its lease.
-        for record in timeout.site_records(now) {
+        for record in timeout.site_records(now, &cut_off) {
             self.sagas.put(&keys::rollout_site(rollout_id, &record.site_id), &record).await?;
             lease::release(&self.sagas, &record.site_id, Holder::Rollout(rollout_id)).await?;
         }

@@ -53,6 +53,8 @@ pub struct SiteFacts {
     pub busy: bool,
     /// How many of its design's nodes are at each of [`NODE_STEPS`].
     pub steps: [usize; NODE_STEPS.len()],
+    /// Whether the hub counts it cut off (nothing heard of its gateway for a while).
+    pub cut_off: bool,
 }
 
 impl SiteFacts {
@@ -69,7 +71,7 @@ impl SiteFacts {
             let step = step_label(progress_of(node_saga(&n.name), &n.name).map(|p| p.step));
             steps[index(&NODE_STEPS, step)] += 1;
         }
-        Self { state: index(&SITE_STATES, site_state(install)), busy, steps }
+        Self { state: index(&SITE_STATES, site_state(install)), busy, steps, cut_off: false }
     }
 
     pub fn state(&self) -> &'static str {
@@ -86,6 +88,7 @@ fn index(labels: &[&str], label: &str) -> usize {
 pub struct Counts {
     pub sites: usize,
     pub busy: usize,
+    pub cut_off: usize,
     pub by_state: [usize; SITE_STATES.len()],
     pub by_step: [usize; NODE_STEPS.len()],
 }
@@ -94,6 +97,7 @@ impl Counts {
     pub fn add(&mut self, f: &SiteFacts) {
         self.sites += 1;
         self.busy += usize::from(f.busy);
+        self.cut_off += usize::from(f.cut_off);
         self.by_state[f.state] += 1;
         for (total, n) in self.by_step.iter_mut().zip(f.steps) {
             *total += n;
@@ -103,6 +107,7 @@ impl Counts {
     pub fn remove(&mut self, f: &SiteFacts) {
         self.sites -= 1;
         self.busy -= usize::from(f.busy);
+        self.cut_off -= usize::from(f.cut_off);
         self.by_state[f.state] -= 1;
         for (total, n) in self.by_step.iter_mut().zip(f.steps) {
             *total -= n;

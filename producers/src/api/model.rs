@@ -103,6 +103,9 @@ pub struct State {
     pub rollouts: HashMap<String, pb::Rollout>,
     /// Site id → its last event.
     pub last_event: HashMap<String, LastEvent>,
+    /// Site id → whether the hub hears it, for every site heard once (`link.<site>`, and the
+    /// link events, whichever arrives first).
+    pub links: HashMap<String, pb::SiteLink>,
     /// Site id → what the overview counts of it, for every site with a design; and their sum.
     /// Kept as the site's records change (see [`State::refresh`]).
     facts: HashMap<String, SiteFacts>,
@@ -146,6 +149,17 @@ impl State {
         }
     }
 
+    /// The site's link as `link` says, unless what the model holds is newer: the record and the
+    /// event of one change arrive by two paths, in either order.
+    pub(super) fn link(&mut self, link: pb::SiteLink) {
+        let site = link.site_id.clone();
+        if self.links.get(&site).is_some_and(|held| held.since_unix_ms > link.since_unix_ms) {
+            return;
+        }
+        self.links.insert(site.clone(), link);
+        self.refresh(&site);
+    }
+
     /// `key` (`node.<site>.<node>.<package>`) was purged: its node no longer runs it.
     fn forget_observed(&mut self, key: &str) {
         let mut parts = key.splitn(4, '.').skip(1);
@@ -178,7 +192,8 @@ impl State {
         }
         let Some(design) = self.designs.get(site) else { return };
         let install = self.latest_install.get(site).and_then(|id| self.sagas.get(id));
-        let facts = SiteFacts::of(design, install, self.leases.contains_key(site), |n| self.node_saga(site, n));
+        let mut facts = SiteFacts::of(design, install, self.leases.contains_key(site), |n| self.node_saga(site, n));
+        facts.cut_off = self.links.get(site).is_some_and(|l| l.state == pb::LinkState::CutOff as i32);
         self.counts.add(&facts);
         self.facts.insert(site.to_string(), facts);
     }
@@ -210,7 +225,7 @@ impl Model {
                 names::SAGAS_BUCKET,
                 ["saga.>", "latest.>", "lease.>", "rollout.*", "summary.>"].map(String::from).to_vec(),
             ),
-            (names::OBSERVED_BUCKET, vec![format!("{}>", keys::OBSERVED_PREFIX)]),
+            (names::OBSERVED_BUCKET, vec![format!("{}>", keys::OBSERVED_PREFIX), format!("{}>", keys::LINK_PREFIX)]),
             (names::PACKAGES_BUCKET, vec![format!("{}>", keys::PACKAGE_PREFIX), format!("{}>", keys::POLICY_PREFIX)]),
         ];
         for (bucket, patterns) in follow {
@@ -303,6 +318,17 @@ impl Model {
                     st.refresh(&site);
                 }
             }
+            names::OBSERVED_BUCKET if key.starts_with(keys::LINK_PREFIX) => {
+                let site = &key[keys::LINK_PREFIX.len()..];
+                let mut st = self.write();
+                match value.and_then(|v| decode::<pb::SiteLink>(&key, v)) {
+                    Some(link) => st.link(link),
+                    None => {
+                        st.links.remove(site);
+                        st.refresh(site);
+                    }
+                }
+            }
             // node.<site>.<node>.<package>: the record itself names all three.
             names::OBSERVED_BUCKET => match value.and_then(|v| decode::<pb::ObservedVersion>(&key, v)) {
                 Some(o) => self.write().observe(o),
@@ -391,10 +417,14 @@ impl Model {
             time: e.published,
             summary,
         };
+        let link = link_of_event(&e.delivery.type_name, &e.delivery.payload);
         let mut st = self.write();
         let newer = st.last_event.get(scope).is_none_or(|l| l.seq < last.seq);
         if newer {
             st.last_event.insert(scope.to_string(), last);
+        }
+        if let Some(link) = link {
+            st.link(link);
         }
     }
 }
@@ -406,6 +436,40 @@ fn decode<M: Message + Default>(key: &str, value: bytes::Bytes) -> Option<M> {
             debug!(key, error = %e, "read model: skipping a value that does not decode");
             None
         }
+    }
+}
+
+/// What a link event says of its site's link (see `consumers::links`).
+fn link_of_event(type_name: &str, payload: &[u8]) -> Option<pb::SiteLink> {
+    use pb::BusMessage;
+    if type_name == pb::SiteCutOff::TYPE {
+        let e = pb::SiteCutOff::decode(payload).ok()?;
+        let alive = pb::SiteAlive {
+            outbox_waiting: e.outbox_waiting,
+            last_report_type: e.last_report_type,
+            last_report_unix_ms: e.last_report_unix_ms,
+            ..Default::default()
+        };
+        let state = pb::LinkState::CutOff as i32;
+        Some(pb::SiteLink {
+            site_id: e.site_id,
+            state,
+            since_unix_ms: e.since_unix_ms,
+            last_alive: Some(alive),
+            ..Default::default()
+        })
+    } else if type_name == pb::SiteLinkRestored::TYPE {
+        let e = pb::SiteLinkRestored::decode(payload).ok()?;
+        let alive = pb::SiteAlive { outbox_waiting: e.outbox_waiting, ..Default::default() };
+        Some(pb::SiteLink {
+            site_id: e.site_id,
+            state: pb::LinkState::Up as i32,
+            since_unix_ms: e.restored_unix_ms,
+            last_alive: Some(alive),
+            cut_off_since_unix_ms: e.cut_off_since_unix_ms,
+        })
+    } else {
+        None
     }
 }
 
@@ -715,6 +779,43 @@ mod tests {
         purge(&m, names::SITES_BUCKET, &keys::site("edge-01"));
         let st = m.read();
         assert_eq!((st.counts().sites, st.counts().by_state, st.counts().nodes()), (1, [1, 0, 0, 0, 0], 1));
+    }
+
+    #[test]
+    fn a_cut_off_site_is_counted_and_shown_from_its_record_or_its_event_whichever_comes_first() {
+        use pb::BusMessage;
+        let m = model();
+        put(&m, names::SITES_BUCKET, &keys::site("edge-01"), &design("edge-01", &["m1"]));
+        let link = |state: pb::LinkState, since: i64| pb::SiteLink {
+            site_id: "edge-01".into(),
+            state: state as i32,
+            since_unix_ms: since,
+            ..Default::default()
+        };
+        put(&m, names::OBSERVED_BUCKET, &keys::link("edge-01"), &link(pb::LinkState::Up, 1_000));
+        assert_eq!(m.read().counts().cut_off, 0);
+
+        // The event of the cut comes first; its record after.
+        let cut =
+            pb::SiteCutOff { site_id: "edge-01".into(), since_unix_ms: 5_000, outbox_waiting: 3, ..Default::default() };
+        let from_event = link_of_event(pb::SiteCutOff::TYPE, &cut.encode_to_vec()).unwrap();
+        m.write().link(from_event);
+        checked(&m);
+        assert_eq!(m.read().counts().cut_off, 1);
+        assert!(m.read().facts("edge-01").is_some_and(|f| f.cut_off));
+        put(&m, names::OBSERVED_BUCKET, &keys::link("edge-01"), &link(pb::LinkState::CutOff, 5_000));
+        assert_eq!(m.read().counts().cut_off, 1);
+
+        // The record of the link back comes first; the cut's event, read again late, changes nothing.
+        put(&m, names::OBSERVED_BUCKET, &keys::link("edge-01"), &link(pb::LinkState::Up, 9_000));
+        m.write().link(link_of_event(pb::SiteCutOff::TYPE, &cut.encode_to_vec()).unwrap());
+        checked(&m);
+        assert_eq!(m.read().counts().cut_off, 0);
+        assert_eq!(m.read().links["edge-01"].since_unix_ms, 9_000);
+
+        // Removed: forgotten.
+        purge(&m, names::OBSERVED_BUCKET, &keys::link("edge-01"));
+        assert!(m.read().links.is_empty());
     }
 
     #[test]

@@ -291,7 +291,19 @@ fn view_schemas() -> Map<String, Value> {
                       "description": "Per package, the versions the site's nodes report running." },
         "install": nullable(schema_ref("Install")),
         "last_event": nullable(schema_ref("LastEvent")),
+        "link": nullable(schema_ref("Link")),
     });
+    let link = object(
+        &["state", "since", "outbox_waiting", "last_report", "cut_off_since"],
+        json!({
+            "state": { "type": "string", "enum": ["up", "cut_off"],
+                       "description": "cut_off: nothing heard of the site's gateway for longer than the observer's --cut-off-after. Its work goes on; its reports arrive when it is heard again." },
+            "since": { "type": "string", "description": "When the state began: for cut_off, the last time the site was heard (RFC 3339)." },
+            "outbox_waiting": { "type": "integer", "description": "Reports the site still held for the hub, as it said last." },
+            "last_report": nullable(object(&["type", "time"], json!({ "type": string(), "time": string() }))),
+            "cut_off_since": { "type": "string", "nullable": true, "description": "For up after a cut: when the cut began." },
+        }),
+    );
     let site_required = [
         "site",
         "labels",
@@ -303,6 +315,7 @@ fn view_schemas() -> Map<String, Value> {
         "versions",
         "install",
         "last_event",
+        "link",
     ];
     let site = object(&site_required, site_props.clone());
     let mut detail_props = site_props;
@@ -416,13 +429,14 @@ fn view_schemas() -> Map<String, Value> {
         ),
         "Overview": object(&["ready", "sites", "nodes", "rollouts", "packages"], json!({
             "ready": { "type": "boolean", "description": "The read model has caught up with the bus." },
-            "sites": object(&["total", "busy", "by_state"], json!({ "total": integer(), "busy": integer(), "by_state": counts() })),
+            "sites": object(&["total", "busy", "cut_off", "by_state"], json!({ "total": integer(), "busy": integer(), "cut_off": integer(), "by_state": counts() })),
             "nodes": object(&["total", "by_step"], json!({ "total": integer(), "by_step": counts() })),
             "rollouts": object(&["total", "by_phase"], json!({ "total": integer(), "by_phase": counts() })),
             "packages": integer(),
         })),
         "Install": install,
         "LastEvent": last_event,
+        "Link": link,
         "Site": site,
         "SiteDetail": { "type": "object", "required": detail_required, "properties": detail_props },
         "SitePage": object(&["total", "offset", "limit", "items"], json!({
@@ -526,6 +540,7 @@ pub fn document() -> Value {
                 json!([
                     { "name": "state", "in": "query", "schema": { "type": "string", "enum": SITE_STATES } },
                     { "name": "q", "in": "query", "description": "Only sites whose id contains this.", "schema": string() },
+                    { "name": "link", "in": "query", "description": "Only sites the hub hears (up) or does not (cut_off).", "schema": { "type": "string", "enum": ["up", "cut_off"] } },
                     { "name": "ids", "in": "query", "description": "Only these sites (comma-separated).", "schema": string() },
                     { "name": "limit", "in": "query", "schema": { "type": "integer", "minimum": 1, "maximum": super::views::MAX_PAGE } },
                     { "name": "offset", "in": "query", "schema": { "type": "integer", "minimum": 0, "maximum": u32::MAX } },

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::facts::{progress_of, step_label};
 use super::model::State;
 use crate::views::human::{kind_label, rfc3339, rfc3339_ms, role_label};
+use crate::views::link::link_json;
 use crate::views::observed::{desired_versions, observed_package_json};
 use crate::views::rollout::{rollout_summary_json, sort_newest_first};
 
@@ -79,6 +80,7 @@ pub fn site_summary(st: &State, site: &str, design: &pb::SiteDesign) -> Value {
             "time": rfc3339(e.time),
             "summary": e.summary,
         })),
+        "link": st.links.get(site).map(link_json),
     })
 }
 
@@ -136,7 +138,7 @@ pub fn overview(st: &State) -> Value {
     }
     json!({
         "ready": st.ready(),
-        "sites": { "total": counts.sites, "busy": counts.busy, "by_state": sites },
+        "sites": { "total": counts.sites, "busy": counts.busy, "cut_off": counts.cut_off, "by_state": sites },
         "nodes": { "total": counts.nodes(), "by_step": nodes },
         "rollouts": { "total": st.rollouts.len(), "by_phase": rollouts },
         "packages": st.packages.len(),
@@ -151,6 +153,8 @@ pub struct SiteQuery {
     pub state: Option<String>,
     /// Only sites whose id contains this.
     pub q: Option<String>,
+    /// Only sites whose link is this: `cut_off` (the hub hears nothing of them) or `up`.
+    pub link: Option<String>,
     /// Only these sites (comma-separated ids).
     pub ids: Option<String>,
     pub limit: Option<u32>,
@@ -167,6 +171,12 @@ pub fn sites_page(st: &State, q: &SiteQuery) -> Result<Value, String> {
     {
         return Err(format!("unknown state {s:?}: one of {}", SITE_STATES.join(", ")));
     }
+    let link = match q.link.as_deref() {
+        None => None,
+        Some("cut_off") => Some(pb::LinkState::CutOff as i32),
+        Some("up") => Some(pb::LinkState::Up as i32),
+        Some(other) => return Err(format!("unknown link {other:?}: one of cut_off, up")),
+    };
     let limit = q.limit.map_or(DEFAULT_PAGE, |l| l as usize);
     if limit == 0 || limit > MAX_PAGE {
         return Err(format!("limit must be between 1 and {MAX_PAGE}"));
@@ -178,6 +188,7 @@ pub fn sites_page(st: &State, q: &SiteQuery) -> Result<Value, String> {
         .filter(|(site, _)| ids.as_ref().is_none_or(|ids| ids.contains(site.as_str())))
         .filter(|(site, _)| q.q.as_deref().is_none_or(|needle| site.contains(needle)))
         .filter(|(site, _)| q.state.as_deref().is_none_or(|want| st.facts(site).is_some_and(|f| f.state() == want)))
+        .filter(|(site, _)| link.is_none_or(|want| st.links.get(site.as_str()).is_some_and(|l| l.state == want)))
         .collect();
     let offset = q.offset.unwrap_or(0) as usize;
     let items: Vec<Value> =
@@ -341,6 +352,36 @@ mod tests {
         assert_eq!((page["total"].as_u64(), page["items"].as_array().unwrap().len()), (Some(2), 1));
         assert!(sites_page(&st, &SiteQuery { state: Some("burning".into()), ..Default::default() }).is_err());
         assert!(sites_page(&st, &SiteQuery { limit: Some(0), ..Default::default() }).is_err());
+    }
+
+    #[test]
+    fn a_cut_off_site_says_since_when_and_what_it_said_last() {
+        let mut st = state();
+        let alive = pb::SiteAlive {
+            outbox_waiting: 7,
+            last_report_type: "landfall.v1.NodePatched".into(),
+            last_report_unix_ms: 1_700_000_000_000,
+            ..Default::default()
+        };
+        st.link(pb::SiteLink {
+            site_id: "edge-01".into(),
+            state: pb::LinkState::CutOff as i32,
+            since_unix_ms: 1_700_000_001_000,
+            last_alive: Some(alive),
+            ..Default::default()
+        });
+        let q = SiteQuery { link: Some("cut_off".into()), ..Default::default() };
+        let page = sites_page(&st, &q).unwrap();
+        assert_eq!(page["total"], 1);
+        let link = &page["items"][0]["link"];
+        assert_eq!(link["state"], "cut_off");
+        assert_eq!(link["since"], "2023-11-14T22:13:21Z");
+        assert_eq!((link["outbox_waiting"].as_u64(), &link["last_report"]["type"]), (Some(7), &json!("NodePatched")));
+        assert_eq!(page["items"][0]["state"], "installing", "its install goes on: cut off is not failed");
+        let up = sites_page(&st, &SiteQuery { link: Some("up".into()), ..Default::default() }).unwrap();
+        assert_eq!(up["total"], 0, "a site never heard is neither");
+        assert_eq!(overview(&st)["sites"]["cut_off"], 1);
+        assert!(sites_page(&st, &SiteQuery { link: Some("down".into()), ..Default::default() }).is_err());
     }
 
     #[test]

@@ -459,6 +459,7 @@ async fn fanout(
                 gw_bus,
                 Arc::new(sim.clone()),
                 cache,
+                names::ALIVE_EVERY,
                 shutdown.clone(),
             ));
         }
@@ -673,6 +674,7 @@ async fn install(url: &str, nodes: usize, time_scale: f64) -> anyhow::Result<ser
         bus.clone(),
         Arc::new(sim.clone()),
         ArtifactCache::new(scratch_dir().join(design.site.as_str())),
+        names::ALIVE_EVERY,
         shutdown.clone(),
     ));
     wait_for_consumers(&bus, names::JOBS_STREAM, 1).await?;

@@ -392,7 +392,14 @@ async fn start_gateways(
         let sim = SimSite::new(d.site.as_str(), &d.nodes, SimConfig::instant());
         let cache = ArtifactCache::new(root.join("caches").join(d.site.as_str()));
         let backend = Arc::new(sim.clone());
-        gateways.spawn(site_gateway::run_gateway(d.site.clone(), bus, backend, cache, shutdown.clone()));
+        gateways.spawn(site_gateway::run_gateway(
+            d.site.clone(),
+            bus,
+            backend,
+            cache,
+            names::ALIVE_EVERY,
+            shutdown.clone(),
+        ));
         sims.push(sim);
     }
     Ok(sims)

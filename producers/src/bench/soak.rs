@@ -199,7 +199,12 @@ pub async fn soak(url: &str, args: SoakArgs) -> anyhow::Result<serde_json::Value
     let mut services = JoinSet::new();
     let orchestrator = start_orchestrator(url, &keeping, args.in_process, &mut services, &shutdown).await?;
     let result = async {
-        services.spawn(consumers::run_observer_with(bus.clone(), keeping.policy, shutdown.clone()));
+        services.spawn(consumers::run_observer_with(
+            bus.clone(),
+            keeping.policy,
+            names::CUT_OFF_AFTER,
+            shutdown.clone(),
+        ));
         let key = Arc::new(consumers::secrets::KeyRing::from_hex(&"5a".repeat(32), "bench")?);
         services.spawn(consumers::secrets_service::run_secrets(bus.clone(), key, shutdown.clone()));
         services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
@@ -214,6 +219,7 @@ pub async fn soak(url: &str, args: SoakArgs) -> anyhow::Result<serde_json::Value
                 bus.clone(),
                 Arc::new(sim.clone()),
                 cache,
+                names::ALIVE_EVERY,
                 shutdown.clone(),
             );
             services.spawn(gateway);

@@ -169,6 +169,7 @@ async fn run(url: &str, size: u64, store_args: &StoreArgs, scratch: &Path) -> an
         bus.clone(),
         Arc::new(sim),
         cache.clone(),
+        names::ALIVE_EVERY,
         shutdown.clone(),
     ));
     let job_env = Envelope::root();

@@ -1,5 +1,6 @@
 //! `landfall status`: sites, their latest install and what their nodes run, read from KV.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 
 use anyhow::bail;
@@ -13,6 +14,7 @@ use serde_json::json;
 use super::connect::connect;
 use super::output::{Format, emit};
 use crate::views::event::summary;
+use crate::views::link::{link_json, link_text};
 use crate::views::observed::{observed_json, package_text};
 
 #[derive(Debug, Args)]
@@ -32,6 +34,7 @@ async fn site_status(
     bus: &Bus,
     site: &str,
     observed: &[pb::NodeObserved],
+    links: &HashMap<String, pb::SiteLink>,
 ) -> anyhow::Result<Option<serde_json::Value>> {
     let sites = bus.kv(names::SITES_BUCKET).await?;
     let sagas = bus.kv(names::SAGAS_BUCKET).await?;
@@ -68,6 +71,7 @@ async fn site_status(
         "labels": design.labels,
         "nodes": design.nodes.len(),
         "install": install,
+        "link": links.get(site).map(link_json),
         "observed": observed_json(&design, &observed),
     })))
 }
@@ -97,9 +101,15 @@ pub async fn run(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
         None => keys::OBSERVED_PREFIX.to_string(),
     };
     let observed = observed_nodes(&observed_kv, &prefix).await?;
+    // Whether the hub hears each site: one key for one site, every site's otherwise.
+    let links: Vec<pb::SiteLink> = match &args.site {
+        Some(_) => observed_kv.get::<pb::SiteLink>(&keys::link(&sites[0])).await?.map(|(l, _)| l).into_iter().collect(),
+        None => observed_kv.scan::<pb::SiteLink>(keys::LINK_PREFIX).await?.into_iter().map(|(_, l, _)| l).collect(),
+    };
+    let links: HashMap<String, pb::SiteLink> = links.into_iter().map(|l| (l.site_id.clone(), l)).collect();
     let mut all = Vec::new();
     for site in &sites {
-        match site_status(&bus, site, &observed).await? {
+        match site_status(&bus, site, &observed, &links).await? {
             Some(s) => all.push(s),
             None if args.site.is_some() => bail!("site {site} is not registered"),
             None => {}
@@ -225,19 +235,25 @@ fn print_status(all: &[serde_json::Value], detail: bool) {
         println!("no sites registered (landfall site register -f FILE)");
         return;
     }
-    println!("{:<20} {:>5}  {:<28} OUTCOME", "SITE", "NODES", "LATEST INSTALL");
+    println!("{:<20} {:>5}  {:<28} {:<16} LINK", "SITE", "NODES", "LATEST INSTALL", "OUTCOME");
     for s in all {
         let install = &s["install"];
         let phase = install["phase"].as_str().unwrap_or("never installed").trim_start_matches("INSTALL_PHASE_");
         let outcome = install["outcome"].as_str().unwrap_or("").trim_start_matches("INSTALL_OUTCOME_");
+        let link = match s["link"]["state"].as_str() {
+            Some("cut_off") => format!("cut off since {}", s["link"]["since"].as_str().unwrap_or("")),
+            Some(state) => state.to_string(),
+            None => "-".to_string(),
+        };
         println!(
-            "{:<20} {:>5}  {:<28} {}",
+            "{:<20} {:>5}  {:<28} {:<16} {link}",
             s["site"].as_str().unwrap_or(""),
             s["nodes"].as_u64().unwrap_or(0),
             phase.to_lowercase(),
             outcome.to_lowercase()
         );
         if detail {
+            println!("  link: {}", link_text(&s["link"]));
             if let Some(reason) = install["reason"].as_str().filter(|r| !r.is_empty()) {
                 println!("  reason: {reason}");
             }

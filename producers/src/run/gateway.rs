@@ -53,6 +53,10 @@ pub struct GatewayArgs {
     /// as it left them (a real site's hosts outlive its gateway).
     #[arg(long, env = "LANDFALL_SIM_STATE")]
     pub sim_state: Option<PathBuf>,
+    /// How often the gateway tells the hub it is there (the hub's observer counts a site cut
+    /// off after its `--cut-off-after` without word of it).
+    #[arg(long, env = "LANDFALL_ALIVE_EVERY", value_parser = parse_duration, default_value = "15s")]
+    pub alive_every: std::time::Duration,
     #[command(flatten)]
     pub kube: KubeArgs,
 }
@@ -161,6 +165,7 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
     // A site's user may not create streams: the hub's services do.
     let bus = Bus::connect_with(url, &format!("landfall-gateway-{site}"), nats_access::get()).await?;
     let cache = site_gateway::ArtifactCache::new(&args.cache_dir).with_max_bytes(args.cache_max_bytes);
+    let alive_every = args.alive_every;
     match args.backend {
         BackendKind::Sim => {
             bus.wait_for_stream(&names::kv_stream(names::SITES_BUCKET), &shutdown).await?;
@@ -178,7 +183,7 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
             let control =
                 site_gateway::serve_sim_control(site.clone(), bus.clone(), (*backend).clone(), shutdown.clone());
             let control = tokio::spawn(control);
-            let result = site_gateway::run_gateway(site, bus, backend, cache, shutdown).await;
+            let result = site_gateway::run_gateway(site, bus, backend, cache, alive_every, shutdown).await;
             control.abort();
             result
         }
@@ -188,7 +193,7 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
             let client = args.kube.client().await?;
             tracing::info!(%site, namespace = %cfg.namespace, cluster = %cfg.cluster, "kube backend");
             let backend = Arc::new(KubeSite::new(client, cfg, cache.clone())?);
-            site_gateway::run_gateway(site, bus, backend, cache, shutdown).await
+            site_gateway::run_gateway(site, bus, backend, cache, alive_every, shutdown).await
         }
     }
 }

@@ -25,8 +25,9 @@ pub struct ServeArgs {
 pub enum ServeCommand {
     /// The provisioning orchestrator (install and node-join sagas, rollouts).
     Orchestrator(RetentionArgs),
-    /// The observer: keeps landfall-observed (what each node runs) from gateway reports.
-    Observer,
+    /// The observer: keeps landfall-observed (what each node runs) from gateway reports, and
+    /// which sites it hears.
+    Observer(ObserverArgs),
     /// The kubeconfig collector and the secrets service (kubeconfig get, BMC credentials, key
     /// rotation), under one data key ring.
     Kubeconfig(KeyArgs),
@@ -37,6 +38,14 @@ pub enum ServeCommand {
     /// A site gateway: over a simulated site built from the site's registered design
     /// (`--backend sim`), or over the site's Metal3 and BPA (`--backend kube`).
     Gateway(Box<GatewayArgs>),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ObserverArgs {
+    /// A site whose gateway is not heard for this long is counted cut off (gateways say they
+    /// are there every `--alive-every`, 15 s by default).
+    #[arg(long, env = "LANDFALL_CUT_OFF_AFTER", value_parser = crate::flags::parse_duration, default_value = "60s")]
+    pub cut_off_after: std::time::Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -66,9 +75,10 @@ pub async fn run(args: ServeArgs, url: &str) -> anyhow::Result<ExitCode> {
             let bus = connect_service(url, "landfall-orchestrator", keeping, true).await?;
             consumers::run_orchestrator(bus, retention.policy(), shutdown).await?;
         }
-        ServeCommand::Observer => {
+        ServeCommand::Observer(observer) => {
             let bus = connect_service(url, "landfall-observer", keeping, false).await?;
-            consumers::run_observer(bus, shutdown).await?;
+            let policy = bus_schema::retention::StorePolicy::default();
+            consumers::run_observer_with(bus, policy, observer.cut_off_after, shutdown).await?;
         }
         ServeCommand::Kubeconfig(keys) => {
             let source = keys.source()?;

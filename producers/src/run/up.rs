@@ -169,6 +169,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
             bus.clone(),
             Arc::new(backend.clone()),
             cache,
+            names::ALIVE_EVERY,
             shutdown.clone(),
         ));
         services.spawn(site_gateway::serve_sim_control(d.site.clone(), bus.clone(), backend.clone(), shutdown.clone()));

@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod command;
 pub mod event;
 pub mod human;
+pub mod link;
 pub mod observed;
 pub mod plan;
 pub mod rollout;

@@ -287,10 +287,18 @@ fn a_wave_past_its_timeout_counts_silent_sites_as_failed_and_goes_on() {
         "{}",
         timeout.why
     );
-    let records = timeout.site_records(61_002);
+    let records = timeout.site_records(61_002, &HashMap::new());
     assert_eq!(records.len(), 1);
     assert_eq!((records[0].state, records[0].failed.len()), (pb::RolloutSiteState::TimedOut as i32, 3));
     assert!(records[0].failed[0].reason.contains("no report within the wave timeout of 60s"));
+    // A site the hub counts cut off says so, and since when.
+    let cut_off = HashMap::from([("edge-2".to_string(), 1_700_000_000_000)]);
+    let records = timeout.site_records(61_002, &cut_off);
+    assert!(
+        records[0].failed[0].reason.contains("the site is cut off (nothing heard since 2023-11-14T22:13:20Z)"),
+        "{}",
+        records[0].failed[0].reason
+    );
 
     let next = timeout.apply(&pb::Rollout { outbox: vec![], ..r.clone() }, 61_002).unwrap();
     assert_eq!((next.failed, next.timed_out_sites, next.sites_done), (3, 1, 2));
@@ -300,13 +308,38 @@ fn a_wave_past_its_timeout_counts_silent_sites_as_failed_and_goes_on() {
 }
 
 #[test]
+fn a_report_after_the_wave_timed_out_lands_in_the_sites_record_and_leaves_the_counts() {
+    let mut r = rollout(&[2], 10);
+    r.strategy.as_mut().unwrap().wave_timeout_seconds = 60;
+    let timeout = wave_timeout(&r, vec![(0, plan_site("edge-1", 2))]);
+    let held = timeout.site_records(70_000, &HashMap::new()).remove(0);
+    let report = pb::SitePatched {
+        site_id: "edge-1".into(),
+        rollout_id: "r1".into(),
+        plan_index: 0,
+        patched: vec!["n0".into(), "n1".into()],
+        package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.31.0".into() }),
+        ..Default::default()
+    };
+    let report = site_report(&report, &Envelope::root(), 90_000);
+    let late = late_record(&held, &report).expect("a timed-out site's report is recorded");
+    assert!(late.reported_late);
+    assert_eq!(late.state, pb::RolloutSiteState::TimedOut as i32, "it still counted as timed out");
+    assert_eq!((late.patched.len(), late.failed.len(), late.updated_unix_ms), (2, 0, 90_000));
+    assert!(late.timed_out_reason.contains("no report within the wave timeout"), "{}", late.timed_out_reason);
+    assert!(late_record(&late, &report).is_none(), "recorded once");
+    assert!(late_record(&report.record, &report).is_none(), "a site counted from its report has nothing late");
+    assert_eq!(report.design_to.as_ref().map(|p| p.version.as_str()), Some("1.31.0"));
+}
+
+#[test]
 fn a_wave_past_its_timeout_halts_when_the_strategy_says_abort() {
     let mut r = rollout(&[2], 10);
     r.strategy.as_mut().unwrap().wave_timeout_seconds = 1;
     r.strategy.as_mut().unwrap().on_wave_timeout = pb::WaveTimeoutAction::Abort as i32;
     let timeout = wave_timeout(&r, vec![(0, plan_site("edge-1", 1)), (1, plan_site("edge-2", 1))]);
     assert!(!timeout.goes_on());
-    assert!(timeout.site_records(5).is_empty(), "a halted rollout keeps its sites' leases");
+    assert!(timeout.site_records(5, &HashMap::new()).is_empty(), "a halted rollout keeps its sites' leases");
     let next = timeout.apply(&r, 5).unwrap();
     assert_eq!(phase(&next), pb::RolloutPhase::Halted);
     assert!(next.reason.ends_with("; the strategy says abort"), "{}", next.reason);

@@ -111,6 +111,20 @@
     return `${v >= 10 || i === 0 ? Math.round(v) : v.toFixed(1)} ${units[i]}`;
   }
 
+  // Whether the hub counts the site cut off (nothing heard of its gateway for a while).
+  function cutOff(s) {
+    return Boolean(s.link && s.link.state === 'cut_off');
+  }
+
+  // What a cut-off site said of itself last, in words.
+  function linkText(link) {
+    const parts = [`Nothing heard of the site's gateway since ${fullTime(link.since)}.`];
+    if (link.last_report) parts.push(`Its last report: ${link.last_report.type} at ${fullTime(link.last_report.time)}.`);
+    if (link.outbox_waiting) parts.push(`${link.outbox_waiting} report(s) were waiting at the site.`);
+    parts.push('Its work goes on; what it reports arrives when it is heard again.');
+    return parts.join(' ');
+  }
+
   function badge(kind, value, extra) {
     return h('span', { class: `badge ${kind}-${value}`, dataset: { [kind]: value } }, label(value), extra);
   }
@@ -616,7 +630,7 @@
 
   // ------------------------------------------------ the fleet: overview tiles and the sites table
 
-  const fleetQuery = { state: '', q: '', offset: 0 };
+  const fleetQuery = { state: '', q: '', link: '', offset: 0 };
 
   function fleetView() {
     const tiles = h('section', { class: 'tiles', id: 'overview', 'aria-label': 'Fleet overview' });
@@ -703,6 +717,8 @@
           'td',
           { dataset: { field: 'state' } },
           badge('state', s.state),
+          cutOff(s) ? h('span', { class: 'badge link-cut_off', dataset: { link: 'cut_off' }, title: linkText(s.link) }, 'cut off') : null,
+          cutOff(s) ? h('div', { class: 'sub sub-warn' }, 'since ', ago(s.link.since)) : null,
           installing ? h('div', { class: 'sub' }, label(installing)) : null,
           failedReason ? h('div', { class: 'sub sub-bad', title: failedReason }, failedReason) : null,
         ),
@@ -753,6 +769,7 @@
       const q = new URLSearchParams({ limit: PAGE_SIZE, offset: fleetQuery.offset });
       if (fleetQuery.state) q.set('state', fleetQuery.state);
       if (fleetQuery.q) q.set('q', fleetQuery.q);
+      if (fleetQuery.link) q.set('link', fleetQuery.link);
       try {
         const res = await api(`/v1/sites?${q}`);
         if (mine !== seq) return;
@@ -795,6 +812,24 @@
         opts.sub ? h('span', { class: 'tile-sub' }, opts.sub) : null,
         opts.bar !== undefined ? h('span', { class: 'tile-bar' }, h('span', { style: { width: `${opts.bar}%` } })) : null,
       ];
+      if (opts.link !== undefined) {
+        return h(
+          'button',
+          {
+            ...attrs,
+            type: 'button',
+            'aria-pressed': String(fleetQuery.link === opts.link),
+            title: 'Show the sites the hub does not hear',
+            onclick: () => {
+              fleetQuery.link = fleetQuery.link === opts.link ? '' : opts.link;
+              fleetQuery.offset = 0;
+              loadPage();
+              refreshOverview();
+            },
+          },
+          body,
+        );
+      }
       if (opts.state !== undefined) {
         return h(
           'button',
@@ -821,6 +856,12 @@
         SITE_STATES.map((s) =>
           tile(`state-${s}`, label(s), o.sites.by_state[s] || 0, { cls: `tile-state state-${s}`, state: s, bar: share(o.sites.by_state[s] || 0) }),
         ),
+        tile('sites-cut-off', 'Cut off', o.sites.cut_off || 0, {
+          cls: `tile-link${o.sites.cut_off ? ' tile-warn' : ''}`,
+          sub: 'not heard from',
+          link: 'cut_off',
+          bar: share(o.sites.cut_off || 0),
+        }),
         tile('nodes-ready', 'Nodes ready', nodes.by_step.ready || 0, {
           cls: 'tile-nodes',
           sub: `of ${num(nodes.total)} · ${num(nodes.by_step.failed || 0)} failed`,
@@ -899,7 +940,7 @@
       nav: 'fleet',
       title: 'Fleet',
       pageHas: (site) => rows.has(site),
-      filtered: () => Boolean(fleetQuery.state),
+      filtered: () => Boolean(fleetQuery.state || fleetQuery.link),
       refreshSites: (sites, wholePage) => (wholePage ? loadPage() : refreshRows(sites)),
       refreshOverview,
       refreshRollouts,
@@ -986,6 +1027,14 @@
         ['Failed nodes', h('span', { dataset: { field: 'nodes-failed' }, class: s.nodes_failed ? 'bad' : '' }, String(s.nodes_failed))],
         ['Busy', s.busy ? badge('busy', s.busy) : h('span', { class: 'muted' }, 'no')],
         ['Last event', s.last_event ? h('span', {}, s.last_event.type, ' ', ago(s.last_event.time)) : h('span', { class: 'muted' }, '—')],
+        [
+          'Link',
+          !s.link
+            ? h('span', { class: 'muted', dataset: { field: 'link' } }, 'never heard')
+            : cutOff(s)
+              ? h('span', { class: 'warn', dataset: { field: 'link', link: 'cut_off' } }, 'cut off since ', ago(s.link.since))
+              : h('span', { dataset: { field: 'link', link: 'up' } }, 'up since ', ago(s.link.since)),
+        ],
       ];
       const installFacts = inst
         ? [
@@ -1010,6 +1059,14 @@
           h('div', { class: 'spacer' }),
           installButton(s),
         ),
+        cutOff(s)
+          ? h(
+              'div',
+              { class: 'notice notice-warn', id: 'link-notice', role: 'status', dataset: { link: 'cut_off', since: s.link.since } },
+              h('strong', {}, 'Cut off: '),
+              linkText(s.link),
+            )
+          : null,
         inst && inst.reason
           ? h(
               'div',
