@@ -7,13 +7,20 @@
 //! - `partial/<hex>`: a transfer in progress. Every chunk in it matched the digest the hub sent
 //!   with it; a transfer that was cut resumes at the file's length.
 //!
+//! A site's link may be slow and may drop. A transfer keeps only a few seconds of the link's
+//! time in flight ([`TARGET_LATENCY`]), so what the hub queues for the site stays short. When
+//! no chunk has come for a moment it asks whether the hub is still there; the site's own server
+//! answers "no responders" at once while its link is down. The transfer then drops what it had
+//! asked for, waits for the link, and goes on from the length of its partial file, without
+//! waiting out its requests.
+//!
 //! Past its limit ([`ArtifactCache::with_max_bytes`]) the cache evicts what the site no longer
 //! needs, least recently used first ([`crate::eviction`] decides which).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bus_schema::domain::{Package, Sha256 as Sha256Digest};
 use bus_schema::names;
@@ -29,10 +36,33 @@ use tracing::{debug, info, warn};
 
 use crate::eviction::{self, Entry, Usage};
 
-/// Chunk requests in flight per transfer.
+/// Chunk requests in flight per transfer, at most.
 pub const WINDOW: usize = 16;
-/// How long one chunk may take to arrive.
+/// Chunk requests in flight per transfer, at least: one crossing the link while the next is
+/// asked for.
+const MIN_WINDOW: usize = 2;
+/// The window a transfer starts with, before it knows how fast the link is.
+const START_WINDOW: usize = 4;
+/// How long a chunk should take from its request to its last byte. Past this the window shrinks,
+/// under half of it the window grows: on a slow link the hub's queue for the site holds a few
+/// seconds of the link's time, so the site's other traffic is not stuck behind a transfer, and
+/// the hub's writes to the site's leaf node end well within their deadline.
+const TARGET_LATENCY: Duration = Duration::from_secs(3);
+/// How long a transfer may go without a chunk arriving while the hub seems reachable.
 const CHUNK_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a request waits for its answer. Chunks queue behind one another on a slow link, so
+/// [`CHUNK_TIMEOUT`], counted from the chunk before, is what limits a transfer; this only bounds
+/// a request whose answer never comes.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long without a chunk before the transfer asks whether the hub is still there.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// How long a probe waits for "no responders". An answer, or none yet (it queues behind the
+/// chunks on a busy link), means the hub is there.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How often a transfer whose link is down asks whether it is back.
+const LINK_POLL: Duration = Duration::from_millis(250);
+/// How long a transfer waits for its link before the job fails (and is tried again).
+const LINK_WAIT: Duration = Duration::from_secs(60);
 /// How often a chunk that fails its digest is fetched again before the transfer gives up.
 const REFETCHES: u32 = 3;
 
@@ -259,8 +289,8 @@ impl ArtifactCache {
                 wanted: artifacts.iter().map(pb::Package::from).collect(),
             };
             // The catalog or the store saying no will say it again: permanent.
-            let reply =
-                request(bus, names::artifact_plan_svc(site), req.encode_to_vec(), CacheError::permanent).await?;
+            let subject = names::artifact_plan_svc(site);
+            let reply = request(bus, subject, req.encode_to_vec(), CHUNK_TIMEOUT, CacheError::permanent).await?;
             let plan: pb::ArtifactPlan = decode(reply)?;
             for t in &plan.transfers {
                 self.fetch(bus, site, t, &mut staged).await?;
@@ -332,6 +362,8 @@ impl ArtifactCache {
         let partial = self.partial(&t.sha256);
         let mut hasher = Sha256::new();
         let mut offset = resume(&partial, t.size, &mut hasher).await?;
+        // Where the transfer last went on from: what was kept, not fetched again.
+        let mut resumed_from = offset;
         staged.bytes_resumed += offset;
         if offset > 0 {
             info!(site, sha256 = %t.sha256, offset, size = t.size, "resuming a cut transfer");
@@ -354,49 +386,97 @@ impl ArtifactCache {
                 length,
             };
             let subject = subject.clone();
-            async move { (offset, length, request_chunk(bus, subject, req.encode_to_vec()).await) }
+            async move {
+                let asked = Instant::now();
+                (offset, length, asked, request_chunk(bus, subject, req.encode_to_vec()).await)
+            }
         };
+        let mut window = START_WINDOW;
         let mut next = offset;
         let mut inflight = FuturesOrdered::new();
-        while inflight.len() < WINDOW && next < t.size {
-            inflight.push_back(chunk(next));
-            next += u64::from(t.chunk_size);
-        }
-        while let Some((at, length, mut got)) = inflight.next().await {
-            let mut attempts = 0;
-            let bytes = loop {
-                match got {
-                    Ok(bytes) if bytes.len() == length as usize => break bytes,
-                    Ok(bytes) => {
-                        let got_len = bytes.len();
-                        return Err(CacheError::permanent_reason(format!(
-                            "chunk at {at} of sha256:{} has {got_len} bytes, not {length}",
-                            t.sha256
-                        )));
+        let mut last_arrival = Instant::now();
+        loop {
+            while inflight.len() < window && next < t.size {
+                inflight.push_back(chunk(next));
+                next += u64::from(t.chunk_size);
+            }
+            // A chunk, or `None` when the link is down.
+            let arrived = tokio::select! {
+                arrived = inflight.next() => match arrived {
+                    Some(arrived) => Some(arrived),
+                    None => break,
+                },
+                () = tokio::time::sleep(PROBE_AFTER) => {
+                    if !out_of_reach(bus, site).await {
+                        if last_arrival.elapsed() >= CHUNK_TIMEOUT {
+                            return Err(CacheError::transient_reason(format!(
+                                "no chunk of sha256:{} arrived for {CHUNK_TIMEOUT:?} (at {offset} of {} bytes)",
+                                t.sha256, t.size
+                            )));
+                        }
+                        continue;
                     }
-                    Err(ChunkError::Damaged { expected, actual }) if attempts < REFETCHES => {
-                        attempts += 1;
-                        staged.chunks_refetched += 1;
-                        warn!(site, sha256 = %t.sha256, offset = at, %expected, %actual, attempts, "chunk failed its digest: fetching it again");
-                        got = chunk(at).await.2;
-                    }
-                    Err(ChunkError::Damaged { expected, actual }) => {
-                        return Err(CacheError::transient_reason(format!(
-                            "chunk at {at} of sha256:{} failed its digest {} times (sent {expected}, got {actual})",
-                            t.sha256,
-                            attempts + 1
-                        )));
-                    }
-                    Err(ChunkError::Failed(e)) => return Err(e),
+                    None
                 }
+            };
+            let received = match arrived {
+                None => None,
+                Some((at, length, asked, mut got)) => {
+                    let mut attempts = 0;
+                    loop {
+                        match got {
+                            Ok(bytes) if bytes.len() == length as usize => break Some((at, bytes, asked, attempts)),
+                            Ok(bytes) => {
+                                let got_len = bytes.len();
+                                return Err(CacheError::permanent_reason(format!(
+                                    "chunk at {at} of sha256:{} has {got_len} bytes, not {length}",
+                                    t.sha256
+                                )));
+                            }
+                            Err(ChunkError::Damaged { expected, actual }) if attempts < REFETCHES => {
+                                attempts += 1;
+                                staged.chunks_refetched += 1;
+                                warn!(site, sha256 = %t.sha256, offset = at, %expected, %actual, attempts, "chunk failed its digest: fetching it again");
+                                got = match tokio::time::timeout(CHUNK_TIMEOUT, chunk(at)).await {
+                                    Ok((.., got)) => got,
+                                    Err(_) => {
+                                        return Err(CacheError::transient_reason(format!(
+                                            "chunk at {at} of sha256:{}, fetched again, did not arrive within \
+                                             {CHUNK_TIMEOUT:?}",
+                                            t.sha256
+                                        )));
+                                    }
+                                };
+                            }
+                            Err(ChunkError::Damaged { expected, actual }) => {
+                                return Err(CacheError::transient_reason(format!(
+                                    "chunk at {at} of sha256:{} failed its digest {} times (sent {expected}, got {actual})",
+                                    t.sha256,
+                                    attempts + 1
+                                )));
+                            }
+                            // Asked for while the link was down, or as it went.
+                            Err(ChunkError::OutOfReach) => break None,
+                            Err(ChunkError::Failed(e)) => return Err(e),
+                        }
+                    }
+                }
+            };
+            let Some((at, bytes, asked, attempts)) = received else {
+                // What was asked for will not come: wait for the link, and go on from the
+                // partial file's length.
+                inflight = FuturesOrdered::new();
+                next = self.after_cut(bus, site, t, offset, &mut resumed_from, staged).await?;
+                last_arrival = Instant::now();
+                continue;
             };
             file.write_all(&bytes).await.map_err(|e| io_err("write", &partial, e))?;
             hasher.update(&bytes);
             staged.bytes_transferred += bytes.len() as u64;
             offset = at + bytes.len() as u64;
-            if next < t.size {
-                inflight.push_back(chunk(next));
-                next += u64::from(t.chunk_size);
+            last_arrival = Instant::now();
+            if attempts == 0 {
+                window = next_window(window, asked.elapsed());
             }
         }
         file.sync_all().await.map_err(|e| io_err("sync", &partial, e))?;
@@ -415,6 +495,63 @@ impl ArtifactCache {
         tokio::fs::rename(&partial, &target).await.map_err(|e| io_err("move into place", &target, e))?;
         debug!(site, sha256 = %t.sha256, size = t.size, "artifact cached");
         Ok(())
+    }
+
+    /// Waits for the link after a cut and says where the transfer goes on: at `offset`, the
+    /// length of its partial file. The bytes kept count as resumed from, once.
+    async fn after_cut(
+        &self,
+        bus: &Bus,
+        site: &str,
+        t: &pb::ArtifactTransfer,
+        offset: u64,
+        resumed_from: &mut u64,
+        staged: &mut Staged,
+    ) -> Result<u64, CacheError> {
+        warn!(site, sha256 = %t.sha256, offset, size = t.size, "the hub is out of reach: waiting for the link");
+        until_reachable(bus, site).await?;
+        info!(site, sha256 = %t.sha256, offset, size = t.size, "resuming a cut transfer");
+        staged.bytes_resumed += offset - *resumed_from;
+        *resumed_from = offset;
+        Ok(offset)
+    }
+}
+
+/// The window after a chunk took `latency` from its request: one smaller when chunks wait
+/// too long behind one another, one larger while they come quickly.
+fn next_window(window: usize, latency: Duration) -> usize {
+    if latency > TARGET_LATENCY {
+        (window - 1).max(MIN_WINDOW)
+    } else if latency < TARGET_LATENCY / 2 {
+        (window + 1).min(WINDOW)
+    } else {
+        window
+    }
+}
+
+/// Whether the distribution service is out of reach: nobody takes a request, which the site's
+/// own server says at once while its link to the hub is down (it then knows of no one). The
+/// probe is an empty plan request: the service answers it without reading anything.
+async fn out_of_reach(bus: &Bus, site: &str) -> bool {
+    let probe = pb::ArtifactPlanRequest { site_id: site.to_string(), ..Default::default() };
+    let asked = bus.request(names::artifact_plan_svc(site), probe.encode_to_vec().into(), PROBE_TIMEOUT).await;
+    matches!(asked, Err(RequestError::NoResponders { .. }))
+}
+
+/// Waits until the distribution service can be reached again, asking every [`LINK_POLL`];
+/// transient after [`LINK_WAIT`].
+async fn until_reachable(bus: &Bus, site: &str) -> Result<(), CacheError> {
+    let since = Instant::now();
+    loop {
+        tokio::time::sleep(LINK_POLL).await;
+        if !out_of_reach(bus, site).await {
+            return Ok(());
+        }
+        if since.elapsed() >= LINK_WAIT {
+            return Err(CacheError::transient_reason(format!(
+                "the hub's distribution service has been out of reach for {LINK_WAIT:?}"
+            )));
+        }
     }
 }
 
@@ -443,7 +580,12 @@ async fn resume(partial: &Path, size: u64, hasher: &mut Sha256) -> Result<u64, C
 }
 
 enum ChunkError {
-    Damaged { expected: String, actual: String },
+    Damaged {
+        expected: String,
+        actual: String,
+    },
+    /// Nobody took the request: the link to the hub is down (or the service is).
+    OutOfReach,
     Failed(CacheError),
 }
 
@@ -452,18 +594,27 @@ async fn request(
     bus: &Bus,
     subject: String,
     payload: Vec<u8>,
+    timeout: Duration,
     refused: fn(String, RequestError) -> CacheError,
 ) -> Result<Reply, CacheError> {
-    bus.request(subject.clone(), payload.into(), CHUNK_TIMEOUT).await.map_err(|e| match e {
+    bus.request(subject, payload.into(), timeout).await.map_err(|e| request_failed(e, refused))
+}
+
+fn request_failed(e: RequestError, refused: fn(String, RequestError) -> CacheError) -> CacheError {
+    match e {
         RequestError::TimedOut { .. } => CacheError::transient("asking the distribution service", e),
         RequestError::Refused { .. } => refused("distribution service".into(), e),
         e => CacheError::transient("asking the distribution service (is it running? `landfall serve distribution`)", e),
-    })
+    }
 }
 
 async fn request_chunk(bus: &Bus, subject: String, payload: Vec<u8>) -> Result<Bytes, ChunkError> {
-    // The plan found the object, so a chunk refused is a read that failed this time: transient.
-    let (headers, body) = request(bus, subject, payload, CacheError::transient).await.map_err(ChunkError::Failed)?;
+    let (headers, body) = match bus.request(subject, payload.into(), REQUEST_TIMEOUT).await {
+        Ok(reply) => reply,
+        Err(RequestError::NoResponders { .. }) => return Err(ChunkError::OutOfReach),
+        // The plan found the object, so a chunk refused is a read that failed this time: transient.
+        Err(e) => return Err(ChunkError::Failed(request_failed(e, CacheError::transient))),
+    };
     let expected = headers.get(names::headers::CHUNK_SHA256).map(|v| v.as_str().to_string()).unwrap_or_default();
     let actual = hex(&Sha256::digest(&body));
     if actual != expected {
@@ -525,6 +676,15 @@ mod tests {
         // Once its job is done, an artifact no current package is goes when room is needed.
         assert_eq!(cache.clone().with_max_bytes(15).evict(), Evicted { artifacts: 1, bytes: 10 });
         assert_eq!(cache.inventory(), BTreeSet::from([current]));
+    }
+
+    #[test]
+    fn the_window_grows_while_chunks_come_quickly_and_shrinks_when_they_queue() {
+        assert_eq!(next_window(START_WINDOW, Duration::from_millis(10)), START_WINDOW + 1);
+        assert_eq!(next_window(WINDOW, Duration::from_millis(10)), WINDOW);
+        assert_eq!(next_window(6, TARGET_LATENCY * 3 / 4), 6);
+        assert_eq!(next_window(6, TARGET_LATENCY * 2), 5);
+        assert_eq!(next_window(MIN_WINDOW, TARGET_LATENCY * 2), MIN_WINDOW);
     }
 
     #[tokio::test]
