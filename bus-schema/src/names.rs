@@ -69,6 +69,24 @@ pub fn outbox_destination(local: &str) -> Option<&str> {
     local.strip_prefix("outbox.")
 }
 
+/// The jobs that reached a site, kept in the site's own domain at `inbox.<hub subject>` until
+/// its gateway has carried them out: a gateway killed while the link is down takes them up
+/// again from there.
+pub const INBOX_STREAM: &str = "LANDFALL_INBOX";
+pub const INBOX_ALL: &str = "inbox.>";
+/// The durable consumer a site's gateway carries its kept jobs out with.
+pub const INBOX_CONSUMER: &str = "gateway";
+
+/// Where a site keeps a job that came on `subject`.
+pub fn inbox_subject(subject: &str) -> String {
+    format!("inbox.{subject}")
+}
+
+/// The hub subject a job kept in a site's inbox came on.
+pub fn inbox_origin(local: &str) -> Option<&str> {
+    local.strip_prefix("inbox.")
+}
+
 pub const COMMANDS_ALL: &str = "landfall.cmd.>";
 pub const JOBS_ALL: &str = "landfall.job.>";
 pub const EVENTS_ALL: &str = "landfall.evt.>";

@@ -182,7 +182,7 @@ rules! {
     Event ArtifactsStaged from SITE, sites ["site_id"],
         answers [pb::StageArtifacts::KIND];
     Event NodeOsProvisioning from SITE, sites ["site_id"],
-        answers [pb::ProvisionOs::KIND];
+        answers [pb::ProvisionOs::KIND, pb::PatchNodes::KIND];
     Event NodeOsProvisioned from SITE, sites ["site_id"],
         answers [pb::ProvisionOs::KIND];
     Event NodeFailed from SITE, sites ["site_id"],

@@ -118,12 +118,21 @@ pub struct HostRequest {
     pub package: PackageRef,
     /// The credentials of the host's BMC, when the hub holds some for it.
     pub bmc: Option<BmcCredentials>,
+    /// The hub could not be asked for the credentials (the link is cut): a host the site has
+    /// already is driven without them, and one it would have to create waits for the link.
+    pub bmc_out_of_reach: bool,
 }
 
 impl HostRequest {
     /// Provision `node` with the os-image `image`.
     pub fn new(node: NodeDesign, image: &Package) -> Self {
-        Self { node, image: ImageSpec::from_package(image), package: image.reference(), bmc: None }
+        Self {
+            node,
+            image: ImageSpec::from_package(image),
+            package: image.reference(),
+            bmc: None,
+            bmc_out_of_reach: false,
+        }
     }
 }
 
@@ -159,6 +168,9 @@ pub struct PatchRequest {
     pub package: Package,
     /// The binaries of the node's role, installed again once an os-image reimage wiped its disks.
     pub reinstall: Vec<Package>,
+    /// Where a reimage (os-image) tells each state the host passes through, as a provisioning
+    /// does; `None`: nobody listens.
+    pub progress: Option<mpsc::UnboundedSender<ProvisioningState>>,
 }
 
 /// What a patch found and did.

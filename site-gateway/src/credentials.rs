@@ -35,6 +35,25 @@ pub async fn bmc_credentials(
     node: &str,
     job: &Envelope,
 ) -> Result<Option<BmcCredentials>, HandlerError> {
+    match ask(bus, site, node, job).await {
+        Ok(creds) => Ok(creds),
+        Err(Asked::OutOfReach(e) | Asked::Failed(e)) => Err(e),
+    }
+}
+
+/// Why no credentials came back.
+pub enum Asked {
+    /// No secrets service answered: the hub is out of reach (the link is cut) or the service is
+    /// down. A host the site has already is driven without them.
+    OutOfReach(HandlerError),
+    Failed(HandlerError),
+}
+
+/// [`bmc_credentials`], saying apart a hub out of reach.
+///
+/// # Errors
+/// [`Asked::OutOfReach`] when no secrets service answered in time; [`Asked::Failed`] otherwise.
+pub async fn ask(bus: &Bus, site: &str, node: &str, job: &Envelope) -> Result<Option<BmcCredentials>, Asked> {
     let subject = names::bmc_credentials_svc(site);
     let job_id = job.id.as_str();
     let request = pb::BmcCredentialsRequest {
@@ -45,8 +64,8 @@ pub async fn bmc_credentials(
     };
     let creds: pb::BmcCredentials = match bus.request_message(subject.clone(), &request, REQUEST_TIMEOUT).await {
         Ok(creds) => creds,
-        Err(e @ RequestError::TimedOut { .. }) => {
-            return Err(HandlerError::transient(format!("bmc credentials of {node} at {site}"), e));
+        Err(e @ (RequestError::TimedOut { .. } | RequestError::NoResponders { .. })) => {
+            return Err(Asked::OutOfReach(HandlerError::transient(format!("bmc credentials of {node} at {site}"), e)));
         }
         Err(RequestError::Refused { reason, .. }) => {
             return match answer_error(&reason) {
@@ -56,21 +75,22 @@ pub async fn bmc_credentials(
                     }
                     Ok(None)
                 }
-                Some(reason) => {
-                    Err(HandlerError::transient_reason(format!("bmc credentials of {node} at {site}: {reason}")))
-                }
+                Some(reason) => Err(Asked::Failed(HandlerError::transient_reason(format!(
+                    "bmc credentials of {node} at {site}: {reason}"
+                )))),
             };
         }
         Err(RequestError::Malformed { source, .. }) => {
-            return Err(HandlerError::transient(format!("bmc credentials of {node} at {site} do not decode"), source));
+            let e = HandlerError::transient(format!("bmc credentials of {node} at {site} do not decode"), source);
+            return Err(Asked::Failed(e));
         }
         Err(e) => {
-            return Err(HandlerError::transient(
+            return Err(Asked::Failed(HandlerError::transient(
                 format!(
                     "bmc credentials of {node} at {site} (is the secrets service running? `landfall serve kubeconfig`)"
                 ),
                 e,
-            ));
+            )));
         }
     };
     Ok(Some(BmcCredentials { username: creds.username, password: creds.password }))

@@ -17,6 +17,8 @@ use crate::alive::{LastReport, keep_alive};
 use crate::announce::announce_host_changes;
 use crate::backend::{BackendError, Cause, ClusterRequest, HostRequest, PatchRequest, SiteBackend};
 use crate::cache::{ArtifactCache, CacheError, Staged};
+use crate::credentials::Asked;
+use crate::inbox::{self, FromInbox, Keep};
 use crate::outbox::{self, Outbox};
 
 /// The gateway of one site.
@@ -142,9 +144,18 @@ impl<B: SiteBackend> Gateway<B> {
         let node = NodeDesign::try_from(job.node.unwrap_or_default()).map_err(invalid)?;
         let image = Package::try_from(job.image.unwrap_or_default()).map_err(invalid)?;
         let mut req = HostRequest::new(node.clone(), &image);
-        // Driving the host's BMC needs its credentials, which the hub hands out only for this job.
-        req.bmc =
-            crate::credentials::bmc_credentials(&self.bus, self.site.as_str(), node.name.as_str(), &d.envelope).await?;
+        // Driving the host's BMC needs its credentials, which the hub hands out only for this job
+        // (the site never keeps them). While the hub is out of reach, a host the site has
+        // already goes on without them (a job taken up again by a gateway restarted during a
+        // cut), and one it would have to create waits for the link.
+        match crate::credentials::ask(&self.bus, self.site.as_str(), node.name.as_str(), &d.envelope).await {
+            Ok(creds) => req.bmc = creds,
+            Err(Asked::OutOfReach(e)) => {
+                debug!(site = %self.site, node = %node.name, error = %e, "the hub is out of reach: provisioning without BMC credentials");
+                req.bmc_out_of_reach = true;
+            }
+            Err(Asked::Failed(e)) => return Err(e),
+        }
         let image_name = req.package.key();
 
         // Every state the host passes through becomes an event, in order, while it provisions.
@@ -295,7 +306,7 @@ impl<B: SiteBackend> Gateway<B> {
             // job: a reimage abandoned halfway would only be redone on the redelivery.
             let patches = batch.iter().map(|node| {
                 let reinstall = reinstall.get(&node.role).cloned().unwrap_or_default();
-                let req = PatchRequest { node: node.clone(), package: package.clone(), reinstall };
+                let req = PatchRequest { node: node.clone(), package: package.clone(), reinstall, progress: None };
                 self.patch_node(d, &job.rollout_id, req, unstaged.clone())
             });
             for (node, failure) in batch.iter().zip(join_all(patches).await) {
@@ -327,10 +338,38 @@ impl<B: SiteBackend> Gateway<B> {
     ) -> Result<Option<String>, HandlerError> {
         let node = req.node.name.as_str();
         let package = Some(pb::PackageRef::from(&req.package.reference()));
-        let result = match unstaged {
-            Some(e) => Err(BackendError::permanent("artifact not staged", e)),
-            None => self.backend.patch_node(&req).await,
+        // A reimage reports each state the host passes through, as a provisioning does.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut req = req.clone();
+        if req.package.kind == bus_schema::pb::PackageKind::OsImage {
+            req.progress = Some(tx);
+        } else {
+            drop(tx);
+        }
+        let image_name = req.package.reference().key();
+        let work = async {
+            let result = match unstaged {
+                Some(e) => Err(BackendError::permanent("artifact not staged", e)),
+                None => self.backend.patch_node(&req).await,
+            };
+            req.progress = None;
+            result
         };
+        let relay = async {
+            while let Some(state) = rx.recv().await {
+                let evt = pb::NodeOsProvisioning {
+                    site_id: self.site.to_string(),
+                    node: node.to_string(),
+                    state: state.as_str().to_string(),
+                    image: image_name.clone(),
+                };
+                let env = d.envelope.derive(&format!("reimage_state/{}", state.as_str()), Some(node));
+                self.publish(&evt, &env).await?;
+            }
+            Ok::<(), HandlerError>(())
+        };
+        let (result, relayed) = tokio::join!(work, relay);
+        relayed?;
         match result {
             Ok(outcome) => {
                 let (changed, from) = (outcome.changed, outcome.from_version.as_deref());
@@ -551,17 +590,29 @@ pub async fn run_gateway<B: SiteBackend>(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     // On its site's leaf node (the hub's JetStream named by its domain), the site keeps its
-    // own record of what it reports and announces: kept, and forwarded, from the start, even
-    // while the hub cannot be reached.
-    let outbox = match bus.js_domain() {
-        Some(_) => Some(Arc::new(Outbox::open(site.as_str(), &bus).await.map_err(|e| {
-            anyhow::anyhow!("the site's leaf node keeps no outbox (is JetStream on in its own domain?): {e}")
-        })?)),
-        None => None,
+    // own record of what it reports and announces, and the jobs that reached it: kept, carried
+    // out and forwarded from the start, even while the hub cannot be reached.
+    let at_leaf = bus.js_domain().is_some();
+    let outbox = match at_leaf {
+        true => {
+            let open = async {
+                inbox::open(&bus).await?;
+                Outbox::open(site.as_str(), &bus).await
+            };
+            Some(Arc::new(open.await.map_err(|e| {
+                anyhow::anyhow!(
+                    "the site's leaf node keeps no inbox or outbox (is JetStream on in its own domain?): {e}"
+                )
+            })?))
+        }
+        false => None,
     };
-    let forwarder = outbox.clone().map(|o| tokio::spawn(o.forward(shutdown.clone())));
+    let mut side = tokio::task::JoinSet::new();
+    if let Some(outbox) = outbox.clone() {
+        side.spawn(outbox.forward(shutdown.clone()));
+    }
     let last_report = Arc::new(LastReport::default());
-    let alive = tokio::spawn(keep_alive(
+    side.spawn(keep_alive(
         site.to_string(),
         bus.clone(),
         alive_every,
@@ -569,38 +620,37 @@ pub async fn run_gateway<B: SiteBackend>(
         last_report.clone(),
         shutdown.clone(),
     ));
-    let arrivals = tokio::spawn(announce_host_changes(
-        site.clone(),
-        bus.clone(),
-        outbox.clone(),
-        backend.clone(),
-        shutdown.clone(),
-    ));
-    // A site may start while its link to the hub is down, or before the hub made its streams.
-    if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_err() {
-        arrivals.await?;
-        alive.await?;
-        if let Some(forwarder) = forwarder {
-            forwarder.await?;
-        }
-        return Ok(());
-    }
-    // Provisioning takes minutes; all of a site's hosts provision at once.
-    let spec = ConsumerSpec::gateway(site.as_str());
+    side.spawn(announce_host_changes(site.clone(), bus.clone(), outbox.clone(), backend.clone(), shutdown.clone()));
     let mut gateway = Gateway::new(site.clone(), bus.clone(), backend.clone(), cache).with_last_report(last_report);
     if let Some(outbox) = outbox {
         gateway = gateway.with_outbox(outbox);
     }
-    info!(%site, outbox = forwarder.is_some(), "gateway running");
     let gateway = Arc::new(gateway);
-    let rpc = tokio::spawn(serve_kubeconfig(site, bus.clone(), backend, shutdown.clone()));
-    runtime::consume(bus, spec, gateway, shutdown).await?;
-    rpc.await??;
-    arrivals.await?;
-    alive.await?;
-    if let Some(forwarder) = forwarder {
-        forwarder.await?;
+    let kept = at_leaf.then(|| {
+        let jobs = runtime::consume(
+            bus.clone(),
+            inbox::spec(site.as_str()),
+            Arc::new(FromInbox(gateway.clone())),
+            shutdown.clone(),
+        );
+        tokio::spawn(jobs)
+    });
+    // A site may start while its link to the hub is down, or before the hub made its streams.
+    if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_ok() {
+        info!(%site, kept_at_site = at_leaf, "gateway running");
+        let rpc = tokio::spawn(serve_kubeconfig(site.clone(), bus.clone(), backend, shutdown.clone()));
+        // Provisioning takes minutes; all of a site's hosts provision at once.
+        let spec = ConsumerSpec::gateway(site.as_str());
+        match at_leaf {
+            true => runtime::consume(bus, spec, Arc::new(Keep::new(&gateway.bus)), shutdown).await?,
+            false => runtime::consume(bus, spec, gateway, shutdown).await?,
+        }
+        rpc.await??;
     }
+    if let Some(kept) = kept {
+        kept.await??;
+    }
+    while side.join_next().await.is_some() {}
     Ok(())
 }
 

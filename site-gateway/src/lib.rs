@@ -9,6 +9,7 @@ pub mod cache;
 pub mod credentials;
 pub mod eviction;
 pub mod gateway;
+pub mod inbox;
 pub mod kube_site;
 pub mod outbox;
 pub mod sim;

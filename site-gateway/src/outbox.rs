@@ -68,6 +68,28 @@ pub struct Outbox {
     hub: Bus,
 }
 
+/// Makes `config`'s stream in the site's own domain, or brings one an earlier version made to
+/// this version's keeping times (how long, how much, its duplicate window).
+pub(crate) async fn ensure_local_stream(
+    local: &jetstream::Context,
+    config: stream::Config,
+) -> Result<stream::Stream, async_nats::Error> {
+    let mut stream = local.get_or_create_stream(config.clone()).await?;
+    let made = stream.info().await?.config.clone();
+    if (made.duplicate_window, made.max_age, made.max_bytes)
+        != (config.duplicate_window, config.max_age, config.max_bytes)
+    {
+        let keeping = stream::Config {
+            duplicate_window: config.duplicate_window,
+            max_age: config.max_age,
+            max_bytes: config.max_bytes,
+            ..made
+        };
+        local.update_stream(keeping).await?;
+    }
+    Ok(stream)
+}
+
 fn local_err(what: &'static str) -> impl Fn(async_nats::Error) -> BusError {
     move |e| BusError::Topology { what, name: names::OUTBOX_STREAM.to_string(), source: e }
 }
@@ -90,20 +112,7 @@ impl Outbox {
             allow_direct: true,
             ..Default::default()
         };
-        let mut stream = local.get_or_create_stream(config.clone()).await.map_err(|e| local_err("stream")(e.into()))?;
-        // An outbox made by an earlier version takes this one's keeping times.
-        let made = stream.info().await.map_err(|e| local_err("stream")(e.into()))?.config.clone();
-        if (made.duplicate_window, made.max_age, made.max_bytes)
-            != (config.duplicate_window, config.max_age, config.max_bytes)
-        {
-            let keeping = stream::Config {
-                duplicate_window: config.duplicate_window,
-                max_age: config.max_age,
-                max_bytes: config.max_bytes,
-                ..made
-            };
-            local.update_stream(keeping).await.map_err(|e| local_err("stream")(e.into()))?;
-        }
+        let stream = ensure_local_stream(&local, config).await.map_err(local_err("stream"))?;
         let bucket = kv::Config {
             bucket: names::SITE_STATE_BUCKET.to_string(),
             history: 1,

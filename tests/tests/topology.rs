@@ -261,22 +261,24 @@ async fn roll_out_kubelet_one_node_at_a_time(fleet: &Fleet, version: &str) -> En
     roll_out_kubelet(fleet, version, pb::RolloutStrategy::default()).await
 }
 
-/// Registers kubelet `version` and rolls it out one site, and one node, at a time, with the rest
-/// of `strategy`; the rollout's command.
+/// Registers kubelet `version` and rolls it out one site at a time, and one node at a time
+/// unless `strategy` says how many, with the rest of `strategy`; the rollout's command.
 async fn roll_out_kubelet(fleet: &Fleet, version: &str, strategy: pb::RolloutStrategy) -> Envelope {
+    roll_out(fleet, kubelet(version), strategy).await
+}
+
+/// Registers `package` and rolls it out one site at a time, and one node at a time unless
+/// `strategy` says how many, with the rest of `strategy`; the rollout's command.
+async fn roll_out(fleet: &Fleet, package: pb::Package, strategy: pb::RolloutStrategy) -> Envelope {
+    let (name, version) = (package.name.clone(), package.version.clone());
     let env = Envelope::root();
-    let register = pb::RegisterPackage { package: Some(kubelet(version)), auto_rollout: None };
+    let register = pb::RegisterPackage { package: Some(package), auto_rollout: None };
     fleet.bus.publish_command(&register, &env).await.unwrap();
     assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(30)).await.is_some());
-    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable: "1".into(), ..strategy };
-    fleet
-        .patch(pb::PatchPackage {
-            name: "kubelet".into(),
-            version: version.into(),
-            strategy: Some(strategy),
-            ..Default::default()
-        })
-        .await
+    let max_unavailable =
+        if strategy.max_unavailable.is_empty() { "1".into() } else { strategy.max_unavailable.clone() };
+    let strategy = pb::RolloutStrategy { max_concurrent_sites: 1, max_unavailable, ..strategy };
+    fleet.patch(pb::PatchPackage { name, version, strategy: Some(strategy), ..Default::default() }).await
 }
 
 /// The rollout's `RolloutCompleted`; panics with its events (and `context`) when it has none.
@@ -293,9 +295,21 @@ fn site_effects(state: &std::path::Path) -> site_gateway::sim::SimEffects {
 
 /// Waits until `done` holds of the site's effects.
 async fn until_site(state: &std::path::Path, what: &str, done: impl Fn(&site_gateway::sim::SimEffects) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    until_site_within(Duration::from_secs(60), state, what, done).await;
+}
+
+/// [`until_site`], waiting `within` at most.
+async fn until_site_within(
+    within: Duration,
+    state: &std::path::Path,
+    what: &str,
+    done: impl Fn(&site_gateway::sim::SimEffects) -> bool,
+) {
+    let deadline = Instant::now() + within;
     while !done(&site_effects(state)) {
-        assert!(Instant::now() < deadline, "{what}: {:?}", site_effects(state));
+        let e = site_effects(state);
+        let counts = (e.provisions.len(), e.binary_installs.len(), e.patches.len());
+        assert!(Instant::now() < deadline, "{what}: (hosts provisioned, binaries installed, nodes patched) {counts:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -329,6 +343,12 @@ struct LeafSite {
 
 impl LeafSite {
     async fn start(nodes: usize) -> LeafSite {
+        LeafSite::start_with(nodes, 300.0, None).await
+    }
+
+    /// A leaf site of `nodes` nodes whose simulated site runs `time_scale` times faster than a
+    /// real one, with the hub's duplicate window `window` when given.
+    async fn start_with(nodes: usize, time_scale: f64, window: Option<Duration>) -> LeafSite {
         let tls_dir = tempfile::tempdir().unwrap();
         let tls = TlsFiles::make(tls_dir.path());
         let via = landfall_tests::nats::free_port();
@@ -342,14 +362,17 @@ impl LeafSite {
             a
         };
         let roles = d.users(None);
-        let fleet = Fleet::builder(&url)
+        let mut fleet = Fleet::builder(&url)
             .sites(1)
             .nodes(nodes)
             .access(Arc::new(move |role: &Role| with_ca(roles(role))))
             .without_gateways()
-            .link_timing(ALIVE_EVERY, CUT_OFF_AFTER)
-            .start()
-            .await;
+            .link_timing(ALIVE_EVERY, CUT_OFF_AFTER);
+        if let Some(window) = window {
+            fleet = fleet.duplicate_window(window);
+        }
+        let fleet = fleet.start().await;
+        let time_scale = time_scale.to_string();
         let leaf = d.start_leaf("edge-01");
         let work = tempfile::tempdir().unwrap();
         let state = work.path().join("edge-01.json");
@@ -363,7 +386,7 @@ impl LeafSite {
             "--backend",
             "sim",
             "--time-scale",
-            "300",
+            &time_scale,
             "--cache-dir",
             cache.to_str().unwrap(),
             "--sim-state",
@@ -376,7 +399,9 @@ impl LeafSite {
             "250ms",
         ];
         let site_url = format!("nats://127.0.0.1:{}", leaf.port);
-        let gateway = Service::start("gateway-edge-01", &site_url, work.path(), &args);
+        // `LANDFALL_TEST_GATEWAY_LOG` sets the gateway's RUST_LOG, to look into a run.
+        let log = std::env::var("LANDFALL_TEST_GATEWAY_LOG").unwrap_or_else(|_| "info".into());
+        let gateway = Service::start_with_env("gateway-edge-01", &site_url, work.path(), &args, &[("RUST_LOG", &log)]);
         let ca = tls.ca.clone();
         LeafSite { d, proxy, hubs, fleet, leaf, gateway, state, ca, _dirs: (tls_dir, work) }
     }
@@ -712,6 +737,225 @@ async fn a_site_cut_off_past_its_waves_timeout_counts_as_the_strategy_says_and_i
     );
     hub.until_link(pb::LinkState::Up, Instant::now() + Duration::from_secs(10)).await;
     site.stop().await;
+}
+
+/// A day cut off, time-scaled: the cut lasts 36 s for 24 hours (2,400 times faster), and every
+/// hub timer a day outlasts is shorter than the cut alike (the hub's duplicate window of 15
+/// minutes is 1 s here: what arrives after the cut is long past it). The site's hosts run 60
+/// times faster than real ones. A site of 200 nodes is cut off first once its install's jobs
+/// (staging, and a provisioning job per host) are kept at the site, then once the job of a
+/// rollout of a new os-image is (every node reimaged, each Metal3 state it passes reported).
+/// During each cut the gateway is killed twice and the leaf node's nats-server restarted once;
+/// the site goes on with the jobs it keeps (a reimage the killed gateway left half done is taken
+/// up, not failed) and makes over 1,000 reports during the cuts, all stored at the site before
+/// the link is back. After each cut: the hub holds every report the
+/// site made once, in the order the site made them (the site's own record and the hub's, side
+/// by side); each host was provisioned and each node patched once; the install's and the
+/// rollout's records are whole.
+///
+/// At full size, as measured for the record (ARCHITECTURE.md, "Production topology"):
+/// `LANDFALL_DAY_NODES=1000 LANDFALL_DAY_CUT_SECS=120 LANDFALL_DAY_MIN_REPORTS=5000` (the day 720
+/// times faster); `LANDFALL_DAY_LOG=1` prints the site's progress, and
+/// `LANDFALL_TEST_GATEWAY_LOG` sets the gateway's `RUST_LOG`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_cut_off_for_a_day_during_its_install_and_a_rollout_loses_nothing_and_repeats_nothing() {
+    let setting = |name: &str, default: f64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let nodes = setting("LANDFALL_DAY_NODES", 200.0) as usize;
+    let day = Duration::from_secs_f64(setting("LANDFALL_DAY_CUT_SECS", 36.0));
+    let site_scale = setting("LANDFALL_DAY_SITE_SCALE", 60.0);
+    let min_reports = setting("LANDFALL_DAY_MIN_REPORTS", 1_000.0) as u64;
+    println!("leaf: {nodes} nodes, a day cut off in {day:?} ({:.0} times faster)", 86_400.0 / day.as_secs_f64());
+    let mut site = LeafSite::start_with(nodes, site_scale, Some(Duration::from_secs(1))).await;
+    let state = site.state.clone();
+    let leaf_url = format!("nats://127.0.0.1:{}", site.leaf.port);
+    let at_site = connect_when_ready(&leaf_url, "at-site", &site.d.access(&Role::Site("edge-01".into()))).await;
+    let mut made = 0;
+
+    // 1. The install: cut once its provisioning job is at the site.
+    let install = site.fleet.install("edge-01").await;
+    // Every host's provisioning job is kept at the site (one staging job and one per host).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let kept = inbox_jobs(&at_site).await;
+        if kept > nodes as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{kept} of the install's {} jobs reached the site", 1 + nodes);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    made += site.cut_for_a_day(day, &at_site).await;
+    let run = site.fleet.wait_install(&install).await;
+    assert!(run.of_type::<pb::SiteInstalled>().len() == 1, "{:?}\n{}", run.kinds(), site.gateway.log_tail(30));
+    each_once(&run.events);
+    let effects = site_effects(&state);
+    assert_eq!(effects.provisions.len(), nodes);
+    assert!(effects.provisions.values().all(|n| *n == 1), "a host provisioned twice: {:?}", effects.provisions);
+    let sagas = site.fleet.bus.kv(names::SAGAS_BUCKET).await.unwrap();
+    let (saga, _) = sagas.get::<pb::InstallSaga>(&names::keys::saga(&install.id)).await.unwrap().unwrap();
+    let ready = saga.nodes.iter().filter(|n| n.step == pb::NodeStep::BinariesInstalled as i32).count();
+    assert_eq!((saga.phase, ready), (pb::InstallPhase::Succeeded as i32, nodes), "the install's record is whole");
+
+    // 2. A rollout of every node (once the hub has seen what each runs): cut once its job is at
+    // the site.
+    let observed = site.fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = bus_schema::runtime::observed_nodes(&observed, &names::keys::observed_site_prefix("edge-01"))
+            .await
+            .unwrap();
+        let with_image = seen.iter().filter(|n| n.packages.iter().any(|p| p.name == "ubuntu")).count();
+        if with_image == nodes {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the hub observed the os-image of {with_image} of {nodes} nodes");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // A new os-image: every node reimaged (deprovisioned, provisioned again, its binaries
+    // installed again), each state it passes reported.
+    let image = producers::up::demo_packages().into_iter().find(|p| p.kind == pb::PackageKind::OsImage as i32).unwrap();
+    let newer = pb::Package { version: "22.04.9".into(), sha256: "9".repeat(64), object_key: String::new(), ..image };
+    let strategy = pb::RolloutStrategy { max_unavailable: "50%".into(), ..Default::default() };
+    let jobs_before = inbox_jobs(&at_site).await;
+    let cmd = roll_out(&site.fleet, newer, strategy).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while inbox_jobs(&at_site).await == jobs_before {
+        assert!(Instant::now() < deadline, "the rollout's job did not reach the site");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    made += site.cut_for_a_day(day, &at_site).await;
+    let waited = site.fleet.wait_rollout(&cmd.id, Duration::from_secs(300));
+    let run = match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(waited)).await {
+        Ok(run) => run,
+        Err(panic) => {
+            println!("{}", site.gateway.log_tail(200));
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let done = completed(&run, &site.gateway.log_tail(200));
+    assert_eq!((done.planned_nodes, done.patched, done.failed), (nodes as u32, nodes as u32, 0));
+    each_once(&run.events);
+    let effects = site_effects(&state);
+    assert_eq!(effects.patches.len(), nodes);
+    assert!(effects.patches.values().all(|n| *n == 1), "a node patched twice: {:?}", effects.patches);
+    let (record, _) =
+        sagas.get::<pb::RolloutSite>(&names::keys::rollout_site(&cmd.id, "edge-01")).await.unwrap().unwrap();
+    assert_eq!((record.state, record.patched.len()), (pb::RolloutSiteState::Done as i32, nodes));
+
+    // 3. Everything the site reported, at the hub once and in the site's order.
+    let kept = outbox_event_ids(&at_site).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let at_hub = hub_site_event_ids(&site.fleet.bus, "edge-01").await;
+        if at_hub.len() >= kept.len() || Instant::now() > deadline {
+            assert_eq!(at_hub.len(), kept.len(), "the hub holds {} of the site's {} reports", at_hub.len(), kept.len());
+            let first_apart = at_hub.iter().zip(&kept).position(|(a, b)| a != b);
+            assert_eq!(first_apart, None, "the hub's order differs from the site's");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("leaf: the hub holds the site's {} reports once each, in the site's order", kept.len());
+    println!("leaf: {made} reports made during the two cuts");
+    assert!(made >= min_reports, "only {made} reports made during the cuts");
+    site.stop().await;
+}
+
+impl LeafSite {
+    /// Cuts the link for `day`; meanwhile the gateway is killed (and started again) twice and
+    /// the leaf node's server restarted once, each while the link is down. The reports the site
+    /// made during the cut (counted in its outbox).
+    async fn cut_for_a_day(&mut self, day: Duration, at_site: &bus_schema::runtime::Bus) -> u64 {
+        let before = outbox_last(at_site).await;
+        let heals_at = Instant::now() + day;
+        let LeafSite { gateway, proxy, d, leaf, .. } = self;
+        let blows = async {
+            tokio::time::sleep(day / 5).await;
+            gateway.restart();
+            println!("leaf: gateway killed and started again ({:?} into the cut)", day / 5);
+            tokio::time::sleep(day / 5).await;
+            leaf.restart();
+            println!("leaf: the leaf node's server restarted ({:?} into the cut)", 2 * day / 5);
+            tokio::time::sleep(day / 5).await;
+            gateway.restart();
+            println!("leaf: gateway killed and started again ({:?} into the cut)", 3 * day / 5);
+            assert!(Instant::now() < heals_at, "the restarts came after the cut");
+        };
+        let sample = async {
+            if std::env::var("LANDFALL_DAY_LOG").is_err() {
+                return;
+            }
+            while Instant::now() < heals_at {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                println!("leaf: {} reports stored during the cut so far", outbox_last(at_site).await - before);
+            }
+        };
+        tokio::join!(partition(proxy, d.hubs[0].http, day), blows, sample);
+        // The reports made while the link was down: all stored before it was back.
+        let during = outbox_last(at_site).await - before;
+        println!("leaf: the link is back after {day:?}; the site made {during} reports meanwhile");
+        if std::env::var("LANDFALL_DAY_LOG").is_ok() {
+            println!("{}", gateway.log_tail(80));
+        }
+        during
+    }
+}
+
+/// How many jobs the site's inbox holds.
+async fn inbox_jobs(at_site: &bus_schema::runtime::Bus) -> u64 {
+    match at_site.local_jetstream().get_stream(names::INBOX_STREAM).await {
+        Ok(mut inbox) => inbox.info().await.map(|i| i.state.messages).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+/// The last sequence of the site's outbox (the leaf node may be starting again).
+async fn outbox_last(at_site: &bus_schema::runtime::Bus) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let last = async {
+            let mut outbox = at_site.local_jetstream().get_stream(names::OUTBOX_STREAM).await.ok()?;
+            outbox.info().await.ok().map(|i| i.state.last_sequence)
+        };
+        if let Ok(Some(last)) = tokio::time::timeout(Duration::from_secs(2), last).await {
+            return last;
+        }
+        assert!(Instant::now() < deadline, "the site's outbox cannot be read");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The ids of the events the site's outbox holds, in the order it stored them.
+async fn outbox_event_ids(at_site: &bus_schema::runtime::Bus) -> Vec<String> {
+    let last = outbox_last(at_site).await;
+    let outbox = at_site.local_jetstream().get_stream(names::OUTBOX_STREAM).await.unwrap();
+    let mut ids = Vec::new();
+    for seq in 1..=last {
+        let m = outbox.direct_get(seq).await.unwrap();
+        if names::outbox_destination(m.subject.as_str()).is_some_and(|s| s.starts_with("landfall.evt.")) {
+            ids.push(m.headers.get(names::headers::MSG_ID).map(|v| v.to_string()).unwrap_or_default());
+        }
+    }
+    ids
+}
+
+/// The ids of the events of kinds only a site sends that the hub holds of `site`, in stream order.
+async fn hub_site_event_ids(hub: &bus_schema::runtime::Bus, site: &str) -> Vec<String> {
+    use async_nats::jetstream::consumer::DeliverPolicy;
+    let mut reader = hub.read_events(vec![names::scope_events(site)], DeliverPolicy::All).await.unwrap();
+    let mut ids = Vec::new();
+    if reader.pending_at_start == 0 {
+        return ids;
+    }
+    while let Some(e) = reader.next().await {
+        let e = e.unwrap();
+        if site_gateway::outbox::kept_at_site(&e.delivery.subject) {
+            ids.push(e.delivery.envelope.id.clone());
+        }
+        if e.pending == 0 {
+            break;
+        }
+    }
+    ids
 }
 
 /// Once means for good, not only within the hub's duplicate window: the forwarder of a site's

@@ -81,6 +81,9 @@ pub struct ConsumerSpec {
     /// A failure because the store is full never counts, and a wait has no bound. `None`: never
     /// give up (a site's gateway, which may not file dead letters).
     pub max_attempts: Option<u32>,
+    /// The stream is in the JetStream domain of the server the bus is connected to (a site's
+    /// leaf node), not the hub's. What the handlers publish still goes to the hub.
+    pub local: bool,
 }
 
 impl ConsumerSpec {
@@ -96,7 +99,19 @@ impl ConsumerSpec {
             ordered_by_token: None,
             barrier_token: None,
             max_attempts: Some(DEFAULT_MAX_ATTEMPTS),
+            local: false,
         }
+    }
+
+    /// Consume a stream of the connected server's own domain; see [`ConsumerSpec::local`].
+    pub fn in_local_domain(mut self) -> Self {
+        self.local = true;
+        self
+    }
+
+    /// Where the stream is.
+    fn jetstream(&self, bus: &Bus) -> jetstream::Context {
+        if self.local { bus.local_jetstream() } else { bus.jetstream().clone() }
     }
 
     /// Give a message up after `n` transient failures; see [`ConsumerSpec::max_attempts`].
@@ -204,7 +219,7 @@ impl ConsumerSpec {
 /// and the new one delivers them (a gateway carries out a job delivered again without effect).
 pub async fn ensure_consumer(bus: &Bus, spec: &ConsumerSpec) -> Result<(), BusError> {
     let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
-    let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
+    let stream = spec.jetstream(bus).get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
     let Some(deliver) = &spec.deliver_subject else {
         stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map_err(|e| consume_err(boxed(e)))?;
         return Ok(());
@@ -330,7 +345,7 @@ pub async fn consume<H: Handler>(
     shutdown: CancellationToken,
 ) -> Result<(), BusError> {
     let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
-    let stream = bus.jetstream().get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
+    let stream = spec.jetstream(&bus).get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
     // A site's gateway may not create its consumer: the hub made it when the site was
     // registered. Until then (or while the hub is out of reach) it waits, asking again.
     let Some(mut source) = open(&stream, &spec, &shutdown).await else { return Ok(()) };

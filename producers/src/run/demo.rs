@@ -83,22 +83,33 @@ pub async fn upload_demo_packages(store: &ArtifactStore, shrink: u64) -> anyhow:
     Ok(out)
 }
 
-/// A simulated site's design: `nodes` nodes, the first (or first three) masters.
+/// A simulated site's design: `nodes` nodes, the first (or first three) masters. Every
+/// node of up to 16,384 sites of up to 1,000 nodes each has a MAC and a BMC address of its own:
+/// the site's index and the node's are packed into their last bytes (a node past the 246th
+/// carries its high bits in the byte above the site's).
 pub fn demo_site(index: usize, nodes: usize) -> SiteDesign {
     let site = format!("edge-{:02}", index + 1);
     let masters = if nodes >= 5 { 3 } else { 1 };
     let node_specs = (0..nodes)
-        .map(|i| pb::NodeSpec {
-            name: format!("node-{}", i + 1),
-            role: if i < masters { pb::Role::Master } else { pb::Role::Worker } as i32,
-            boot_mac: format!("52:54:00:{:02x}:{:02x}:{:02x}", index >> 8, index & 0xff, i),
-            bmc_address: format!(
-                "redfish-virtualmedia://10.{}.{}.{}/redfish/v1/Systems/1",
-                index >> 8,
-                index & 0xff,
-                i + 10
-            ),
-            labels: Default::default(),
+        .map(|i| {
+            let host = i + 10;
+            pb::NodeSpec {
+                name: format!("node-{}", i + 1),
+                role: if i < masters { pb::Role::Master } else { pb::Role::Worker } as i32,
+                boot_mac: format!(
+                    "52:54:00:{:02x}:{:02x}:{:02x}",
+                    (index >> 8) | (i >> 8) << 6,
+                    index & 0xff,
+                    i & 0xff
+                ),
+                bmc_address: format!(
+                    "redfish-virtualmedia://10.{}.{}.{}/redfish/v1/Systems/1",
+                    (index >> 8) | (host >> 8) << 6,
+                    index & 0xff,
+                    host & 0xff
+                ),
+                labels: Default::default(),
+            }
         })
         .collect();
     let set: Vec<pb::PackageRef> =
@@ -129,6 +140,11 @@ mod tests {
         assert_eq!(a.site.as_str(), "edge-01");
         assert_eq!(a.nodes.iter().filter(|n| n.role == bus_schema::domain::Role::Master).count(), 3);
         assert_ne!(a.nodes[0].boot_mac, b.nodes[0].boot_mac);
+        // A site of a thousand nodes: each its own MAC and BMC address.
+        let big = demo_site(9_999, 1_000);
+        let macs: std::collections::BTreeSet<_> = big.nodes.iter().map(|n| n.boot_mac.to_string()).collect();
+        let bmcs: std::collections::BTreeSet<_> = big.nodes.iter().map(|n| format!("{:?}", n.bmc_address)).collect();
+        assert_eq!((macs.len(), bmcs.len()), (1_000, 1_000));
         assert_eq!(demo_packages().iter().filter(|p| p.kind == pb::PackageKind::OsImage as i32).count(), 1);
         let _ = SiteId::try_from(names::FLEET).unwrap_err();
     }

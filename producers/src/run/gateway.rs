@@ -168,11 +168,7 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
     let alive_every = args.alive_every;
     match args.backend {
         BackendKind::Sim => {
-            bus.wait_for_stream(&names::kv_stream(names::SITES_BUCKET), &shutdown).await?;
-            let sites = bus.kv(names::SITES_BUCKET).await?;
-            let (design, _) = sites.get::<pb::SiteDesign>(&keys::site(site.as_str())).await?.with_context(|| {
-                format!("site {site} is not registered: the simulated site is built from its design")
-            })?;
+            let design = sim_design(&bus, &site, args.sim_state.as_deref(), &shutdown).await?;
             let design = SiteDesign::try_from(design)?;
             let config = SimConfig::realistic().time_scale(args.time_scale);
             let backend = Arc::new(match &args.sim_state {
@@ -224,6 +220,46 @@ pub fn main() -> ExitCode {
         gateway(cli.gateway, &cli.nats_url, shutdown_on_signal()).await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The design a simulated site is built from: the hub's. A site kept in a file keeps the design
+/// it was last built from beside it, and a gateway that starts while the hub is out of reach (its
+/// link cut) builds the site from that, as a real site has its hosts whether the hub answers or not.
+async fn sim_design(
+    bus: &Bus,
+    site: &SiteId,
+    state: Option<&std::path::Path>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<pb::SiteDesign> {
+    use prost::Message;
+    let kept = state.map(|p| p.with_extension("design.pb"));
+    let from_hub = async {
+        bus.wait_for_stream(&names::kv_stream(names::SITES_BUCKET), shutdown).await?;
+        let sites = bus.kv(names::SITES_BUCKET).await?;
+        let (design, _) = sites
+            .get::<pb::SiteDesign>(&keys::site(site.as_str()))
+            .await?
+            .with_context(|| format!("site {site} is not registered: the simulated site is built from its design"))?;
+        anyhow::Ok(design)
+    };
+    let kept_design =
+        kept.as_ref().and_then(|p| std::fs::read(p).ok()).and_then(|b| pb::SiteDesign::decode(b.as_slice()).ok());
+    let design = match kept_design {
+        None => from_hub.await?,
+        Some(kept_design) => match tokio::time::timeout(std::time::Duration::from_secs(2), from_hub).await {
+            Ok(design) => design?,
+            Err(_) => {
+                tracing::warn!(%site, "the hub is out of reach: the simulated site is built from the design it was last built from");
+                return Ok(kept_design);
+            }
+        },
+    };
+    if let Some(path) = &kept
+        && let Err(e) = std::fs::write(path, design.encode_to_vec())
+    {
+        tracing::warn!(%site, path = %path.display(), error = %e, "cannot keep the site's design beside its state");
+    }
+    Ok(design)
 }
 
 #[cfg(test)]

@@ -17,20 +17,29 @@ impl KubeSite {
         let Some(host) = self.host(name).await? else {
             return Err(BackendError::permanent_reason(format!("node {name} has no BareMetalHost")));
         };
-        if host.state() != Some(ProvisioningState::Provisioned) {
+        let package = &req.package;
+        // A reimage to this image its gateway started and did not see to the end (the job came
+        // again after the gateway died): the host is provisioning the new image already.
+        let wanted = self.image_url(&crate::backend::ImageSpec::from_package(package).checksum);
+        let rejoin = package.kind == pb::PackageKind::OsImage
+            && host.state() != Some(ProvisioningState::Provisioned)
+            && host.spec.image.as_ref().is_some_and(|i| i.url == wanted);
+        if host.state() != Some(ProvisioningState::Provisioned) && !rejoin {
             let state = host.state().map_or("unknown".to_string(), |s| s.to_string());
             return Err(BackendError::permanent_reason(format!("node {name} is not provisioned (state {state})")));
         }
-        let package = &req.package;
         let from = Self::version_on(&host, package.name.as_str());
         if from.as_deref() == Some(package.version.as_str()) {
             return Ok(PatchOutcome { from_version: from, changed: false });
         }
         match package.kind {
             pb::PackageKind::OsImage => {
-                // Metal3 reimages only through deprovisioning: the image comes off, then the new one goes on.
-                self.deprovision(name).await?;
-                let (tx, _rx) = mpsc::unbounded_channel();
+                // Metal3 reimages only through deprovisioning: the image comes off, then the new one
+                // goes on (already, when the reimage is taken up again).
+                if !rejoin {
+                    self.deprovision(name).await?;
+                }
+                let tx = req.progress.clone().unwrap_or_else(|| mpsc::unbounded_channel().0);
                 self.provision(&HostRequest::new(req.node.clone(), package), &tx).await?;
                 if !req.reinstall.is_empty() {
                     self.set_software(&[req.node.role], &req.reinstall).await?;

@@ -90,6 +90,11 @@ impl KubeSite {
     async fn new_host_intent(&self, req: &HostRequest) -> Result<Value, BackendError> {
         let name = req.node.name.as_str();
         let Some(bmc) = &req.bmc else {
+            if req.bmc_out_of_reach {
+                return Err(BackendError::transient_reason(format!(
+                    "host {name} has no BareMetalHost, and its BMC credentials wait for the hub to be reachable"
+                )));
+            }
             return Err(BackendError::permanent_reason(format!(
                 "host {name} has no BareMetalHost and the hub holds no BMC credentials to create one (landfall bmc set)"
             )));
@@ -110,7 +115,7 @@ impl KubeSite {
         }))
     }
 
-    fn image_url(&self, sha256: &str) -> String {
+    pub(super) fn image_url(&self, sha256: &str) -> String {
         let base = self.cfg.image_base_url.trim_end_matches('/');
         format!("{base}/sha256/{sha256}")
     }

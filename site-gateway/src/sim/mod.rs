@@ -74,15 +74,17 @@ impl Inner {
     }
 
     fn lock(&self) -> StateGuard<'_> {
-        StateGuard { state: self.state.lock().expect("sim state lock"), inner: self }
+        StateGuard { state: self.state.lock().expect("sim state lock"), inner: self, changed: false }
     }
 }
 
 /// The site's state under its lock; written to the site's file (when it has one) as the lock
-/// is let go, so no change is seen by anyone before it is kept.
+/// is let go, so no change is seen by anyone before it is kept. Only a lock taken to change it
+/// writes: a site of hundreds of hosts is read far more often than it changes.
 struct StateGuard<'a> {
     state: MutexGuard<'a, State>,
     inner: &'a Inner,
+    changed: bool,
 }
 
 impl Deref for StateGuard<'_> {
@@ -94,12 +96,16 @@ impl Deref for StateGuard<'_> {
 
 impl DerefMut for StateGuard<'_> {
     fn deref_mut(&mut self) -> &mut State {
+        self.changed = true;
         &mut self.state
     }
 }
 
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
+        if !self.changed {
+            return;
+        }
         if let Some(file) = &self.inner.file {
             file.save(&self.inner.site, &self.state);
         }
@@ -145,9 +151,12 @@ impl SimSite {
                 site.resume(host, resume);
             }
         }
+        // Under one lock: the file is written once, not once per host.
+        let mut st = site.inner.lock();
         for node in nodes {
-            site.add_host(node);
+            site.ensure_host(&mut st, node.name.as_str());
         }
+        drop(st);
         Ok(site)
     }
 

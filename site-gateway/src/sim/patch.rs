@@ -21,7 +21,13 @@ impl SimSite {
     /// Brings the node to the request's package version, counting what changed it and what failed.
     pub(super) async fn patch(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {
         let node = req.node.name.as_str();
-        self.inner.lock().provisioned(node)?;
+        // A reimage under way to this image (the job came again after its gateway died) is
+        // joined, not refused for a host that is not provisioned.
+        let image = Image::of(&HostRequest::new(req.node.clone(), &req.package));
+        let rejoin = req.package.kind == PackageKind::OsImage && self.inner.lock().reimaging_to(node, &image);
+        if !rejoin {
+            self.inner.lock().provisioned(node)?;
+        }
         let result = match req.package.kind {
             PackageKind::OsImage => self.patch_os(req).await,
             PackageKind::Binary => self.patch_binary(node, &req.package).await,
@@ -32,7 +38,9 @@ impl SimSite {
         };
         let mut st = self.inner.lock();
         match &result {
-            Ok(outcome) if outcome.changed => {
+            // A binary's and an os-image's patch are counted with the change itself (see
+            // `patch_binary`).
+            Ok(outcome) if outcome.changed && req.package.kind == PackageKind::Container => {
                 bump(&mut st.effects.patches, node);
                 debug!(site = %self.inner.site, node, package = %req.package.reference().key(), "patched");
             }
@@ -52,34 +60,45 @@ impl SimSite {
         let host = HostRequest::new(req.node.clone(), &req.package);
         let image = Image::of(&host);
         let reinstall = binary_set(&req.reinstall);
-        let (from_version, reimage) = {
+        let from_version = {
             let st = self.inner.lock();
-            let h = st.provisioned(node)?;
-            let from_version = h.image.as_ref().map(|i| from_version(&i.package, &req.package));
-            let reimage = h.image.as_ref() != Some(&image);
-            // A reimage that ended before its reinstall (the call was dropped) is finished here.
-            if !reimage && (reinstall.is_empty() || h.binaries.is_some()) {
-                return Ok(PatchOutcome { from_version, changed: false });
+            if st.reimaging_to(node, &image) {
+                // Taken up again (the job came again after its gateway died): what the node ran
+                // before went with the first attempt.
+                None
+            } else {
+                let h = st.provisioned(node)?;
+                let from_version = h.image.as_ref().map(|i| from_version(&i.package, &req.package));
+                let reimage = h.image.as_ref() != Some(&image);
+                // A reimage that ended before its reinstall (the call was dropped) is finished here.
+                if !reimage && (reinstall.is_empty() || h.binaries.is_some()) {
+                    return Ok(PatchOutcome { from_version, changed: false });
+                }
+                if reimage && st.faults.patch.contains(node) {
+                    return Err(reimage_refused(node, &req.package));
+                }
+                from_version
             }
-            if reimage && st.faults.patch.contains(node) {
-                return Err(reimage_refused(node, &req.package));
-            }
-            (from_version, reimage)
         };
-        if reimage {
-            // Nobody relays this reimage's states: the patch events say what happened.
-            let (progress, _) = mpsc::unbounded_channel();
-            self.provision(&host, progress).await?;
-        }
+        // Provisions the host with the image: joins the attempt under way, starts one, or finds
+        // it done. Each state the host passes through goes to whoever relays it (the gateway,
+        // as `NodeOsProvisioning`); nobody, when no one asked.
+        let progress = req.progress.clone().unwrap_or_else(|| mpsc::unbounded_channel().0);
+        self.provision(&host, progress).await?;
         if !reinstall.is_empty() {
             // One node's install takes as long as the whole cluster's: nodes install in parallel.
             pause(self.inner.config.install_binaries).await;
-            if let Some(reason) = self.inner.lock().install_on(&self.inner.site, node, &reinstall) {
-                return Err(BackendError::permanent_reason(format!(
-                    "{node} reimaged, but its binaries were not: {reason}"
-                )));
-            }
         }
+        // Counted in the same write as the patch's last change (see `patch_binary`).
+        let mut st = self.inner.lock();
+        if !reinstall.is_empty()
+            && let Some(reason) = st.install_on(&self.inner.site, node, &reinstall)
+        {
+            return Err(BackendError::permanent_reason(format!(
+                "{node} reimaged, but its binaries were not: {reason}"
+            )));
+        }
+        bump(&mut st.effects.patches, node);
         Ok(PatchOutcome { from_version, changed: true })
     }
 
@@ -104,6 +123,10 @@ impl SimSite {
         if let Some(h) = st.hosts.get_mut(node) {
             h.binaries.get_or_insert_with(BinarySet::new).insert(name.to_string(), wanted);
         }
+        // Counted in the same write as the change: a gateway killed between two writes would
+        // leave the node patched and the patch uncounted (its redelivery finds nothing to do).
+        bump(&mut st.effects.patches, node);
+        debug!(site = %self.inner.site, node, package = %package.reference().key(), "patched");
         Ok(PatchOutcome { from_version, changed: true })
     }
 

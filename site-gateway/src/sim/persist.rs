@@ -58,7 +58,7 @@ impl StateFile {
 
     /// Writes the site's state, unless the file holds it already.
     pub(super) fn save(&self, site: &str, state: &State) {
-        let bytes = match serde_json::to_vec_pretty(&Saved::of(site, state)) {
+        let bytes = match serde_json::to_vec(&Saved::of(site, state)) {
             Ok(b) => b,
             Err(error) => return warn!(site, %error, "cannot encode the simulated site's state"),
         };

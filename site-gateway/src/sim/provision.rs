@@ -77,6 +77,13 @@ impl SimSite {
         if req.bmc.is_some() {
             self.inner.lock().effects.bmc_logins += 1;
         }
+        // As a real site: a host it does not have yet is registered through its BMC, which
+        // needs the credentials the hub could not be asked for.
+        if req.bmc.is_none() && req.bmc_out_of_reach && !self.inner.lock().hosts.contains_key(host) {
+            return Err(BackendError::transient_reason(format!(
+                "host {host} is not registered yet, and its BMC credentials wait for the hub to be reachable"
+            )));
+        }
         let _watcher = self.watch_host(host, progress);
         let image = Image::of(req);
         loop {

@@ -32,6 +32,12 @@ pub(super) struct State {
 
 impl State {
     /// The host, when it is provisioned; a patch needs that.
+    /// Whether `node` is being provisioned with `image` now: a reimage its gateway started and
+    /// did not see to the end (it was killed, and the job came again).
+    pub(super) fn reimaging_to(&self, node: &str, image: &Image) -> bool {
+        self.hosts.get(node).and_then(|h| h.attempt.as_ref()).is_some_and(|a| a.image == *image)
+    }
+
     pub(super) fn provisioned(&self, node: &str) -> Result<&Host, BackendError> {
         match self.hosts.get(node) {
             Some(h) if h.state() == S::Provisioned => Ok(h),
