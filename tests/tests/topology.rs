@@ -754,8 +754,9 @@ async fn a_site_cut_off_past_its_waves_timeout_counts_as_the_strategy_says_and_i
 /// rollout's records are whole.
 ///
 /// At full size, as measured for the record (ARCHITECTURE.md, "Production topology"):
-/// `LANDFALL_DAY_NODES=1000 LANDFALL_DAY_CUT_SECS=120 LANDFALL_DAY_MIN_REPORTS=5000` (the day 720
-/// times faster); `LANDFALL_DAY_LOG=1` prints the site's progress, and
+/// `LANDFALL_DAY_NODES=1000 LANDFALL_DAY_CUT_SECS=120 LANDFALL_DAY_MAX_UNAVAILABLE=10%
+/// LANDFALL_DAY_MIN_REPORTS=5000` (the day 720 times faster); `LANDFALL_DAY_LOG=1` prints the
+/// site's progress, and
 /// `LANDFALL_TEST_GATEWAY_LOG` sets the gateway's `RUST_LOG`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_cut_off_for_a_day_during_its_install_and_a_rollout_loses_nothing_and_repeats_nothing() {
@@ -764,6 +765,7 @@ async fn a_site_cut_off_for_a_day_during_its_install_and_a_rollout_loses_nothing
     let day = Duration::from_secs_f64(setting("LANDFALL_DAY_CUT_SECS", 36.0));
     let site_scale = setting("LANDFALL_DAY_SITE_SCALE", 60.0);
     let min_reports = setting("LANDFALL_DAY_MIN_REPORTS", 1_000.0) as u64;
+    let max_unavailable = std::env::var("LANDFALL_DAY_MAX_UNAVAILABLE").unwrap_or_else(|_| "50%".into());
     println!("leaf: {nodes} nodes, a day cut off in {day:?} ({:.0} times faster)", 86_400.0 / day.as_secs_f64());
     let mut site = LeafSite::start_with(nodes, site_scale, Some(Duration::from_secs(1))).await;
     let state = site.state.clone();
@@ -814,7 +816,7 @@ async fn a_site_cut_off_for_a_day_during_its_install_and_a_rollout_loses_nothing
     // installed again), each state it passes reported.
     let image = producers::up::demo_packages().into_iter().find(|p| p.kind == pb::PackageKind::OsImage as i32).unwrap();
     let newer = pb::Package { version: "22.04.9".into(), sha256: "9".repeat(64), object_key: String::new(), ..image };
-    let strategy = pb::RolloutStrategy { max_unavailable: "50%".into(), ..Default::default() };
+    let strategy = pb::RolloutStrategy { max_unavailable, ..Default::default() };
     let jobs_before = inbox_jobs(&at_site).await;
     let cmd = roll_out(&site.fleet, newer, strategy).await;
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -21,9 +21,14 @@ impl KubeSite {
         // A reimage to this image its gateway started and did not see to the end (the job came
         // again after the gateway died): the host is provisioning the new image already.
         let wanted = self.image_url(&crate::backend::ImageSpec::from_package(package).checksum);
+        let on = host.spec.image.as_ref().map(|i| i.url.as_str()).filter(|u| !u.is_empty());
+        // Either the new image is going on, or the old one is coming off (or came off).
         let rejoin = package.kind == pb::PackageKind::OsImage
             && host.state() != Some(ProvisioningState::Provisioned)
-            && host.spec.image.as_ref().is_some_and(|i| i.url == wanted);
+            && match on {
+                Some(url) => url == wanted,
+                None => matches!(host.state(), Some(ProvisioningState::Deprovisioning | ProvisioningState::Available)),
+            };
         if host.state() != Some(ProvisioningState::Provisioned) && !rejoin {
             let state = host.state().map_or("unknown".to_string(), |s| s.to_string());
             return Err(BackendError::permanent_reason(format!("node {name} is not provisioned (state {state})")));
@@ -36,7 +41,7 @@ impl KubeSite {
             pb::PackageKind::OsImage => {
                 // Metal3 reimages only through deprovisioning: the image comes off, then the new one
                 // goes on (already, when the reimage is taken up again).
-                if !rejoin {
+                if on != Some(wanted.as_str()) {
                     self.deprovision(name).await?;
                 }
                 let tx = req.progress.clone().unwrap_or_else(|| mpsc::unbounded_channel().0);

@@ -32,10 +32,15 @@ pub(super) struct State {
 
 impl State {
     /// The host, when it is provisioned; a patch needs that.
-    /// Whether `node` is being provisioned with `image` now: a reimage its gateway started and
-    /// did not see to the end (it was killed, and the job came again).
+    /// Whether `node` is on its way to `image`: a reimage its gateway started and did not see to
+    /// the end (it was killed, and the job came again). Either the host is being provisioned
+    /// with the image, or the old image is coming off (or came off) and the attempt went with
+    /// the gateway.
     pub(super) fn reimaging_to(&self, node: &str, image: &Image) -> bool {
-        self.hosts.get(node).and_then(|h| h.attempt.as_ref()).is_some_and(|a| a.image == *image)
+        self.hosts.get(node).is_some_and(|h| match &h.attempt {
+            Some(a) => a.image == *image,
+            None => matches!(h.state(), S::Deprovisioning | S::Available) && h.image.is_none(),
+        })
     }
 
     pub(super) fn provisioned(&self, node: &str) -> Result<&Host, BackendError> {
