@@ -582,6 +582,27 @@ impl Fleet {
     }
 
     /// Publishes a PatchPackage; its envelope id is the rollout id.
+    /// Uploads `size` bytes (incompressible, the same for the same name and version) into the
+    /// fleet's artifact store and registers them as the binary `name@version`.
+    pub async fn register_artifact(&self, name: &str, version: &str, size: usize) -> pb::Package {
+        let bytes = producers::up::demo_content(name, version, size);
+        let stored = self.store.upload(bytes.as_slice()).await.unwrap();
+        let pkg = pb::Package {
+            name: name.into(),
+            version: version.into(),
+            kind: pb::PackageKind::Binary as i32,
+            sha256: stored.sha256,
+            size: stored.size,
+            object_key: stored.object_key,
+        };
+        let register = Envelope::root();
+        let cmd = pb::RegisterPackage { package: Some(pkg.clone()), auto_rollout: None };
+        self.bus.publish_command(&cmd, &register).await.unwrap();
+        let registered = self.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(20)).await;
+        registered.expect("registered");
+        pkg
+    }
+
     pub async fn patch(&self, cmd: pb::PatchPackage) -> Envelope {
         let env = Envelope::root();
         self.bus.publish_command(&cmd, &env).await.unwrap();

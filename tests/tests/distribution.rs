@@ -186,25 +186,6 @@ async fn a_damaged_store_copy_is_refused_and_never_installed() {
     fleet.stop().await;
 }
 
-/// Uploads `size` bytes as `firmware-bundle@7.1` and registers it.
-async fn register_big(fleet: &Fleet, size: usize) -> pb::Package {
-    let bytes = producers::up::demo_content("firmware-bundle", "7.1", size);
-    let stored = fleet.store.upload(bytes.as_slice()).await.unwrap();
-    let pkg = pb::Package {
-        name: "firmware-bundle".into(),
-        version: "7.1".into(),
-        kind: pb::PackageKind::Binary as i32,
-        sha256: stored.sha256,
-        size: stored.size,
-        object_key: stored.object_key,
-    };
-    let register = Envelope::root();
-    let cmd = pb::RegisterPackage { package: Some(pkg.clone()), auto_rollout: None };
-    fleet.bus.publish_command(&cmd, &register).await.unwrap();
-    fleet.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(20)).await.expect("registered");
-    pkg
-}
-
 /// Two jobs of one site that need the same artifact at once (a `site stage` and an install)
 /// fetch it once between them, and both see it verified in the cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +193,7 @@ async fn two_jobs_needing_one_artifact_at_once_fetch_it_once() {
     let server = NatsServer::start();
     let fleet = Fleet::builder(&server.url()).sites(1).nodes(1).sim(SimConfig::instant()).start().await;
     let size = 16 * 1024 * 1024;
-    let pkg = register_big(&fleet, size).await;
+    let pkg = fleet.register_artifact("firmware-bundle", "7.1", size).await;
     let envs = [Envelope::root(), Envelope::root()];
     for env in &envs {
         let job = pb::StageArtifacts { site_id: fleet.site_id(0), artifacts: vec![pkg.clone()] };
@@ -238,7 +219,7 @@ async fn a_transfer_cut_at_sixty_percent_resumes_from_its_offset() {
     let server = NatsServer::start();
     let fleet = Fleet::builder(&server.url()).sites(1).nodes(1).sim(SimConfig::instant()).start().await;
     let size = 64 * 1024 * 1024;
-    let pkg = register_big(&fleet, size).await;
+    let pkg = fleet.register_artifact("firmware-bundle", "7.1", size).await;
     let stored = pkg.clone();
 
     // The link is cut once 60 % has gone through.

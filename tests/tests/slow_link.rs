@@ -153,30 +153,11 @@ fn trouble(log: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Uploads `SIZE` random bytes (incompressible) and registers them as `firmware-bundle@slow`.
-async fn register_big(fleet: &Fleet) -> pb::Package {
-    let bytes = producers::up::demo_content("firmware-bundle", "slow", SIZE as usize);
-    let stored = fleet.store.upload(bytes.as_slice()).await.unwrap();
-    let pkg = pb::Package {
-        name: "firmware-bundle".into(),
-        version: "slow".into(),
-        kind: pb::PackageKind::Binary as i32,
-        sha256: stored.sha256,
-        size: stored.size,
-        object_key: stored.object_key,
-    };
-    let register = Envelope::root();
-    let cmd = pb::RegisterPackage { package: Some(pkg.clone()), auto_rollout: None };
-    fleet.bus.publish_command(&cmd, &register).await.unwrap();
-    fleet.wait_for(pb::PackageRegistered::filter(), &register.id, Duration::from_secs(20)).await.expect("registered");
-    pkg
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_256_mib_artifact_staged_over_a_slow_link_cut_twice_resumes_within_115_percent_of_the_links_time() {
     let site = SlowSite::start().await;
     let link = link();
-    let pkg = register_big(&site.fleet).await;
+    let pkg = site.fleet.register_artifact("firmware-bundle", "slow", SIZE as usize).await;
     site.until_linked(Duration::from_secs(30)).await;
     let partial = site.cache.join("partial").join(&pkg.sha256);
     let theoretical = link.time_for(SIZE);

@@ -295,17 +295,7 @@ fn site_effects(state: &std::path::Path) -> site_gateway::sim::SimEffects {
 
 /// Waits until `done` holds of the site's effects.
 async fn until_site(state: &std::path::Path, what: &str, done: impl Fn(&site_gateway::sim::SimEffects) -> bool) {
-    until_site_within(Duration::from_secs(60), state, what, done).await;
-}
-
-/// [`until_site`], waiting `within` at most.
-async fn until_site_within(
-    within: Duration,
-    state: &std::path::Path,
-    what: &str,
-    done: impl Fn(&site_gateway::sim::SimEffects) -> bool,
-) {
-    let deadline = Instant::now() + within;
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !done(&site_effects(state)) {
         let e = site_effects(state);
         let counts = (e.provisions.len(), e.binary_installs.len(), e.patches.len());
