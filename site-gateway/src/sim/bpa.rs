@@ -8,7 +8,6 @@ use bus_schema::domain::{Package, Role};
 use tracing::{debug, warn};
 
 use super::SimSite;
-use super::effects::bump;
 use super::faults::binaries_failure;
 use super::state::{BinarySet, State, binary_set, no_cluster};
 use super::timing::pause;
@@ -22,14 +21,14 @@ impl State {
 
     /// Installs the binaries on one node; `Some(reason)` when it failed.
     pub(super) fn install_on(&mut self, site: &str, node: &str, wanted: &BinarySet) -> Option<String> {
-        let Some(h) = self.hosts.get_mut(node).filter(|h| h.state() == S::Provisioned) else {
-            return Some("os not provisioned".into());
-        };
-        if h.binaries.as_ref() == Some(wanted) {
-            return None;
+        match self.hosts.get(node).filter(|h| h.state() == S::Provisioned) {
+            None => return Some("os not provisioned".into()),
+            Some(h) if h.binaries.as_ref() == Some(wanted) => return None,
+            Some(_) => self.count(|e| &mut e.binary_installs, node),
         }
-        bump(&mut self.effects.binary_installs, node);
-        if self.faults.binaries.contains(node) {
+        let failed = self.faults.binaries.contains(node);
+        let h = self.hosts.get_mut(node)?;
+        if failed {
             h.binaries = None;
             let reason = binaries_failure(node);
             warn!(site, node, %reason, "binaries install failed");

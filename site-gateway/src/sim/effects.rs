@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-/// What the site actually did, so tests can prove that no step ran twice.
+/// What the site actually did, so tests can prove that no step ran twice. The per-node
+/// counters are counted with [`State::count`](super::state::State::count), which the site's
+/// file follows.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SimEffects {
     /// Per host, the provisionings started (a retry after a failure is a new one).
@@ -24,7 +26,10 @@ pub struct SimEffects {
     pub bmc_logins: u32,
 }
 
-/// Counts one more for `key` in a per-host or per-node counter.
-pub(super) fn bump(counts: &mut BTreeMap<String, u32>, key: &str) {
-    *counts.entry(key.to_string()).or_default() += 1;
+impl SimEffects {
+    /// Every node some per-node counter names.
+    pub(super) fn nodes(&self) -> impl Iterator<Item = &String> {
+        let counters = [&self.provisions, &self.binary_installs, &self.patches, &self.patch_failures];
+        counters.into_iter().flat_map(BTreeMap::keys)
+    }
 }

@@ -106,8 +106,9 @@ impl Drop for StateGuard<'_> {
         if !self.changed {
             return;
         }
-        if let Some(file) = &self.inner.file {
-            file.save(&self.inner.site, &self.state);
+        match &self.inner.file {
+            Some(file) => file.save(&self.inner.site, &mut self.state),
+            None => drop(self.state.hosts.take_touched()),
         }
     }
 }

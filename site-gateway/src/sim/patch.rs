@@ -11,7 +11,6 @@ use tracing::{debug, warn};
 
 use super::SimSite;
 use super::bpa::container;
-use super::effects::bump;
 use super::faults::{binary_patch_failed, container_patch_denied, reimage_refused};
 use super::state::{Binary, BinarySet, Image, State, binary_set};
 use super::timing::pause;
@@ -41,12 +40,12 @@ impl SimSite {
             // A binary's and an os-image's patch are counted with the change itself (see
             // `patch_binary`).
             Ok(outcome) if outcome.changed && req.package.kind == PackageKind::Container => {
-                bump(&mut st.effects.patches, node);
+                st.count(|e| &mut e.patches, node);
                 debug!(site = %self.inner.site, node, package = %req.package.reference().key(), "patched");
             }
             Ok(_) | Err(BackendError::Transient { .. }) => {}
             Err(error) => {
-                bump(&mut st.effects.patch_failures, node);
+                st.count(|e| &mut e.patch_failures, node);
                 warn!(site = %self.inner.site, node, package = %req.package.reference().key(), error = %error.reason(), "patch failed");
             }
         }
@@ -98,7 +97,7 @@ impl SimSite {
                 "{node} reimaged, but its binaries were not: {reason}"
             )));
         }
-        bump(&mut st.effects.patches, node);
+        st.count(|e| &mut e.patches, node);
         Ok(PatchOutcome { from_version, changed: true })
     }
 
@@ -125,7 +124,7 @@ impl SimSite {
         }
         // Counted in the same write as the change: a gateway killed between two writes would
         // leave the node patched and the patch uncounted (its redelivery finds nothing to do).
-        bump(&mut st.effects.patches, node);
+        st.count(|e| &mut e.patches, node);
         debug!(site = %self.inner.site, node, package = %package.reference().key(), "patched");
         Ok(PatchOutcome { from_version, changed: true })
     }

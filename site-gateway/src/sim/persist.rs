@@ -1,13 +1,22 @@
 //! A simulated site kept in a file, so that a gateway restarted after a crash finds the site's
 //! hosts as it left them, as a real site's Metal3 keeps them whatever becomes of its gateway.
 //!
-//! The file is JSON, written again (to a scratch file, then renamed over it) each time the
-//! site's state changes, before the change is reported to anyone. A provisioning under way when
-//! the process died goes on from where the host was, as Ironic's would, and does not count as a
-//! second one; a host that was still registering walks on to `available`. Injected failures
-//! are not kept.
+//! The file is a journal of JSON lines: the site's id first, then a line per host (its state,
+//! image, binaries and the effects counted on it) and a line for the rest of the site (its
+//! cluster, containers, cache, arrivals and counters). A change appends the lines of what it
+//! changed, before the change is reported to anyone; a later line for the same host replaces
+//! the earlier one. Once the journal is several times the size of the site, it is written
+//! again whole (to a scratch file, then renamed over it). So a change costs what it changed,
+//! not the whole site: a site of a thousand hosts changes some ten thousand times during its
+//! install. A line cut short by a kill during its write is the end of the journal (the change
+//! it carried was not yet seen by anyone).
+//!
+//! A provisioning under way when the process died goes on from where the host was, as
+//! Ironic's would, and does not count as a second one; a host that was still registering walks
+//! on to `available`. Injected failures are not kept.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -31,9 +40,10 @@ pub enum SimStateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("parse the simulated site's state {path}")]
+    #[error("parse the simulated site's state {path}, line {line}")]
     Parse {
         path: PathBuf,
+        line: usize,
         #[source]
         source: serde_json::Error,
     },
@@ -43,43 +53,180 @@ pub enum SimStateError {
     Invalid { path: PathBuf, reason: String },
 }
 
-/// Where a site's state is kept, and the bytes written last (an unchanged state is not
-/// written again).
+/// Where a site's state is kept, and what its journal holds now.
 #[derive(Debug)]
 pub(super) struct StateFile {
     path: PathBuf,
-    written: Mutex<Vec<u8>>,
+    journal: Mutex<Journal>,
 }
+
+/// The journal as written: each host's line and the rest's (a change that leaves them as they
+/// are writes nothing), the open file, and its size against the site's.
+#[derive(Debug, Default)]
+struct Journal {
+    file: Option<std::fs::File>,
+    hosts: HashMap<String, Vec<u8>>,
+    rest: Vec<u8>,
+    /// Bytes in the file, and in the site written whole.
+    size: u64,
+    whole: u64,
+}
+
+/// Past this many times the site's own size (and this much), the journal is written again whole.
+const REWRITE_FACTOR: u64 = 4;
+const REWRITE_AT_LEAST: u64 = 1 << 20;
 
 impl StateFile {
     pub(super) fn new(path: &Path) -> Self {
-        Self { path: path.to_path_buf(), written: Mutex::default() }
+        Self { path: path.to_path_buf(), journal: Mutex::default() }
     }
 
-    /// Writes the site's state, unless the file holds it already.
-    pub(super) fn save(&self, site: &str, state: &State) {
-        let bytes = match serde_json::to_vec(&Saved::of(site, state)) {
-            Ok(b) => b,
-            Err(error) => return warn!(site, %error, "cannot encode the simulated site's state"),
+    /// Writes what changed in the site's state since the last call: the hosts `state` marks
+    /// touched, and the rest when it differs. The first call writes the site whole.
+    pub(super) fn save(&self, site: &str, state: &mut State) {
+        let touched = state.hosts.take_touched();
+        let mut journal = self.journal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let result = if journal.file.is_none() {
+            self.rewrite(&mut journal, site, state)
+        } else {
+            self.append(&mut journal, site, state, &touched)
         };
-        let mut written = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *written == bytes {
-            return;
+        if let Err(error) = result {
+            warn!(site, path = %self.path.display(), %error, "cannot write the simulated site's state");
+            // Written whole again on the next change.
+            journal.file = None;
         }
+    }
+
+    fn append(
+        &self,
+        journal: &mut Journal,
+        site: &str,
+        state: &State,
+        touched: &BTreeSet<String>,
+    ) -> Result<(), Error> {
+        let mut lines = Vec::new();
+        for name in touched {
+            let line = encode(&Line::host(name, state))?;
+            if journal.hosts.get(name) != Some(&line) {
+                lines.extend_from_slice(&line);
+                journal.hosts.insert(name.clone(), line);
+            }
+        }
+        let rest = encode(&Line::Rest(Rest::of(state)))?;
+        if journal.rest != rest {
+            lines.extend_from_slice(&rest);
+            journal.rest = rest;
+        }
+        if lines.is_empty() {
+            return Ok(());
+        }
+        if journal.size + lines.len() as u64 > (REWRITE_FACTOR * journal.whole).max(REWRITE_AT_LEAST) {
+            return self.rewrite(journal, site, state);
+        }
+        journal.file.as_mut().map_or(Ok(()), |f| f.write_all(&lines))?;
+        journal.size += lines.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the site whole to a scratch file and renames it over the journal.
+    fn rewrite(&self, journal: &mut Journal, site: &str, state: &State) -> Result<(), Error> {
+        let mut bytes = encode(&Line::Site(site.to_string()))?;
+        let mut hosts = HashMap::new();
+        let names: BTreeSet<&String> = state.hosts.iter().map(|(n, _)| n).chain(state.effects.nodes()).collect();
+        for name in names {
+            let line = encode(&Line::host(name, state))?;
+            bytes.extend_from_slice(&line);
+            hosts.insert(name.clone(), line);
+        }
+        let rest = encode(&Line::Rest(Rest::of(state)))?;
+        bytes.extend_from_slice(&rest);
         let scratch = self.path.with_extension("tmp");
-        match std::fs::write(&scratch, &bytes).and_then(|()| std::fs::rename(&scratch, &self.path)) {
-            Ok(()) => *written = bytes,
-            Err(error) => warn!(site, path = %self.path.display(), %error, "cannot write the simulated site's state"),
+        std::fs::write(&scratch, &bytes)?;
+        std::fs::rename(&scratch, &self.path)?;
+        let file = std::fs::OpenOptions::new().append(true).open(&self.path)?;
+        let size = bytes.len() as u64;
+        *journal = Journal { file: Some(file), hosts, rest, size, whole: size };
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+}
+
+/// A line and its newline.
+fn encode(line: &Line) -> Result<Vec<u8>, serde_json::Error> {
+    let mut bytes = serde_json::to_vec(line)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// One line of the journal.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum Line {
+    /// The first line: whose site this is.
+    Site(String),
+    /// A host as it is now (none: a node only counted), and what was done to it.
+    Host { name: String, host: Option<Box<SavedHost>>, counts: Counts },
+    /// Everything else.
+    Rest(Rest),
+}
+
+impl Line {
+    fn host(name: &str, st: &State) -> Self {
+        let host = st.hosts.get(name).map(|h| Box::new(SavedHost::of(h)));
+        Self::Host { name: name.to_string(), host, counts: Counts::of(&st.effects, name) }
+    }
+}
+
+/// The effects counted on one node.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Counts {
+    provisions: u32,
+    binary_installs: u32,
+    patches: u32,
+    patch_failures: u32,
+}
+
+impl Counts {
+    fn of(e: &SimEffects, node: &str) -> Self {
+        let of = |counts: &BTreeMap<String, u32>| counts.get(node).copied().unwrap_or(0);
+        Self {
+            provisions: of(&e.provisions),
+            binary_installs: of(&e.binary_installs),
+            patches: of(&e.patches),
+            patch_failures: of(&e.patch_failures),
+        }
+    }
+
+    fn add_to(&self, e: &mut SimEffects, node: &str) {
+        let counters = [
+            (&mut e.provisions, self.provisions),
+            (&mut e.binary_installs, self.binary_installs),
+            (&mut e.patches, self.patches),
+            (&mut e.patch_failures, self.patch_failures),
+        ];
+        for (counts, n) in counters {
+            if n > 0 {
+                counts.insert(node.to_string(), n);
+            } else {
+                counts.remove(node);
+            }
         }
     }
 }
 
-/// The file's content.
-#[derive(Debug, Serialize, Deserialize)]
+/// The site apart from its hosts.
+#[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct Saved {
-    site: String,
-    hosts: BTreeMap<String, SavedHost>,
+struct Rest {
     /// The hosts that arrived after the start, announced again by a restarted gateway (under
     /// the same command id, so the bus drops the copy).
     arrived: Vec<pb::NodeSpec>,
@@ -88,7 +235,36 @@ pub(super) struct Saved {
     containers: BTreeMap<String, String>,
     /// The artifacts handed to provisioning, by sha256.
     cache: BTreeSet<String>,
+    kubeconfigs_generated: u32,
+    container_applies: u32,
+    bytes_handed: u64,
+    bmc_logins: u32,
+}
+
+impl Rest {
+    fn of(st: &State) -> Self {
+        let e = &st.effects;
+        Self {
+            arrived: st.arrived.iter().map(pb::NodeSpec::from).collect(),
+            cluster_master: st.cluster_master.clone(),
+            kubeconfig: st.kubeconfig.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()),
+            containers: st.containers.clone(),
+            cache: st.cache.clone(),
+            kubeconfigs_generated: e.kubeconfigs_generated,
+            container_applies: e.container_applies,
+            bytes_handed: e.bytes_handed,
+            bmc_logins: e.bmc_logins,
+        }
+    }
+}
+
+/// What the journal holds, read back.
+#[derive(Debug, Default)]
+pub(super) struct Saved {
+    site: String,
+    hosts: BTreeMap<String, SavedHost>,
     effects: SimEffects,
+    rest: Rest,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -118,36 +294,19 @@ struct SavedBinary {
     sha256: String,
 }
 
-impl Saved {
-    fn of(site: &str, st: &State) -> Self {
-        let hosts = st
-            .hosts
-            .iter()
-            .map(|(name, h)| {
-                let host = SavedHost {
-                    state: h.state().as_str().to_string(),
-                    image: h.image.as_ref().map(SavedImage::of),
-                    provisioning: h.attempt.as_ref().map(|a| SavedImage::of(&a.image)),
-                    binaries: h.binaries.as_ref().map(|set| {
-                        set.iter()
-                            .map(|(name, b)| {
-                                (name.clone(), SavedBinary { version: b.version.clone(), sha256: b.sha256.clone() })
-                            })
-                            .collect()
-                    }),
-                };
-                (name.clone(), host)
-            })
-            .collect();
+impl SavedHost {
+    fn of(h: &Host) -> Self {
         Self {
-            site: site.to_string(),
-            hosts,
-            arrived: st.arrived.iter().map(pb::NodeSpec::from).collect(),
-            cluster_master: st.cluster_master.clone(),
-            kubeconfig: st.kubeconfig.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()),
-            containers: st.containers.clone(),
-            cache: st.cache.clone(),
-            effects: st.effects.clone(),
+            state: h.state().as_str().to_string(),
+            image: h.image.as_ref().map(SavedImage::of),
+            provisioning: h.attempt.as_ref().map(|a| SavedImage::of(&a.image)),
+            binaries: h.binaries.as_ref().map(|set| {
+                set.iter()
+                    .map(|(name, b)| {
+                        (name.clone(), SavedBinary { version: b.version.clone(), sha256: b.sha256.clone() })
+                    })
+                    .collect()
+            }),
         }
     }
 }
@@ -183,7 +342,37 @@ fn read(path: &Path) -> Result<Option<Saved>, SimStateError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(SimStateError::Read { path: path.to_path_buf(), source }),
     };
-    serde_json::from_slice(&bytes).map(Some).map_err(|source| SimStateError::Parse { path: path.to_path_buf(), source })
+    let mut saved = Saved::default();
+    let mut lines = bytes.split_inclusive(|b| *b == b'\n').enumerate().peekable();
+    while let Some((at, line)) = lines.next() {
+        let parse = |source| SimStateError::Parse { path: path.to_path_buf(), line: at + 1, source };
+        let line = match serde_json::from_slice::<Line>(line) {
+            Ok(line) => line,
+            // The last line, cut short by a kill while it was written: its change was not yet
+            // seen by anyone.
+            Err(_) if at > 0 && lines.peek().is_none() && !line.ends_with(b"\n") => break,
+            Err(source) => return Err(parse(source)),
+        };
+        match (at, line) {
+            (0, Line::Site(site)) => saved.site = site,
+            (0, _) | (_, Line::Site(_)) => {
+                let reason = format!("line {}: the site's id comes first, and only there", at + 1);
+                return Err(SimStateError::Invalid { path: path.to_path_buf(), reason });
+            }
+            (_, Line::Host { name, host, counts }) => {
+                counts.add_to(&mut saved.effects, &name);
+                match host {
+                    Some(host) => saved.hosts.insert(name, *host),
+                    None => saved.hosts.remove(&name),
+                };
+            }
+            (_, Line::Rest(rest)) => saved.rest = rest,
+        }
+    }
+    if saved.site.is_empty() {
+        return Err(SimStateError::Invalid { path: path.to_path_buf(), reason: "empty".into() });
+    }
+    Ok(Some(saved))
 }
 
 /// What the site kept in `path` has done so far, across every process that ran it.
@@ -192,7 +381,7 @@ fn read(path: &Path) -> Result<Option<Saved>, SimStateError> {
 /// When the file cannot be read or parsed, or does not exist.
 pub fn saved_effects(path: &Path) -> Result<SimEffects, SimStateError> {
     match read(path)? {
-        Some(saved) => Ok(saved.effects),
+        Some(mut saved) => Ok(saved.effects()),
         None => Err(SimStateError::Read { path: path.to_path_buf(), source: std::io::ErrorKind::NotFound.into() }),
     }
 }
@@ -221,10 +410,22 @@ pub(super) enum Resume {
 }
 
 impl Saved {
+    /// Everything counted, the site's counters with its nodes'.
+    fn effects(&mut self) -> SimEffects {
+        let rest = &self.rest;
+        SimEffects {
+            kubeconfigs_generated: rest.kubeconfigs_generated,
+            container_applies: rest.container_applies,
+            bytes_handed: rest.bytes_handed,
+            bmc_logins: rest.bmc_logins,
+            ..std::mem::take(&mut self.effects)
+        }
+    }
+
     /// The state the file kept, and what its hosts were on their way to do; the reason when the
     /// file does not hold a valid state.
-    pub(super) fn restore(self) -> Result<(State, Vec<(String, Resume)>), String> {
-        let mut st = State::default();
+    pub(super) fn restore(mut self) -> Result<(State, Vec<(String, Resume)>), String> {
+        let mut st = State { effects: self.effects(), ..State::default() };
         let mut resume = Vec::new();
         for (name, saved_host) in self.hosts {
             let state = S::parse(&saved_host.state).ok_or_else(|| format!("{name}: state {:?}", saved_host.state))?;
@@ -244,16 +445,16 @@ impl Saved {
             }
             st.hosts.insert(name, host);
         }
-        st.arrived = self
+        let rest = self.rest;
+        st.arrived = rest
             .arrived
             .into_iter()
             .map(|n| NodeDesign::try_from(n).map_err(|e| format!("arrived host: {e}")))
             .collect::<Result<_, _>>()?;
-        st.cluster_master = self.cluster_master;
-        st.kubeconfig = self.kubeconfig.map(String::into_bytes);
-        st.containers = self.containers;
-        st.cache = self.cache;
-        st.effects = self.effects;
+        st.cluster_master = rest.cluster_master;
+        st.kubeconfig = rest.kubeconfig.map(String::into_bytes);
+        st.containers = rest.containers;
+        st.cache = rest.cache;
         Ok((st, resume))
     }
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use super::effects::bump;
 use super::faults::provisioning_error;
 use super::metal3::{Step, provision_step, registration_next};
 use super::persist::Resume;
@@ -101,7 +100,7 @@ impl SimSite {
             debug!(site = %self.inner.site, host, state = %S::Registering, "host state");
             tokio::spawn(walk(Arc::clone(&self.inner), host.to_string(), S::Registering));
         }
-        st.hosts.entry(host.to_string()).or_insert_with(Host::new)
+        st.hosts.get_or_insert(host, Host::new)
     }
 
     /// Carries on with what a host restored from the site's file was doing.
@@ -138,7 +137,7 @@ impl SimSite {
         h.image = None;
         h.binaries = None;
         h.set_state(&self.inner.site, host, Step::first_state(redeploy));
-        bump(&mut st.effects.provisions, host);
+        st.count(|e| &mut e.provisions, host);
         tokio::spawn(attempt(Arc::clone(&self.inner), host.to_string(), image.clone(), redeploy, done_tx));
         Next::Join(done)
     }

@@ -14,7 +14,7 @@ use crate::backend::{BackendError, HostNotice, HostRequest, ImageSpec, Provision
 
 #[derive(Debug, Default)]
 pub(super) struct State {
-    pub(super) hosts: BTreeMap<String, Host>,
+    pub(super) hosts: Hosts,
     pub(super) faults: Faults,
     /// The hosts that arrived after the start, in order: what a new arrivals subscriber hears first.
     pub(super) arrived: Vec<NodeDesign>,
@@ -31,7 +31,13 @@ pub(super) struct State {
 }
 
 impl State {
-    /// The host, when it is provisioned; a patch needs that.
+    /// Counts one more in a per-node counter of the effects (`provisions`, `patches`, ...),
+    /// marking the node changed so its counts are written with it.
+    pub(super) fn count(&mut self, counter: fn(&mut SimEffects) -> &mut BTreeMap<String, u32>, node: &str) {
+        *counter(&mut self.effects).entry(node.to_string()).or_default() += 1;
+        self.hosts.touched.insert(node.to_string());
+    }
+
     /// Whether `node` is on its way to `image`: a reimage its gateway started and did not see to
     /// the end (it was killed, and the job came again). Either the host is being provisioned
     /// with the image, or the old image is coming off (or came off) and the attempt went with
@@ -43,6 +49,7 @@ impl State {
         })
     }
 
+    /// The host, when it is provisioned; a patch needs that.
     pub(super) fn provisioned(&self, node: &str) -> Result<&Host, BackendError> {
         match self.hosts.get(node) {
             Some(h) if h.state() == S::Provisioned => Ok(h),
@@ -51,6 +58,50 @@ impl State {
                 Err(BackendError::permanent_reason(format!("{node} is not provisioned (the site has no such host)")))
             }
         }
+    }
+}
+
+/// The site's hosts by name, and the names of those changed since the site was last written:
+/// every way to change a host goes through here, so none is missed by the site's file.
+#[derive(Debug, Default)]
+pub(super) struct Hosts {
+    map: BTreeMap<String, Host>,
+    touched: BTreeSet<String>,
+}
+
+impl Hosts {
+    pub(super) fn get(&self, name: &str) -> Option<&Host> {
+        self.map.get(name)
+    }
+
+    pub(super) fn get_mut(&mut self, name: &str) -> Option<&mut Host> {
+        let host = self.map.get_mut(name)?;
+        self.touched.insert(name.to_string());
+        Some(host)
+    }
+
+    /// The host `name`, made by `new` when the site does not have it.
+    pub(super) fn get_or_insert(&mut self, name: &str, new: impl FnOnce() -> Host) -> &mut Host {
+        self.touched.insert(name.to_string());
+        self.map.entry(name.to_string()).or_insert_with(new)
+    }
+
+    pub(super) fn insert(&mut self, name: String, host: Host) {
+        self.touched.insert(name.clone());
+        self.map.insert(name, host);
+    }
+
+    pub(super) fn contains_key(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&String, &Host)> {
+        self.map.iter()
+    }
+
+    /// The names of the hosts (and nodes counted) changed since the last call.
+    pub(super) fn take_touched(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.touched)
     }
 }
 
