@@ -729,32 +729,30 @@ async fn a_site_cut_off_past_its_waves_timeout_counts_as_the_strategy_says_and_i
     site.stop().await;
 }
 
-/// A day cut off, time-scaled: the cut lasts 36 s for 24 hours (2,400 times faster), and every
+/// A day cut off, time-scaled: the cut lasts 45 s for 24 hours (1,920 times faster), and every
 /// hub timer a day outlasts is shorter than the cut alike (the hub's duplicate window of 15
 /// minutes is 1 s here: what arrives after the cut is long past it). The site's hosts run 60
-/// times faster than real ones. A site of 200 nodes is cut off first once its install's jobs
+/// times faster than real ones. A site of 800 nodes is cut off first once its install's jobs
 /// (staging, and a provisioning job per host) are kept at the site, then once the job of a
 /// rollout of a new os-image is (every node reimaged, each Metal3 state it passes reported).
 /// During each cut the gateway is killed twice and the leaf node's nats-server restarted once;
 /// the site goes on with the jobs it keeps (a reimage the killed gateway left half done is taken
-/// up, not failed) and makes over 1,000 reports during the cuts, all stored at the site before
-/// the link is back. After each cut: the hub holds every report the
-/// site made once, in the order the site made them (the site's own record and the hub's, side
-/// by side); each host was provisioned and each node patched once; the install's and the
-/// rollout's records are whole.
+/// up, not failed) and makes over 5,000 reports during the cuts (some 6,000), all stored at the
+/// site before the link is back. After each cut: the hub holds every report the site made once,
+/// in the order the site made them (the site's own record and the hub's, side by side); each
+/// host was provisioned and each node patched once; the install's and the rollout's records
+/// are whole.
 ///
-/// At full size, as measured for the record (ARCHITECTURE.md, "Production topology"):
-/// `LANDFALL_DAY_NODES=1000 LANDFALL_DAY_CUT_SECS=120 LANDFALL_DAY_MAX_UNAVAILABLE=10%
-/// LANDFALL_DAY_MIN_REPORTS=5000` (the day 720 times faster); `LANDFALL_DAY_LOG=1` prints the
-/// site's progress, and
-/// `LANDFALL_TEST_GATEWAY_LOG` sets the gateway's `RUST_LOG`.
+/// At full size: `LANDFALL_DAY_NODES=1000 LANDFALL_DAY_CUT_SECS=120
+/// LANDFALL_DAY_MAX_UNAVAILABLE=10%` (the day 720 times faster); `LANDFALL_DAY_LOG=1` prints
+/// the site's progress, and `LANDFALL_TEST_GATEWAY_LOG` sets the gateway's `RUST_LOG`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_cut_off_for_a_day_during_its_install_and_a_rollout_loses_nothing_and_repeats_nothing() {
     let setting = |name: &str, default: f64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-    let nodes = setting("LANDFALL_DAY_NODES", 200.0) as usize;
-    let day = Duration::from_secs_f64(setting("LANDFALL_DAY_CUT_SECS", 36.0));
+    let nodes = setting("LANDFALL_DAY_NODES", 800.0) as usize;
+    let day = Duration::from_secs_f64(setting("LANDFALL_DAY_CUT_SECS", 45.0));
     let site_scale = setting("LANDFALL_DAY_SITE_SCALE", 60.0);
-    let min_reports = setting("LANDFALL_DAY_MIN_REPORTS", 1_000.0) as u64;
+    let min_reports = setting("LANDFALL_DAY_MIN_REPORTS", 5_000.0) as u64;
     let max_unavailable = std::env::var("LANDFALL_DAY_MAX_UNAVAILABLE").unwrap_or_else(|_| "50%".into());
     println!("leaf: {nodes} nodes, a day cut off in {day:?} ({:.0} times faster)", 86_400.0 / day.as_secs_f64());
     let mut site = LeafSite::start_with(nodes, site_scale, Some(Duration::from_secs(1))).await;
