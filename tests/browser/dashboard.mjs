@@ -5,6 +5,7 @@
 //        --token OPERATOR --viewer-token VIEWER --out DIR
 //   node tests/browser/dashboard.mjs --case scale --url ... --token ... --designs FILE --out DIR
 //   node tests/browser/dashboard.mjs --case firstpaint --url ... --token ... --sites N [--runs R]
+//   node tests/browser/dashboard.mjs --case cutoff --url ... --token ... --site SITE --out DIR
 //
 // `install`: edge-01 shows as registered; the Install button on its page installs it, and the
 //   page follows it to installed with every node ready, without a reload. A viewer sees no
@@ -18,6 +19,10 @@
 //   then, on the first load, how busy the page was over the next seconds (its long tasks) and
 //   how many events its feed replayed. Prints one line `firstpaint: {JSON}` (`landfall bench
 //   api` reads it).
+// `cutoff`: SITE, whose gateway the test has stopped mid-install, shows as cut off (a badge on
+//   its row, the fleet's Cut off tile, a notice and the Link fact on its page) and still as
+//   installing, not failed. Once the step saying so has passed, the test starts the gateway
+//   again: the page shows the site up again, live, and its install going on to installed.
 //
 // playwright-core comes from LANDFALL_BROWSER_MODULES (scripts/ensure-browser prints it).
 // Exits non-zero with the reason on the first check that fails, after a screenshot.
@@ -49,6 +54,7 @@ const { values: opt } = parseArgs({
     token: { type: 'string' },
     'viewer-token': { type: 'string' },
     designs: { type: 'string' },
+    site: { type: 'string' },
     sites: { type: 'string' },
     runs: { type: 'string', default: '5' },
     out: { type: 'string', default: '.' },
@@ -320,6 +326,51 @@ async function installCase() {
   via.close();
 }
 
+async function cutOffCase() {
+  const site = opt.site;
+  if (!site) fail('--site is required for the cutoff case');
+  const page = await newPage();
+  current = page;
+  await step(`${site} is in the fleet as cut off, and still installing`, async () => {
+    await openDashboard(page);
+    await page.evaluate(() => {
+      window.__sameDocument = true;
+    });
+    await page.waitForSelector(`${sel(site)}[data-state="installing"] .badge[data-link="cut_off"]`);
+    await page.waitForSelector('[data-tile="sites-cut-off"][data-value="1"]');
+    await page.waitForSelector('[data-tile="state-failed"][data-value="0"]');
+  });
+  await step('the site shows as cut off, since when, on its page, not failed', async () => {
+    await page.click(`${sel(site)} a.site-link`);
+    await page.waitForSelector(`#site-page[data-site="${site}"][data-state="installing"]`);
+    const notice = await page.waitForSelector('#link-notice[data-link="cut_off"]');
+    const since = await notice.getAttribute('data-since');
+    const api_site = await api(`/v1/sites/${site}`);
+    if (since !== api_site.link.since) throw new Error(`the notice says since ${since}, the API ${api_site.link.since}`);
+    await page.waitForSelector('[data-field="link"][data-link="cut_off"]');
+    if (await page.locator('#install-reason.notice-error').count()) throw new Error('the install shows as failed');
+    const said = await page.locator(`#feed li[data-type="SiteCutOff"][data-site="${site}"]`).first().textContent();
+    if (!said.includes('nothing heard since')) throw new Error(`the feed says of SiteCutOff: ${said}`);
+  });
+  await shot(page, 'dashboard-cut-off.png');
+  await step('heard again, the page shows the site up, live', async () => {
+    await page.waitForSelector('#link-notice', { state: 'detached', timeout: 60_000 });
+    await page.waitForSelector('[data-field="link"][data-link="up"]');
+    const restored = await page.waitForSelector(`#feed li[data-type="SiteLinkRestored"][data-site="${site}"]`);
+    const said = await restored.textContent();
+    if (!/heard again after \d+s cut off/.test(said)) throw new Error(`the feed says of SiteLinkRestored: ${said}`);
+  });
+  await step('and its install goes on to installed', async () => {
+    await page.waitForSelector(`#site-page[data-site="${site}"][data-state="installed"]`, { timeout: 120_000 });
+    await page.click('a.brand');
+    await page.waitForSelector(`${sel(site)}[data-state="installed"]`);
+    if (await page.locator(`${sel(site)} .badge[data-link="cut_off"]`).count()) throw new Error('the row still says cut off');
+    await page.waitForSelector('[data-tile="sites-cut-off"][data-value="0"]');
+    if (!(await page.evaluate(() => window.__sameDocument === true))) throw new Error('the page was reloaded');
+  });
+  await shot(page, 'dashboard-up-again.png');
+}
+
 async function scaleCase() {
   if (!opt.designs) fail('--designs is required for the scale case');
   const bodies = JSON.parse(readFileSync(opt.designs, 'utf8'));
@@ -509,6 +560,7 @@ try {
   if (opt.case === 'install') await installCase();
   else if (opt.case === 'scale') await scaleCase();
   else if (opt.case === 'firstpaint') await firstPaintCase();
+  else if (opt.case === 'cutoff') await cutOffCase();
   else fail(`unknown case ${opt.case}`);
   if (pageErrors.length) throw new Error(`the page threw:\n${pageErrors.join('\n')}`);
   ok = true;

@@ -39,23 +39,31 @@ struct Up {
     child: Child,
     dir: tempfile::TempDir,
     api: SocketAddr,
+    nats_port: u16,
     operator: String,
     viewer: String,
 }
 
 impl Up {
     fn start(sites: usize) -> Up {
+        Up::start_with(sites, &[])
+    }
+
+    /// `landfall up` with these arguments as well.
+    fn start_with(sites: usize, extra: &[&str]) -> Up {
         let dir = tempfile::tempdir().expect("a temp dir for landfall up");
         let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let nats_port = free_port();
         let data = dir.path().join("data");
         let stdout = std::fs::File::create(dir.path().join("up.out")).expect("create up.out");
         let stderr = std::fs::File::create(dir.path().join("up.log")).expect("create up.log");
         let mut cmd = tied::command(landfall_tests::cli::binary());
         cmd.arg("up")
             .args(["--data-dir", &data.display().to_string()])
-            .args(["--nats-port", &free_port().to_string()])
+            .args(["--nats-port", &nats_port.to_string()])
             .args(["--api-listen", &api.to_string()])
             .args(["--sites", &sites.to_string(), "--install", "none"])
+            .args(extra)
             .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
             .env_remove("RUST_LOG")
             .env_remove("NATS_URL")
@@ -67,7 +75,7 @@ impl Up {
             .stdout(stdout)
             .stderr(stderr);
         let child = tied::spawn(cmd).expect("start landfall up");
-        let mut up = Up { child, dir, api, operator: String::new(), viewer: String::new() };
+        let mut up = Up { child, dir, api, nats_port, operator: String::new(), viewer: String::new() };
         up.wait_ready(&data);
         up
     }
@@ -113,6 +121,33 @@ impl Up {
 
     fn url(&self) -> String {
         format!("http://{}", self.api)
+    }
+
+    /// One site as the API shows it (or the API's answer, when it has no such site yet).
+    fn site(&self, site: &str) -> serde_json::Value {
+        let (status, body) = http(self.api, "GET", &format!("/v1/sites/{site}"), Some(&self.operator), None);
+        assert!(status == 200 || status == 404, "{status}: {body}");
+        serde_json::from_str(&body).expect("JSON")
+    }
+
+    /// Waits until the API shows `site` as `what` says.
+    fn until_site(&self, site: &str, what: &str, within: Duration, ok: impl Fn(&serde_json::Value) -> bool) {
+        let deadline = Instant::now() + within;
+        loop {
+            let s = self.site(site);
+            if ok(&s) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{site} was not {what} within {within:?}: {s}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Publishes a command through the API, as any client would.
+    fn command(&self, kind: &str, body: serde_json::Value) {
+        let path = format!("/v1/commands/{kind}");
+        let (status, answer) = http(self.api, "POST", &path, Some(&self.operator), Some(&body.to_string()));
+        assert_eq!(status, 202, "{kind}: {answer}");
     }
 }
 
@@ -180,14 +215,22 @@ fn screenshots(case: &str) -> PathBuf {
     dir.canonicalize().expect("the screenshot directory")
 }
 
-/// Runs one case of the browser script against `up`; returns what it printed, panics with it
-/// when it fails.
-fn run_case(up: &Up, case: &str, extra: &[&str]) -> String {
+/// A browser case under way.
+struct Case {
+    name: String,
+    child: Child,
+    log_path: PathBuf,
+    out_dir: PathBuf,
+    deadline: Instant,
+}
+
+/// Starts one case of the browser script against `up`.
+fn start_case(up: &Up, case: &str, extra: &[&str]) -> Case {
     let modules = browser_modules();
     let out_dir = screenshots(case);
     let log_path = up.dir.path().join(format!("browser-{case}.log"));
     let log = std::fs::File::create(&log_path).expect("create the browser log");
-    let mut child = Command::new("node")
+    let child = Command::new("node")
         .arg(SCRIPT)
         .args(["--case", case, "--url", &up.url(), "--token", &up.operator, "--viewer-token", &up.viewer])
         .args(["--out", &out_dir.display().to_string()])
@@ -198,25 +241,58 @@ fn run_case(up: &Up, case: &str, extra: &[&str]) -> String {
         .stderr(log)
         .spawn()
         .expect("start node");
-    let deadline = Instant::now() + CASE_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("poll node") {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let printed = std::fs::read_to_string(&log_path).unwrap_or_default();
-    println!("--- browser case {case} ---\n{printed}");
-    match status {
-        Some(s) if s.success() => printed,
-        Some(s) => panic!("the browser case {case} failed ({s}); screenshots in {}:\n{printed}", out_dir.display()),
-        None => panic!("the browser case {case} did not finish within {CASE_TIMEOUT:?}:\n{printed}"),
+    Case { name: case.to_string(), child, log_path, out_dir, deadline: Instant::now() + CASE_TIMEOUT }
+}
+
+impl Case {
+    fn printed(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
+
+    /// Waits until the script has printed `line`; panics if it ends or times out first.
+    fn until_printed(&mut self, line: &str) {
+        while !self.printed().contains(line) {
+            if let Some(status) = self.child.try_wait().expect("poll node") {
+                panic!(
+                    "the browser case {} ended ({status}) before it printed {line:?}:\n{}",
+                    self.name,
+                    self.printed()
+                );
+            }
+            assert!(Instant::now() < self.deadline, "the browser case {} never printed {line:?}", self.name);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for the case to end; returns what it printed, panics with it when it failed.
+    fn wait(mut self) -> String {
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("poll node") {
+                break Some(status);
+            }
+            if Instant::now() > self.deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let (case, printed) = (&self.name, self.printed());
+        println!("--- browser case {case} ---\n{printed}");
+        match status {
+            Some(s) if s.success() => printed,
+            Some(s) => {
+                panic!("the browser case {case} failed ({s}); screenshots in {}:\n{printed}", self.out_dir.display())
+            }
+            None => panic!("the browser case {case} did not finish within {CASE_TIMEOUT:?}:\n{printed}"),
+        }
+    }
+}
+
+/// Runs one case of the browser script against `up`; returns what it printed, panics with it
+/// when it fails.
+fn run_case(up: &Up, case: &str, extra: &[&str]) -> String {
+    start_case(up, case, extra).wait()
 }
 
 #[test]
@@ -234,6 +310,55 @@ fn an_operator_installs_a_site_from_the_dashboard_and_watches_it_live() {
     let site: serde_json::Value = serde_json::from_str(&body).expect("a site as JSON");
     assert_eq!(site["state"], "installed");
     assert_eq!(site["nodes_ready"], 4);
+}
+
+/// A site whose gateway goes quiet mid-install shows as cut off, since when, and still
+/// installing (not failed) on the fleet and on its page; once its gateway is heard again, it
+/// shows as up, live, and its install goes on to the end. The site has a gateway process of its
+/// own (the others run inside `landfall up`), killed and started again, with its simulated
+/// hosts kept in a state file as real ones outlive their gateway.
+#[test]
+fn a_site_whose_gateway_goes_quiet_mid_install_shows_cut_off_not_failed_and_up_again_when_heard() {
+    const SITE: &str = "edge-04";
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    browser_modules();
+    let up = Up::start_with(3, &["--cut-off-after", "2s"]);
+    up.command("register_site", json!({ "design": pb::SiteDesign::from(&producers::up::demo_site(3, 1)) }));
+    let dir = up.dir.path().join(SITE);
+    std::fs::create_dir_all(&dir).expect("the gateway's directory");
+    let args = [
+        "serve",
+        "gateway",
+        "--site",
+        SITE,
+        "--backend",
+        "sim",
+        "--time-scale",
+        "120",
+        "--cache-dir",
+        "cache",
+        "--sim-state",
+        "sim-state.json",
+        "--alive-every",
+        "250ms",
+    ];
+    let url = format!("nats://127.0.0.1:{}", up.nats_port);
+    let mut gateway = landfall_tests::procs::Service::start("gateway-edge-04", &url, &dir, &args);
+    up.until_site(SITE, "heard", Duration::from_secs(60), |s| s["link"]["state"] == "up");
+
+    up.command("install_site", json!({ "site_id": SITE }));
+    up.until_site(SITE, "installing", Duration::from_secs(60), |s| s["state"] == "installing");
+    gateway.kill();
+    up.until_site(SITE, "cut off", Duration::from_secs(30), |s| s["link"]["state"] == "cut_off");
+
+    let mut case = start_case(&up, "cutoff", &["--site", SITE]);
+    case.until_printed("ok   the site shows as cut off");
+    gateway.restart();
+    let printed = case.wait();
+    assert!(printed.contains("cutoff: passed"), "the script did not say it passed:\n{printed}");
+    let site = up.site(SITE);
+    assert_eq!((&site["state"], &site["link"]["state"]), (&json!("installed"), &json!("up")), "{site}");
+    assert!(site["link"]["cut_off_since"].is_string(), "the link does not say when the cut began: {site}");
 }
 
 #[test]

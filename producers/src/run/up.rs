@@ -66,6 +66,10 @@ pub struct UpArgs {
     pub keeping: KeepingArgs,
     #[command(flatten)]
     pub retention: RetentionArgs,
+    /// When the hub counts a site cut off; the sites' gateways say they are there every
+    /// quarter of it (at most every 15 s).
+    #[command(flatten)]
+    pub observer: super::serve::ObserverArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -155,7 +159,11 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let mut services = JoinSet::new();
     services.spawn(consumers::run_orchestrator(bus.clone(), args.retention.policy(), shutdown.clone()));
     services.spawn(secrets_service::run_secrets(bus.clone(), key.clone(), shutdown.clone()));
-    services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
+    let cut_off_after = args.observer.cut_off_after;
+    anyhow::ensure!(!cut_off_after.is_zero(), "--cut-off-after must be more than nothing");
+    let policy = bus_schema::retention::StorePolicy::default();
+    services.spawn(consumers::run_observer_with(bus.clone(), policy, cut_off_after, shutdown.clone()));
+    let alive_every = names::ALIVE_EVERY.min(cut_off_after / 4);
     let default_store = args.data_dir.join("artifacts").display().to_string();
     let store = args.store.open_or_default(Some(&default_store))?;
     let catalog = upload_demo_packages(&store, UP_SHRINK).await.context("upload the demo packages")?;
@@ -169,7 +177,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
             bus.clone(),
             Arc::new(backend.clone()),
             cache,
-            names::ALIVE_EVERY,
+            alive_every,
             shutdown.clone(),
         ));
         services.spawn(site_gateway::serve_sim_control(d.site.clone(), bus.clone(), backend.clone(), shutdown.clone()));

@@ -79,6 +79,12 @@
     return Number.isNaN(d.getTime()) ? '' : d.toLocaleTimeString('en-GB', { hour12: false });
   }
 
+  // A time the bus carries as milliseconds since the epoch (a number, or a string for int64).
+  function unixMs(ms) {
+    const n = Number(ms);
+    return n > 0 ? new Date(n).toISOString() : '';
+  }
+
   function fullTime(iso) {
     const d = new Date(iso);
     return iso && !Number.isNaN(d.getTime()) ? d.toLocaleString('en-GB', { hour12: false }) : '';
@@ -339,8 +345,8 @@
 
   function severity(type) {
     if (/Failed|Rejected|Halted/.test(type)) return 'bad';
-    if (/Paused|Cancelled|NodeLeft/.test(type)) return 'warn';
-    if (/Installed$|Ready$|Completed$|Patched$|Provisioned$|Applied$|Stored$|Staged$/.test(type)) return 'good';
+    if (/Paused|Cancelled|NodeLeft|CutOff$/.test(type)) return 'warn';
+    if (/Installed$|Ready$|Completed$|Patched$|Provisioned$|Applied$|Stored$|Staged$|Restored$/.test(type)) return 'good';
     return 'info';
   }
 
@@ -396,6 +402,12 @@
         return e.reason || '';
       case 'RolloutCompleted':
         return `${pkg(e.package)}: ${e.patched || 0} patched, ${e.failed || 0} failed`;
+      case 'SiteCutOff': {
+        const waiting = Number(e.outbox_waiting || 0);
+        return `nothing heard since ${clock(unixMs(e.since_unix_ms))}${waiting ? `, ${plural(waiting, 'report')} waiting at the site` : ''}`;
+      }
+      case 'SiteLinkRestored':
+        return `heard again after ${duration(unixMs(e.cut_off_since_unix_ms), unixMs(e.restored_unix_ms))} cut off`;
       case 'CommandRejected':
       case 'MessageRejected':
         return `${String(e.command_type || e.message_type || '').replace(/^landfall\.v1\./, '')}: ${e.reason}`;
