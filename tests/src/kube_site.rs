@@ -85,8 +85,9 @@ pub struct KubeSiteRig {
     pub client: kube::Client,
     pub dir: TempDir,
     pub store: ArtifactStore,
-    /// Hosts the Metal3 stand-in fails while provisioning: name → errorMessage.
-    pub failing: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
+    /// What the Metal3 stand-in does besides its state machine: the hosts it fails, and those
+    /// it holds in a state.
+    pub metal3: Metal3Knobs,
     /// The BPA REST API the gateway hands staged artifacts to, when set before it starts.
     pub bpa_url: Option<String>,
     gateway: Option<Child>,
@@ -132,14 +133,14 @@ impl KubeSiteRig {
             client,
             dir,
             store,
-            failing: Default::default(),
+            metal3: Metal3Knobs::default(),
             bpa_url: None,
             gateway: None,
             shutdown,
             tasks,
         };
         rig.register().await;
-        rig.tasks.spawn(metal3_operator(rig.client.clone(), rig.failing.clone(), rig.shutdown.clone()));
+        rig.tasks.spawn(metal3_operator(rig.client.clone(), rig.metal3.clone(), rig.shutdown.clone()));
         rig.tasks.spawn(bpa_stand_in(
             rig.client.clone(),
             rig.kube.kubeconfig_path().to_path_buf(),
@@ -381,15 +382,47 @@ pub async fn set_status(hosts: &Api<BareMetalHost>, name: &str, mut status: Valu
     hosts.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("write the host's status");
 }
 
+/// What the Metal3 stand-in is told, shared with the test.
+#[derive(Debug, Clone, Default)]
+pub struct Metal3Knobs {
+    /// Hosts it fails while provisioning: name → errorMessage.
+    pub failing: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
+    /// (host, state): the host stays in that state (`provisioning`, `deprovisioning`) until the
+    /// pair is taken out.
+    pub holding: Arc<Mutex<BTreeSet<(String, String)>>>,
+    /// Per host, the provisionings started (an image given to an available host), by image URL.
+    pub provisions: Arc<Mutex<std::collections::BTreeMap<(String, String), u32>>>,
+}
+
+impl Metal3Knobs {
+    pub fn hold(&self, host: &str, state: &str) {
+        self.holding.lock().unwrap().insert((host.to_string(), state.to_string()));
+    }
+
+    pub fn release(&self, host: &str, state: &str) {
+        self.holding.lock().unwrap().remove(&(host.to_string(), state.to_string()));
+    }
+
+    /// How many provisionings of `host` with the image at `url` started.
+    pub fn provisions_of(&self, host: &str, url: &str) -> u32 {
+        self.provisions.lock().unwrap().get(&(host.to_string(), url.to_string())).copied().unwrap_or(0)
+    }
+
+    /// After writing `state`: waits while the test holds the host there.
+    async fn dwell(&self, host: &str, state: &str) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let key = (host.to_string(), state.to_string());
+        while self.holding.lock().unwrap().contains(&key) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// Metal3's part, as its state machine has it: a host given an image while `available` goes
 /// `provisioning` → `provisioned` (or, for a failing host, `provisioning` → error, then
 /// `deprovisioning`); a provisioned host whose image is taken away goes `deprovisioning` →
 /// `available`.
-async fn metal3_operator(
-    client: kube::Client,
-    failing: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
-    shutdown: CancellationToken,
-) {
+async fn metal3_operator(client: kube::Client, knobs: Metal3Knobs, shutdown: CancellationToken) {
     let hosts: Api<BareMetalHost> = Api::namespaced(client, NAMESPACE);
     let mut events =
         watcher::watcher(hosts.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
@@ -404,9 +437,10 @@ async fn metal3_operator(
         let has_error = host.status.as_ref().is_some_and(|s| !s.error_type.is_empty());
         match (state.as_str(), image) {
             ("available", Some(image)) if !has_error => {
+                *knobs.provisions.lock().unwrap().entry((name.clone(), image.url.clone())).or_default() += 1;
                 set_status(&hosts, &name, status("provisioning", None, None)).await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let failure = failing.lock().unwrap().get(&name).cloned();
+                knobs.dwell(&name, "provisioning").await;
+                let failure = knobs.failing.lock().unwrap().get(&name).cloned();
                 match failure {
                     Some(message) => {
                         let mut s = status("deprovisioning", None, None);
@@ -424,7 +458,7 @@ async fn metal3_operator(
             }
             ("provisioned", None) => {
                 set_status(&hosts, &name, status("deprovisioning", None, None)).await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                knobs.dwell(&name, "deprovisioning").await;
                 set_status(&hosts, &name, status("available", None, None)).await;
             }
             _ => {}

@@ -323,7 +323,7 @@ async fn a_restart_announces_nothing_again_and_a_deleted_host_leaves_the_design(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_metal3_fails_gives_node_failed_with_its_error_message() {
     let mut rig = KubeSiteRig::start().await;
-    rig.failing.lock().unwrap().insert("m-1".into(), "Image checksum mismatch: deploy failed".into());
+    rig.metal3.failing.lock().unwrap().insert("m-1".into(), "Image checksum mismatch: deploy failed".into());
     rig.start_gateway();
     rig.create_host("m-1", "master", &mac(1), "10.1.0.11").await;
     let events = install(&rig).await;
@@ -334,4 +334,108 @@ async fn a_host_metal3_fails_gives_node_failed_with_its_error_message() {
     assert_eq!(failed[0].node, "m-1");
     assert_eq!(failed[0].error_type, "provisioning error");
     assert_eq!(failed[0].reason, "Image checksum mismatch: deploy failed");
+}
+
+/// An os-image patch whose gateway is killed while the old image comes off, and again while the
+/// new one goes on, is taken up by the gateway started again each time (the job delivered
+/// again), not failed as "not provisioned": the host is provisioned with the new image once,
+/// every Metal3 state is reported, and the node is patched once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reimage_whose_gateway_dies_halfway_is_taken_up_and_done_once() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.start_gateway();
+    rig.create_host("m-1", "master", &mac(1), "10.1.0.11").await;
+    rig.wait_design(|n| n.contains("m-1")).await;
+    let installed = install(&rig).await;
+    assert_eq!(types(&installed).last().map(String::as_str), Some(pb::SiteInstalled::TYPE), "{}", rig.gateway_log());
+
+    let demo = producers::up::demo_packages();
+    let ubuntu = pb::Package {
+        version: "22.04.5".into(),
+        sha256: "5".repeat(64),
+        ..demo.iter().find(|p| p.name == "ubuntu").unwrap().clone()
+    };
+    let url = format!("http://10.0.0.2:8080/sha256/{}", "5".repeat(64));
+    rig.metal3.hold("m-1", "deprovisioning");
+    rig.metal3.hold("m-1", "provisioning");
+    let registered = Envelope::root();
+    let cmd = pb::RegisterPackage { package: Some(ubuntu.clone()), auto_rollout: None };
+    rig.bus.publish_command(&cmd, &registered).await.unwrap();
+    rig.wait_for(pb::PackageRegistered::filter(), &registered.id).await.expect("registered");
+    let env = Envelope::root();
+    let cmd = pb::PatchPackage { name: ubuntu.name.clone(), version: ubuntu.version.clone(), ..Default::default() };
+    rig.bus.publish_command(&cmd, &env).await.unwrap();
+    let rollout = tokio::spawn({
+        let bus = rig.bus.clone();
+        let ends = [pb::RolloutCompleted::TYPE, pb::RolloutHalted::TYPE, pb::CommandRejected::TYPE];
+        async move { fleet::collect(&bus, names::EVENTS_ALL.into(), "rollout", &env.id, &ends, INSTALL_TIMEOUT).await }
+    });
+
+    // Killed while the old image comes off; the new gateway takes the job up while the host is
+    // still deprovisioning (the hub delivers the job again once its ack wait runs out).
+    let m1 = |state: &'static str, image: Option<&str>| {
+        let image = image.map(str::to_string);
+        move |h: &site_gateway::kube_site::metal3::BareMetalHost| {
+            h.status.as_ref().is_some_and(|s| s.provisioning.state == state)
+                && h.spec.image.as_ref().map(|i| i.url.clone()).filter(|u| !u.is_empty()) == image
+        }
+    };
+    until_host(&rig, "m-1", m1("deprovisioning", None)).await;
+    rig.kill_gateway();
+    rig.start_gateway();
+    until_job_redelivered(&rig).await;
+    rig.metal3.release("m-1", "deprovisioning");
+
+    // Killed again while the new image goes on.
+    until_host(&rig, "m-1", m1("provisioning", Some(&url))).await;
+    rig.kill_gateway();
+    rig.start_gateway();
+    until_job_redelivered(&rig).await;
+    rig.metal3.release("m-1", "provisioning");
+
+    let run = rollout.await.unwrap().events;
+    assert_eq!(types(&run).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{}", rig.gateway_log());
+    let patched: Vec<pb::NodePatched> = of_type(&run);
+    assert_eq!(patched.len(), 1, "{patched:?}");
+    assert_eq!((patched[0].node.as_str(), patched[0].from_version.as_str()), ("m-1", "22.04.4"));
+    assert!(of_type::<pb::NodePatchFailed>(&run).is_empty(), "{:?}", types(&run));
+    assert_eq!(rig.metal3.provisions_of("m-1", &url), 1, "the new image went on more than once");
+    let states: Vec<String> = of_type::<pb::NodeOsProvisioning>(&run).into_iter().map(|e| e.state).collect();
+    for state in ["deprovisioning", "provisioning", "provisioned"] {
+        assert_eq!(states.iter().filter(|s| *s == state).count(), 1, "{state} reported once: {states:?}");
+    }
+    let host = rig.hosts().get("m-1").await.unwrap();
+    assert_eq!(host.provisioned_image().unwrap().url, url);
+    assert_eq!(host.annotations().get(&marks::package("ubuntu")).map(String::as_str), Some("22.04.5"));
+}
+
+/// Waits until the host `name` is as `ok` says.
+async fn until_host(
+    rig: &KubeSiteRig,
+    name: &str,
+    ok: impl Fn(&site_gateway::kube_site::metal3::BareMetalHost) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let host = rig.hosts().get(name).await.unwrap();
+        if ok(&host) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{name} never got there: {:?}", host.status);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the hub has delivered the site's job again (to the gateway started again).
+async fn until_job_redelivered(rig: &KubeSiteRig) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let jobs = rig.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    loop {
+        let info = jobs.consumer_info(names::gateway_consumer(SITE)).await.unwrap();
+        if info.num_redelivered > 0 && info.num_ack_pending > 0 {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job was not delivered again: {info:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

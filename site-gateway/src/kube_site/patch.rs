@@ -41,10 +41,10 @@ impl KubeSite {
             pb::PackageKind::OsImage => {
                 // Metal3 reimages only through deprovisioning: the image comes off, then the new one
                 // goes on (already, when the reimage is taken up again).
-                if on != Some(wanted.as_str()) {
-                    self.deprovision(name).await?;
-                }
                 let tx = req.progress.clone().unwrap_or_else(|| mpsc::unbounded_channel().0);
+                if on != Some(wanted.as_str()) {
+                    self.deprovision(name, &tx).await?;
+                }
                 self.provision(&HostRequest::new(req.node.clone(), package), &tx).await?;
                 if !req.reinstall.is_empty() {
                     self.set_software(&[req.node.role], &req.reinstall).await?;

@@ -158,18 +158,28 @@ impl KubeSite {
         self.record_versions(name, [(p.name.as_str(), p.version.as_str())]).await
     }
 
-    /// Takes the image off the host (Metal3 deprovisions it) and waits until it is available.
-    pub(super) async fn deprovision(&self, name: &str) -> Result<(), BackendError> {
+    /// Takes the image off the host (Metal3 deprovisions it) and waits until it is available,
+    /// sending each state it passes on `progress`.
+    pub(super) async fn deprovision(
+        &self,
+        name: &str,
+        progress: &mpsc::UnboundedSender<ProvisioningState>,
+    ) -> Result<(), BackendError> {
         let Some(host) = self.host(name).await? else {
             return Err(BackendError::permanent_reason(format!("host {name} has no BareMetalHost")));
         };
+        // Reported from the state it is in, unless that is the image it is losing: a reimage
+        // taken up again (its gateway died halfway) says where it stands.
+        let before = host.state();
+        if let Some(s) = before.filter(|s| *s != ProvisioningState::Provisioned) {
+            let _ = progress.send(s);
+        }
         let mut intent = intent_of(&host, FIELD_MANAGER);
         if let Some(spec) = intent.get_mut("spec").and_then(Value::as_object_mut) {
             spec.remove("image");
         }
         self.apply_host(name, &intent).await?;
-        let (tx, _rx) = mpsc::unbounded_channel();
-        self.follow(name, &tx, None, |h| {
+        self.follow(name, progress, before, |h| {
             h.state() == Some(ProvisioningState::Available) && h.spec.image.as_ref().is_none_or(|i| i.url.is_empty())
         })
         .await
