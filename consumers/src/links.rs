@@ -45,6 +45,8 @@ pub struct LinkWatch {
 
 impl LinkWatch {
     pub async fn new(bus: &Bus, cut_off_after: Duration) -> Result<Self, BusError> {
+        // At 0 from the start, so an alert on their increase sees the first.
+        metrics::counter!("landfall_site_alive_rejected_total").increment(0);
         Ok(Self {
             bus: bus.clone(),
             observed: bus.kv(names::OBSERVED_BUCKET).await?,
@@ -71,6 +73,7 @@ impl LinkWatch {
         for (_, link, _) in self.observed.scan::<pb::SiteLink>(keys::LINK_PREFIX).await? {
             self.known.insert(link.site_id.clone(), link);
         }
+        self.gauge();
         let every = (self.cut_off_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
         let mut check = tokio::time::interval(every);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -138,6 +141,11 @@ impl LinkWatch {
             }
             Err(e) => warn!(%site, error = %runtime::error_chain(&e), "recording a site's link failed; trying again"),
         }
+        self.gauge();
+    }
+
+    /// `landfall_sites_cut_off`, from what this replica knows.
+    fn gauge(&self) {
         let cut_off = self.known.values().filter(|l| l.state == pb::LinkState::CutOff as i32).count();
         metrics::gauge!("landfall_sites_cut_off").set(cut_off as f64);
     }

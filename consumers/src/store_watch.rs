@@ -80,6 +80,28 @@ fn record(usage: &store_health::StoreUse, full: &[Full]) {
     metrics::gauge!("landfall_store_full", "stream" => store_health::STORE).set(f64::from(u8::from(whole)));
 }
 
+/// How far behind each durable consumer of the commands and events is (the hub services'; the
+/// sites' job consumers, one per site, are left out of the metrics): `landfall_consumer_pending`
+/// (stored, not yet delivered) and `landfall_consumer_ack_pending` (delivered, not yet acked).
+async fn record_consumers(bus: &Bus) {
+    use futures::TryStreamExt;
+    for stream in [names::COMMANDS_STREAM, names::EVENTS_STREAM] {
+        let infos = async {
+            let stream = bus.jetstream().get_stream(stream).await?;
+            anyhow::Ok(stream.consumers().try_collect::<Vec<_>>().await?)
+        };
+        let infos = match infos.await {
+            Ok(infos) => infos,
+            Err(e) => return warn!(stream, error = %e, "cannot read the consumers' positions; looking again"),
+        };
+        for info in infos.into_iter().filter(|i| i.config.durable_name.is_some()) {
+            let consumer = info.name.clone();
+            metrics::gauge!("landfall_consumer_pending", "consumer" => consumer.clone()).set(info.num_pending as f64);
+            metrics::gauge!("landfall_consumer_ack_pending", "consumer" => consumer).set(info.num_ack_pending as f64);
+        }
+    }
+}
+
 /// Runs the watch every `every` until `shutdown`.
 pub async fn run_store_watch(bus: Bus, every: Duration, shutdown: CancellationToken) {
     let mut watch = Watch::default();
@@ -99,6 +121,7 @@ pub async fn run_store_watch(bus: Bus, every: Duration, shutdown: CancellationTo
         };
         let full = store_health::assess(&usage, &store_health::refused_within(store_health::REFUSED_FOR));
         record(&usage, &full);
+        record_consumers(&bus).await;
         store_health::set_alarm(full.clone());
         watch.update(full, now_ms());
         while let Some(out) = watch.pending.front() {

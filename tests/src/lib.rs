@@ -14,6 +14,7 @@ pub mod s3;
 pub mod secrets;
 pub mod site_state;
 pub mod topology;
+pub mod up;
 
 /// The python the Python tests run (`$LANDFALL_PYTHON`, a virtualenv made by
 /// `scripts/ensure-python-env`, which `scripts/test` sets).

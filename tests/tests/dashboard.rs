@@ -10,9 +10,6 @@
 //! `scripts/test` exports it. Without them the tests fail and say so; they never skip.
 //! Screenshots go to `target/dashboard/<case>/`.
 
-use producers::embedded::tied;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -20,11 +17,9 @@ use std::time::{Duration, Instant};
 
 use bus_schema::pb;
 use futures::StreamExt;
-use landfall_tests::nats::free_port;
+use landfall_tests::up::{Up, http};
 use serde_json::json;
 
-/// How long `landfall up` may take to serve a caught-up API.
-const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long one browser case may run (its own steps time out well before).
 const CASE_TIMEOUT: Duration = Duration::from_secs(540);
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -33,155 +28,6 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/dashboard.mjs
 /// One browser case at a time: each starts a whole landfall and a Chromium, and the scale
 /// case's timings mean more on a machine that is not also running the other.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// A running `landfall up`; killed and reaped on drop, panicking or not.
-struct Up {
-    child: Child,
-    dir: tempfile::TempDir,
-    api: SocketAddr,
-    nats_port: u16,
-    operator: String,
-    viewer: String,
-}
-
-impl Up {
-    fn start(sites: usize) -> Up {
-        Up::start_with(sites, &[])
-    }
-
-    /// `landfall up` with these arguments as well.
-    fn start_with(sites: usize, extra: &[&str]) -> Up {
-        let dir = tempfile::tempdir().expect("a temp dir for landfall up");
-        let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-        let nats_port = free_port();
-        let data = dir.path().join("data");
-        let stdout = std::fs::File::create(dir.path().join("up.out")).expect("create up.out");
-        let stderr = std::fs::File::create(dir.path().join("up.log")).expect("create up.log");
-        let mut cmd = tied::command(landfall_tests::cli::binary());
-        cmd.arg("up")
-            .args(["--data-dir", &data.display().to_string()])
-            .args(["--nats-port", &nats_port.to_string()])
-            .args(["--api-listen", &api.to_string()])
-            .args(["--sites", &sites.to_string(), "--install", "none"])
-            .args(extra)
-            .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
-            .env_remove("RUST_LOG")
-            .env_remove("NATS_URL")
-            .env_remove("LANDFALL_API_TOKENS_FILE")
-            .env_remove("LANDFALL_API_LISTEN")
-            .env_remove("LANDFALL_DATA_DIR")
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr);
-        let child = tied::spawn(cmd).expect("start landfall up");
-        let mut up = Up { child, dir, api, nats_port, operator: String::new(), viewer: String::new() };
-        up.wait_ready(&data);
-        up
-    }
-
-    fn output(&self) -> String {
-        let read = |name: &str| std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-        let log = read("up.log");
-        let tail: Vec<&str> = log.lines().rev().take(40).collect();
-        format!(
-            "stdout:\n{}\nlog (last lines):\n{}",
-            read("up.out"),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        )
-    }
-
-    /// Waits for the banner and a caught-up read model, then takes the tokens `up` made.
-    fn wait_ready(&mut self, data: &Path) {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("poll landfall up") {
-                panic!("landfall up exited ({status}) before it was ready\n{}", self.output());
-            }
-            let banner = std::fs::read_to_string(self.dir.path().join("up.out")).unwrap_or_default();
-            if banner.contains("landfall is up") && http(self.api, "GET", "/readyz", None, None).0 == 200 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "landfall up was not ready within {START_TIMEOUT:?}\n{}", self.output());
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let text = std::fs::read_to_string(data.join("api-tokens.yaml")).expect("landfall up wrote api-tokens.yaml");
-        let file: serde_json::Value = bus_schema::yaml::from_str(&text).expect("api-tokens.yaml is YAML");
-        let token = |role: &str| {
-            file["tokens"]
-                .as_array()
-                .and_then(|ts| ts.iter().find(|t| t["role"].as_str() == Some(role)))
-                .and_then(|t| t["token"].as_str())
-                .unwrap_or_else(|| panic!("no {role} token in api-tokens.yaml"))
-                .to_string()
-        };
-        self.operator = token("operator");
-        self.viewer = token("viewer");
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.api)
-    }
-
-    /// One site as the API shows it (or the API's answer, when it has no such site yet).
-    fn site(&self, site: &str) -> serde_json::Value {
-        let (status, body) = http(self.api, "GET", &format!("/v1/sites/{site}"), Some(&self.operator), None);
-        assert!(status == 200 || status == 404, "{status}: {body}");
-        serde_json::from_str(&body).expect("JSON")
-    }
-
-    /// Waits until the API shows `site` as `what` says.
-    fn until_site(&self, site: &str, what: &str, within: Duration, ok: impl Fn(&serde_json::Value) -> bool) {
-        let deadline = Instant::now() + within;
-        loop {
-            let s = self.site(site);
-            if ok(&s) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{site} was not {what} within {within:?}: {s}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Publishes a command through the API, as any client would.
-    fn command(&self, kind: &str, body: serde_json::Value) {
-        let path = format!("/v1/commands/{kind}");
-        let (status, answer) = http(self.api, "POST", &path, Some(&self.operator), Some(&body.to_string()));
-        assert_eq!(status, 202, "{kind}: {answer}");
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("landfall up, as it stood:\n{}", self.output());
-        }
-    }
-}
-
-/// One HTTP/1.1 request (the test crate has no HTTP client): status and body.
-fn http(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return (0, String::new()) };
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("set a read timeout");
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let body = body.unwrap_or("");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    if stream.write_all(request.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut response = String::new();
-    if stream.read_to_string(&mut response).is_err() {
-        return (0, String::new());
-    }
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, body.to_string())
-}
 
 /// Where playwright-core is; a clear failure, never a skip, when the browser side is missing.
 fn browser_modules() -> PathBuf {

@@ -285,6 +285,17 @@ impl SagaMetrics {
         }
         if let Some((kind, outcome, seconds)) = self.ended {
             metrics::histogram!("landfall_saga_seconds", "kind" => kind, "outcome" => outcome).record(seconds);
+            metrics::counter!("landfall_sagas_ended_total", "kind" => kind, "outcome" => outcome).increment(1);
+        }
+    }
+}
+
+/// Every saga-ended counter at 0 from the start, so that an alert on its increase sees the
+/// first failure (a series born at 1 shows no increase).
+pub(super) fn zero_saga_counters() {
+    for kind in ["install", "join"] {
+        for outcome in ["success", "partial_success", "failure"] {
+            metrics::counter!("landfall_sagas_ended_total", "kind" => kind, "outcome" => outcome).increment(0);
         }
     }
 }

@@ -142,6 +142,7 @@ pub async fn run_orchestrator_with(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let orchestrator = Arc::new(Orchestrator::new(bus.clone(), options.policy.validate()?).await?);
+    super::install::zero_saga_counters();
     info!(replica = %orchestrator.ledger.replica, "orchestrator starting (the ledger names this replica)");
     match orchestrator.recover().await {
         Ok(0) => {}

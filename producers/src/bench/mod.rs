@@ -91,6 +91,14 @@ pub enum BenchCommand {
         /// connected, and time the fleet's return and a command's answer meanwhile.
         #[arg(long)]
         restart_hub: bool,
+        /// Production shape: once the fleet is installed, leave it idle this long (every
+        /// gateway connected and saying it is there every 15 s) and measure what each process
+        /// spends meanwhile. E.g. 30s; 0s leaves it out.
+        #[arg(long, default_value = "30s", value_parser = crate::flags::parse_duration)]
+        idle: std::time::Duration,
+        /// Production shape: how often each gateway says it is there (as `--alive-every`).
+        #[arg(long, default_value = "15s", value_parser = crate::flags::parse_duration)]
+        alive_every: std::time::Duration,
     },
     /// An artifact of --size bytes uploaded to the artifact store, read back raw from it, and
     /// staged into a site gateway's cache over the bus: MB/s of each, and peak RSS.
@@ -163,6 +171,8 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                 leaf_sites,
                 artifact_bytes,
                 restart_hub,
+                idle,
+                alive_every,
             } => {
                 anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
                 let strategy = pb::RolloutStrategy {
@@ -173,8 +183,16 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                     ..Default::default()
                 };
                 if shape == FanoutShape::Production {
-                    let run =
-                        production::Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages, restart_hub };
+                    let run = production::Production {
+                        sites,
+                        nodes,
+                        leaf_sites,
+                        artifact_bytes,
+                        raw_messages,
+                        restart_hub,
+                        idle,
+                        alive_every,
+                    };
                     return production::fanout(run, strategy).await;
                 }
                 let shape = Shape { orchestrators: orchestrators.max(1), gateway_hosts, raw_messages };

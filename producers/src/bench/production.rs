@@ -51,6 +51,10 @@ pub struct Production {
     /// Restart the hub after the install, with every gateway connected, and time how the fleet
     /// comes back.
     pub restart_hub: bool,
+    /// How long the installed fleet is left idle, its processes' CPU measured meanwhile.
+    pub idle: Duration,
+    /// How often each gateway says it is there.
+    pub alive_every: Duration,
 }
 
 pub async fn fanout(run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
@@ -77,7 +81,7 @@ impl Drop for Scratch {
 }
 
 async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
-    let Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages, restart_hub } = run;
+    let Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages, restart_hub, idle, alive_every } = run;
     anyhow::ensure!(leaf_sites <= sites, "--leaf-sites ({leaf_sites}) is more than --sites ({sites})");
     let designs: Vec<SiteDesign> = (0..sites).map(|i| demo_site(i, nodes)).collect();
     let binary = find_nats_server().await?;
@@ -114,7 +118,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let t = Instant::now();
     let leaves = Leaves::start(&binary, &hub, &designs[..leaf_sites]).await?;
     let mut gateways = JoinSet::new();
-    let sims = start_gateways(&hub, &leaves, &designs, root, &shutdown, &mut gateways).await?;
+    let sims = start_gateways(&hub, &leaves, &designs, root, alive_every, &shutdown, &mut gateways).await?;
     let connect_s = t.elapsed().as_secs_f64();
     eprintln!("{sites} gateways connected in {connect_s:.1} s ({leaf_sites} through leaf nodes)");
 
@@ -125,6 +129,23 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     anyhow::ensure!(install_failed == 0, "{install_failed} installs failed");
     let sample_after_install = CpuSample::take(&hub, &services);
     let hub_rss_setup = hub.process.rss_mib();
+    // Idle: what the fleet costs while nothing happens (each gateway's heartbeat, heard by the
+    // observer, is most of it).
+    let idle_cpu = if idle.is_zero() {
+        serde_json::Value::Null
+    } else {
+        eprintln!("idle for {idle:?} ...");
+        tokio::time::sleep(idle).await;
+        let spent = CpuSample::take(&hub, &services).since(&sample_after_install);
+        eprintln!("idle: {spent}");
+        json!({
+            "seconds": idle.as_secs_f64(),
+            "alive_every_seconds": alive_every.as_secs_f64(),
+            "heartbeats_expected": round(sites as f64 * idle.as_secs_f64() / alive_every.as_secs_f64(), 0),
+            "cpu_seconds": spent,
+            "cpu_percent_of_one_core": percent_of(&spent, idle),
+        })
+    };
 
     let register = pb::RegisterPackage { package: Some(target.clone()), auto_rollout: None };
     let restart = match restart_hub {
@@ -192,6 +213,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
         "cpu_seconds": { "setup": cpu_setup, "patch": cpu_patch },
         "leaf_nodes": leaf_memory,
         "hub_restart": restart,
+        "idle": idle_cpu,
     });
     extend(&mut report, figures);
     Ok(report)
@@ -231,6 +253,13 @@ impl CpuSample {
         out.insert("total".into(), json!(round(total, 2)));
         out.into()
     }
+}
+
+/// CPU seconds spent over `over`, as a percentage of one core, per process.
+fn percent_of(spent: &serde_json::Value, over: Duration) -> serde_json::Value {
+    let Some(each) = spent.as_object() else { return serde_json::Value::Null };
+    let percent = |s: &serde_json::Value| json!(round(100.0 * s.as_f64().unwrap_or(0.0) / over.as_secs_f64(), 2));
+    each.iter().map(|(name, s)| (name.clone(), percent(s))).collect::<serde_json::Map<_, _>>().into()
 }
 
 /// Restarts the hub under the whole fleet (every gateway and service connected), publishes
@@ -367,6 +396,7 @@ async fn start_gateways(
     leaves: &Leaves,
     designs: &[SiteDesign],
     root: &Path,
+    alive_every: Duration,
     shutdown: &CancellationToken,
     gateways: &mut JoinSet<anyhow::Result<()>>,
 ) -> anyhow::Result<Vec<SimSite>> {
@@ -392,14 +422,7 @@ async fn start_gateways(
         let sim = SimSite::new(d.site.as_str(), &d.nodes, SimConfig::instant());
         let cache = ArtifactCache::new(root.join("caches").join(d.site.as_str()));
         let backend = Arc::new(sim.clone());
-        gateways.spawn(site_gateway::run_gateway(
-            d.site.clone(),
-            bus,
-            backend,
-            cache,
-            names::ALIVE_EVERY,
-            shutdown.clone(),
-        ));
+        gateways.spawn(site_gateway::run_gateway(d.site.clone(), bus, backend, cache, alive_every, shutdown.clone()));
         sims.push(sim);
     }
     Ok(sims)

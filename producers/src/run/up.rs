@@ -59,6 +59,10 @@ pub struct UpArgs {
     /// and the orchestrator joins it to the cluster. E.g. 30s, 5m.
     #[arg(long, value_parser = parse_duration)]
     pub node_arrival_every: Option<Duration>,
+    /// SITE/HOST: every provisioning of this simulated host fails, as a host with a broken disk
+    /// would, to see a failed install (and the alert on it). May be given again.
+    #[arg(long, value_name = "SITE/HOST", value_parser = parse_site_host)]
+    pub fail_host: Vec<(String, String)>,
     /// Where artifacts are kept (default: the data directory's `artifacts`).
     #[command(flatten)]
     pub store: StoreArgs,
@@ -70,6 +74,14 @@ pub struct UpArgs {
     /// quarter of it (at most every 15 s).
     #[command(flatten)]
     pub observer: super::serve::ObserverArgs,
+}
+
+/// `SITE/HOST`.
+fn parse_site_host(s: &str) -> Result<(String, String), String> {
+    match s.split_once('/') {
+        Some((site, host)) if !site.is_empty() && !host.is_empty() => Ok((site.to_string(), host.to_string())),
+        _ => Err(format!("{s:?} is not SITE/HOST (e.g. edge-02/node-1)")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -133,6 +145,8 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     anyhow::ensure!(args.sites >= 1 && args.nodes >= 1, "--sites and --nodes must be at least 1");
     anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
     let shutdown = shutdown_on_signal();
+    // Before any service starts, so what they count from the start (counters at 0) is kept.
+    let metrics = telemetry::prometheus()?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("create {}", args.data_dir.display()))?;
 
     let (nats, url) = match nats_url {
@@ -169,8 +183,17 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let catalog = upload_demo_packages(&store, UP_SHRINK).await.context("upload the demo packages")?;
     services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
     let mut sims = Vec::new();
+    for (site, host) in &args.fail_host {
+        anyhow::ensure!(
+            designs.iter().any(|d| d.site.as_str() == site && d.nodes.iter().any(|n| n.name.as_str() == host)),
+            "--fail-host {site}/{host}: landfall up has no such site and host (edge-01/node-1 is the first)"
+        );
+    }
     for d in &designs {
         let backend = SimSite::new(d.site.as_str(), &d.nodes, sim.clone());
+        for (_, host) in args.fail_host.iter().filter(|(site, _)| site == d.site.as_str()) {
+            backend.fail_provisioning(host);
+        }
         let cache = ArtifactCache::new(args.data_dir.join("gateways").join(d.site.as_str()).join("cache"));
         services.spawn(site_gateway::run_gateway(
             d.site.clone(),
@@ -204,7 +227,6 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         Some(path) => (crate::api::auth::Tokens::from_file(path)?, String::new(), String::new()),
         None => crate::api::auth::local_tokens(&args.data_dir)?,
     };
-    let metrics = telemetry::prometheus()?;
     let render: crate::api::MetricsRender = Arc::new(move || telemetry::render(&metrics));
     let (api_addr, api_task) =
         crate::api::serve(bus.clone(), tokens, args.api.listen, Some(render), shutdown.clone()).await?;
