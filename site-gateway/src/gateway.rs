@@ -622,8 +622,10 @@ pub async fn run_gateway<B: SiteBackend>(
     ));
     side.spawn(announce_host_changes(site.clone(), bus.clone(), outbox.clone(), backend.clone(), shutdown.clone()));
     let mut gateway = Gateway::new(site.clone(), bus.clone(), backend.clone(), cache).with_last_report(last_report);
-    if let Some(outbox) = outbox {
-        gateway = gateway.with_outbox(outbox);
+    match outbox {
+        Some(outbox) => gateway = gateway.with_outbox(outbox),
+        // Its reports go straight to the hub: none ever waits at the site.
+        None => metrics::gauge!("landfall_site_outbox_waiting", "site" => site.to_string()).set(0.0),
     }
     let gateway = Arc::new(gateway);
     let kept = at_leaf.then(|| {

@@ -1,6 +1,6 @@
 //! The alert and recording rules of `deploy/observability/`: checked and unit-tested with
 //! promtool, then loaded into a real Prometheus that scrapes a running `landfall up` while one
-//! of its sites' install fails.
+//! of its sites' install fails; the Grafana dashboard's every query run against it.
 //!
 //! Needs Debian's `prometheus` and `promtool` in the directory `LANDFALL_PROMETHEUS` names:
 //! `scripts/ensure-prometheus` fetches them and prints it, and `scripts/test` exports it.
@@ -66,12 +66,13 @@ fn alerts() -> Vec<String> {
     rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")).map(str::to_string).collect()
 }
 
-/// The landfall metrics the rules use.
-fn metrics_the_rules_use() -> BTreeSet<String> {
+/// The landfall metrics the rules and the Grafana dashboard use.
+fn metrics_used() -> BTreeSet<String> {
     let rules = std::fs::read_to_string(Path::new(RULES_DIR).join("rules.yml")).expect("rules.yml");
+    let exprs = rules.lines().filter_map(|l| l.trim().strip_prefix("expr:")).map(str::to_string);
     let mut names = BTreeSet::new();
-    for line in rules.lines().filter(|l| l.trim().starts_with("expr:")) {
-        let mut rest = line;
+    for expr in exprs.chain(dashboard_queries()) {
+        let mut rest = expr.as_str();
         while let Some(at) = rest.find("landfall_") {
             let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
             rest = &rest[at + name.len()..];
@@ -79,6 +80,20 @@ fn metrics_the_rules_use() -> BTreeSet<String> {
         }
     }
     names
+}
+
+/// Every query of the Grafana dashboard's panels.
+fn dashboard_queries() -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(RULES_DIR).join("grafana-dashboard.json")).expect("the dashboard");
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let queries: Vec<String> = panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .map(|t| t["expr"].as_str().expect("a query").to_string())
+        .collect();
+    assert!(queries.len() >= 20, "the dashboard has {} queries", queries.len());
+    queries
 }
 
 /// A Prometheus of its own: scrapes `landfall up`'s `/metrics` every second and evaluates the
@@ -172,8 +187,8 @@ impl Drop for Prometheus {
 
 /// A real Prometheus scrapes `landfall up` with the shipped rules: quiet while sites install
 /// and a rollout runs, `LandfallInstallFailed` firing once a site's install fails (its only
-/// host's provisioning fails, `--fail-host`), and every landfall metric the rules use is in
-/// the scrape.
+/// host's provisioning fails, `--fail-host`), every landfall metric the rules and the Grafana
+/// dashboard use is in the scrape, and every query of the dashboard runs.
 #[test]
 fn a_real_prometheus_scraping_landfall_up_fires_the_install_failed_alert() {
     let up = Up::start_with(2, &["--nodes", "1", "--fail-host", "edge-02/node-1", "--time-scale", "600"]);
@@ -210,8 +225,13 @@ fn a_real_prometheus_scraping_landfall_up_fires_the_install_failed_alert() {
     assert_eq!((&alert["labels"]["kind"], &alert["labels"]["severity"]), (&json!("install"), &json!("page")));
     assert!(alert["annotations"]["runbook"].as_str().is_some_and(|r| r.contains("landfall status")), "{alert}");
 
-    let missing: Vec<String> = metrics_the_rules_use().into_iter().filter(|m| !prometheus.has(m)).collect();
-    assert!(missing.is_empty(), "the rules use metrics landfall up does not export: {missing:?}");
+    let missing: Vec<String> = metrics_used().into_iter().filter(|m| !prometheus.has(m)).collect();
+    assert!(missing.is_empty(), "the rules or the dashboard use metrics landfall up does not export: {missing:?}");
+    // Every query of the Grafana dashboard runs.
+    for query in dashboard_queries() {
+        let answer = prometheus.api(&format!("query?query={}", url_encoded(&query)));
+        assert!(answer["result"].is_array(), "{query}: {answer}");
+    }
     // Every rule evaluates without error, and the recording rules record what there is.
     let groups = prometheus.api("rules");
     let rules: Vec<&Value> = groups["groups"]

@@ -377,7 +377,12 @@ pub async fn consume<H: Handler>(
     let mut in_flight = JoinSet::new();
     info!(consumer = %spec.durable, filters = ?spec.filter_subjects, "consuming");
     // At 0 from the start, so an alert on their increase sees the first.
-    for counter in ["landfall_messages_dead_lettered_total", "landfall_messages_rejected_total"] {
+    for counter in [
+        "landfall_messages_dead_lettered_total",
+        "landfall_messages_rejected_total",
+        "landfall_messages_retried_total",
+        "landfall_redeliveries_total",
+    ] {
         metrics::counter!(counter, "consumer" => spec.durable.clone()).increment(0);
     }
 
