@@ -45,9 +45,12 @@ fn promtool(args: &[&str]) -> String {
 }
 
 #[test]
-fn the_rules_are_valid_and_each_alert_fires_and_stays_quiet_as_its_unit_tests_say() {
+fn the_rules_and_the_scrape_configuration_are_valid_and_each_alert_fires_and_stays_quiet_as_its_unit_tests_say() {
     let checked = promtool(&["check", "rules", "rules.yml"]);
     assert!(checked.contains("SUCCESS"), "{checked}");
+    // The scrape configuration for deploy/k8s, with the rules it loads.
+    let config = promtool(&["check", "config", "prometheus.yml"]);
+    assert!(config.contains("is valid prometheus config file"), "{config}");
     let tested = promtool(&["test", "rules", "rules.test.yml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
     // Every alert has a unit test that makes it fire.
