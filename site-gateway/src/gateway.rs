@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::alive::{LastReport, keep_alive};
 use crate::announce::announce_host_changes;
-use crate::backend::{BackendError, Cause, ClusterRequest, HostRequest, PatchRequest, SiteBackend};
+use crate::backend::{BackendError, Cause, ClusterRequest, HostRequest, PatchRequest, ProvisioningState, SiteBackend};
 use crate::cache::{ArtifactCache, CacheError, Staged};
 use crate::credentials::Asked;
 use crate::inbox::{self, FromInbox, Keep};
@@ -355,21 +355,34 @@ impl<B: SiteBackend> Gateway<B> {
             req.progress = None;
             result
         };
+        let report = |state: ProvisioningState| {
+            let evt = pb::NodeOsProvisioning {
+                site_id: self.site.to_string(),
+                node: node.to_string(),
+                state: state.as_str().to_string(),
+                image: image_name.clone(),
+            };
+            let env = d.envelope.derive(&format!("reimage_state/{}", state.as_str()), Some(node));
+            async move { self.publish(&evt, &env).await }
+        };
         let relay = async {
+            // From the first state of the reimage on: a host still provisioned when it starts is
+            // on its old image (its "provisioned" is the reimage's end, reported once), unless
+            // the reimage was done already (taken up again at its end): held back until the
+            // patch says which.
+            let mut begun = false;
             while let Some(state) = rx.recv().await {
-                let evt = pb::NodeOsProvisioning {
-                    site_id: self.site.to_string(),
-                    node: node.to_string(),
-                    state: state.as_str().to_string(),
-                    image: image_name.clone(),
-                };
-                let env = d.envelope.derive(&format!("reimage_state/{}", state.as_str()), Some(node));
-                self.publish(&evt, &env).await?;
+                begun |= state != ProvisioningState::Provisioned;
+                if begun {
+                    report(state).await?;
+                }
             }
-            Ok::<(), HandlerError>(())
+            Ok::<bool, HandlerError>(begun)
         };
         let (result, relayed) = tokio::join!(work, relay);
-        relayed?;
+        if !relayed? && result.as_ref().is_ok_and(|o| o.changed) && req.package.kind == pb::PackageKind::OsImage {
+            report(ProvisioningState::Provisioned).await?;
+        }
         match result {
             Ok(outcome) => {
                 let (changed, from) = (outcome.changed, outcome.from_version.as_deref());

@@ -6,6 +6,7 @@
 //   node tests/browser/dashboard.mjs --case scale --url ... --token ... --designs FILE --out DIR
 //   node tests/browser/dashboard.mjs --case firstpaint --url ... --token ... --sites N [--runs R]
 //   node tests/browser/dashboard.mjs --case cutoff --url ... --token ... --site SITE --out DIR
+//   node tests/browser/dashboard.mjs --case reimage --url ... --token ... --site SITE --out DIR
 //
 // `install`: edge-01 shows as registered; the Install button on its page installs it, and the
 //   page follows it to installed with every node ready, without a reload. A viewer sees no
@@ -23,6 +24,9 @@
 //   its row, the fleet's Cut off tile, a notice and the Link fact on its page) and still as
 //   installing, not failed. Once the step saying so has passed, the test starts the gateway
 //   again: the page shows the site up again, live, and its install going on to installed.
+// `reimage`: SITE, installed, gets a new os-image (registered and rolled out through the API)
+//   while its page is open; each node's Metal3 column, as the page draws it, passes
+//   deprovisioning → provisioning → provisioned, live, and ends at the new image.
 //
 // playwright-core comes from LANDFALL_BROWSER_MODULES (scripts/ensure-browser prints it).
 // Exits non-zero with the reason on the first check that fails, after a screenshot.
@@ -371,6 +375,69 @@ async function cutOffCase() {
   await shot(page, 'dashboard-up-again.png');
 }
 
+async function reimageCase() {
+  const site = opt.site;
+  if (!site) fail('--site is required for the reimage case');
+  const page = await newPage();
+  current = page;
+  const nodes = await step(`${site}'s page shows every node ready and provisioned`, async () => {
+    await openDashboard(page);
+    await page.goto(`${base}/#/sites/${site}`);
+    await page.waitForSelector(`#site-page[data-site="${site}"][data-state="installed"]`);
+    await page.waitForFunction(() => {
+      const rows = [...document.querySelectorAll('#nodes-table tbody tr[data-node]')];
+      return rows.length > 0 && rows.every((r) => r.dataset.step === 'ready' && r.dataset.metal3 === 'provisioned');
+    });
+    return page.evaluate(() => [...document.querySelectorAll('#nodes-table tbody tr[data-node]')].map((r) => r.dataset.node));
+  });
+  await page.evaluate(() => {
+    // Every Metal3 state each node's row shows, in order, as the page draws it.
+    window.__metal3 = {};
+    const look = () => {
+      for (const row of document.querySelectorAll('#nodes-table tbody tr[data-node]')) {
+        const seen = (window.__metal3[row.dataset.node] ||= []);
+        const state = row.dataset.metal3;
+        if (state && seen[seen.length - 1] !== state) seen.push(state);
+      }
+    };
+    new MutationObserver(look).observe(document.body, { subtree: true, childList: true, attributes: true, attributeFilter: ['data-metal3'] });
+    look();
+  });
+  await step('a new os-image is registered and rolled out through the API', async () => {
+    await api('/v1/commands/register_package', {
+      package: { name: 'ubuntu', version: '22.04.9', kind: 'os-image', sha256: '9'.repeat(64), size: 1048576 },
+    });
+    await api('/v1/commands/patch_package', { name: 'ubuntu', version: '22.04.9' });
+  });
+  await step('each node goes deprovisioning → provisioning → provisioned, live', async () => {
+    const went = (seen) => {
+      const d = seen.indexOf('deprovisioning');
+      const p = seen.indexOf('provisioning', d);
+      return d > 0 && p > d && seen.indexOf('provisioned', p) > p && seen[seen.length - 1] === 'provisioned';
+    };
+    const deadline = Date.now() + 120_000;
+    let seen = {};
+    while (!nodes.every((n) => went(seen[n] || []))) {
+      if (Date.now() > deadline) throw new Error(`the rows showed ${JSON.stringify(seen)}`);
+      await new Promise((r) => setTimeout(r, 250));
+      seen = await page.evaluate(() => window.__metal3);
+    }
+    for (const n of nodes) log(`     ${n}: ${seen[n].join(' → ')}`);
+  });
+  await step('and runs the new image', async () => {
+    await page.waitForFunction(
+      (names) =>
+        names.every((n) => {
+          const chip = document.querySelector(`#nodes-table tr[data-node="${n}"] [data-pkg="ubuntu"]`);
+          return chip && chip.textContent.includes('22.04.9');
+        }),
+      nodes,
+      { timeout: 60_000 },
+    );
+  });
+  await shot(page, 'dashboard-reimaged.png');
+}
+
 async function scaleCase() {
   if (!opt.designs) fail('--designs is required for the scale case');
   const bodies = JSON.parse(readFileSync(opt.designs, 'utf8'));
@@ -561,6 +628,7 @@ try {
   else if (opt.case === 'scale') await scaleCase();
   else if (opt.case === 'firstpaint') await firstPaintCase();
   else if (opt.case === 'cutoff') await cutOffCase();
+  else if (opt.case === 'reimage') await reimageCase();
   else fail(`unknown case ${opt.case}`);
   if (pageErrors.length) throw new Error(`the page threw:\n${pageErrors.join('\n')}`);
   ok = true;

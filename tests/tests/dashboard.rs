@@ -207,6 +207,19 @@ fn a_site_whose_gateway_goes_quiet_mid_install_shows_cut_off_not_failed_and_up_a
     assert!(site["link"]["cut_off_since"].is_string(), "the link does not say when the cut began: {site}");
 }
 
+/// An os-image rollout on `landfall up`, watched on the site's page: each node's Metal3 state
+/// goes deprovisioning → provisioning → provisioned, live, and the node ends on the new image.
+#[test]
+fn an_os_image_rollout_shows_each_node_deprovisioned_and_provisioned_again_live() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    browser_modules();
+    let up = Up::start_with(1, &["--nodes", "2", "--time-scale", "120"]);
+    up.command("install_site", json!({ "site_id": "edge-01" }));
+    up.until_site("edge-01", "installed", Duration::from_secs(120), |s| s["state"] == "installed");
+    let printed = run_case(&up, "reimage", &["--site", "edge-01"]);
+    assert!(printed.contains("reimage: passed"), "the script did not say it passed:\n{printed}");
+}
+
 #[test]
 fn a_thousand_sites_show_one_page_at_a_time_and_search_finds_one() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -106,6 +106,9 @@ pub struct State {
     /// Site id → whether the hub hears it, for every site heard once (`link.<site>`, and the
     /// link events, whichever arrives first).
     pub links: HashMap<String, pb::SiteLink>,
+    /// Site id → node → the Metal3 state its latest `NodeOsProvisioning` reported, an install's
+    /// or a reimage's (a rollout of an os-image): newer than what the install's record says.
+    pub metal3: HashMap<String, HashMap<String, String>>,
     /// Site id → what the overview counts of it, for every site with a design; and their sum.
     /// Kept as the site's records change (see [`State::refresh`]).
     facts: HashMap<String, SiteFacts>,
@@ -308,6 +311,7 @@ impl Model {
                     }
                     None => {
                         st.designs.remove(site);
+                        st.metal3.remove(site);
                     }
                 }
                 st.refresh(site);
@@ -418,7 +422,11 @@ impl Model {
             summary,
         };
         let link = link_of_event(&e.delivery.type_name, &e.delivery.payload);
+        let metal3 = metal3_of_event(&e.delivery.type_name, &e.delivery.payload).filter(|m| m.site_id == scope);
         let mut st = self.write();
+        if let Some(m) = metal3 {
+            st.metal3.entry(m.site_id).or_default().insert(m.node, m.state);
+        }
         let newer = st.last_event.get(scope).is_none_or(|l| l.seq < last.seq);
         if newer {
             st.last_event.insert(scope.to_string(), last);
@@ -437,6 +445,12 @@ fn decode<M: Message + Default>(key: &str, value: bytes::Bytes) -> Option<M> {
             None
         }
     }
+}
+
+/// The Metal3 state a `NodeOsProvisioning` reports (whose site must be its subject's).
+fn metal3_of_event(type_name: &str, payload: &[u8]) -> Option<pb::NodeOsProvisioning> {
+    use pb::BusMessage;
+    (type_name == pb::NodeOsProvisioning::TYPE).then(|| pb::NodeOsProvisioning::decode(payload).ok()).flatten()
 }
 
 /// What a link event says of its site's link (see `consumers::links`).

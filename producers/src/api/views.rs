@@ -111,7 +111,13 @@ pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value>
                 "bmc_address": n.bmc_address,
                 "in_design": in_design,
                 "step": step_label(progress.map(|p| p.step)),
-                "metal3_state": progress.map(|p| p.metal3_state.as_str()).unwrap_or(""),
+                "metal3_state": st
+                    .metal3
+                    .get(site)
+                    .and_then(|m| m.get(n.name.as_str()))
+                    .map(String::as_str)
+                    .or(progress.map(|p| p.metal3_state.as_str()))
+                    .unwrap_or(""),
                 "failed_step": progress.map(|p| p.failed_step.as_str()).unwrap_or(""),
                 "reason": progress.map(|p| p.reason.as_str()).unwrap_or(""),
                 "packages": packages,
@@ -318,6 +324,15 @@ mod tests {
         assert_eq!(w1["packages"][0]["desired"], "1.30.0");
         assert_eq!(w1["packages"][0]["differs"], true);
         assert!(site_detail(&st, "nope").is_none());
+    }
+
+    #[test]
+    fn a_reimage_reports_a_newer_metal3_state_than_the_install() {
+        let mut st = state();
+        st.metal3.entry("edge-01".into()).or_default().insert("w1".into(), "deprovisioning".into());
+        let d = site_detail(&st, "edge-01").unwrap();
+        assert_eq!(d["node_list"][1]["metal3_state"], "deprovisioning");
+        assert_eq!(d["node_list"][0]["metal3_state"], "provisioned", "the other node as its install left it");
     }
 
     #[test]

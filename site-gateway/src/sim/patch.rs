@@ -196,8 +196,11 @@ mod tests {
         let (site, req) = installed_site().await;
         let ubuntu = versioned("ubuntu", "24.04", PackageKind::OsImage, 'f');
         let state = |site: &SimSite| site.hosts()[0].1;
+        let (progress, mut states) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn({
-            let (site, req) = (site.clone(), patch(&req, 0, ubuntu.clone()));
+            let mut req = patch(&req, 0, ubuntu.clone());
+            req.progress = Some(progress);
+            let site = site.clone();
             async move { site.patch_node(&req).await }
         });
         let c = SimConfig::fast();
@@ -208,6 +211,12 @@ mod tests {
         tokio::time::sleep(c.provisioning).await;
         assert_eq!(state(&site), S::Provisioned);
         assert_eq!(task.await.unwrap().unwrap(), outcome("1.29.1", true));
+        // Every state it passed, to whoever relays them: from where it stood to provisioned.
+        let mut passed = Vec::new();
+        while let Some(s) = states.recv().await {
+            passed.push(s);
+        }
+        assert_eq!(passed, [S::Provisioned, S::Deprovisioning, S::Provisioning, S::Provisioned]);
 
         assert_eq!(site.patch_node(&patch(&req, 0, ubuntu)).await.unwrap(), outcome("24.04", false));
         // The reimage wiped kubelet 1.29.1, and the reinstall put it back.
