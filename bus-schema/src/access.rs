@@ -213,6 +213,11 @@ impl Role {
                 p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
                 // Durables an earlier version made as pull consumers are made anew as push ones.
                 p.publish.push(js_api(&format!("CONSUMER.LIST.{jobs}")));
+                // The store watch reads how far behind each durable of the commands and events is
+                // (`landfall_consumer_pending`).
+                for stream in [names::COMMANDS_STREAM, names::EVENTS_STREAM] {
+                    p.publish.push(js_api(&format!("CONSUMER.LIST.{stream}")));
+                }
                 // A job its site's durable holds nothing of is looked at, by the time it was stored.
                 p.publish.push(js_api(&format!("STREAM.MSG.GET.{jobs}")));
                 p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::site_jobs("*"))));

@@ -27,7 +27,7 @@ impl State {
             Some(_) => self.count(|e| &mut e.binary_installs, node),
         }
         let failed = self.faults.binaries.contains(node);
-        let h = self.hosts.get_mut(node)?;
+        let Some(h) = self.hosts.get_mut(node) else { return Some("os not provisioned".into()) };
         if failed {
             h.binaries = None;
             let reason = binaries_failure(node);
