@@ -1013,3 +1013,34 @@ async fn an_outbox_forwarder_that_died_before_its_mark_sends_nothing_twice_after
         more.unwrap().unwrap().unwrap().delivery.envelope.id
     );
 }
+
+/// A job the site keeps that cannot be carried out (its payload does not decode) is refused in
+/// its site's scope, as the hub delivered it, and leaves the site's inbox: it is not tried again
+/// forever for want of a subject the site may answer on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_job_the_site_cannot_read_is_refused_in_its_sites_scope() {
+    let site = LeafSite::start(1).await;
+    site.view().until_link(pb::LinkState::Up, Instant::now() + Duration::from_secs(30)).await;
+    let env = Envelope::root();
+    let subject = names::job_subject("edge-01", pb::ProvisionOs::KIND);
+    let headers = env.headers(pb::ProvisionOs::TYPE);
+    let published =
+        site.fleet.bus.jetstream().publish_with_headers(subject, headers, b"\xff not a job".to_vec().into()).await;
+    published.unwrap().await.expect("the jobs stream took it");
+    let ends = [pb::MessageRejected::TYPE];
+    let run = landfall_tests::fleet::collect(
+        &site.fleet.bus,
+        names::scope_events("edge-01"),
+        "the refusal",
+        &env.id,
+        &ends,
+        Duration::from_secs(30),
+    )
+    .await;
+    let refused: Vec<pb::MessageRejected> = run.of_type();
+    assert_eq!(refused.len(), 1, "{:?}\n{}", run.kinds(), site.gateway.log_tail(30));
+    assert_eq!(refused[0].message_id, env.id);
+    println!("leaf: the kept job was refused: {}", refused[0].reason);
+    assert!(!site.gateway.log_text().contains("cannot publish the rejection"), "{}", site.gateway.log_tail(30));
+    site.stop().await;
+}

@@ -91,6 +91,8 @@ pub(super) fn dead_letter(
 /// The scope a notice about a message on `subject` is published in: the site it names, else the
 /// fleet.
 pub(super) fn answered_scope(subject: &str) -> &str {
+    // A job a site keeps in its inbox is answered as the hub delivered it.
+    let subject = names::inbox_origin(subject).unwrap_or(subject);
     let scope = match names::parse_subject(subject) {
         Some(names::ParsedSubject::Command { scope, .. }) => scope,
         Some(names::ParsedSubject::Job { site, .. }) => site,
@@ -272,5 +274,7 @@ mod tests {
         assert_eq!(answered_scope("landfall.cmd.install_site.edge-01"), "edge-01");
         assert_eq!(answered_scope("landfall.evt.fleet.rollout.planned"), "fleet");
         assert_eq!(answered_scope("something.else"), "fleet");
+        // A job kept in a site's inbox is answered in its site's scope, where the site may publish.
+        assert_eq!(answered_scope("inbox.landfall.job.edge-01.provision_os"), "edge-01");
     }
 }

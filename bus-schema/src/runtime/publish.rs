@@ -120,15 +120,7 @@ impl Bus {
 
     /// Publishes the rejection event for a delivery that could not be carried out.
     pub async fn publish_rejection(&self, d: &Delivery, as_: &RejectAs, r: &Rejection) -> Result<(), BusError> {
-        let scope = match names::parse_subject(&d.subject) {
-            Some(names::ParsedSubject::Command { scope, .. }) => scope,
-            Some(names::ParsedSubject::Job { site, .. }) => site,
-            Some(names::ParsedSubject::Event { scope, .. }) => scope,
-            Some(names::ParsedSubject::Service { site, .. } | names::ParsedSubject::Rpc { site, .. }) => site,
-            Some(names::ParsedSubject::Admin { .. }) | None => names::FLEET,
-        };
-        // A scope that is not a valid token (garbage on a wildcard) is answered in the fleet scope.
-        let scope = if crate::domain::SiteId::try_from(scope).is_ok() { scope } else { names::FLEET };
+        let scope = super::dead_letter::answered_scope(&d.subject);
         let envelope = d.envelope.derive("rejected", None);
         match as_ {
             RejectAs::Command => {
