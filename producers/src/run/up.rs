@@ -144,6 +144,14 @@ async fn register_demo(bus: &Bus, catalog: Vec<pb::Package>, designs: &[SiteDesi
 pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.sites >= 1 && args.nodes >= 1, "--sites and --nodes must be at least 1");
     anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
+    anyhow::ensure!(!args.observer.cut_off_after.is_zero(), "--cut-off-after must be more than nothing");
+    let designs: Vec<SiteDesign> = (0..args.sites).map(|i| demo_site(i, args.nodes)).collect();
+    for (site, host) in &args.fail_host {
+        anyhow::ensure!(
+            designs.iter().any(|d| d.site.as_str() == site && d.nodes.iter().any(|n| n.name.as_str() == host)),
+            "--fail-host {site}/{host}: landfall up has no such site and host (edge-01/node-1 is the first)"
+        );
+    }
     let shutdown = shutdown_on_signal();
     // Before any service starts, so what they count from the start (counters at 0) is kept.
     let metrics = telemetry::prometheus()?;
@@ -168,13 +176,11 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let bus = connect_service(&url, "landfall-up", &args.keeping, true).await?;
     let key = secrets_service::open_key_ring(&bus, KeySource::CreateFile(args.data_dir.join("secret.key"))).await?;
     let sim = SimConfig::realistic().time_scale(args.time_scale);
-    let designs: Vec<SiteDesign> = (0..args.sites).map(|i| demo_site(i, args.nodes)).collect();
 
     let mut services = JoinSet::new();
     services.spawn(consumers::run_orchestrator(bus.clone(), args.retention.policy(), shutdown.clone()));
     services.spawn(secrets_service::run_secrets(bus.clone(), key.clone(), shutdown.clone()));
     let cut_off_after = args.observer.cut_off_after;
-    anyhow::ensure!(!cut_off_after.is_zero(), "--cut-off-after must be more than nothing");
     let policy = bus_schema::retention::StorePolicy::default();
     services.spawn(consumers::run_observer_with(bus.clone(), policy, cut_off_after, shutdown.clone()));
     let alive_every = names::ALIVE_EVERY.min(cut_off_after / 4);
@@ -183,12 +189,6 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let catalog = upload_demo_packages(&store, UP_SHRINK).await.context("upload the demo packages")?;
     services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
     let mut sims = Vec::new();
-    for (site, host) in &args.fail_host {
-        anyhow::ensure!(
-            designs.iter().any(|d| d.site.as_str() == site && d.nodes.iter().any(|n| n.name.as_str() == host)),
-            "--fail-host {site}/{host}: landfall up has no such site and host (edge-01/node-1 is the first)"
-        );
-    }
     for d in &designs {
         let backend = SimSite::new(d.site.as_str(), &d.nodes, sim.clone());
         for (_, host) in args.fail_host.iter().filter(|(site, _)| site == d.site.as_str()) {
