@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::names;
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Envelope, ReadEvent};
@@ -365,6 +366,7 @@ async fn a_reimage_whose_gateway_dies_halfway_is_taken_up_and_done_once() {
     let env = Envelope::root();
     let cmd = pb::PatchPackage { name: ubuntu.name.clone(), version: ubuntu.version.clone(), ..Default::default() };
     rig.bus.publish_command(&cmd, &env).await.unwrap();
+    let rollout_id = env.id.clone();
     let rollout = tokio::spawn({
         let bus = rig.bus.clone();
         let ends = [pb::RolloutCompleted::TYPE, pb::RolloutHalted::TYPE, pb::CommandRejected::TYPE];
@@ -381,16 +383,20 @@ async fn a_reimage_whose_gateway_dies_halfway_is_taken_up_and_done_once() {
         }
     };
     until_host(&rig, "m-1", m1("deprovisioning", None)).await;
+    let delivered = job_consumer(&rig).await.delivered.consumer_sequence;
     rig.kill_gateway();
     rig.start_gateway();
-    until_job_redelivered(&rig).await;
+    until_job_redelivered(&rig, delivered).await;
+    until_reported(&rig, &rollout_id, "deprovisioning").await;
     rig.metal3.release("m-1", "deprovisioning");
 
     // Killed again while the new image goes on.
     until_host(&rig, "m-1", m1("provisioning", Some(&url))).await;
+    let delivered = job_consumer(&rig).await.delivered.consumer_sequence;
     rig.kill_gateway();
     rig.start_gateway();
-    until_job_redelivered(&rig).await;
+    until_job_redelivered(&rig, delivered).await;
+    until_reported(&rig, &rollout_id, "provisioning").await;
     rig.metal3.release("m-1", "provisioning");
 
     let run = rollout.await.unwrap().events;
@@ -427,15 +433,37 @@ async fn until_host(
 }
 
 /// Waits until the hub has delivered the site's job again (to the gateway started again).
-async fn until_job_redelivered(rig: &KubeSiteRig) {
+async fn until_job_redelivered(rig: &KubeSiteRig, after: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let jobs = rig.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
     loop {
-        let info = jobs.consumer_info(names::gateway_consumer(SITE)).await.unwrap();
-        if info.num_redelivered > 0 && info.num_ack_pending > 0 {
+        let info = job_consumer(rig).await;
+        if info.delivered.consumer_sequence > after && info.num_ack_pending > 0 {
             return;
         }
         assert!(tokio::time::Instant::now() < deadline, "the job was not delivered again: {info:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until the hub holds the reimage's `state` (from the gateway killed or the one that took
+/// the job up): released before that, the host could pass the state unseen by either.
+async fn until_reported(rig: &KubeSiteRig, rollout: &str, state: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let filter = pb::NodeOsProvisioning::filter();
+        let mut reader = rig.bus.read_events(vec![filter], DeliverPolicy::All).await.unwrap();
+        while let Ok(Some(Ok(e))) = tokio::time::timeout(Duration::from_millis(200), reader.next()).await {
+            let reported: pb::NodeOsProvisioning = e.delivery.decode().unwrap();
+            if e.delivery.envelope.correlation == rollout && reported.state == state {
+                return;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{state} was not reported: {}", rig.gateway_log());
+    }
+}
+
+/// The site's job consumer as the hub sees it (its delivered sequence counts redeliveries too).
+async fn job_consumer(rig: &KubeSiteRig) -> async_nats::jetstream::consumer::Info {
+    let jobs = rig.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    jobs.consumer_info(names::gateway_consumer(SITE)).await.unwrap()
 }
