@@ -124,11 +124,20 @@ pub fn main() -> ExitCode {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let url = cli.nats_url.clone().unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
     nats_access::init(&cli.nats)?;
-    // Services serve their metrics while they run; the client commands have none to serve.
-    let _metrics = match cli.command {
-        Command::Up(_) | Command::Serve(_) => telemetry::start(&cli.telemetry).await?,
+    // Services serve their metrics and send their spans while they run; the client commands
+    // have none.
+    let telemetry = match cli.command {
+        Command::Up(_) | Command::Serve(_) => Some(telemetry::start(&cli.telemetry).await?),
         _ => None,
     };
+    let result = command(cli, url).await;
+    if let Some(t) = telemetry {
+        t.finish().await;
+    }
+    result
+}
+
+async fn command(cli: Cli, url: String) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Up(args) => up::run(args, cli.nats_url).await,
         Command::Serve(args) => serve::run(args, &url).await,

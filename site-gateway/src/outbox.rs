@@ -142,12 +142,17 @@ impl Outbox {
             });
         }
         let publish_err = |e: async_nats::Error| BusError::Publish { subject: subject.to_string(), source: e };
+        let start = std::time::SystemTime::now();
         let ack = self
             .local
             .publish_with_headers(names::outbox_subject(subject), envelope.headers(type_name), payload)
             .await
             .map_err(|e| publish_err(e.into()))?;
-        ack.await.map_err(|e| publish_err(e.into()))?;
+        let ack = ack.await.map_err(|e| publish_err(e.into()))?;
+        // Its span is drawn where it was made, at the site, not when the hub got it.
+        if !ack.duplicate {
+            bus_schema::runtime::trace::published(subject, type_name, envelope, start);
+        }
         Ok(())
     }
 

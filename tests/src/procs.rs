@@ -19,8 +19,18 @@ use std::process::{Child, ExitStatus, Stdio};
 
 /// Environment variables that would change how a service runs behind the test's back: each
 /// service gets only what its arguments and [`Service::start_with_env`] say.
-const CLEARED_ENV: &[&str] =
-    &["RUST_LOG", "LANDFALL_LOG_FORMAT", "LANDFALL_METRICS_LISTEN", "LANDFALL_FAILPOINT", "LANDFALL_SIM_STATE"];
+const CLEARED_ENV: &[&str] = &[
+    "RUST_LOG",
+    "LANDFALL_LOG_FORMAT",
+    "LANDFALL_METRICS_LISTEN",
+    "LANDFALL_FAILPOINT",
+    "LANDFALL_SIM_STATE",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_SDK_DISABLED",
+];
 
 /// A `landfall` process with its command line, so it can be started again after a kill.
 pub struct Service {

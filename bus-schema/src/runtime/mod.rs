@@ -23,11 +23,11 @@
 //!   `keyed_order.rs` keeping messages that share a key in order.
 //! - `dead_letter.rs`: what a consumer gives up on, filed in `LANDFALL_DEAD`
 //!   ([`Bus::file_dead_letter`]), and read, replayed and removed by operators.
-//! - `consume.rs`: the consume loop ([`consume()`]), with `keyed_order.rs` keeping messages
-//!   that share a key in order.
 //! - `site_removal.rs`: a removed site's gateway durable and undelivered jobs, dropped.
 //! - `request.rs` and `serve.rs`: core request/reply, asked ([`Bus::request`]) and answered
 //!   ([`serve_requests`]).
+//! - `trace.rs`: spans of what is handled, published and answered, for a tracing backend
+//!   ([`trace::set_sink`]).
 //! - `store_health.rs`: whether the store has room ([`store_health::assess`]), and the writes
 //!   refused for lack of it.
 
@@ -50,6 +50,7 @@ mod settle;
 mod site_removal;
 pub mod store_health;
 mod topology;
+pub mod trace;
 mod version;
 
 pub use catalog::{observed_nodes, package_refs, site_observed_nodes};

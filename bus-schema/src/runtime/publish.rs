@@ -38,6 +38,7 @@ impl Bus {
         if payload.len() > names::MAX_PAYLOAD {
             return Err(BusError::TooLarge { subject, size: payload.len(), max: names::MAX_PAYLOAD });
         }
+        let start = std::time::SystemTime::now();
         let ack = self
             .jetstream()
             .publish_with_headers(subject.clone(), envelope.headers(type_name), payload)
@@ -45,6 +46,9 @@ impl Bus {
             .map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
         let ack = ack.await.map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
         count_published(&subject, type_name, &ack);
+        if !ack.duplicate {
+            super::trace::published(&subject, type_name, envelope, start);
+        }
         if ack.duplicate {
             debug!(%subject, id = %envelope.id, "duplicate publish dropped by the stream");
         }
@@ -68,6 +72,7 @@ impl Bus {
             if m.payload.len() > names::MAX_PAYLOAD {
                 return Err(BusError::TooLarge { subject: m.subject, size: m.payload.len(), max: names::MAX_PAYLOAD });
             }
+            let start = std::time::SystemTime::now();
             let ack = self
                 .jetstream()
                 .publish_with_headers(m.subject.clone(), m.envelope.headers(&m.type_name), m.payload)
@@ -76,6 +81,9 @@ impl Bus {
             acks.push_back(async move {
                 let ack = ack.await.map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
                 count_published(&m.subject, &m.type_name, &ack);
+                if !ack.duplicate {
+                    super::trace::published(&m.subject, &m.type_name, &m.envelope, start);
+                }
                 Ok::<_, BusError>(ack)
             });
         }

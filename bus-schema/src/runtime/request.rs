@@ -92,12 +92,19 @@ impl Bus {
         self.send(subject, async_nats::Request::new().payload(payload), timeout).await
     }
 
+    /// Sends a request; one made while handling a message carries the handling's trace context
+    /// (the answer's span is its child).
     async fn send(
         &self,
         subject: String,
-        request: async_nats::Request,
+        mut request: async_nats::Request,
         timeout: Duration,
     ) -> Result<Reply, RequestError> {
+        if let Some(traceparent) = super::trace::traceparent_now() {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert(headers::TRACEPARENT, traceparent.as_str());
+            request = request.headers(h);
+        }
         let reply = self
             .client()
             .send_request(subject.clone(), request.timeout(Some(timeout)))

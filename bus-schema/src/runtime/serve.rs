@@ -56,7 +56,8 @@ where
         };
         let Some(reply) = msg.reply else { continue };
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
-        let (answer, client, subject) = (answer.clone(), bus.client().clone(), subject.clone());
+        let (answer, client, subject, group) =
+            (answer.clone(), bus.client().clone(), subject.clone(), group.to_string());
         // A request's span has the fields of a consumed message's, those its headers give.
         let header = |name: &str| msg.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
         let (msg_id, traceparent) = (header(headers::MSG_ID), header(headers::TRACEPARENT));
@@ -69,7 +70,9 @@ where
         );
         tasks.spawn(
             async move {
-                let (headers, body) = answer(msg.subject, msg.payload).await;
+                let asked = msg.subject.to_string();
+                let work = answer(msg.subject, msg.payload);
+                let (headers, body) = super::trace::answered(&group, &asked, traceparent.as_deref(), work).await;
                 if let Err(e) = client.publish_with_headers(reply, headers, body).await {
                     warn!(%subject, error = %e, "cannot answer request");
                 }

@@ -33,7 +33,9 @@ pub(super) struct Loop {
 
 /// Takes one delivery through its life; see the module's comment.
 pub(super) async fn settle<H: Handler>(cx: Arc<Loop>, handler: Arc<H>, msg: jetstream::Message) {
-    let (seq, delivered) = msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 1));
+    let info = msg.info().ok();
+    let (seq, delivered) = info.as_ref().map_or((0, 1), |i| (i.stream_sequence, i.delivered));
+    let stored = info.map(|i| std::time::SystemTime::from(i.published));
     let delivery = Delivery::from_parts(&msg.message, cx.spec.stream, seq, delivered);
     if delivered > 1 {
         metrics::counter!("landfall_redeliveries_total", "consumer" => cx.spec.durable.clone()).increment(1);
@@ -47,7 +49,7 @@ pub(super) async fn settle<H: Handler>(cx: Arc<Loop>, handler: Arc<H>, msg: jets
         msg_id = %delivery.envelope.id,
         trace_id = delivery.envelope.trace_id().unwrap_or_default(),
     );
-    live(&cx, handler.as_ref(), &msg, &delivery).instrument(span).await;
+    live(&cx, handler.as_ref(), &msg, &delivery, stored).instrument(span).await;
 }
 
 /// Awaits `work`, sending progress on `msg` every `every` so the server keeps the delivery
@@ -140,7 +142,13 @@ impl Failures {
     }
 }
 
-async fn live<H: Handler>(cx: &Loop, handler: &H, msg: &jetstream::Message, d: &Delivery) {
+async fn live<H: Handler>(
+    cx: &Loop,
+    handler: &H,
+    msg: &jetstream::Message,
+    d: &Delivery,
+    stored: Option<std::time::SystemTime>,
+) {
     let spec = &cx.spec;
     let consumer = spec.durable.as_str();
     let every = (spec.ack_wait / 3).max(Duration::from_millis(50));
@@ -165,7 +173,8 @@ async fn live<H: Handler>(cx: &Loop, handler: &H, msg: &jetstream::Message, d: &
             return hand_back(msg).await;
         };
         // A handler that has started finishes, shutdown or not.
-        let outcome = alive(msg, every, None, handler.handle(d)).await.expect("no stop was given");
+        let work = super::trace::handled(consumer, d, stored, handler.handle(d));
+        let outcome = alive(msg, every, None, work).await.expect("no stop was given");
         drop(permit);
         if let Some(t) = &ticket {
             t.attempt_done();

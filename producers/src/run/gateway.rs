@@ -216,9 +216,10 @@ pub fn main() -> ExitCode {
     telemetry::init_logs(cli.telemetry.log_format, "info,async_nats=warn");
     block_on(async move {
         nats_access::init(&cli.nats)?;
-        let _metrics = telemetry::start(&cli.telemetry).await?;
-        gateway(cli.gateway, &cli.nats_url, shutdown_on_signal()).await?;
-        Ok(ExitCode::SUCCESS)
+        let telemetry = telemetry::start(&cli.telemetry).await?;
+        let result = gateway(cli.gateway, &cli.nats_url, shutdown_on_signal()).await;
+        telemetry.finish().await;
+        result.map(|()| ExitCode::SUCCESS)
     })
 }
 

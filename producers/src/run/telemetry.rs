@@ -47,6 +47,11 @@ pub struct TelemetryArgs {
     /// `serve …` and the gateway.
     #[arg(long, global = true, value_name = "ADDR", env = "LANDFALL_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Send spans over OTLP/HTTP (protobuf) to this collector, e.g. http://otel-collector:4318
+    /// (`/v1/traces` is appended). The other OTEL_EXPORTER_OTLP_* variables apply too. For
+    /// services: `up`, `serve …` and the gateway.
+    #[arg(long, global = true, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -154,16 +159,38 @@ pub async fn serve_metrics(
     Ok(bound)
 }
 
-/// Starts the metrics server when `--metrics-listen` asks for one; it stops when the returned
-/// guard is dropped.
+/// What a service started to tell about itself: [`Telemetry::finish`] when it stops.
+pub struct Telemetry {
+    _metrics: Option<DropGuard>,
+    spans: Option<super::otlp::Exporter>,
+}
+
+impl Telemetry {
+    /// Sends the spans still waiting, and stops serving metrics.
+    pub async fn finish(self) {
+        if let Some(spans) = self.spans {
+            spans.finish().await;
+        }
+    }
+}
+
+/// Starts the metrics server when `--metrics-listen` asks for one, and the span exporter when
+/// `--otlp-endpoint` (or the OpenTelemetry variables) name a collector.
 ///
 /// # Errors
-/// When the recorder cannot be installed or the address cannot be bound.
-pub async fn start(args: &TelemetryArgs) -> anyhow::Result<Option<DropGuard>> {
-    let Some(addr) = args.metrics_listen else { return Ok(None) };
-    let shutdown = CancellationToken::new();
-    serve_metrics(addr, prometheus()?, shutdown.clone()).await?;
-    Ok(Some(shutdown.drop_guard()))
+/// When the recorder cannot be installed, the address cannot be bound, or the OTLP settings
+/// are not usable.
+pub async fn start(args: &TelemetryArgs) -> anyhow::Result<Telemetry> {
+    let otlp = super::otlp::OtlpConfig::resolve(args.otlp_endpoint.as_deref(), |name| std::env::var(name).ok())?;
+    let metrics = match args.metrics_listen {
+        Some(addr) => {
+            let shutdown = CancellationToken::new();
+            serve_metrics(addr, prometheus()?, shutdown.clone()).await?;
+            Some(shutdown.drop_guard())
+        }
+        None => None,
+    };
+    Ok(Telemetry { _metrics: metrics, spans: otlp.and_then(super::otlp::Exporter::start) })
 }
 
 /// HELP lines for the metrics landfall records, wherever they are recorded.
@@ -199,6 +226,10 @@ fn describe() {
     );
     describe_gauge!("landfall_rollout_nodes", "A rollout's planned nodes, and those patched and failed so far.");
     describe_gauge!("landfall_rollouts", "Rollouts by phase.");
+    describe_counter!(
+        "landfall_spans_dropped_total",
+        "Spans not sent over OTLP: the queue was full, or the collector would not take them."
+    );
 }
 
 #[cfg(test)]
@@ -216,6 +247,8 @@ mod tests {
     fn flags_parse_and_default_to_text_without_metrics() {
         let cli = Cli::try_parse_from(["x"]).unwrap();
         assert_eq!((cli.telemetry.log_format, cli.telemetry.metrics_listen), (LogFormat::Text, None));
+        let cli = Cli::try_parse_from(["x", "--otlp-endpoint", "http://collector:4318"]).unwrap();
+        assert_eq!(cli.telemetry.otlp_endpoint.as_deref(), Some("http://collector:4318"));
         let cli = Cli::try_parse_from(["x", "--log-format", "json", "--metrics-listen", "127.0.0.1:0"]).unwrap();
         assert_eq!(cli.telemetry.log_format, LogFormat::Json);
         assert_eq!(cli.telemetry.metrics_listen, Some("127.0.0.1:0".parse().unwrap()));
