@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::IpAddr;
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -103,6 +104,36 @@ pub struct Network {
     pub name: String,
     /// The network's address range.
     pub cidr: Cidr,
+    /// The router on this network that a node's default route goes through. A node may be on
+    /// one network with a gateway at most.
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+    /// Other networks reached through a router on this one.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    /// Name servers and search domains for the nodes on this network.
+    #[serde(default)]
+    pub dns: Option<Dns>,
+}
+
+/// A route: the network `to`, reached through the router `via`, which is on the network the
+/// route belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Route {
+    pub to: Cidr,
+    pub via: IpAddr,
+}
+
+/// Name resolution for the nodes of a network.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Dns {
+    #[serde(default)]
+    pub nameservers: Vec<IpAddr>,
+    /// Search domains, e.g. `edge.example.com`.
+    #[serde(default)]
+    pub search: Vec<String>,
 }
 
 /// How the cluster is formed: which nodes serve as masters and workers.
@@ -254,11 +285,12 @@ pub struct Address {
     pub ip: String,
 }
 
-/// A network interface, merged by name.
+/// A network interface, merged by name: a physical port, a bond of ports, or a VLAN on
+/// another interface.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Interface {
-    /// The interface name, e.g. `eno1`.
+    /// The interface name, e.g. `eno1`, `bond0`, `bond0.100`.
     pub name: String,
     /// The site network it is attached to.
     #[serde(default)]
@@ -266,6 +298,65 @@ pub struct Interface {
     /// Its MTU.
     #[serde(default)]
     pub mtu: Option<u32>,
+    /// A bond of these ports.
+    #[serde(default)]
+    pub bond: Option<Bond>,
+    /// A VLAN on another interface.
+    #[serde(default)]
+    pub vlan: Option<Vlan>,
+}
+
+/// A bond: the ports it joins (interfaces of the node, each in one bond at most) and how.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Bond {
+    pub members: Vec<String>,
+    #[serde(default)]
+    pub mode: BondMode,
+}
+
+/// The Linux bonding modes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum BondMode {
+    #[default]
+    #[serde(rename = "active-backup")]
+    ActiveBackup,
+    #[serde(rename = "balance-rr")]
+    BalanceRr,
+    #[serde(rename = "balance-xor")]
+    BalanceXor,
+    #[serde(rename = "broadcast")]
+    Broadcast,
+    /// LACP.
+    #[serde(rename = "802.3ad")]
+    Lacp,
+    #[serde(rename = "balance-tlb")]
+    BalanceTlb,
+    #[serde(rename = "balance-alb")]
+    BalanceAlb,
+}
+
+impl BondMode {
+    /// The mode as the kernel (and the design) names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BondMode::ActiveBackup => "active-backup",
+            BondMode::BalanceRr => "balance-rr",
+            BondMode::BalanceXor => "balance-xor",
+            BondMode::Broadcast => "broadcast",
+            BondMode::Lacp => "802.3ad",
+            BondMode::BalanceTlb => "balance-tlb",
+            BondMode::BalanceAlb => "balance-alb",
+        }
+    }
+}
+
+/// A VLAN: tagged frames with `id` (1 to 4094) on the interface `parent`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Vlan {
+    pub id: u16,
+    pub parent: String,
 }
 
 impl Named for Interface {
@@ -282,6 +373,12 @@ impl fmt::Display for Interface {
         }
         if let Some(mtu) = self.mtu {
             parts.push(format!("mtu={mtu}"));
+        }
+        if let Some(bond) = &self.bond {
+            parts.push(format!("bond={} mode={}", bond.members.join("+"), bond.mode.as_str()));
+        }
+        if let Some(vlan) = &self.vlan {
+            parts.push(format!("vlan={} parent={}", vlan.id, vlan.parent));
         }
         f.write_str(&parts.join(" "))
     }

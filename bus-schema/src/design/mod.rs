@@ -60,6 +60,7 @@ pub mod convert;
 pub mod document;
 pub mod error;
 pub mod inherit;
+mod links;
 pub mod net;
 pub mod origin;
 pub mod resolve;

@@ -10,6 +10,9 @@
 //! - a role on every node, and a master: some node with role master, and `cluster.masters.count`
 //!   of at least one;
 //! - every node reachable on the cluster's API network;
+//! - gateways and routes' routers on their networks, bonds of the node's own ports (each in one
+//!   bond, carrying no network itself), VLANs from 1 to 4094 on an interface of the node, at most
+//!   one default route per node (`links.rs`);
 //! - only packages the catalog holds, at the versions it holds.
 //!
 //! Profiles are checked as written (their interfaces' networks, their packages), so a profile
@@ -60,6 +63,9 @@ fn validate_entries(
     check_profiles(docs, site.map(|(_, s)| s), catalog, &mut found);
     let nodes_unreadable = resolution.unreadable.iter().any(|o| o.kind == Kind::Node);
     check(site, &resolution.facts, nodes_unreadable, &mut found);
+    for node in resolution.nodes.values() {
+        super::links::check_node(site.map(|(_, s)| s), node, &mut found);
+    }
     errors.extend(resolution.errors.into_vec());
     errors.extend(found.into_vec());
     resolution.errors = errors;
@@ -117,6 +123,7 @@ fn check(site: Option<(&Origin, &Site)>, nodes: &[NodeFacts], nodes_unreadable: 
 
 /// Networks defined once; the cluster's API network known; at least one master wanted.
 fn check_site(origin: &Origin, site: &Site, errors: &mut Errors) {
+    super::links::check_networks(origin, site, errors);
     let mut names = BTreeSet::new();
     for network in &site.networks {
         if !names.insert(network.name.as_str()) {
@@ -535,6 +542,40 @@ addressing: [{ network: provisioning, ip: 10.1.0.12 }]
             document: "Node/node-9 (malformed-mac.yaml #1)",
             field: "bootMac",
             reason: "\"52:54:00:00:09\" is not a MAC address (aa:bb:cc:dd:ee:ff)",
+        },
+        Case {
+            name: "port-in-two-bonds",
+            change: Change::Add(concat!(
+                "kind: HostProfile\nname: bonded\nparent: base\ninterfaces: [{ name: eno2 }, { name: eno3 },\n",
+                "  { name: bond0, bond: { members: [eno2, eno3] } }, { name: bond1, bond: { members: [eno3] } }]\n---\n",
+                node!(
+                    "node-10",
+                    "bonded",
+                    "52:54:00:00:01:0a",
+                    "ipmi://10.0.0.10",
+                    "[{ network: provisioning, ip: 10.1.0.20 }]"
+                )
+            )),
+            document: "HostProfile/bonded (port-in-two-bonds.yaml #1)",
+            field: "interfaces[bond1].bond.members",
+            reason: "eno3 is a member of bond0 already: a port joins one bond at most",
+        },
+        Case {
+            name: "vlan-on-a-missing-parent",
+            change: Change::Add(concat!(
+                "kind: HostProfile\nname: tagged\nparent: base\n",
+                "interfaces: [{ name: eno9.100, vlan: { id: 100, parent: eno9 }, network: oob }]\n---\n",
+                node!(
+                    "node-11",
+                    "tagged",
+                    "52:54:00:00:01:0b",
+                    "ipmi://10.0.0.11",
+                    "[{ network: provisioning, ip: 10.1.0.21 }]"
+                )
+            )),
+            document: "HostProfile/tagged (vlan-on-a-missing-parent.yaml #1)",
+            field: "interfaces[eno9.100].vlan.parent",
+            reason: "no interface named \"eno9\" to carry VLAN 100",
         },
         Case {
             name: "unknown-api-network",
