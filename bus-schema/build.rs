@@ -35,6 +35,10 @@ fn main() {
         ".",
         "#[derive(serde::Serialize, serde::Deserialize)]\n#[serde(default, deny_unknown_fields)]",
     );
+    // Part of a site's design, which compares whole.
+    for message in ["NodeNetwork", "SiteNetwork"] {
+        config.message_attribute(format!(".landfall.v1.{message}"), "#[derive(Eq)]");
+    }
     let fds = config.load_fds(&protos, &["proto"]).expect("run protoc on the landfall protos");
 
     // Every enum field reads and writes its value by name (see `pb::json`).

@@ -322,17 +322,31 @@ pub struct NodeDesign {
     pub bmc_address: BmcAddress,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// How the host's network is set up (design documents only: the flat file has none).
+    #[serde(skip)]
+    pub network: Option<pb::NodeNetwork>,
+    /// The disk the image goes on (design documents only).
+    #[serde(skip)]
+    pub root_device: Option<pb::RootDeviceHints>,
 }
 
 impl TryFrom<pb::NodeSpec> for NodeDesign {
     type Error = InvalidField;
     fn try_from(n: pb::NodeSpec) -> Result<Self, InvalidField> {
+        if let Some(network) = &n.network {
+            crate::host_setup::check_network(network).map_err(|e| e.within("network"))?;
+        }
+        if let Some(root) = &n.root_device {
+            crate::host_setup::check_root_device(root).map_err(|e| e.within("root_device"))?;
+        }
         Ok(Self {
             name: n.name.try_into()?,
             role: Role::try_from(n.role)?,
             boot_mac: n.boot_mac.try_into()?,
             bmc_address: n.bmc_address.try_into()?,
             labels: n.labels.into_iter().collect(),
+            network: n.network,
+            root_device: n.root_device,
         })
     }
 }
@@ -345,6 +359,8 @@ impl From<&NodeDesign> for pb::NodeSpec {
             boot_mac: n.boot_mac.to_string(),
             bmc_address: n.bmc_address.as_str().to_string(),
             labels: n.labels.clone().into_iter().collect(),
+            network: n.network.clone(),
+            root_device: n.root_device.clone(),
         }
     }
 }

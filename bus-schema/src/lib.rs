@@ -19,6 +19,7 @@ pub mod access;
 pub mod design;
 pub mod domain;
 pub mod envelope;
+pub mod host_setup;
 pub mod ids;
 pub mod names;
 pub mod outgoing;

@@ -349,6 +349,7 @@ mod tests {
                 boot_mac: format!("52:54:00:00:00:{i:02x}"),
                 bmc_address: format!("ipmi://10.0.0.{i}"),
                 labels: Default::default(),
+                ..Default::default()
             })
             .collect();
         let refs = |v: &str| vec![pb::PackageRef { name: "kubelet".into(), version: v.into() }];

@@ -37,7 +37,7 @@ pub(crate) async fn announce_host_changes<B: SiteBackend>(
                 let id = ids::node_added_id(site.as_str(), node.name.as_str(), node.boot_mac.as_str(), incarnation);
                 let cmd = pb::NodeAdded {
                     site_id: site.to_string(),
-                    node: Some(pb::NodeSpec::from(node)),
+                    node: Some(pb::NodeSpec::from(node.as_ref())),
                     hardware: hardware.clone(),
                 };
                 let envelope = Envelope::root_with_id(id);

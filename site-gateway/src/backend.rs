@@ -292,7 +292,7 @@ pub enum HostChange {
     /// A host appeared that the site's design may not have: announced as `NodeAdded`.
     /// `incarnation` tells this host apart from an earlier one of the same name and MAC (a
     /// BareMetalHost's uid; empty where hosts have none).
-    Arrived { node: NodeDesign, hardware: Option<pb::HostHardware>, incarnation: String },
+    Arrived { node: Box<NodeDesign>, hardware: Option<pb::HostHardware>, incarnation: String },
     /// A host was deleted: announced as `NodeRemoved`.
     Departed { node: String, boot_mac: String, reason: String, incarnation: String },
 }
@@ -308,13 +308,16 @@ pub struct HostNotice {
 impl HostNotice {
     /// A host arrival nobody needs to hear back about.
     pub fn arrived(node: NodeDesign) -> Self {
-        Self { change: HostChange::Arrived { node, hardware: None, incarnation: String::new() }, announced: None }
+        Self {
+            change: HostChange::Arrived { node: Box::new(node), hardware: None, incarnation: String::new() },
+            announced: None,
+        }
     }
 
     /// The node that arrived, when this is an arrival.
     pub fn into_arrival(self) -> Option<NodeDesign> {
         match self.change {
-            HostChange::Arrived { node, .. } => Some(node),
+            HostChange::Arrived { node, .. } => Some(*node),
             HostChange::Departed { .. } => None,
         }
     }

@@ -350,6 +350,8 @@ pub fn node_spec(name: &str, role: pb::Role, mac: &str) -> pb::NodeSpec {
         boot_mac: mac.into(),
         bmc_address: "redfish://10.9.0.1/redfish/v1/Systems/1".into(),
         labels: Default::default(),
+        root_device: Some(pb::RootDeviceHints { device_name: "/dev/sda".into(), min_size_gigabytes: 100 }),
+        ..Default::default()
     }
 }
 

@@ -308,6 +308,7 @@ impl Client {
             boot_mac: format!("52:54:02:00:{site:02x}:{number:02x}"),
             bmc_address: format!("ipmi://10.2.{site}.{number}"),
             labels: Default::default(),
+            ..Default::default()
         };
         let id = ids::node_added_id(&site_id, &node.name, &node.boot_mac, "").to_string();
         let what = format!("NodeAdded {site_id}/{}", node.name);

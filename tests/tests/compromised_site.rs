@@ -127,6 +127,7 @@ async fn node_added_naming_b_on_own_subject(t: &Intruder, _: &Scene) -> Outcome 
         boot_mac: "52:54:00:ee:ee:01".into(),
         bmc_address: "redfish-virtualmedia://10.9.9.9/redfish/v1/Systems/1".into(),
         labels: Default::default(),
+        ..Default::default()
     };
     let cmd = pb::NodeAdded { site_id: B.into(), node: Some(node), hardware: None };
     t.forge(&command_on::<pb::NodeAdded>(A), &cmd, &Envelope::root()).await

@@ -209,6 +209,13 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
     rig.wait_design(|n| n.len() == 2).await;
     let installed = install(&rig).await;
     assert_eq!(types(&installed).last().map(String::as_str), Some(pb::SiteInstalled::TYPE), "{}", rig.gateway_log());
+    // The design's root disk reaches the host, as the upstream CRD takes it.
+    let hints = rig.hosts().get("m-1").await.unwrap().spec.root_device_hints;
+    let want = site_gateway::kube_site::metal3::RootDeviceHints {
+        device_name: Some("/dev/sda".into()),
+        min_size_gigabytes: Some(100),
+    };
+    assert_eq!(hints, Some(want));
     let demo = producers::up::demo_packages();
 
     let kubelet =

@@ -267,6 +267,8 @@ async fn a_host_that_appears_joins_the_cluster_with_the_sites_current_versions()
         boot_mac: "52:54:00:aa:00:09".to_string().try_into().unwrap(),
         bmc_address: "ipmi://10.1.0.9".to_string().try_into().unwrap(),
         labels: Default::default(),
+        network: None,
+        root_device: None,
     };
     let request = pb::SimulateHostArrival { site_id: "edge-01".into(), node: Some(pb::NodeSpec::from(&node)) };
     let reply = fleet

@@ -37,6 +37,8 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
                 boot_mac: node.boot_mac.clone(),
                 bmc_address: node.bmc_address.clone(),
                 labels,
+                network: super::links::node_network(&site.site, node),
+                root_device: super::links::root_device(node),
             });
             match first {
                 None => {

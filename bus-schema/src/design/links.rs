@@ -15,6 +15,7 @@ use std::net::IpAddr;
 use super::document::{Network, Origin, Site};
 use super::error::Errors;
 use super::resolve::EffectiveNode;
+use crate::pb;
 
 /// The site's networks as written.
 pub(crate) fn check_networks(origin: &Origin, site: &Site, errors: &mut Errors) {
@@ -160,6 +161,66 @@ fn check_default_routes(site: &Site, node: &EffectiveNode, errors: &mut Errors) 
     }
 }
 
+/// The node's network as its host is set up with it: every interface (its address on its
+/// network from the node's addressing, none meaning DHCP) and the networks they are on. `None`
+/// when the design gives the node no interfaces.
+pub(crate) fn node_network(site: &Site, node: &EffectiveNode) -> Option<pb::NodeNetwork> {
+    if node.interfaces.is_empty() {
+        return None;
+    }
+    let mut on: BTreeSet<&str> = BTreeSet::new();
+    let interfaces = node
+        .interfaces
+        .values()
+        .map(|iface| {
+            let i = &iface.value;
+            let network = i.network.clone().unwrap_or_default();
+            if !network.is_empty() {
+                on.insert(i.network.as_deref().unwrap_or_default());
+            }
+            pb::NodeInterface {
+                name: i.name.clone(),
+                address: node.addresses.get(&network).map(ToString::to_string).unwrap_or_default(),
+                network,
+                mtu: i.mtu.unwrap_or(0),
+                bond_members: i.bond.as_ref().map(|b| b.members.clone()).unwrap_or_default(),
+                bond_mode: i.bond.as_ref().map(|b| b.mode.as_str().to_string()).unwrap_or_default(),
+                vlan_id: i.vlan.as_ref().map_or(0, |v| u32::from(v.id)),
+                vlan_parent: i.vlan.as_ref().map(|v| v.parent.clone()).unwrap_or_default(),
+            }
+        })
+        .collect();
+    let networks = site
+        .networks
+        .iter()
+        .filter(|n| on.contains(n.name.as_str()))
+        .map(|n| pb::SiteNetwork {
+            name: n.name.clone(),
+            cidr: n.cidr.to_string(),
+            gateway: n.gateway.map(|g| g.to_string()).unwrap_or_default(),
+            routes: n
+                .routes
+                .iter()
+                .map(|r| pb::NetworkRoute { to: r.to.to_string(), via: r.via.to_string() })
+                .collect(),
+            nameservers: n.dns.iter().flat_map(|d| &d.nameservers).map(ToString::to_string).collect(),
+            search: n.dns.iter().flat_map(|d| d.search.clone()).collect(),
+        })
+        .collect();
+    Some(pb::NodeNetwork { interfaces, networks })
+}
+
+/// The disk the node's image goes on: the storage entry mounted at `/` (else the one named
+/// `root`), as Metal3's root device hints.
+pub(crate) fn root_device(node: &EffectiveNode) -> Option<pb::RootDeviceHints> {
+    let storage = node.storage.values().map(|s| &s.value);
+    let root = storage
+        .clone()
+        .find(|s| s.mount.as_deref() == Some("/"))
+        .or_else(|| storage.clone().find(|s| s.name == "root"))?;
+    Some(pb::RootDeviceHints { device_name: root.device.clone(), min_size_gigabytes: root.size_gb.unwrap_or(0) })
+}
+
 #[cfg(test)]
 mod tests {
     use crate::design::document::parse_documents;
@@ -219,6 +280,60 @@ addressing: [{{ network: provisioning, ip: 10.1.0.11 }}]
         let interfaces = "[{ name: bond0, bond: { members: [eno2, eno3], mode: 802.3ad }, network: public, mtu: 9000 },
              { name: bond0.200, vlan: { id: 200, parent: bond0 }, network: storage }]";
         assert_eq!(errors(networks, interfaces), Vec::<(String, String, String)>::new());
+    }
+
+    #[test]
+    fn what_the_host_is_set_up_with_comes_from_the_resolved_node_and_its_networks() {
+        let networks = "  - { name: storage, cidr: 10.5.0.0/24, routes: [{ to: 10.50.0.0/16, via: 10.5.0.254 }] }
+  - { name: public, cidr: 192.0.2.0/24, gateway: 192.0.2.1, dns: { nameservers: [192.0.2.53], search: [edge.example.com] } }
+  - { name: unused, cidr: 10.9.0.0/24 }
+";
+        let interfaces = "[{ name: bond0, bond: { members: [eno2, eno3], mode: 802.3ad }, network: public, mtu: 9000 },
+             { name: bond0.200, vlan: { id: 200, parent: bond0 }, network: storage }]";
+        let text = design(networks, interfaces)
+            .replace("[{ network: provisioning, ip: 10.1.0.11 }]", "[{ network: provisioning, ip: 10.1.0.11 }, { network: public, ip: 192.0.2.11 }]")
+            .replace("interfaces: [{ name: eno1, network: provisioning }, { name: eno2 }, { name: eno3 }]", "interfaces: [{ name: eno1, network: provisioning }, { name: eno2 }, { name: eno3 }]\nstorage: [{ name: root, device: /dev/nvme0n1, sizeGb: 400, mount: / }]");
+        let docs = parse_documents(&text, "site.yaml").unwrap();
+        let site = validate(&docs, &catalog()).unwrap();
+        let node = site.node("node-1").unwrap();
+        let network = super::node_network(&site.site, node).unwrap();
+        let names: Vec<&str> = network.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["bond0", "bond0.200", "eno1", "eno2", "eno3"]);
+        let bond = &network.interfaces[0];
+        assert_eq!((bond.network.as_str(), bond.address.as_str(), bond.mtu), ("public", "192.0.2.11", 9000));
+        assert_eq!(
+            (bond.bond_members.clone(), bond.bond_mode.as_str()),
+            (vec!["eno2".to_string(), "eno3".into()], "802.3ad")
+        );
+        let vlan = &network.interfaces[1];
+        assert_eq!(
+            (vlan.vlan_id, vlan.vlan_parent.as_str(), vlan.address.as_str()),
+            (200, "bond0", ""),
+            "no address: DHCP"
+        );
+        assert_eq!(network.interfaces[2].address, "10.1.0.11");
+        let nets: Vec<&str> = network.networks.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(
+            nets,
+            ["provisioning", "storage", "public"],
+            "the networks its interfaces are on, as the site lists them"
+        );
+        let public = &network.networks[2];
+        assert_eq!(
+            (public.gateway.as_str(), public.nameservers.clone(), public.search.clone()),
+            ("192.0.2.1", vec!["192.0.2.53".to_string()], vec!["edge.example.com".to_string()])
+        );
+        assert_eq!(
+            network.networks[1].routes,
+            [crate::pb::NetworkRoute { to: "10.50.0.0/16".into(), via: "10.5.0.254".into() }]
+        );
+        assert_eq!(
+            crate::host_setup::check_network(&network),
+            Ok(()),
+            "what the hub sends passes the check on arrival"
+        );
+        let root = super::root_device(node).unwrap();
+        assert_eq!((root.device_name.as_str(), root.min_size_gigabytes), ("/dev/nvme0n1", 400));
     }
 
     #[test]

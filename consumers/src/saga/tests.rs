@@ -38,6 +38,7 @@ fn design(nodes: usize) -> SiteDesign {
             boot_mac: format!("52:54:00:00:00:{i:02x}"),
             bmc_address: format!("ipmi://10.0.0.{i}"),
             labels: Default::default(),
+            ..Default::default()
         })
         .collect();
     let set: Vec<pb::PackageRef> = [("ubuntu", "22.04"), ("kubelet", "1.29.1"), ("cni", "1.0")]

@@ -180,7 +180,17 @@ fn constrain(schemas: &mut Map<String, Value>) {
     let name = json!({ "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$" });
     let version = json!({ "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9][A-Za-z0-9._+~-]*$" });
     let sha256 = json!({ "pattern": "^[0-9a-f]{64}$" });
-    let fields: [(&str, &str, &Value); 12] = [
+    let nonempty = json!({ "minLength": 1 });
+    let bond_modes: Vec<&str> = std::iter::once("").chain(bus_schema::host_setup::BOND_MODES).collect();
+    let bond_mode = json!({ "enum": bond_modes });
+    let vlan_id = json!({ "maximum": 4094 });
+    let device = json!({ "pattern": "^(/dev/.+)?$" });
+    let fields: [(&str, &str, &Value); 17] = [
+        ("NodeInterface", "name", &nonempty),
+        ("NodeInterface", "bond_mode", &bond_mode),
+        ("NodeInterface", "vlan_id", &vlan_id),
+        ("SiteNetwork", "name", &nonempty),
+        ("RootDeviceHints", "device_name", &device),
         ("NodeRemoved", "boot_mac", &mac_or_none),
         ("NodeSpec", "name", &dns_label),
         ("NodeSpec", "boot_mac", &mac),

@@ -86,6 +86,7 @@ pub fn node_spec(args: &NodeAddArgs) -> anyhow::Result<NodeDesign> {
         boot_mac: mac.to_string(),
         bmc_address: bmc,
         labels: Default::default(),
+        ..Default::default()
     };
     NodeDesign::try_from(spec).map_err(|e| {
         let flag = match e.field.as_str() {

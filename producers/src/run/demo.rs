@@ -109,6 +109,7 @@ pub fn demo_site(index: usize, nodes: usize) -> SiteDesign {
                     host & 0xff
                 ),
                 labels: Default::default(),
+                ..Default::default()
             }
         })
         .collect();

@@ -357,6 +357,7 @@ async fn node_arrivals(
             boot_mac: format!("52:54:01:{:02x}:{:02x}:{:02x}", index >> 8, index & 0xff, number & 0xff),
             bmc_address: format!("ipmi://10.{}.{}.{}", 128 + (index >> 8), index & 0xff, (number + 10) & 0xff),
             labels: Default::default(),
+            ..Default::default()
         };
         let node = bus_schema::domain::NodeDesign::try_from(node)?;
         if sim.arrive(&node) {

@@ -132,7 +132,10 @@ fn consider(site: &str, host: &BareMetalHost, refused: &mut HashSet<String>) -> 
             let incarnation = host.metadata.uid.clone().unwrap_or_default();
             let id = ids::node_added_id(site, node.name.as_str(), node.boot_mac.as_str(), &incarnation).to_string();
             info!(%site, host = %name, mac = %node.boot_mac, uid = %incarnation, "new host");
-            Some((HostChange::Arrived { node, hardware: host.hardware(), incarnation }, Mark::Announced(id)))
+            Some((
+                HostChange::Arrived { node: Box::new(node), hardware: host.hardware(), incarnation },
+                Mark::Announced(id),
+            ))
         }
         Err(reason) => {
             if refused.insert(name.clone()) {
@@ -160,6 +163,8 @@ fn node_of(host: &BareMetalHost) -> Result<NodeDesign, String> {
         boot_mac: mac.try_into().map_err(|e| format!("{e}"))?,
         bmc_address: bmc.try_into().map_err(|e| format!("{e}"))?,
         labels: BTreeMap::new(),
+        network: None,
+        root_device: None,
     })
 }
 

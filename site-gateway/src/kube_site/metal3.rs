@@ -26,6 +26,20 @@ pub struct BareMetalHostSpec {
     pub image: Option<Image>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data: Option<SecretReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<SecretReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_device_hints: Option<RootDeviceHints>,
+}
+
+/// `spec.rootDeviceHints`: the disk the image is written to (the fields landfall sets).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RootDeviceHints {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_size_gigabytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

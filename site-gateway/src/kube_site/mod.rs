@@ -17,6 +17,7 @@ pub mod bpa_upload;
 mod cluster;
 mod config;
 mod error;
+mod host_setup;
 mod hosts;
 pub mod marks;
 pub mod metal3;

@@ -37,7 +37,7 @@ impl KubeSite {
             .map_err(|e| kube_error(&format!("BareMetalHost {name}"), e))
     }
 
-    async fn apply_secret(
+    pub(super) async fn apply_secret(
         &self,
         name: &str,
         data: BTreeMap<String, ByteString>,
@@ -134,10 +134,24 @@ impl KubeSite {
         if let Some(s) = before {
             let _ = progress.send(s);
         }
-        let mut intent = match existing {
-            Some(host) => intent_of(&host, FIELD_MANAGER),
+        let mut intent = match &existing {
+            Some(host) => intent_of(host, FIELD_MANAGER),
             None => self.new_host_intent(req).await?,
         };
+        // The network data names the host's ports by the MACs inspection finds: a host not
+        // inspected yet is registered without an image first, and waited for.
+        let has_nics = |h: &BareMetalHost| {
+            h.status.as_ref().and_then(|s| s.hardware.as_ref()).is_some_and(|hw| !hw.nics.is_empty())
+        };
+        let mut existing = existing;
+        if req.node.network.is_some() && !existing.as_ref().is_some_and(has_nics) {
+            add_finalizer(&mut intent);
+            self.apply_host(name, &intent).await?;
+            info!(site = %self.cfg.site, host = name, "waiting for inspection: the host's network data needs its NICs");
+            self.follow(name, progress, before, has_nics).await?;
+            existing = self.host(name).await?;
+        }
+        self.set_up_host(&req.node, existing.as_ref(), &mut intent["spec"]).await?;
         let user_data = self.user_data_for(name).await?;
         let url = self.image_url(&req.image.checksum);
         intent["metadata"]["annotations"][marks::NODE] = json!(name);
@@ -280,6 +294,8 @@ mod tests {
             boot_mac: "52:54:00:00:00:01".to_string().try_into().unwrap(),
             bmc_address: "redfish://10.0.0.1/redfish/v1/Systems/1".to_string().try_into().unwrap(),
             labels: BTreeMap::new(),
+            network: None,
+            root_device: None,
         };
         let package = Package {
             name: "ubuntu".try_into().unwrap(),

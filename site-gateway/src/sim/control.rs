@@ -68,6 +68,7 @@ mod tests {
             boot_mac: mac.into(),
             bmc_address: "ipmi://10.0.1.9".into(),
             labels: Default::default(),
+            ..Default::default()
         };
         pb::SimulateHostArrival { site_id: site.into(), node: Some(node) }.encode_to_vec()
     }

@@ -20,6 +20,8 @@ fn node(name: &str, role: Role, last: u8) -> NodeDesign {
         boot_mac: format!("52:54:00:00:01:{last:02x}").try_into().unwrap(),
         bmc_address: "ipmi://10.0.1.1".to_string().try_into().unwrap(),
         labels: BTreeMap::new(),
+        network: None,
+        root_device: None,
     }
 }
 

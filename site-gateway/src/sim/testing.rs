@@ -18,6 +18,8 @@ pub(super) fn node(name: &str, role: Role) -> NodeDesign {
         boot_mac: "52:54:00:00:01:01".to_string().try_into().unwrap(),
         bmc_address: "ipmi://10.0.1.1".to_string().try_into().unwrap(),
         labels: BTreeMap::new(),
+        network: None,
+        root_device: None,
     }
 }
 

@@ -93,6 +93,7 @@ fn site(id: &str, nodes: usize) -> SiteDesign {
                 boot_mac: format!("52:54:00:00:00:{i:02x}"),
                 bmc_address: format!("ipmi://10.0.0.{i}"),
                 labels: Default::default(),
+                ..Default::default()
             })
             .collect(),
         packages: vec![

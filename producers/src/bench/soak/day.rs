@@ -333,6 +333,7 @@ fn arriving_host(index: usize, day: usize) -> anyhow::Result<NodeDesign> {
         boot_mac: format!("52:54:02:{:02x}:{:02x}:{:02x}", index >> 8, index & 0xff, day & 0xff),
         bmc_address: format!("ipmi://10.{}.{}.{}", 200 + (index >> 8), index & 0xff, day % 250 + 1),
         labels: Default::default(),
+        ..Default::default()
     };
     Ok(NodeDesign::try_from(spec)?)
 }
