@@ -40,6 +40,7 @@ cluster:
 name: r640
 labels: { hw: r640 }
 interfaces: [{ name: eno1, network: provisioning }, { name: eno2 }]
+storage: [{ name: root, device: /dev/sda, sizeGb: 480, mount: / }]
 "#
         .to_string(),
         format!(
@@ -105,6 +106,23 @@ async fn a_three_rack_design_applies_once_shows_origins_and_diffs() {
     let effective = SiteDesign::try_from(rev.effective.clone().unwrap()).unwrap();
     assert_eq!(effective.nodes.len(), 5, "standby nodes wait outside the cluster");
     assert!(effective.nodes.iter().all(|n| n.labels.contains_key("rack")));
+    // What each host is set up with travels with its node: its interfaces (as its chain
+    // resolves them), its addresses and networks, and its root disk.
+    let node = |name: &str| effective.nodes.iter().find(|n| n.name.as_str() == name).unwrap();
+    let interfaces = |name: &str| -> Vec<(String, String, String)> {
+        let network = node(name).network.clone().expect("a network");
+        network.interfaces.into_iter().map(|i| (i.name, i.network, i.address)).collect()
+    };
+    let eno1 = |ip: &str| ("eno1".to_string(), "provisioning".to_string(), ip.to_string());
+    assert_eq!(interfaces("node-1"), [eno1("10.1.0.11")], "eno2 removed by '!eno2'");
+    assert_eq!(interfaces("node-4"), [eno1("10.1.0.14"), ("eno2".into(), String::new(), String::new())]);
+    let networks = node("node-4").network.clone().unwrap().networks;
+    assert_eq!(
+        networks.iter().map(|n| (n.name.as_str(), n.cidr.as_str())).collect::<Vec<_>>(),
+        [("provisioning", "10.1.0.0/24")]
+    );
+    let root = node("node-4").root_device.clone().unwrap();
+    assert_eq!((root.device_name.as_str(), root.min_size_gigabytes), ("/dev/sda", 480));
 
     // Identical documents: nothing changes, nothing is published.
     let out = landfall(&url, &["design", "apply", "-f", &file]).await;
