@@ -272,6 +272,35 @@ async fn one_install_is_one_trace_across_the_orchestrator_gateway_kubeconfig_and
     assert_eq!(answered.len(), 1, "{tree}");
     assert_eq!(answered[0].service, "landfall-gateway");
     assert!(spans.iter().any(|s| s.span.name == "publish KubeconfigStored" && s.service == "landfall-kubeconfig"));
+
+    // A command refused: its span and its handling's say why, and the rejection hangs under
+    // the handling that refused it.
+    let refused = Envelope::root();
+    bus.publish_command(&pb::InstallSite { site_id: "nowhere".into(), ..Default::default() }, &refused).await.unwrap();
+    let ends = [pb::CommandRejected::TYPE];
+    fleet::collect(&bus, names::EVENTS_ALL.into(), "refusal", &refused.id, &ends, WITHIN).await;
+    let trace_id = refused.trace_id().unwrap().to_string();
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let spans = loop {
+        let spans = receiver.trace(&trace_id);
+        if spans.len() >= 3 {
+            break spans;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the refusal's spans: {}", draw(&spans));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let tree = draw(&spans);
+    let named = |name: &str| spans.iter().find(|s| s.span.name == name).unwrap_or_else(|| panic!("{name}:\n{tree}"));
+    let (root, handling, rejection) =
+        (named("InstallSite accepted"), named("orchestrator-commands InstallSite"), named("publish CommandRejected"));
+    let error = opentelemetry_proto::tonic::trace::v1::status::StatusCode::Error as i32;
+    for s in [root, handling] {
+        let status = s.span.status.clone().unwrap_or_default();
+        assert_eq!(status.code, error, "{}: {status:?}", s.span.name);
+        assert!(status.message.contains("nowhere"), "{}: {status:?}", s.span.name);
+    }
+    assert_eq!(rejection.parent(), Some(handling.id()), "{tree}");
+    assert_eq!(rejection.service, "landfall-orchestrator");
     drop(services);
 }
 

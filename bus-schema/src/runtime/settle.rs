@@ -174,14 +174,17 @@ async fn live<H: Handler>(
         };
         // A handler that has started finishes, shutdown or not.
         let work = super::trace::handled(consumer, d, stored, handler.handle(d));
-        let outcome = alive(msg, every, None, work).await.expect("no stop was given");
+        let (outcome, span) = alive(msg, every, None, work).await.expect("no stop was given");
         drop(permit);
         if let Some(t) = &ticket {
             t.attempt_done();
         }
         let delay = match outcome {
             Ok(()) => return acked(consumer, msg, d).await,
-            Err(HandlerError::Reject(rejection)) => return reject(cx, msg, d, rejection).await,
+            // The rejection event, and a dead letter, hang under the handling that led to them.
+            Err(HandlerError::Reject(rejection)) => {
+                return super::trace::within(span, reject(cx, msg, d, rejection)).await;
+            }
             Err(HandlerError::Wait { reason, delay }) => {
                 debug!(consumer, subject = %d.subject, %reason, ?delay, "not yet: parked, trying again later");
                 delay
@@ -195,7 +198,10 @@ async fn live<H: Handler>(
                         .increment(1);
                 }
                 match failures.failed(store_full, spec.max_attempts) {
-                    Next::GiveUp => return give_up(cx, handler, msg, d, failures.counted, error_chain(&e)).await,
+                    Next::GiveUp => {
+                        let gave_up = give_up(cx, handler, msg, d, failures.counted, error_chain(&e));
+                        return super::trace::within(span, gave_up).await;
+                    }
                     Next::Retry(delay) => {
                         log_retry(consumer, &d.subject, failures, delay, &e);
                         delay

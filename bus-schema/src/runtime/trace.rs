@@ -145,20 +145,40 @@ pub fn traceparent_now() -> Option<String> {
     current().map(|c| format!("00-{}-{}-01", hex(&c.trace_id), hex(&c.span_id)))
 }
 
+/// A finished handling, for what is done after it on its behalf ([`within`]).
+#[derive(Debug, Clone)]
+pub struct Handling(Current);
+
+/// Runs `work` as a child of `handling` (what it publishes hangs under it); without one, only
+/// runs it.
+pub async fn within<F: Future>(handling: Option<Handling>, work: F) -> F::Output {
+    match handling {
+        Some(Handling(current)) => CURRENT.scope(current, work).await,
+        None => work.await,
+    }
+}
+
 /// Runs `work`, the handling of `d` by `consumer`, as a span; messages it publishes and
 /// requests it makes are its children. For a root command (its own cause), its span is made
 /// too, from `stored` (when the stream stored it) to the end of a handling that settles it.
-pub async fn handled<F>(consumer: &str, d: &Delivery, stored: Option<SystemTime>, work: F) -> F::Output
+/// Returns the outcome, and the handling for what follows from it ([`within`]).
+pub async fn handled<F>(
+    consumer: &str,
+    d: &Delivery,
+    stored: Option<SystemTime>,
+    work: F,
+) -> (F::Output, Option<Handling>)
 where
     F: Future<Output = Result<(), HandlerError>>,
 {
     let Some((trace_id, message_span)) = enabled().then(|| parse_traceparent(&d.envelope.traceparent)).flatten() else {
-        return work.await;
+        return (work.await, None);
     };
     let service: Arc<str> = service_of(consumer).into();
     let span_id = fresh_span_id();
     let start = SystemTime::now();
-    let outcome = CURRENT.scope(Current { trace_id, span_id, service: service.clone() }, work).await;
+    let current = Current { trace_id, span_id, service: service.clone() };
+    let outcome = CURRENT.scope(current.clone(), work).await;
     let end = SystemTime::now();
     let (error, result) = match &outcome {
         Ok(()) => (None, "handled"),
@@ -202,7 +222,7 @@ where
         attributes,
         error,
     });
-    outcome
+    (outcome, Some(Handling(current)))
 }
 
 /// A message stored by its stream (not a duplicate it dropped): its span, from `start` (when
