@@ -188,8 +188,11 @@ where
     };
     let type_name = short_type(&d.type_name);
     // A root command whose publisher gave it a trace context of its own is a child of the
-    // publisher's span, which is the publisher's to export.
-    let root = d.envelope.causation == d.envelope.id && message_span_id(&d.envelope.id) == Some(message_span);
+    // publisher's span, which is the publisher's to export. Only commands: one consumer
+    // accepts each, where a root event's several consumers would each draw it.
+    let command = matches!(crate::names::parse_subject(&d.subject), Some(crate::names::ParsedSubject::Command { .. }));
+    let root =
+        command && d.envelope.causation == d.envelope.id && message_span_id(&d.envelope.id) == Some(message_span);
     if root && matches!(outcome, Ok(()) | Err(HandlerError::Reject(_))) {
         emit(SpanRecord {
             service: service.to_string(),
