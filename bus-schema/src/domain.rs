@@ -328,6 +328,9 @@ pub struct NodeDesign {
     /// The disk the image goes on (design documents only).
     #[serde(skip)]
     pub root_device: Option<pb::RootDeviceHints>,
+    /// Kernel parameters the OS boots with (design documents only).
+    #[serde(skip)]
+    pub kernel_parameters: BTreeMap<String, String>,
 }
 
 impl TryFrom<pb::NodeSpec> for NodeDesign {
@@ -339,6 +342,7 @@ impl TryFrom<pb::NodeSpec> for NodeDesign {
         if let Some(root) = &n.root_device {
             crate::host_setup::check_root_device(root).map_err(|e| e.within("root_device"))?;
         }
+        crate::host_setup::check_kernel_parameters(&n.kernel_parameters)?;
         Ok(Self {
             name: n.name.try_into()?,
             role: Role::try_from(n.role)?,
@@ -347,6 +351,7 @@ impl TryFrom<pb::NodeSpec> for NodeDesign {
             labels: n.labels.into_iter().collect(),
             network: n.network,
             root_device: n.root_device,
+            kernel_parameters: n.kernel_parameters.into_iter().collect(),
         })
     }
 }
@@ -361,6 +366,7 @@ impl From<&NodeDesign> for pb::NodeSpec {
             labels: n.labels.clone().into_iter().collect(),
             network: n.network.clone(),
             root_device: n.root_device.clone(),
+            kernel_parameters: n.kernel_parameters.clone().into_iter().collect(),
         }
     }
 }

@@ -91,6 +91,38 @@ fn address(text: &str, field: String) -> Result<IpAddr, InvalidField> {
     text.parse().map_err(|_| InvalidField::new(field, format!("{text:?} is not an IP address")))
 }
 
+/// Kernel parameters that can be written on a kernel command line as they are: keys of
+/// letters, digits, `_`, `-` and `.`; values of those and `,:=/+@`, so nothing in them can
+/// quote, expand or end a line of the configuration they are written to.
+///
+/// # Errors
+/// The first parameter that is not.
+pub fn check_kernel_parameters<'a>(
+    params: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), InvalidField> {
+    let key_ok = |k: &str| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    let value_ok = |v: &str| v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.,:=/+@".contains(&b));
+    for (key, value) in params {
+        if !key_ok(key) {
+            return Err(InvalidField::new("kernel_parameters", format!("{key:?} is not a kernel parameter name")));
+        }
+        if !value_ok(value) {
+            return Err(InvalidField::new(
+                format!("kernel_parameters[{key}]"),
+                format!("{value:?} has characters a kernel command line cannot take as they are"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The kernel command line `params` make: `key=value`, or `key` alone for an empty value.
+pub fn kernel_command_line<'a>(params: impl IntoIterator<Item = (&'a String, &'a String)>) -> String {
+    let words: Vec<String> =
+        params.into_iter().map(|(k, v)| if v.is_empty() { k.clone() } else { format!("{k}={v}") }).collect();
+    words.join(" ")
+}
+
 /// A root device named by a path under `/dev/`.
 ///
 /// # Errors
@@ -170,6 +202,19 @@ mod tests {
             "interfaces: interface names must be given, each once"
         );
         assert!(broken(|n| n.interfaces[0].network = "nowhere".into()).starts_with("interfaces[0].network:"));
+    }
+
+    #[test]
+    fn kernel_parameters_are_plain_words_and_make_one_command_line() {
+        let params: std::collections::BTreeMap<String, String> =
+            [("isolcpus", "2-7"), ("nosmt", ""), ("hugepagesz", "1G")].map(|(k, v)| (k.into(), v.into())).into();
+        assert_eq!(check_kernel_parameters(&params), Ok(()));
+        assert_eq!(kernel_command_line(&params), "hugepagesz=1G isolcpus=2-7 nosmt");
+        let bad =
+            |k: &str, v: &str| check_kernel_parameters([(&k.to_string(), &v.to_string())]).unwrap_err().to_string();
+        assert!(bad("quiet\"; reboot", "").contains("is not a kernel parameter name"));
+        assert!(bad("console", "ttyS0 $(reboot)").contains("cannot take as they are"));
+        assert!(bad("x", "a\nb").contains("cannot take as they are"));
     }
 
     #[test]

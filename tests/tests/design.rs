@@ -121,6 +121,8 @@ async fn a_three_rack_design_applies_once_shows_origins_and_diffs() {
         networks.iter().map(|n| (n.name.as_str(), n.cidr.as_str())).collect::<Vec<_>>(),
         [("provisioning", "10.1.0.0/24")]
     );
+    assert_eq!(node("node-4").kernel_parameters, BTreeMap::from([("isolcpus".to_string(), "2-7".to_string())]));
+    assert!(node("node-1").kernel_parameters.is_empty(), "removed by '!isolcpus'");
     let root = node("node-4").root_device.clone().unwrap();
     assert_eq!((root.device_name.as_str(), root.min_size_gigabytes), ("/dev/sda", 480));
 

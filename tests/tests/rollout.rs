@@ -269,6 +269,7 @@ async fn a_host_that_appears_joins_the_cluster_with_the_sites_current_versions()
         labels: Default::default(),
         network: None,
         root_device: None,
+        kernel_parameters: Default::default(),
     };
     let request = pb::SimulateHostArrival { site_id: "edge-01".into(), node: Some(pb::NodeSpec::from(&node)) };
     let reply = fleet

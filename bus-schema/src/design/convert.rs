@@ -39,6 +39,7 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
                 labels,
                 network: super::links::node_network(&site.site, node),
                 root_device: super::links::root_device(node),
+                kernel_parameters: node.kernel_parameters.iter().map(|(k, v)| (k.clone(), v.value.clone())).collect(),
             });
             match first {
                 None => {

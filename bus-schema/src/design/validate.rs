@@ -13,6 +13,7 @@
 //! - gateways and routes' routers on their networks, bonds of the node's own ports (each in one
 //!   bond, carrying no network itself), VLANs from 1 to 4094 on an interface of the node, at most
 //!   one default route per node (`links.rs`);
+//! - kernel parameters a kernel command line takes as they are (no blanks, quotes or `$`);
 //! - only packages the catalog holds, at the versions it holds.
 //!
 //! Profiles are checked as written (their interfaces' networks, their packages), so a profile
@@ -65,6 +66,7 @@ fn validate_entries(
     check(site, &resolution.facts, nodes_unreadable, &mut found);
     for node in resolution.nodes.values() {
         super::links::check_node(site.map(|(_, s)| s), node, &mut found);
+        check_kernel_parameters(node, &mut found);
     }
     errors.extend(resolution.errors.into_vec());
     errors.extend(found.into_vec());
@@ -227,6 +229,15 @@ fn check_unique_ips(nodes: &[NodeFacts], errors: &mut Errors) {
                     first.insert(*ip, (node, network));
                 }
             }
+        }
+    }
+}
+
+/// Kernel parameters a command line can take as they are, each error at the document that set it.
+fn check_kernel_parameters(node: &super::resolve::EffectiveNode, errors: &mut Errors) {
+    for (key, value) in &node.kernel_parameters {
+        if let Err(e) = crate::host_setup::check_kernel_parameters([(key, &value.value)]) {
+            errors.push(value.origin.error(format!("kernelParameters[{key}]"), e.reason));
         }
     }
 }
@@ -576,6 +587,22 @@ addressing: [{ network: provisioning, ip: 10.1.0.12 }]
             document: "HostProfile/tagged (vlan-on-a-missing-parent.yaml #1)",
             field: "interfaces[eno9.100].vlan.parent",
             reason: "no interface named \"eno9\" to carry VLAN 100",
+        },
+        Case {
+            name: "kernel-parameter-a-command-line-cannot-take",
+            change: Change::Add(concat!(
+                "kind: HostProfile\nname: tuned\nparent: base\nkernelParameters: { console: \"ttyS0 $(reboot)\" }\n---\n",
+                node!(
+                    "node-12",
+                    "tuned",
+                    "52:54:00:00:01:0c",
+                    "ipmi://10.0.0.12",
+                    "[{ network: provisioning, ip: 10.1.0.22 }]"
+                )
+            )),
+            document: "HostProfile/tuned (kernel-parameter-a-command-line-cannot-take.yaml #1)",
+            field: "kernelParameters[console]",
+            reason: "\"ttyS0 $(reboot)\" has characters a kernel command line cannot take as they are",
         },
         Case {
             name: "unknown-api-network",

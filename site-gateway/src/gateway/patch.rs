@@ -229,6 +229,7 @@ mod tests {
             labels: BTreeMap::new(),
             network: None,
             root_device: None,
+            kernel_parameters: Default::default(),
         }
     }
 

@@ -259,6 +259,7 @@ mod tests {
             labels: BTreeMap::new(),
             network,
             root_device: root,
+            kernel_parameters: Default::default(),
         }
     }
 

@@ -165,6 +165,7 @@ fn node_of(host: &BareMetalHost) -> Result<NodeDesign, String> {
         labels: BTreeMap::new(),
         network: None,
         root_device: None,
+        kernel_parameters: Default::default(),
     })
 }
 

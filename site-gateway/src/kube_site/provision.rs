@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use bus_schema::domain::Role;
+use bus_schema::domain::{NodeDesign, Role};
+use bus_schema::host_setup::kernel_command_line;
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -66,8 +67,20 @@ impl KubeSite {
     }
 
     /// The user data Secret `node` references, written first when the gateway generates it.
-    async fn user_data_for(&self, node: &str) -> Result<String, BackendError> {
+    ///
+    /// The design's kernel parameters go in there: a GRUB drop-in appending them to the kernel
+    /// command line (`/etc/default/grub.d/`, as Debian and Ubuntu images read it), `update-grub`,
+    /// and one reboot at the end of the first boot. User data the site keeps itself cannot carry
+    /// them, so a node with kernel parameters is refused there rather than booted without them.
+    async fn user_data_for(&self, node: &NodeDesign) -> Result<String, BackendError> {
+        let params = &node.kernel_parameters;
+        let node = node.name.as_str();
         match &self.cfg.user_data {
+            UserData::Existing(name) if !params.is_empty() => Err(BackendError::permanent_reason(format!(
+                "the design gives {node} kernel parameters ({}), but its user data is the site's own Secret {name}, \
+                 which landfall does not write: generate the user data (--ssh-authorized-keys) or set them in {name}",
+                kernel_command_line(params)
+            ))),
             UserData::Existing(name) => Ok(name.clone()),
             UserData::Generated { ssh_authorized_keys } => {
                 let name = format!("{node}-user-data");
@@ -77,6 +90,15 @@ impl KubeSite {
                     for key in ssh_authorized_keys {
                         cloud_config.push_str(&format!("  - {key}\n"));
                     }
+                }
+                if !params.is_empty() {
+                    // Checked on arrival: nothing in them can quote, expand or end the line.
+                    let line = kernel_command_line(params);
+                    cloud_config.push_str(&format!(
+                        "write_files:\n  - path: /etc/default/grub.d/90-landfall.cfg\n    content: |\n      \
+                         GRUB_CMDLINE_LINUX_DEFAULT=\"$GRUB_CMDLINE_LINUX_DEFAULT {line}\"\n\
+                         runcmd:\n  - [update-grub]\npower_state:\n  mode: reboot\n  condition: true\n"
+                    ));
                 }
                 let data = BTreeMap::from([("userData".to_string(), ByteString(cloud_config.into_bytes()))]);
                 self.apply_secret(&name, data, "user-data").await?;
@@ -152,7 +174,7 @@ impl KubeSite {
             existing = self.host(name).await?;
         }
         self.set_up_host(&req.node, existing.as_ref(), &mut intent["spec"]).await?;
-        let user_data = self.user_data_for(name).await?;
+        let user_data = self.user_data_for(&req.node).await?;
         let url = self.image_url(&req.image.checksum);
         intent["metadata"]["annotations"][marks::NODE] = json!(name);
         add_finalizer(&mut intent);
@@ -296,6 +318,7 @@ mod tests {
             labels: BTreeMap::new(),
             network: None,
             root_device: None,
+            kernel_parameters: Default::default(),
         };
         let package = Package {
             name: "ubuntu".try_into().unwrap(),
@@ -345,11 +368,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn kernel_parameters_go_in_the_generated_user_data_as_a_grub_drop_in_and_one_reboot() {
+        let (site, mut handle, _dir) = mocked(UserData::Generated { ssh_authorized_keys: vec![] });
+        let server = tokio::spawn(async move { next(&mut handle, (StatusCode::OK, json!({}))).await });
+        let mut node = request(None).node;
+        node.kernel_parameters = [("isolcpus", "2-7"), ("nosmt", "")].map(|(k, v)| (k.into(), v.into())).into();
+        assert_eq!(site.user_data_for(&node).await.unwrap(), "n1-user-data");
+        let (_, _, body) = server.await.unwrap();
+        let cloud_config = "#cloud-config\nhostname: n1\nwrite_files:\n  - path: /etc/default/grub.d/90-landfall.cfg\n    \
+                            content: |\n      GRUB_CMDLINE_LINUX_DEFAULT=\"$GRUB_CMDLINE_LINUX_DEFAULT isolcpus=2-7 nosmt\"\n\
+                            runcmd:\n  - [update-grub]\npower_state:\n  mode: reboot\n  condition: true\n";
+        assert_eq!(body["data"], json!({"userData": b64(cloud_config)}));
+    }
+
+    #[tokio::test]
     async fn generated_user_data_is_a_secret_per_host_with_its_hostname_and_keys() {
         let keys = vec!["ssh-ed25519 AAAAC3Nza landfall@hub".to_string()];
         let (site, mut handle, _dir) = mocked(UserData::Generated { ssh_authorized_keys: keys });
         let server = tokio::spawn(async move { next(&mut handle, (StatusCode::OK, json!({}))).await });
-        assert_eq!(site.user_data_for("n1").await.unwrap(), "n1-user-data");
+        assert_eq!(site.user_data_for(&request(None).node).await.unwrap(), "n1-user-data");
         let (method, uri, body) = server.await.unwrap();
         assert_eq!(
             (method, uri.as_str()),
@@ -361,7 +398,12 @@ mod tests {
         assert_eq!(body["metadata"]["labels"], json!({"landfall.io/purpose": "user-data"}));
 
         let (existing, mut quiet, _dir) = mocked(UserData::Existing("site-user-data".into()));
-        assert_eq!(existing.user_data_for("n1").await.unwrap(), "site-user-data");
+        let mut tuned = request(None).node;
+        tuned.kernel_parameters = [("isolcpus", "2-7"), ("nosmt", "")].map(|(k, v)| (k.into(), v.into())).into();
+        let err = existing.user_data_for(&tuned).await.unwrap_err();
+        assert!(matches!(err, BackendError::Permanent { .. }), "{err}");
+        assert!(err.reason().contains("kernel parameters (isolcpus=2-7 nosmt)"), "{err}");
+        assert_eq!(existing.user_data_for(&request(None).node).await.unwrap(), "site-user-data");
         assert!(tokio::time::timeout(std::time::Duration::from_millis(100), quiet.next_request()).await.is_err());
     }
 }

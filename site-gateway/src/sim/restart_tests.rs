@@ -22,6 +22,7 @@ fn node(name: &str, role: Role, last: u8) -> NodeDesign {
         labels: BTreeMap::new(),
         network: None,
         root_device: None,
+        kernel_parameters: Default::default(),
     }
 }
 

@@ -20,6 +20,7 @@ pub(super) fn node(name: &str, role: Role) -> NodeDesign {
         labels: BTreeMap::new(),
         network: None,
         root_device: None,
+        kernel_parameters: Default::default(),
     }
 }
 
