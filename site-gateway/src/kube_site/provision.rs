@@ -165,6 +165,7 @@ impl KubeSite {
         let has_nics = |h: &BareMetalHost| {
             h.status.as_ref().and_then(|s| s.hardware.as_ref()).is_some_and(|hw| !hw.nics.is_empty())
         };
+        intent["metadata"]["annotations"][marks::NODE] = json!(name);
         let mut existing = existing;
         if req.node.network.is_some() && !existing.as_ref().is_some_and(has_nics) {
             add_finalizer(&mut intent);
@@ -176,7 +177,6 @@ impl KubeSite {
         self.set_up_host(&req.node, existing.as_ref(), &mut intent["spec"]).await?;
         let user_data = self.user_data_for(&req.node).await?;
         let url = self.image_url(&req.image.checksum);
-        intent["metadata"]["annotations"][marks::NODE] = json!(name);
         add_finalizer(&mut intent);
         let spec = &mut intent["spec"];
         spec["online"] = json!(true);
