@@ -1,6 +1,6 @@
-//! A real Kubernetes API server for custom resources, one per test: etcd and
-//! `apiextensions-apiserver` (the CRD server kube-apiserver embeds), with the site's CRDs
-//! installed.
+//! A real Kubernetes API server, one per test: etcd and `landfall-test-apiserver`
+//! (`tests/kube-apiserver`: the CRD server kube-apiserver embeds, with the core resources added
+//! beside it), with the site's CRDs installed.
 //!
 //! ```text
 //! let kube = KubeApiServer::start().await;     // BareMetalHost, Provisioning, Software served
@@ -9,10 +9,12 @@
 //! ```
 //!
 //! It serves CRDs and custom resources with the upstream schemas' validation and defaulting,
-//! the status subresource, watch, resourceVersion conflicts and server-side apply. It has no core
-//! API (`/api`: no Namespaces, Secrets, ConfigMaps, Events), no garbage collector, no webhooks,
-//! and no discovery at `/apis`: use typed resources, or `DynamicObject` with an [`ApiResource`]
-//! built from a known group/version/kind.
+//! the status subresource, watch, resourceVersion conflicts and server-side apply; and, through
+//! the same API machinery, Namespaces, Nodes, Pods (with eviction, which honours disruption
+//! budgets), Secrets, ConfigMaps, Services, PodDisruptionBudgets, Deployments, DaemonSets,
+//! StatefulSets and Jobs. Core objects are stored as sent, without validation or defaulting. It
+//! runs no controllers: no garbage collector, no kubelet, no disruption controller; a test writes
+//! what they would (a Node's Ready condition, a budget's status).
 //!
 //! One liberty is taken with the CRDs the harness installs: their `Established` condition is
 //! dated back a minute. The API server holds every create for 2 s while that condition is
@@ -71,7 +73,7 @@ const FIELD_MANAGER: &str = "landfall-test-harness";
 const V1BETA1: &str = "apiextensions.k8s.io/v1beta1";
 const V1: &str = "apiextensions.k8s.io/v1";
 
-/// A running etcd + apiextensions-apiserver, owned by a test; both killed on drop, temp dir
+/// A running etcd + landfall-test-apiserver, owned by a test; both killed on drop, temp dir
 /// removed.
 pub struct KubeApiServer {
     port: u16,
@@ -144,7 +146,13 @@ impl KubeApiServer {
 
     /// A kube::Client for it (built from that kubeconfig with kube::Config::from_custom_kubeconfig).
     pub async fn client(&self) -> kube::Client {
-        client_from(&self.kubeconfig).await.unwrap_or_else(|e| panic!("{e}"))
+        client_from(&self.kubeconfig, true).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A client that hands a 429 (an eviction a disruption budget refuses) straight back: the
+    /// default one tries again for minutes.
+    pub async fn client_without_retries(&self) -> kube::Client {
+        client_from(&self.kubeconfig, false).await.unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// https://127.0.0.1:PORT
@@ -274,7 +282,7 @@ impl Processes {
         let etcd = spawn_logged(etcd, &dir.join("etcd.log"));
 
         let file = |name: &str| dir.join(name).display().to_string();
-        let mut apiserver = tied::command(bin.join("apiextensions-apiserver"));
+        let mut apiserver = tied::command(bin.join("landfall-test-apiserver"));
         apiserver
             .arg(format!("--etcd-servers={etcd_url}"))
             .arg(format!("--etcd-prefix=/landfall-test-{port}"))
@@ -305,7 +313,7 @@ impl Processes {
     /// Polls until the API server lists CRDs for the client of `kubeconfig` (its `/readyz`
     /// never turns ready: the informers of the missing core API never sync).
     async fn wait_ready(&mut self, kubeconfig: &Path) -> Result<kube::Client, String> {
-        let client = client_from(kubeconfig).await?;
+        let client = client_from(kubeconfig, true).await?;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -327,7 +335,7 @@ impl Processes {
     }
 
     fn check_running(&mut self) -> Result<(), String> {
-        for (name, child) in [("etcd", &mut self.etcd), ("apiextensions-apiserver", &mut self.apiserver)] {
+        for (name, child) in [("etcd", &mut self.etcd), ("landfall-test-apiserver", &mut self.apiserver)] {
             if let Some(Ok(Some(status))) = child.as_mut().map(Child::try_wait) {
                 return Err(format!("did not start: {name} exited with {status}"));
             }
@@ -377,11 +385,12 @@ fn log_tails(dir: &Path) -> String {
     out
 }
 
-async fn client_from(kubeconfig: &Path) -> Result<kube::Client, String> {
+async fn client_from(kubeconfig: &Path, retries: bool) -> Result<kube::Client, String> {
     let file = Kubeconfig::read_from(kubeconfig).map_err(|e| format!("cannot read {}: {e}", kubeconfig.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+    let mut config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
         .await
         .map_err(|e| format!("cannot load {}: {e}", kubeconfig.display()))?;
+    config.default_retry = retries;
     kube::Client::try_from(config).map_err(|e| format!("cannot build a client from {}: {e}", kubeconfig.display()))
 }
 
@@ -390,7 +399,7 @@ fn free_ports() -> [u16; 3] {
     [(); 3].map(|()| crate::nats::free_port())
 }
 
-/// The directory holding `etcd` and `apiextensions-apiserver`, resolved once per test binary.
+/// The directory holding `etcd` and `landfall-test-apiserver`, resolved once per test binary.
 pub fn kube_bin() -> &'static Path {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     match BIN.get_or_init(resolve_bin) {
@@ -414,14 +423,14 @@ fn resolve_bin() -> Result<PathBuf, String> {
             if !output.status.success() || last.is_empty() {
                 return Err(format!(
                     "{ENSURE_SCRIPT} failed ({}): no kube API server for the tests; set LANDFALL_KUBE_BIN \
-                     to a directory holding apiextensions-apiserver and etcd\n{stdout}",
+                     to a directory holding landfall-test-apiserver and etcd\n{stdout}",
                     output.status
                 ));
             }
             PathBuf::from(last)
         }
     };
-    for binary in ["etcd", "apiextensions-apiserver"] {
+    for binary in ["etcd", "landfall-test-apiserver"] {
         if !dir.join(binary).is_file() {
             return Err(format!("{} has no {binary} (LANDFALL_KUBE_BIN or {ENSURE_SCRIPT})", dir.display()));
         }
@@ -496,13 +505,10 @@ fn write_kubeconfigs(dir: &Path, port: u16) {
         base64_of(dir, "client.crt"),
         base64_of(dir, "client.key"),
     );
-    let apiserver = format!(
-        "apiVersion: v1\nkind: Config\n\
-         clusters:\n- name: self\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
-         users:\n- name: anonymous\n  user: {{}}\n\
-         contexts:\n- name: self\n  context:\n    cluster: self\n    user: anonymous\n\
-         current-context: self\n"
-    );
+    // The server asks itself who may do what (delegated authorization) as the same member of
+    // system:masters: an anonymous identity would need asking about its own questions, round and
+    // round, once the server reads its core resources.
+    let apiserver = client.clone();
     for (name, text) in [("client.kubeconfig", client), ("apiserver.kubeconfig", apiserver)] {
         fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("cannot write {name}: {e}"));
     }
