@@ -196,6 +196,9 @@ rules! {
     Event JobFailed from SITE, sites ["site_id"],
         answers [pb::StageArtifacts::KIND, pb::ProvisionOs::KIND, pb::InstallBinaries::KIND,
                  pb::ApplyContainerPackages::KIND, pb::PatchNodes::KIND];
+    Event NodeCordoned from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event NodeDrained from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event NodeUncordoned from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event NodePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event NodePatchFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event SitePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];

@@ -183,6 +183,18 @@ pub struct PatchOutcome {
     pub changed: bool,
 }
 
+/// What [`SiteBackend::cordon`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cordon {
+    /// The node is unschedulable for landfall (made so now, or by an earlier attempt).
+    Done,
+    /// Someone else had made it unschedulable: it is left as they left it, and not made
+    /// schedulable again afterwards.
+    HeldByOther,
+    /// The application cluster has no such node (not joined yet): nothing runs on it.
+    NotInCluster,
+}
+
 /// The cause under a [`BackendError`], shared so that the error can be cloned.
 pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
 
@@ -277,6 +289,37 @@ pub trait SiteBackend: Send + Sync + 'static {
     /// version); `HostFailed` when Metal3 failed the reimage; `Transient` when the site cannot
     /// take it now (e.g. no cluster for a container).
     fn patch_node(&self, req: &PatchRequest) -> impl Future<Output = Result<PatchOutcome, BackendError>> + Send;
+
+    /// Whether the node runs the package's version already (then a patch has nothing to do, and
+    /// nothing needs moving off the node first).
+    fn runs(&self, node: &str, package: &Package) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
+    /// Makes the node unschedulable in the application cluster, marked as landfall's doing.
+    fn cordon(&self, node: &str) -> impl Future<Output = Result<Cordon, BackendError>> + Send;
+
+    /// Evicts the node's pods through the Eviction API, which honours their disruption budgets,
+    /// and returns once they are gone, naming them (`namespace/name`). DaemonSet and static
+    /// pods stay.
+    ///
+    /// # Errors
+    /// `Permanent` when the drain time-out passes with pods still there (a budget that allows
+    /// no disruption, named with its message), or when pods no controller would bring back are
+    /// on the node and the site's policy refuses to evict them.
+    fn drain(&self, node: &str) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
+
+    /// Makes the node schedulable again if landfall cordoned it; `false` when it did not (or
+    /// the node is not in the cluster).
+    fn uncordon(&self, node: &str) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
+    /// Those of `nodes` the application cluster does not have `Ready` now.
+    fn not_ready(&self, nodes: &[String]) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
+
+    /// Waits until the cluster shows the node `Ready`, and, for a kubelet, reporting the
+    /// package's version.
+    ///
+    /// # Errors
+    /// `Permanent` when the ready time-out passes first, saying what the node showed.
+    fn observe_patched(&self, node: &str, package: &Package) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Hosts the site gained (a new BareMetalHost) or lost (one deleted), for the gateway to
     /// announce: every change not yet announced, then each new one as it happens. A change

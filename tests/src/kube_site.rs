@@ -88,6 +88,7 @@ pub struct KubeSiteRig {
     /// What the Metal3 stand-in does besides its state machine: the hosts it fails, and those
     /// it holds in a state.
     pub metal3: Metal3Knobs,
+    pub kubelets: KubeletKnobs,
     /// The BPA REST API the gateway hands staged artifacts to, when set before it starts.
     pub bpa_url: Option<String>,
     gateway: Option<Child>,
@@ -134,6 +135,7 @@ impl KubeSiteRig {
             dir,
             store,
             metal3: Metal3Knobs::default(),
+            kubelets: KubeletKnobs::default(),
             bpa_url: None,
             gateway: None,
             shutdown,
@@ -147,6 +149,7 @@ impl KubeSiteRig {
             rig.admin_conf(),
             rig.shutdown.clone(),
         ));
+        rig.tasks.spawn(kubelets(rig.client.clone(), rig.kubelets.clone(), rig.shutdown.clone()));
         rig
     }
 
@@ -231,6 +234,7 @@ impl KubeSiteRig {
             .arg(self.admin_conf())
             .args(["--user-data-secret", "edge-user-data", "--image-base-url", "http://10.0.0.2:8080/"])
             .args(["--kud-plugin", "emco", "--provision-timeout", "60s", "--install-timeout", "60s"])
+            .args(["--drain-timeout", "4s", "--ready-timeout", "20s"])
             .env("NATS_URL", self.nats.url())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::null())
@@ -382,6 +386,79 @@ pub async fn set_status(hosts: &Api<BareMetalHost>, name: &str, mut status: Valu
     }
     let patch = json!({"status": status});
     hosts.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("write the host's status");
+}
+
+/// What the kubelets' stand-in is told, shared with the test.
+#[derive(Debug, Clone, Default)]
+pub struct KubeletKnobs {
+    /// Nodes whose kubelet reports `Ready: False`.
+    pub not_ready: Arc<Mutex<BTreeSet<String>>>,
+    /// Each node's `spec.unschedulable`, every time it changed: (node, unschedulable), in order.
+    pub cordons: Arc<Mutex<Vec<(String, bool)>>>,
+}
+
+impl KubeletKnobs {
+    pub fn set_ready(&self, node: &str, ready: bool) {
+        let mut set = self.not_ready.lock().unwrap();
+        if ready {
+            set.remove(node);
+        } else {
+            set.insert(node.to_string());
+        }
+    }
+
+    pub fn cordons(&self) -> Vec<(String, bool)> {
+        self.cordons.lock().unwrap().clone()
+    }
+}
+
+/// The kubelets' part: every node of the BPA's `Provisioning` is a `Node` of the application
+/// cluster (the same API server), `Ready` unless the test says otherwise, reporting the kubelet
+/// version its role's `Software` lists (the BPA installs a role's software on all its nodes).
+/// Records each change of a node's schedulability.
+async fn kubelets(client: kube::Client, knobs: KubeletKnobs, shutdown: CancellationToken) {
+    use k8s_openapi::api::core::v1::Node;
+    let provisionings: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &site_gateway::kube_site::bpa::provisioning_resource());
+    let softwares: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &site_gateway::kube_site::bpa::software_resource());
+    let nodes: Api<Node> = Api::all(client);
+    let mut schedulable = std::collections::BTreeMap::<String, bool>::new();
+    loop {
+        if let Ok(Some(p)) = provisionings.get_opt(SITE).await {
+            let software = softwares.get_opt(&format!("{SITE}-software")).await.ok().flatten();
+            let versions =
+                software.map(|s| site_gateway::kube_site::bpa::software_versions(&s.data)).unwrap_or_default();
+            for (name, (role, _)) in site_gateway::kube_site::bpa::provisioned_nodes(&p.data) {
+                let kubelet = versions.get(&role).and_then(|v| v.get("kubelet")).cloned().unwrap_or_default();
+                let ready = !knobs.not_ready.lock().unwrap().contains(&name);
+                let node = match nodes.get_opt(&name).await {
+                    Ok(Some(node)) => node,
+                    Ok(None) => {
+                        let body: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+                        match nodes.create(&kube::api::PostParams::default(), &body).await {
+                            Ok(node) => node,
+                            Err(_) => continue,
+                        }
+                    }
+                    Err(_) => continue,
+                };
+                let status = json!({"status": {
+                    "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+                    "nodeInfo": {"kubeletVersion": format!("v{kubelet}")},
+                }});
+                let _ = nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
+                let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+                if schedulable.insert(name.clone(), cordoned) != Some(cordoned) {
+                    knobs.cordons.lock().unwrap().push((name, cordoned));
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
 }
 
 /// What the Metal3 stand-in is told, shared with the test.

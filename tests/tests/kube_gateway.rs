@@ -29,12 +29,23 @@ async fn install(rig: &KubeSiteRig) -> Vec<ReadEvent> {
 
 /// Registers `package` and rolls every node of the site to it; the rollout's events.
 async fn patch(rig: &KubeSiteRig, package: pb::Package) -> Vec<ReadEvent> {
+    patch_with(rig, package, 0).await
+}
+
+/// [`patch`], one node at a time, with `failures` nodes allowed to fail before the rest are
+/// skipped (0: the default).
+async fn patch_with(rig: &KubeSiteRig, package: pb::Package, failures: u32) -> Vec<ReadEvent> {
     let registered = Envelope::root();
     let cmd = pb::RegisterPackage { package: Some(package.clone()), auto_rollout: None };
     rig.bus.publish_command(&cmd, &registered).await.unwrap();
     rig.wait_for(pb::PackageRegistered::filter(), &registered.id).await.expect("registered");
     let env = Envelope::root();
-    let cmd = pb::PatchPackage { name: package.name, version: package.version, ..Default::default() };
+    let strategy = (failures > 0).then(|| pb::RolloutStrategy {
+        max_unavailable: "1".into(),
+        failure_threshold: failures.to_string(),
+        ..Default::default()
+    });
+    let cmd = pb::PatchPackage { name: package.name, version: package.version, strategy, ..Default::default() };
     rig.bus.publish_command(&cmd, &env).await.unwrap();
     let ends = [pb::RolloutCompleted::TYPE, pb::RolloutHalted::TYPE, pb::CommandRejected::TYPE];
     fleet::collect(&rig.bus, names::EVENTS_ALL.into(), "rollout", &env.id, &ends, INSTALL_TIMEOUT).await.events
@@ -42,6 +53,49 @@ async fn patch(rig: &KubeSiteRig, package: pb::Package) -> Vec<ReadEvent> {
 
 fn of_type<M: BusMessage>(events: &[ReadEvent]) -> Vec<M> {
     events.iter().filter(|e| e.delivery.type_name == M::TYPE).map(|e| e.delivery.decode().unwrap()).collect()
+}
+
+/// Each node's steps of a patch, in the order they were reported: `m-1 cordoned`, ...
+fn node_steps(events: &[ReadEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| {
+            let d = &e.delivery;
+            let (node, step) = match d.type_name.as_str() {
+                t if t == pb::NodeCordoned::TYPE => (d.decode::<pb::NodeCordoned>().ok()?.node, "cordoned"),
+                t if t == pb::NodeDrained::TYPE => {
+                    let e = d.decode::<pb::NodeDrained>().ok()?;
+                    return Some(format!("{} drained [{}]", e.node, e.evicted.join(" ")));
+                }
+                t if t == pb::NodeUncordoned::TYPE => (d.decode::<pb::NodeUncordoned>().ok()?.node, "uncordoned"),
+                t if t == pb::NodePatched::TYPE => (d.decode::<pb::NodePatched>().ok()?.node, "patched"),
+                t if t == pb::NodePatchFailed::TYPE => (d.decode::<pb::NodePatchFailed>().ok()?.node, "failed"),
+                _ => return None,
+            };
+            Some(format!("{node} {step}"))
+        })
+        .collect()
+}
+
+/// A running pod on `node`, owned by a controller of `owner_kind` (none: a bare pod).
+async fn run_pod(rig: &KubeSiteRig, name: &str, node: &str, owner_kind: Option<&str>, labels: serde_json::Value) {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(rig.client.clone(), "default");
+    let mut body = json!({"metadata": {"name": name, "labels": labels},
+                          "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.example/c:1"}]}});
+    if let Some(kind) = owner_kind {
+        body["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": kind, "name": "owner", "uid": "0000", "controller": true}]);
+    }
+    pods.create(&Default::default(), &serde_json::from_value(body).unwrap()).await.unwrap();
+    let running = json!({"status": {"phase": "Running"}});
+    pods.patch_status(name, &Default::default(), &kube::api::Patch::Merge(&running)).await.unwrap();
+}
+
+async fn pod_names(rig: &KubeSiteRig) -> Vec<String> {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(rig.client.clone(), "default");
+    pods.list(&Default::default()).await.unwrap().items.into_iter().filter_map(|p| p.metadata.name).collect()
 }
 
 fn types(events: &[ReadEvent]) -> Vec<String> {
@@ -217,6 +271,9 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
     };
     assert_eq!(hints, Some(want));
     let demo = producers::up::demo_packages();
+    // The worker runs a replica of a Deployment and a DaemonSet's pod.
+    run_pod(&rig, "web-1", "w-1", Some("ReplicaSet"), json!({"app": "web"})).await;
+    run_pod(&rig, "agent-w-1", "w-1", Some("DaemonSet"), json!({"app": "agent"})).await;
 
     let kubelet =
         pb::Package { version: "1.29.3".into(), ..demo.iter().find(|p| p.name == "kubelet").unwrap().clone() };
@@ -225,6 +282,30 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
     let patched: Vec<pb::NodePatched> = of_type(&rollout);
     assert_eq!(patched.len(), 2, "{patched:?}");
     assert!(patched.iter().all(|p| p.from_version == "1.29.2"), "{patched:?}");
+    // The master first, then the worker, each out of service while it was patched and patched
+    // only once the Node reported Ready at kubelet v1.29.3. The DaemonSet's pod stayed.
+    assert_eq!(
+        node_steps(&rollout),
+        [
+            "m-1 cordoned",
+            "m-1 drained []",
+            "m-1 uncordoned",
+            "m-1 patched",
+            "w-1 cordoned",
+            "w-1 drained [default/web-1]",
+            "w-1 uncordoned",
+            "w-1 patched"
+        ],
+        "{}",
+        rig.gateway_log()
+    );
+    assert_eq!(pod_names(&rig).await, ["agent-w-1"]);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(rig.client.clone());
+    for name in ["m-1", "w-1"] {
+        let node = nodes.get(name).await.unwrap();
+        assert_eq!(node.spec.unwrap().unschedulable, None, "{name} schedulable again");
+        assert!(!node.metadata.annotations.unwrap_or_default().contains_key(marks::CORDONED), "{name}");
+    }
     let softwares: Api<DynamicObject> = Api::namespaced_with(rig.client.clone(), NAMESPACE, &bpa::software_resource());
     let software = bpa::software_versions(&softwares.get(&format!("{SITE}-software")).await.unwrap().data);
     for role in [bus_schema::domain::Role::Master, bus_schema::domain::Role::Worker] {
@@ -252,6 +333,77 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
         assert_eq!(host.provisioned_image().unwrap().url, format!("http://10.0.0.2:8080/sha256/{}", "5".repeat(64)));
         assert_eq!(host.annotations().get(&marks::package("ubuntu")).map(String::as_str), Some("22.04.5"));
     }
+}
+
+/// A drain a disruption budget blocks waits, then fails the node with the budget's reason: the
+/// node keeps its version and is schedulable again. A worker that is not Ready after its patch
+/// fails and stays cordoned. A master is not started while another master is not Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocked_drain_or_a_node_not_ready_fails_the_node_with_the_reason() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let mut rig = KubeSiteRig::start().await;
+    rig.start_gateway();
+    rig.create_host("m-1", "master", &mac(1), "10.1.0.11").await;
+    rig.create_host("m-2", "master", &mac(2), "10.1.0.12").await;
+    rig.create_host("w-1", "worker", &mac(3), "10.1.0.21").await;
+    rig.create_host("w-2", "worker", &mac(4), "10.1.0.22").await;
+    rig.wait_design(|n| n.len() == 4).await;
+    let installed = install(&rig).await;
+    assert_eq!(types(&installed).last().map(String::as_str), Some(pb::SiteInstalled::TYPE), "{}", rig.gateway_log());
+
+    // The database's budget allows no disruption now; its pod is on w-1.
+    run_pod(&rig, "db-0", "w-1", Some("StatefulSet"), json!({"app": "db"})).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(rig.client.clone(), "default");
+    let pdb =
+        json!({"metadata": {"name": "db"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}});
+    budgets.create(&Default::default(), &serde_json::from_value(pdb).unwrap()).await.unwrap();
+    let status = json!({"status": {"observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1,
+                                   "desiredHealthy": 1, "expectedPods": 1}});
+    budgets.patch_status("db", &Default::default(), &kube::api::Patch::Merge(&status)).await.unwrap();
+    // m-2 is down: m-1 waits for it, and starts once it is back.
+    rig.kubelets.set_ready("m-2", false);
+    let knobs = rig.kubelets.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        knobs.set_ready("m-2", true);
+    });
+    // w-2's kubelet will not come back Ready.
+    let demo = producers::up::demo_packages();
+    let kubelet =
+        pb::Package { version: "1.29.3".into(), ..demo.iter().find(|p| p.name == "kubelet").unwrap().clone() };
+    let watcher = {
+        let knobs = rig.kubelets.clone();
+        tokio::spawn(async move {
+            loop {
+                if knobs.cordons().iter().any(|(n, c)| n == "w-2" && *c) {
+                    knobs.set_ready("w-2", false);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let rollout = patch_with(&rig, kubelet, 2).await;
+    watcher.abort();
+    let steps = node_steps(&rollout);
+    let failed: BTreeMap<String, String> =
+        of_type::<pb::NodePatchFailed>(&rollout).into_iter().map(|f| (f.node, f.reason)).collect();
+    assert_eq!(failed.keys().collect::<Vec<_>>(), ["w-1", "w-2"], "{steps:?}\n{}", rig.gateway_log());
+    assert!(failed["w-1"].contains("disruption budget") && failed["w-1"].contains("default/db-0"), "{}", failed["w-1"]);
+    assert!(failed["w-2"].contains("not seen Ready at kubelet v1.29.3"), "{}", failed["w-2"]);
+    // Masters one at a time, before any worker; w-1 given back as it was; w-2 kept out.
+    assert!(rig.gateway_log().contains("a master waits for the others to be Ready"), "m-1 did not wait for m-2");
+    let position = |s: &str| steps.iter().position(|x| x == s).unwrap_or_else(|| panic!("{s} in {steps:?}"));
+    assert!(position("m-1 patched") < position("m-2 cordoned"), "{steps:?}");
+    assert!(position("m-2 patched") < position("w-1 cordoned").min(position("w-2 cordoned")), "{steps:?}");
+    assert!(position("w-1 uncordoned") < position("w-1 failed"), "{steps:?}");
+    assert!(!steps.contains(&"w-2 uncordoned".to_string()), "{steps:?}");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(rig.client.clone());
+    assert_eq!(nodes.get("w-1").await.unwrap().spec.unwrap().unschedulable, None);
+    assert_eq!(nodes.get("w-2").await.unwrap().spec.unwrap().unschedulable, Some(true));
+    assert_eq!(pod_names(&rig).await, ["db-0"]);
+    let host = rig.hosts().get("w-1").await.unwrap();
+    assert_eq!(host.annotations().get(&marks::package("kubelet")).map(String::as_str), Some("1.29.2"));
 }
 
 /// A field another manager owns with another value is not taken over: the job fails, naming it.

@@ -107,6 +107,25 @@ pub struct KubeArgs {
     /// How long the BPA may take to build the cluster.
     #[arg(long, value_parser = parse_duration, default_value = "3h")]
     pub install_timeout: std::time::Duration,
+    /// How long a node's pods may take to leave it (evictions a disruption budget refuses are
+    /// tried again meanwhile) before its patch fails and it is made schedulable again.
+    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    pub drain_timeout: std::time::Duration,
+    /// How long a patched node may take to show Ready at its new version before it fails
+    /// (it stays cordoned).
+    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    pub ready_timeout: std::time::Duration,
+    /// What a drain does with pods no controller would bring back: refuse (fail the node, naming
+    /// them) or evict (they are gone for good).
+    #[arg(long, value_enum, default_value = "refuse")]
+    pub drain_unmanaged_pods: DrainUnmanaged,
+}
+
+/// `--drain-unmanaged-pods`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DrainUnmanaged {
+    Refuse,
+    Evict,
 }
 
 impl KubeArgs {
@@ -141,6 +160,12 @@ impl KubeArgs {
         cfg.bpa_url = self.bpa_url.clone();
         cfg.provision_timeout = self.provision_timeout;
         cfg.install_timeout = self.install_timeout;
+        cfg.drain_timeout = self.drain_timeout;
+        cfg.ready_timeout = self.ready_timeout;
+        cfg.unmanaged_pods = match self.drain_unmanaged_pods {
+            DrainUnmanaged::Refuse => site_gateway::kube_site::UnmanagedPods::Refuse,
+            DrainUnmanaged::Evict => site_gateway::kube_site::UnmanagedPods::Evict,
+        };
         Ok(cfg)
     }
 

@@ -1,7 +1,10 @@
-//! A site's part of a rollout (`PatchNodes`): its nodes patched batch after batch, each node's
-//! outcome and a reimage's Metal3 states reported as they happen.
+//! A site's part of a rollout (`PatchNodes`): its nodes patched batch after batch, masters first
+//! and one at a time, each node that a patch takes down cordoned, drained, patched, seen Ready at
+//! its new version and uncordoned, each step and a reimage's Metal3 states reported as they
+//! happen.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use bus_schema::domain::{NodeDesign, Package, Role};
 use bus_schema::pb::{self, BusJob};
@@ -11,7 +14,18 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{Gateway, invalid, nodes, packages};
-use crate::backend::{BackendError, PatchRequest, ProvisioningState, SiteBackend};
+use crate::backend::{BackendError, Cordon, PatchRequest, ProvisioningState, SiteBackend};
+
+/// How long a master waits for the site's other masters to be Ready before it is failed rather
+/// than started: an etcd member is never taken down while another is down.
+const MASTERS_READY_WAIT: Duration = Duration::from_secs(15 * 60);
+const MASTERS_READY_POLL: Duration = Duration::from_secs(2);
+
+/// Whether a patch of this kind takes the node down (a reimage, a binary's service restarting),
+/// so its pods are moved off it first.
+fn disruptive(kind: pb::PackageKind) -> bool {
+    matches!(kind, pb::PackageKind::OsImage | pb::PackageKind::Binary)
+}
 
 impl<B: SiteBackend> Gateway<B> {
     /// Patches the job's nodes batch after batch, each batch's nodes at once; once more nodes
@@ -29,6 +43,8 @@ impl<B: SiteBackend> Gateway<B> {
             ..Default::default()
         };
         let nodes = nodes(job.nodes)?;
+        let masters: Vec<String> =
+            nodes.iter().filter(|n| n.role == Role::Master).map(|n| n.name.to_string()).collect();
         // The package (and an os-image's reinstalled binaries) must be in the site's cache
         // first; a site that cannot get them fails every node with the reason.
         let mut needed = vec![package.clone()];
@@ -51,7 +67,7 @@ impl<B: SiteBackend> Gateway<B> {
             let patches = batch.iter().map(|node| {
                 let reinstall = reinstall.get(&node.role).cloned().unwrap_or_default();
                 let req = PatchRequest { node: node.clone(), package: package.clone(), reinstall, progress: None };
-                self.patch_node(d, &job.rollout_id, req, unstaged.clone())
+                self.patch_node(d, &job.rollout_id, req, &masters, unstaged.clone())
             });
             for (node, failure) in batch.iter().zip(join_all(patches).await) {
                 run.record(node, failure?);
@@ -73,12 +89,173 @@ impl<B: SiteBackend> Gateway<B> {
     /// Patches one node and publishes what became of it: `Some(reason)` when the patch failed.
     /// A transient backend error is returned, to NAK the job: patches are idempotent and
     /// event ids derived, so the redelivery does nothing twice.
+    ///
+    /// A patch that takes the node down is done on a node out of service: cordoned, drained,
+    /// patched, then seen `Ready` at the new version and uncordoned, each step reported. A drain
+    /// that fails leaves the node as it was (schedulable, old version) and fails it; a node not
+    /// seen Ready stays cordoned and fails. A node already at the version has nothing moved off
+    /// it, and an earlier attempt's cordon is lifted once it is seen Ready.
     async fn patch_node(
         &self,
         d: &Delivery,
         rollout_id: &str,
         req: PatchRequest,
+        masters: &[String],
         unstaged: Option<BackendError>,
+    ) -> Result<Option<String>, HandlerError> {
+        let node = req.node.name.as_str();
+        let step = |what: &str, e: BackendError| match e {
+            e @ BackendError::Transient { .. } => Err(HandlerError::transient(format!("{what} {node}"), e)),
+            e => Ok(e.reason()),
+        };
+        let mut registered = false;
+        if disruptive(req.package.kind) && unstaged.is_none() {
+            let already = match self.backend.runs(node, &req.package).await {
+                Ok(already) => already,
+                Err(e) => return self.node_patch_failed(d, rollout_id, &req, step("looking at", e)?).await,
+            };
+            registered = already;
+            if !already {
+                if req.node.role == Role::Master
+                    && let Some(reason) = self.wait_for_masters(node, masters).await?
+                {
+                    return self.node_patch_failed(d, rollout_id, &req, reason).await;
+                }
+                match self.backend.cordon(node).await {
+                    Ok(Cordon::NotInCluster) => {}
+                    Ok(held) => {
+                        registered = true;
+                        if held == Cordon::Done {
+                            self.node_step(d, "node_cordoned", node, |site, node| pb::NodeCordoned {
+                                site_id: site,
+                                node,
+                                rollout_id: rollout_id.to_string(),
+                            })
+                            .await?;
+                        }
+                        match self.backend.drain(node).await {
+                            Ok(evicted) => {
+                                let evt = pb::NodeDrained {
+                                    site_id: self.site.to_string(),
+                                    node: node.to_string(),
+                                    rollout_id: rollout_id.to_string(),
+                                    evicted,
+                                };
+                                self.publish(&evt, &d.envelope.derive("node_drained", Some(node))).await?;
+                            }
+                            Err(e) => {
+                                let reason = step("draining", e)?;
+                                self.lift_cordon(d, rollout_id, node).await?;
+                                return self.node_patch_failed(d, rollout_id, &req, reason).await;
+                            }
+                        }
+                    }
+                    Err(e) => return self.node_patch_failed(d, rollout_id, &req, step("cordoning", e)?).await,
+                }
+            }
+        }
+        let observed = async {
+            if !disruptive(req.package.kind) {
+                return Ok(None);
+            }
+            if registered && let Err(e) = self.backend.observe_patched(node, &req.package).await {
+                return Ok(Some(step("watching", e)?));
+            }
+            self.lift_cordon(d, rollout_id, node).await?;
+            Ok::<_, HandlerError>(None)
+        };
+        self.patch_and_report(d, rollout_id, req.clone(), unstaged, observed).await
+    }
+
+    /// Waits until every other master of the job is Ready: `Some(reason)` when the wait ends
+    /// without.
+    async fn wait_for_masters(&self, node: &str, masters: &[String]) -> Result<Option<String>, HandlerError> {
+        let others: Vec<String> = masters.iter().filter(|m| m.as_str() != node).cloned().collect();
+        let deadline = tokio::time::Instant::now() + MASTERS_READY_WAIT;
+        loop {
+            let down = match self.backend.not_ready(&others).await {
+                Ok(down) => down,
+                Err(e @ BackendError::Transient { .. }) => {
+                    return Err(HandlerError::transient("asking which masters are Ready", e));
+                }
+                Err(e) => return Ok(Some(e.reason())),
+            };
+            if down.is_empty() {
+                return Ok(None);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(Some(format!(
+                    "not started: master {} is not Ready, and a master is patched only while every other one is",
+                    down.join(", ")
+                )));
+            }
+            info!(site = %self.site, node, waiting_for = ?down, "a master waits for the others to be Ready");
+            tokio::time::sleep(MASTERS_READY_POLL).await;
+        }
+    }
+
+    /// Makes the node schedulable again when landfall had cordoned it, and says so.
+    async fn lift_cordon(&self, d: &Delivery, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
+        match self.backend.uncordon(node).await {
+            Ok(true) => {
+                self.node_step(d, "node_uncordoned", node, |site, node| pb::NodeUncordoned {
+                    site_id: site,
+                    node,
+                    rollout_id: rollout_id.to_string(),
+                })
+                .await
+            }
+            Ok(false) => Ok(()),
+            Err(e @ BackendError::Transient { .. }) => Err(HandlerError::transient(format!("uncordoning {node}"), e)),
+            Err(e) => {
+                warn!(site = %self.site, node, reason = %e.reason(), "cannot uncordon");
+                Ok(())
+            }
+        }
+    }
+
+    async fn node_step<E: bus_schema::BusEvent>(
+        &self,
+        d: &Delivery,
+        name: &str,
+        node: &str,
+        make: impl FnOnce(String, String) -> E,
+    ) -> Result<(), HandlerError> {
+        let evt = make(self.site.to_string(), node.to_string());
+        self.publish(&evt, &d.envelope.derive(name, Some(node))).await
+    }
+
+    /// Publishes the node's failure.
+    async fn node_patch_failed(
+        &self,
+        d: &Delivery,
+        rollout_id: &str,
+        req: &PatchRequest,
+        reason: String,
+    ) -> Result<Option<String>, HandlerError> {
+        let node = req.node.name.as_str();
+        warn!(site = %self.site, node, %reason, "node patch failed");
+        let evt = pb::NodePatchFailed {
+            site_id: self.site.to_string(),
+            node: node.to_string(),
+            rollout_id: rollout_id.to_string(),
+            package: Some(pb::PackageRef::from(&req.package.reference())),
+            reason: reason.clone(),
+        };
+        self.publish(&evt, &d.envelope.derive("node_patch_failed", Some(node))).await?;
+        Ok(Some(reason))
+    }
+
+    /// Runs the patch itself, relaying a reimage's Metal3 states, then `observed` (which says
+    /// why the node was not seen at its new version, if it was not), and reports the node
+    /// patched or failed.
+    async fn patch_and_report(
+        &self,
+        d: &Delivery,
+        rollout_id: &str,
+        req: PatchRequest,
+        unstaged: Option<BackendError>,
+        observed: impl Future<Output = Result<Option<String>, HandlerError>>,
     ) -> Result<Option<String>, HandlerError> {
         let node = req.node.name.as_str();
         let package = Some(pb::PackageRef::from(&req.package.reference()));
@@ -127,6 +304,13 @@ impl<B: SiteBackend> Gateway<B> {
         if !relayed? && result.as_ref().is_ok_and(|o| o.changed) && req.package.kind == pb::PackageKind::OsImage {
             report(ProvisioningState::Provisioned).await?;
         }
+        let result = match result {
+            Ok(outcome) => match observed.await? {
+                None => Ok(outcome),
+                Some(reason) => Err(BackendError::permanent_reason(reason)),
+            },
+            Err(e) => Err(e),
+        };
         match result {
             Ok(outcome) => {
                 let (changed, from) = (outcome.changed, outcome.from_version.as_deref());
@@ -142,19 +326,7 @@ impl<B: SiteBackend> Gateway<B> {
                 Ok(None)
             }
             Err(e @ BackendError::Transient { .. }) => Err(HandlerError::transient(format!("patching {node}"), e)),
-            Err(e) => {
-                let reason = e.reason();
-                warn!(site = %self.site, node, %reason, "node patch failed");
-                let evt = pb::NodePatchFailed {
-                    site_id: self.site.to_string(),
-                    node: node.to_string(),
-                    rollout_id: rollout_id.to_string(),
-                    package,
-                    reason: reason.clone(),
-                };
-                self.publish(&evt, &d.envelope.derive("node_patch_failed", Some(node))).await?;
-                Ok(Some(reason))
-            }
+            Err(e) => self.node_patch_failed(d, rollout_id, &req, e.reason()).await,
         }
     }
 }
@@ -170,10 +342,11 @@ fn reinstall_by_role(list: Vec<pb::RoleArtifacts>) -> Result<BTreeMap<Role, Vec<
 }
 
 /// One site's part of a rollout, batch after batch: which nodes start next, and what became of
-/// each. Kept apart from the I/O so its rules have plain tests.
+/// each. Masters go first, each alone (one etcd member down at a time); workers follow in
+/// batches of `max_unavailable`. Kept apart from the I/O so its rules have plain tests.
 #[derive(Debug)]
 struct PatchRun {
-    pending: std::vec::IntoIter<NodeDesign>,
+    pending: VecDeque<NodeDesign>,
     /// Nodes patched at once: the job's `max_unavailable`, at least 1.
     width: usize,
     /// Failures the site may have and still start nodes.
@@ -185,16 +358,24 @@ impl PatchRun {
     fn new(nodes: Vec<NodeDesign>, max_unavailable: u32, max_failures: u32, done: pb::SitePatched) -> Self {
         let width = usize::try_from(max_unavailable.max(1)).unwrap_or(usize::MAX);
         let max_failures = usize::try_from(max_failures).unwrap_or(usize::MAX);
-        Self { pending: nodes.into_iter(), width, max_failures, done }
+        let (mut pending, workers): (VecDeque<_>, VecDeque<_>) =
+            nodes.into_iter().partition(|n| n.role == Role::Master);
+        pending.extend(workers);
+        Self { pending, width, max_failures, done }
     }
 
     /// The nodes to patch next, at once; empty when every node is done or skipped. Once more
     /// nodes have failed than the budget allows, every node not started is skipped.
     fn next_batch(&mut self) -> Vec<NodeDesign> {
         if self.done.failed.len() > self.max_failures {
-            self.done.skipped.extend(self.pending.by_ref().map(|n| n.name.to_string()));
+            self.done.skipped.extend(self.pending.drain(..).map(|n| n.name.to_string()));
         }
-        self.pending.by_ref().take(self.width).collect()
+        let width = match self.pending.front() {
+            Some(n) if n.role == Role::Master => 1,
+            _ => self.width,
+        };
+        let take = width.min(self.pending.len());
+        self.pending.drain(..take).collect()
     }
 
     /// Records a node's patch: `failure` is its reason when it failed.
@@ -221,9 +402,13 @@ mod tests {
     use super::*;
 
     fn worker(name: &str) -> NodeDesign {
+        node(name, Role::Worker)
+    }
+
+    fn node(name: &str, role: Role) -> NodeDesign {
         NodeDesign {
             name: name.try_into().unwrap(),
-            role: Role::Worker,
+            role,
             boot_mac: "52:54:00:00:01:01".to_string().try_into().unwrap(),
             bmc_address: "ipmi://10.0.1.1".to_string().try_into().unwrap(),
             labels: BTreeMap::new(),
@@ -259,6 +444,39 @@ mod tests {
 
         let mut one_at_a_time = self::run(&["a", "b"], 0, 0);
         assert_eq!(node_names(&one_at_a_time.next_batch()), ["a"]);
+    }
+
+    #[test]
+    fn masters_go_first_and_one_at_a_time_whatever_the_width() {
+        let nodes = vec![
+            worker("w1"),
+            node("m1", Role::Master),
+            worker("w2"),
+            node("m2", Role::Master),
+            worker("w3"),
+            node("m3", Role::Master),
+        ];
+        let mut run = PatchRun::new(nodes, 2, 0, pb::SitePatched::default());
+        let mut batches = Vec::new();
+        loop {
+            let batch = run.next_batch();
+            if batch.is_empty() {
+                break;
+            }
+            batches.push(node_names(&batch).join(","));
+            batch.iter().for_each(|n| run.record(n, None));
+        }
+        assert_eq!(batches, ["m1", "m2", "m3", "w1,w2", "w3"]);
+    }
+
+    #[test]
+    fn a_failed_master_past_the_budget_stops_the_rest() {
+        let nodes = vec![worker("w1"), node("m1", Role::Master), node("m2", Role::Master)];
+        let mut run = PatchRun::new(nodes, 3, 0, pb::SitePatched::default());
+        let first = run.next_batch();
+        run.record(&first[0], Some("not Ready".into()));
+        assert!(run.next_batch().is_empty());
+        assert_eq!(run.finish().skipped, ["m2", "w1"]);
     }
 
     #[test]

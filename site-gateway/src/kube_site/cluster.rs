@@ -73,14 +73,21 @@ impl KubeSite {
 
     /// The application cluster's client, from its kubeconfig.
     pub(super) async fn application_cluster(&self) -> Result<Client, BackendError> {
+        self.application_cluster_with(true).await
+    }
+
+    /// The application cluster's client; `retries: false` hands a 429 or 503 straight back
+    /// instead of trying again for minutes.
+    pub(super) async fn application_cluster_with(&self, retries: bool) -> Result<Client, BackendError> {
         let bytes = self.cluster_kubeconfig().await?;
         let text = String::from_utf8(bytes)
             .map_err(|_| BackendError::permanent_reason("the cluster's kubeconfig is not UTF-8"))?;
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
             .map_err(|e| BackendError::permanent("the cluster's kubeconfig", e))?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| BackendError::permanent("the cluster's kubeconfig", e))?;
+        config.default_retry = retries;
         Client::try_from(config).map_err(|e| BackendError::permanent("the cluster's kubeconfig", e))
     }
 

@@ -24,6 +24,16 @@ pub enum UserData {
     Existing(String),
 }
 
+/// What a drain does with a pod no controller would bring back (no owner: a bare pod).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnmanagedPods {
+    /// The drain fails, naming them: the node is not patched, and is schedulable again.
+    #[default]
+    Refuse,
+    /// They are evicted with the rest, and gone for good.
+    Evict,
+}
+
 /// How the gateway reaches and names the site's parts.
 #[derive(Debug, Clone)]
 pub struct KubeSiteConfig {
@@ -46,6 +56,13 @@ pub struct KubeSiteConfig {
     pub state_dir: PathBuf,
     pub provision_timeout: Duration,
     pub install_timeout: Duration,
+    /// How long a node's pods may take to leave it before its patch fails.
+    pub drain_timeout: Duration,
+    /// How long a patched node may take to show `Ready` at its new version.
+    pub ready_timeout: Duration,
+    pub unmanaged_pods: UnmanagedPods,
+    /// How often a drain or a readiness wait looks again.
+    pub poll: Duration,
 }
 
 impl KubeSiteConfig {
@@ -66,6 +83,10 @@ impl KubeSiteConfig {
             state_dir,
             provision_timeout: Duration::from_secs(2 * 3600),
             install_timeout: Duration::from_secs(3 * 3600),
+            drain_timeout: Duration::from_secs(15 * 60),
+            ready_timeout: Duration::from_secs(15 * 60),
+            unmanaged_pods: UnmanagedPods::Refuse,
+            poll: Duration::from_secs(2),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The names the gateway writes on the site's objects: the field manager of its server-side
-//! applies, and the annotations, label and finalizer it puts on hosts.
+//! applies, and the annotations, label and finalizer it puts on hosts and Nodes.
 
 use serde_json::{Value, json};
 
@@ -13,6 +13,9 @@ pub const NODE: &str = "landfall.io/node";
 pub const ANNOUNCED: &str = "landfall.io/announced";
 /// Keeps a known host until the gateway has announced its removal (`NodeRemoved`).
 pub const FINALIZER: &str = "landfall.io/node-removal";
+/// On a Node of the application cluster that the gateway made unschedulable for a patch: it
+/// makes it schedulable again, and never lifts a cordon without it.
+pub const CORDONED: &str = "landfall.io/cordoned";
 /// The node's role for a host that arrives: `master` or `worker` (the default).
 pub const ROLE_LABEL: &str = "landfall.io/role";
 /// What a node runs, one annotation per package: `landfall.io/pkg.<name>: <version>`.

@@ -16,6 +16,7 @@ pub mod bpa;
 pub mod bpa_upload;
 mod cluster;
 mod config;
+mod drain;
 mod error;
 mod host_setup;
 mod hosts;
@@ -35,12 +36,12 @@ use kube::api::{Api, DynamicObject};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-pub use config::{KubeSiteConfig, KubeconfigSource, UserData};
+pub use config::{KubeSiteConfig, KubeconfigSource, UnmanagedPods, UserData};
 pub use marks::FIELD_MANAGER;
 
 use crate::backend::{
-    BackendError, ClusterRequest, HostNotice, HostRequest, NodeInstall, PatchOutcome, PatchRequest, ProvisioningState,
-    SiteBackend,
+    BackendError, ClusterRequest, Cordon, HostNotice, HostRequest, NodeInstall, PatchOutcome, PatchRequest,
+    ProvisioningState, SiteBackend,
 };
 use crate::cache::{ArtifactCache, CachedArtifact};
 use bpa::ClusterIdentity;
@@ -121,6 +122,32 @@ impl SiteBackend for KubeSite {
 
     async fn patch_node(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {
         self.patch(req).await
+    }
+
+    async fn runs(&self, node: &str, package: &bus_schema::domain::Package) -> Result<bool, BackendError> {
+        let host = self.host(node).await?;
+        Ok(host
+            .is_some_and(|h| Self::version_on(&h, package.name.as_str()).as_deref() == Some(package.version.as_str())))
+    }
+
+    async fn cordon(&self, node: &str) -> Result<Cordon, BackendError> {
+        self.cordon_node(node).await
+    }
+
+    async fn drain(&self, node: &str) -> Result<Vec<String>, BackendError> {
+        self.drain_node(node).await
+    }
+
+    async fn uncordon(&self, node: &str) -> Result<bool, BackendError> {
+        self.uncordon_node(node).await
+    }
+
+    async fn not_ready(&self, nodes: &[String]) -> Result<Vec<String>, BackendError> {
+        self.not_ready_nodes(nodes).await
+    }
+
+    async fn observe_patched(&self, node: &str, package: &bus_schema::domain::Package) -> Result<(), BackendError> {
+        self.observe_node(node, package).await
     }
 
     fn host_changes(&self) -> mpsc::UnboundedReceiver<HostNotice> {

@@ -19,6 +19,7 @@
 mod arrivals;
 mod bpa;
 pub(crate) mod control;
+mod drain;
 mod effects;
 mod faults;
 mod kubeconfig;
@@ -46,7 +47,7 @@ pub use persist::{SimStateError, saved_effects};
 pub use timing::SimConfig;
 
 use crate::backend::{
-    BackendError, ClusterRequest, HostNotice, HostRequest, ImageSpec, NodeInstall, PatchOutcome, PatchRequest,
+    BackendError, ClusterRequest, Cordon, HostNotice, HostRequest, ImageSpec, NodeInstall, PatchOutcome, PatchRequest,
     ProvisioningState as S, SiteBackend,
 };
 use crate::cache::CachedArtifact;
@@ -251,6 +252,31 @@ impl SiteBackend for SimSite {
 
     async fn patch_node(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {
         self.patch(req).await
+    }
+
+    async fn runs(&self, node: &str, package: &Package) -> Result<bool, BackendError> {
+        Ok(self.runs_version(node, package))
+    }
+
+    async fn cordon(&self, node: &str) -> Result<Cordon, BackendError> {
+        Ok(self.cordon_node(node))
+    }
+
+    async fn drain(&self, node: &str) -> Result<Vec<String>, BackendError> {
+        self.drain_node(node).await
+    }
+
+    async fn uncordon(&self, node: &str) -> Result<bool, BackendError> {
+        Ok(self.inner.lock().cordoned.remove(node))
+    }
+
+    async fn not_ready(&self, nodes: &[String]) -> Result<Vec<String>, BackendError> {
+        Ok(self.not_ready_nodes(nodes))
+    }
+
+    async fn observe_patched(&self, node: &str, _package: &Package) -> Result<(), BackendError> {
+        // The simulated node runs what its patch installed as soon as the patch returns.
+        self.inner.lock().provisioned(node).map(|_| ())
     }
 
     fn host_changes(&self) -> mpsc::UnboundedReceiver<HostNotice> {

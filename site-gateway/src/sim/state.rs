@@ -28,6 +28,8 @@ pub(super) struct State {
     /// The artifacts handed to provisioning, by sha256.
     pub(super) cache: BTreeSet<String>,
     pub(super) effects: SimEffects,
+    /// Nodes the gateway made unschedulable for a patch.
+    pub(super) cordoned: BTreeSet<String>,
 }
 
 impl State {

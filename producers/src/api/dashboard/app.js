@@ -378,6 +378,12 @@
         return e.reason || 'failed';
       case 'PackageRegistered':
         return pkg(e.package);
+      case 'NodeCordoned':
+        return `${e.node} cordoned`;
+      case 'NodeDrained':
+        return `${e.node} drained: ${plural((e.evicted || []).length, 'pod')} evicted`;
+      case 'NodeUncordoned':
+        return `${e.node} uncordoned`;
       case 'NodePatched':
         return `${e.node}: ${e.from_version} → ${pkg(e.package)}`;
       case 'NodePatchFailed':
