@@ -177,7 +177,10 @@ async fn first_version_applies_every_object_labelled_and_owned_by_the_gateway() 
     let summary = site.apply("1.0.0", &v1()).await.unwrap();
 
     let all = ids(&[&format!("Widget/{ns}/frontend"), "Gadget/router", "Software/tools/toolbox"]);
-    assert_eq!(summary, ApplySummary { applied: all.clone(), ..ApplySummary::default() });
+    assert_eq!(
+        summary,
+        ApplySummary { applied: all.clone(), objects: summary.objects.clone(), ..ApplySummary::default() }
+    );
     let objects = site.v1_objects().await;
     for o in &objects {
         assert_eq!(label(o), Some(PACKAGE), "{:?}", o.metadata);
@@ -207,7 +210,10 @@ async fn applying_the_same_version_again_changes_nothing() {
     let again = site.apply("1.0.0", &v1()).await.unwrap();
 
     let all = ids(&[&format!("Widget/{}/frontend", site.default_ns()), "Gadget/router", "Software/tools/toolbox"]);
-    assert_eq!(again, ApplySummary { unchanged: all.clone(), ..ApplySummary::default() });
+    assert_eq!(
+        again,
+        ApplySummary { unchanged: all.clone(), objects: again.objects.clone(), ..ApplySummary::default() }
+    );
     let after = site.v1_objects().await;
     assert_eq!(resource_versions(&after), resource_versions(&before), "no new resourceVersion");
     assert_eq!(site.recorded(), ("1.0.0".to_owned(), all));
@@ -226,7 +232,15 @@ async fn a_new_version_updates_changed_objects_and_prunes_dropped_ones() {
 
     let kept = ids(&[&format!("Widget/{ns}/frontend"), "Software/tools/toolbox"]);
     // Every kept object is re-annotated with the new version, so none is unchanged.
-    assert_eq!(summary, ApplySummary { applied: kept.clone(), unchanged: vec![], pruned: ids(&["Gadget/router"]) });
+    assert_eq!(
+        summary,
+        ApplySummary {
+            applied: kept.clone(),
+            unchanged: vec![],
+            pruned: ids(&["Gadget/router"]),
+            objects: summary.objects.clone()
+        }
+    );
     assert_eq!(site.gadgets().get_opt("router").await.unwrap().map(|o| o.metadata), None, "pruned");
     let frontend = site.widgets(&ns).get("frontend").await.unwrap();
     assert_eq!(frontend.data["spec"]["replicas"], 3);
@@ -362,4 +376,67 @@ async fn objects_a_failed_apply_created_are_pruned_by_the_next_version_without_t
     assert_eq!(site.gadgets().get_opt("router").await.unwrap().map(|o| o.metadata), None);
     assert_eq!(site.recorded(), ("3.0.0".to_owned(), ids(&[&format!("Widget/{ns}/frontend")])));
     assert_eq!(site.inventory().unwrap().get("pending"), None, "nothing pending after a success");
+}
+
+/// A package's Deployments, DaemonSets, StatefulSets and Jobs must come up before it is done:
+/// the wait ends when their controllers (played here) report them available, fails naming what
+/// is not when the time-out passes, and fails at once for a Job that failed.
+#[tokio::test]
+async fn a_packages_workloads_are_waited_for_until_available() {
+    use site_gateway::kube_site::workloads::wait_available;
+    use std::time::Duration;
+    let server = KubeApiServer::start().await;
+    let client = server.client().await;
+    let dir = TempDir::new().unwrap();
+    let applier = ManifestApplier::new(client.clone(), dir.path().to_path_buf());
+    let manifests = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: apps}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: registry.local/web:1}]}\n---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: migrate, namespace: apps}\nspec:\n  template:\n    spec: {restartPolicy: Never, containers: [{name: m, image: registry.local/m:1}]}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: apps}\ndata: {a: b}\n";
+    let summary = applier.apply(PACKAGE, "1.0.0", manifests.as_bytes()).await.unwrap();
+    assert_eq!(summary.objects.len(), 3);
+    let resource = |api_version: &str, kind: &str, plural: &str| {
+        let (group, version) = api_version.split_once('/').unwrap();
+        ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: api_version.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        }
+    };
+    let deployments: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "apps", &resource("apps/v1", "Deployment", "deployments"));
+    let jobs: Api<DynamicObject> = Api::namespaced_with(client.clone(), "apps", &resource("batch/v1", "Job", "jobs"));
+
+    // Nothing reported yet: the wait ends at its time-out, naming both.
+    let poll = Duration::from_millis(100);
+    let err = wait_available(&client, &summary.objects, Duration::from_millis(300), poll).await.unwrap_err();
+    let reason = err.reason();
+    assert!(reason.contains("Deployment apps/web: its controller has not seen it yet"), "{reason}");
+    assert!(reason.contains("Job apps/migrate: 0 of 1 completed"), "{reason}");
+
+    // The controllers report one replica, then both, and the Job complete.
+    let status = |d: serde_json::Value| Patch::Merge(json!({ "status": d }));
+    let one = status(json!({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 1}));
+    deployments.patch_status("web", &PatchParams::default(), &one).await.unwrap();
+    let err = wait_available(&client, &summary.objects, Duration::from_millis(300), poll).await.unwrap_err();
+    assert!(err.reason().contains("Deployment apps/web: 1 of 2 available, 2 updated"), "{}", err.reason());
+    let (deployments2, jobs2) = (deployments.clone(), jobs.clone());
+    let controllers = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let all = status(json!({"availableReplicas": 2}));
+        deployments2.patch_status("web", &PatchParams::default(), &all).await.unwrap();
+        let done = status(json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}));
+        jobs2.patch_status("migrate", &PatchParams::default(), &done).await.unwrap();
+    });
+    wait_available(&client, &summary.objects, Duration::from_secs(20), poll).await.unwrap();
+    controllers.await.unwrap();
+
+    // A Job that failed fails the wait at once, with its reason.
+    let failed = status(json!({"conditions": [{"type": "Complete", "status": "False"},
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}));
+    jobs.patch_status("migrate", &PatchParams::default(), &failed).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = wait_available(&client, &summary.objects, Duration::from_secs(60), poll).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(matches!(err, BackendError::Permanent { .. }));
+    assert!(err.reason().contains("Job apps/migrate: failed: BackoffLimitExceeded"), "{}", err.reason());
 }

@@ -496,6 +496,30 @@ async fn a_host_metal3_fails_gives_node_failed_with_its_error_message() {
     assert_eq!(failed[0].reason, "Image checksum mismatch: deploy failed");
 }
 
+/// Binaries installed are not a node joined: a node whose kubelet never reports Ready fails
+/// with what it showed, and the others are installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_not_seen_ready_after_its_install_fails_with_what_it_showed() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.kubelets.set_ready("w-1", false);
+    rig.start_gateway();
+    rig.create_host("m-1", "master", &mac(1), "10.1.0.11").await;
+    rig.create_host("w-1", "worker", &mac(2), "10.1.0.21").await;
+    rig.wait_design(|n| n.len() == 2).await;
+    let events = install(&rig).await;
+    let failed: Vec<pb::NodeFailed> = of_type(&events);
+    assert_eq!(failed.len(), 1, "{:?}\n{}", types(&events), rig.gateway_log());
+    assert_eq!(failed[0].node, "w-1");
+    assert!(
+        failed[0].reason.contains("w-1 was not seen Ready at kubelet v1.29.2")
+            && failed[0].reason.contains("Ready not True"),
+        "{}",
+        failed[0].reason
+    );
+    let installed: Vec<pb::NodeBinariesInstalled> = of_type(&events);
+    assert_eq!(installed.iter().map(|n| n.node.as_str()).collect::<Vec<_>>(), ["m-1"]);
+}
+
 /// An os-image patch whose gateway is killed while the old image comes off, and again while the
 /// new one goes on, is taken up by the gateway started again each time (the job delivered
 /// again), not failed as "not provisioned": the host is provisioned with the new image once,

@@ -115,6 +115,10 @@ pub struct KubeArgs {
     /// (it stays cordoned).
     #[arg(long, value_parser = parse_duration, default_value = "15m")]
     pub ready_timeout: std::time::Duration,
+    /// How long a container package's Deployments, DaemonSets and StatefulSets may take to be
+    /// available, and its Jobs to complete, before the package fails naming what was not.
+    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    pub workload_timeout: std::time::Duration,
     /// What a drain does with pods no controller would bring back: refuse (fail the node, naming
     /// them) or evict (they are gone for good).
     #[arg(long, value_enum, default_value = "refuse")]
@@ -162,6 +166,7 @@ impl KubeArgs {
         cfg.install_timeout = self.install_timeout;
         cfg.drain_timeout = self.drain_timeout;
         cfg.ready_timeout = self.ready_timeout;
+        cfg.workload_timeout = self.workload_timeout;
         cfg.unmanaged_pods = match self.drain_unmanaged_pods {
             DrainUnmanaged::Refuse => site_gateway::kube_site::UnmanagedPods::Refuse,
             DrainUnmanaged::Evict => site_gateway::kube_site::UnmanagedPods::Evict,

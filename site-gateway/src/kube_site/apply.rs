@@ -54,6 +54,8 @@ pub struct ApplySummary {
     pub unchanged: Vec<String>,
     /// Deleted: the previous version had them, this one does not.
     pub pruned: Vec<String>,
+    /// Every object of the package as applied (changed or not), for whoever waits on them.
+    pub objects: Vec<super::workloads::Applied>,
 }
 
 impl fmt::Debug for ManifestApplier {
@@ -67,6 +69,11 @@ impl ManifestApplier {
     /// inventory (what it applied last), one JSON file per package name.
     pub fn new(client: kube::Client, state_dir: PathBuf) -> Self {
         Self { client, state_dir, locks: Arc::default() }
+    }
+
+    /// The cluster it applies to.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
     }
 
     /// Server-side applies every object of `manifests` (multi-document YAML) as package
@@ -140,6 +147,15 @@ impl ManifestApplier {
             }
         }
 
+        summary.objects = targets
+            .iter()
+            .map(|t| super::workloads::Applied {
+                api_version: t.api_version.clone(),
+                kind: t.kind.clone(),
+                namespace: t.namespace.clone(),
+                name: t.name.clone(),
+            })
+            .collect();
         let applied = Inventory { version: version.to_owned(), objects: targets, pending: Vec::new() };
         self.write_inventory(name, &applied).await?;
         Ok(summary)

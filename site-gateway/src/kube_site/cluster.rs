@@ -113,6 +113,16 @@ impl KubeSite {
             )
         })?;
         let summary = applier.apply(package.name.as_str(), package.version.as_str(), &manifests).await?;
+        // Applied is not done: its workloads must come up.
+        super::workloads::wait_available(applier.client(), &summary.objects, self.cfg.workload_timeout, self.cfg.poll)
+            .await
+            .map_err(|e| match e {
+                BackendError::Permanent { context, .. } => BackendError::permanent_reason(format!(
+                    "container package {}: {context}",
+                    package.reference().key()
+                )),
+                e => e,
+            })?;
         info!(
             site = %self.cfg.site,
             package = %package.reference().key(),
@@ -158,10 +168,21 @@ impl KubeSite {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        // Built is not joined: each node must show Ready in the cluster, at the kubelet version
+        // installed.
         let requested: std::collections::BTreeSet<&str> = req.nodes.iter().map(|n| n.name.as_str()).collect();
-        for n in nodes.iter().filter(|n| requested.contains(n.name.as_str())) {
-            self.record_versions(&n.name, versions(&req.binaries)).await?;
-            results.push(NodeInstall { node: n.name.clone(), role: n.role, failure: None });
+        let joining: Vec<&ClusterNode> = nodes.iter().filter(|n| requested.contains(n.name.as_str())).collect();
+        let seen = futures::future::join_all(joining.iter().map(|n| self.observe_node(&n.name, &req.binaries))).await;
+        for (n, seen) in joining.into_iter().zip(seen) {
+            let failure = match seen {
+                Ok(()) => None,
+                Err(e @ BackendError::Transient { .. }) => return Err(e),
+                Err(e) => Some(e.reason()),
+            };
+            if failure.is_none() {
+                self.record_versions(&n.name, versions(&req.binaries)).await?;
+            }
+            results.push(NodeInstall { node: n.name.clone(), role: n.role, failure });
         }
         results.retain(|r| requested.contains(r.node.as_str()));
         Ok(results)

@@ -61,6 +61,9 @@ pub struct KubeSiteConfig {
     /// How long a patched node may take to show `Ready` at its new version.
     pub ready_timeout: Duration,
     pub unmanaged_pods: UnmanagedPods,
+    /// How long a container package's Deployments, DaemonSets and StatefulSets may take to be
+    /// available, and its Jobs to complete.
+    pub workload_timeout: Duration,
     /// How often a drain or a readiness wait looks again.
     pub poll: Duration,
 }
@@ -86,6 +89,7 @@ impl KubeSiteConfig {
             drain_timeout: Duration::from_secs(15 * 60),
             ready_timeout: Duration::from_secs(15 * 60),
             unmanaged_pods: UnmanagedPods::Refuse,
+            workload_timeout: Duration::from_secs(15 * 60),
             poll: Duration::from_secs(2),
         }
     }

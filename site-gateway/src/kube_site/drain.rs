@@ -172,10 +172,11 @@ impl KubeSite {
         Ok(out)
     }
 
-    /// Waits for the node to be `Ready` (at the package's version, for a kubelet).
-    pub(super) async fn observe_node(&self, name: &str, package: &Package) -> Result<(), BackendError> {
+    /// Waits for the node to be `Ready`, reporting the kubelet version among `installed` if
+    /// there is one.
+    pub(super) async fn observe_node(&self, name: &str, installed: &[Package]) -> Result<(), BackendError> {
         let nodes = self.nodes().await?;
-        let want = (package.name.as_str() == "kubelet").then(|| kubelet_version(package.version.as_str()));
+        let want = installed.iter().find(|p| p.name.as_str() == "kubelet").map(|p| kubelet_version(p.version.as_str()));
         let deadline = Instant::now() + self.cfg.ready_timeout;
         loop {
             let node = nodes.get_opt(name).await.map_err(|e| kube_error(&format!("Node {name}"), e))?;

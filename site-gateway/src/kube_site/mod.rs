@@ -27,6 +27,7 @@ mod patch;
 mod provision;
 #[cfg(test)]
 mod testing;
+pub mod workloads;
 
 use std::path::PathBuf;
 
@@ -147,7 +148,7 @@ impl SiteBackend for KubeSite {
     }
 
     async fn observe_patched(&self, node: &str, package: &bus_schema::domain::Package) -> Result<(), BackendError> {
-        self.observe_node(node, package).await
+        self.observe_node(node, std::slice::from_ref(package)).await
     }
 
     fn host_changes(&self) -> mpsc::UnboundedReceiver<HostNotice> {
