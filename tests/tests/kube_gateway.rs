@@ -360,11 +360,16 @@ async fn a_blocked_drain_or_a_node_not_ready_fails_the_node_with_the_reason() {
     let status = json!({"status": {"observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1,
                                    "desiredHealthy": 1, "expectedPods": 1}});
     budgets.patch_status("db", &Default::default(), &kube::api::Patch::Merge(&status)).await.unwrap();
-    // m-2 is down: m-1 waits for it, and starts once it is back.
+    // m-2 is down: m-1 waits for it, and starts once it is back (after the gateway said it
+    // waits).
     rig.kubelets.set_ready("m-2", false);
     let knobs = rig.kubelets.clone();
+    let log = rig.dir.path().join("gateway.log");
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("a master waits for the others to be Ready") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
         knobs.set_ready("m-2", true);
     });
     // w-2's kubelet will not come back Ready.

@@ -357,3 +357,63 @@ async fn bad_patches_are_rejected_with_the_reason() {
     }
     fleet.stop().await;
 }
+
+/// On the simulated site too, each node a kubelet patch takes down goes out of service and back
+/// in turn (masters first): cordoned, drained, uncordoned, patched; a node whose drain a
+/// disruption budget blocks fails with the budget's message, is given back schedulable, and keeps
+/// its version.
+#[tokio::test]
+async fn each_node_is_cordoned_drained_and_uncordoned_and_a_blocked_drain_fails_it() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(3).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    fleet.backend(0).block_drain("node-3");
+
+    let strategy = pb::RolloutStrategy { failure_threshold: "1".into(), ..Default::default() };
+    let cmd = fleet.patch(patch("1.30.0", strategy)).await;
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    let mut steps = Vec::new();
+    for e in &run.events {
+        let d = &e.delivery;
+        let step = match d.type_name.as_str() {
+            t if t == pb::NodeCordoned::TYPE => format!("{} cordoned", d.decode::<pb::NodeCordoned>().unwrap().node),
+            t if t == pb::NodeDrained::TYPE => format!("{} drained", d.decode::<pb::NodeDrained>().unwrap().node),
+            t if t == pb::NodeUncordoned::TYPE => {
+                format!("{} uncordoned", d.decode::<pb::NodeUncordoned>().unwrap().node)
+            }
+            t if t == pb::NodePatched::TYPE => format!("{} patched", d.decode::<pb::NodePatched>().unwrap().node),
+            t if t == pb::NodePatchFailed::TYPE => {
+                let f = d.decode::<pb::NodePatchFailed>().unwrap();
+                assert!(f.reason.contains("disruption budget"), "{}", f.reason);
+                format!("{} failed", f.node)
+            }
+            _ => continue,
+        };
+        steps.push(step);
+    }
+    let master = fleet.sites[0].0.nodes.iter().find(|n| n.role == Role::Master).unwrap().name.to_string();
+    assert_eq!(
+        steps[..4],
+        [
+            format!("{master} cordoned"),
+            format!("{master} drained"),
+            format!("{master} uncordoned"),
+            format!("{master} patched")
+        ]
+    );
+    for node in ["node-1", "node-2", "node-3"].into_iter().filter(|n| *n != master) {
+        let mine: Vec<&str> =
+            steps.iter().filter(|s| s.split(' ').next() == Some(node)).map(|s| s.split(' ').nth(1).unwrap()).collect();
+        let want: &[&str] = if node == "node-3" {
+            &["cordoned", "uncordoned", "failed"]
+        } else {
+            &["cordoned", "drained", "uncordoned", "patched"]
+        };
+        assert_eq!(mine, want, "{node}: {steps:?}");
+    }
+    let done = completed(&run);
+    assert_eq!((done.patched, done.failed), (2, 1));
+    assert!(!fleet.backend(0).effects().patches.contains_key("node-3"), "node-3 was not patched");
+    fleet.stop().await;
+}

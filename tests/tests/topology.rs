@@ -812,6 +812,20 @@ async fn a_site_cut_off_for_a_day_during_its_install_and_a_rollout_loses_nothing
         assert!(Instant::now() < deadline, "the rollout's job did not reach the site");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Masters are reimaged first and one at a time; the cut comes once they are done, while
+    // the workers' batches run.
+    let masters: Vec<String> = site.fleet.sites[0]
+        .0
+        .nodes
+        .iter()
+        .filter(|n| n.role == bus_schema::domain::Role::Master)
+        .map(|n| n.name.to_string())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !masters.iter().all(|m| site_effects(&state).patches.contains_key(m)) {
+        assert!(Instant::now() < deadline, "the masters {masters:?} were not reimaged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     made += site.cut_for_a_day(day, &at_site).await;
     let waited = site.fleet.wait_rollout(&cmd.id, Duration::from_secs(300));
     let run = match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(waited)).await {

@@ -63,6 +63,11 @@ pub struct UpArgs {
     /// would, to see a failed install (and the alert on it). May be given again.
     #[arg(long, value_name = "SITE/HOST", value_parser = parse_site_host)]
     pub fail_host: Vec<(String, String)>,
+    /// SITE/NODE: a disruption budget allows none of this node's pods to go, so a rollout that
+    /// takes it down sees its drain fail (the node is failed, left schedulable at its old
+    /// version). May be given again.
+    #[arg(long, value_name = "SITE/NODE", value_parser = parse_site_host)]
+    pub block_drain: Vec<(String, String)>,
     /// Where artifacts are kept (default: the data directory's `artifacts`).
     #[command(flatten)]
     pub store: StoreArgs,
@@ -146,11 +151,13 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
     anyhow::ensure!(!args.observer.cut_off_after.is_zero(), "--cut-off-after must be more than nothing");
     let designs: Vec<SiteDesign> = (0..args.sites).map(|i| demo_site(i, args.nodes)).collect();
-    for (site, host) in &args.fail_host {
-        anyhow::ensure!(
-            designs.iter().any(|d| d.site.as_str() == site && d.nodes.iter().any(|n| n.name.as_str() == host)),
-            "--fail-host {site}/{host}: landfall up has no such site and host (edge-01/node-1 is the first)"
-        );
+    for (flag, list) in [("--fail-host", &args.fail_host), ("--block-drain", &args.block_drain)] {
+        for (site, host) in list {
+            anyhow::ensure!(
+                designs.iter().any(|d| d.site.as_str() == site && d.nodes.iter().any(|n| n.name.as_str() == host)),
+                "{flag} {site}/{host}: landfall up has no such site and host (edge-01/node-1 is the first)"
+            );
+        }
     }
     let shutdown = shutdown_on_signal();
     // Before any service starts, so what they count from the start (counters at 0) is kept.
@@ -193,6 +200,9 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         let backend = SimSite::new(d.site.as_str(), &d.nodes, sim.clone());
         for (_, host) in args.fail_host.iter().filter(|(site, _)| site == d.site.as_str()) {
             backend.fail_provisioning(host);
+        }
+        for (_, node) in args.block_drain.iter().filter(|(site, _)| site == d.site.as_str()) {
+            backend.block_drain(node);
         }
         let cache = ArtifactCache::new(args.data_dir.join("gateways").join(d.site.as_str()).join("cache"));
         services.spawn(site_gateway::run_gateway(

@@ -6,6 +6,7 @@ use bus_schema::domain::Package;
 use bus_schema::pb::PackageKind;
 
 use super::SimSite;
+use super::faults::drain_blocked;
 use crate::backend::{BackendError, Cordon};
 
 impl SimSite {
@@ -44,7 +45,12 @@ impl SimSite {
             if !st.cordoned.contains(node) {
                 return Err(BackendError::permanent_reason(format!("draining {node}: it is not cordoned")));
             }
-            st.containers.keys().map(|name| format!("{name}/{name}-{node}")).collect()
+            let pods: Vec<String> = st.containers.keys().map(|name| format!("{name}/{name}-{node}")).collect();
+            if st.faults.drain.contains(node) {
+                let held = pods.first().cloned().unwrap_or_else(|| format!("default/db-{node}"));
+                return Err(drain_blocked(node, &held));
+            }
+            pods
         };
         Ok(pods)
     }

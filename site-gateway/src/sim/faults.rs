@@ -16,6 +16,8 @@ pub(super) struct Faults {
     pub(super) binaries: BTreeSet<String>,
     /// Every patch of the node fails, leaving it at its old version.
     pub(super) patch: BTreeSet<String>,
+    /// A disruption budget allows none of the node's pods to go: every drain of it fails.
+    pub(super) drain: BTreeSet<String>,
 }
 
 impl Faults {
@@ -24,7 +26,17 @@ impl Faults {
         self.provisioning.remove(node);
         self.binaries.remove(node);
         self.patch.remove(node);
+        self.drain.remove(node);
     }
+}
+
+/// A drain a disruption budget holds up until its time-out, worded as the Eviction API's refusal.
+pub(super) fn drain_blocked(node: &str, pod: &str) -> BackendError {
+    BackendError::permanent_reason(format!(
+        "draining {node}: not done within 15m: {pod}: Cannot evict pod as it would violate the pod's disruption \
+         budget. The disruption budget {} needs 1 healthy pods and has 1 currently",
+        pod.split('/').next().unwrap_or(pod)
+    ))
 }
 
 /// Metal3's error for a host whose image could not be written.

@@ -219,6 +219,11 @@ impl SimSite {
     }
 
     /// Makes every patch of `node` fail, leaving it at its old version, until [`SimSite::heal`].
+    /// Every drain of `node` fails: a disruption budget allows none of its pods to go.
+    pub fn block_drain(&self, node: &str) {
+        self.inner.lock().faults.drain.insert(node.to_string());
+    }
+
     pub fn fail_patch(&self, node: &str) {
         self.inner.lock().faults.patch.insert(node.to_string());
     }
