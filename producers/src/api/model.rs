@@ -109,6 +109,9 @@ pub struct State {
     /// Site id → node → the Metal3 state its latest `NodeOsProvisioning` reported, an install's
     /// or a reimage's (a rollout of an os-image): newer than what the install's record says.
     pub metal3: HashMap<String, HashMap<String, String>>,
+    /// Site id → node → `cordoned` or `drained`, for a node a patch has taken out of service and
+    /// not given back yet (`NodeCordoned`, `NodeDrained`; `NodeUncordoned` ends it).
+    pub out_of_service: HashMap<String, HashMap<String, String>>,
     /// Site id → what the overview counts of it, for every site with a design; and their sum.
     /// Kept as the site's records change (see [`State::refresh`]).
     facts: HashMap<String, SiteFacts>,
@@ -423,9 +426,17 @@ impl Model {
         };
         let link = link_of_event(&e.delivery.type_name, &e.delivery.payload);
         let metal3 = metal3_of_event(&e.delivery.type_name, &e.delivery.payload).filter(|m| m.site_id == scope);
+        let service = service_of_event(&e.delivery.type_name, &e.delivery.payload).filter(|(site, ..)| site == scope);
         let mut st = self.write();
         if let Some(m) = metal3 {
             st.metal3.entry(m.site_id).or_default().insert(m.node, m.state);
+        }
+        if let Some((site, node, state)) = service {
+            let nodes = st.out_of_service.entry(site).or_default();
+            match state {
+                Some(state) => nodes.insert(node, state.to_string()),
+                None => nodes.remove(&node),
+            };
         }
         let newer = st.last_event.get(scope).is_none_or(|l| l.seq < last.seq);
         if newer {
@@ -451,6 +462,23 @@ fn decode<M: Message + Default>(key: &str, value: bytes::Bytes) -> Option<M> {
 fn metal3_of_event(type_name: &str, payload: &[u8]) -> Option<pb::NodeOsProvisioning> {
     use pb::BusMessage;
     (type_name == pb::NodeOsProvisioning::TYPE).then(|| pb::NodeOsProvisioning::decode(payload).ok()).flatten()
+}
+
+/// A node going out of service or back: (site, node, `Some(state)` or `None` when back).
+fn service_of_event(type_name: &str, payload: &[u8]) -> Option<(String, String, Option<&'static str>)> {
+    use pb::BusMessage;
+    match type_name {
+        t if t == pb::NodeCordoned::TYPE => {
+            pb::NodeCordoned::decode(payload).ok().map(|e| (e.site_id, e.node, Some("cordoned")))
+        }
+        t if t == pb::NodeDrained::TYPE => {
+            pb::NodeDrained::decode(payload).ok().map(|e| (e.site_id, e.node, Some("drained")))
+        }
+        t if t == pb::NodeUncordoned::TYPE => {
+            pb::NodeUncordoned::decode(payload).ok().map(|e| (e.site_id, e.node, None))
+        }
+        _ => None,
+    }
 }
 
 /// What a link event says of its site's link (see `consumers::links`).

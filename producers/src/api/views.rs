@@ -118,6 +118,12 @@ pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value>
                     .map(String::as_str)
                     .or(progress.map(|p| p.metal3_state.as_str()))
                     .unwrap_or(""),
+                "out_of_service": st
+                    .out_of_service
+                    .get(site)
+                    .and_then(|m| m.get(n.name.as_str()))
+                    .map(String::as_str)
+                    .unwrap_or(""),
                 "failed_step": progress.map(|p| p.failed_step.as_str()).unwrap_or(""),
                 "reason": progress.map(|p| p.reason.as_str()).unwrap_or(""),
                 "packages": packages,
@@ -333,6 +339,15 @@ mod tests {
         let d = site_detail(&st, "edge-01").unwrap();
         assert_eq!(d["node_list"][1]["metal3_state"], "deprovisioning");
         assert_eq!(d["node_list"][0]["metal3_state"], "provisioned", "the other node as its install left it");
+    }
+
+    #[test]
+    fn a_node_out_of_service_says_so_and_the_others_do_not() {
+        let mut st = state();
+        st.out_of_service.entry("edge-01".into()).or_default().insert("w1".into(), "drained".into());
+        let d = site_detail(&st, "edge-01").unwrap();
+        assert_eq!(d["node_list"][1]["out_of_service"], "drained");
+        assert_eq!(d["node_list"][0]["out_of_service"], "");
     }
 
     #[test]

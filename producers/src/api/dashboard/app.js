@@ -1138,7 +1138,13 @@
                   h(
                     'tr',
                     { dataset: { node: n.name, step: n.step, metal3: n.metal3_state || '' } },
-                    h('th', { scope: 'row' }, n.name, n.in_design ? null : h('span', { class: 'pill pill-warn', title: 'The site reported this node; the design does not have it' }, 'not in design')),
+                    h(
+                      'th',
+                      { scope: 'row' },
+                      n.name,
+                      n.in_design ? null : h('span', { class: 'pill pill-warn', title: 'The site reported this node; the design does not have it' }, 'not in design'),
+                      n.out_of_service ? h('span', { class: 'pill pill-warn', title: 'Taken out of service for a patch: unschedulable' }, n.out_of_service) : null,
+                    ),
                     h('td', {}, label(n.role)),
                     h('td', { dataset: { field: 'step' } }, badge('step', n.step)),
                     h('td', { dataset: { field: 'metal3' } }, n.metal3_state ? h('span', { class: 'metal3' }, n.metal3_state) : h('span', { class: 'muted' }, '—')),

@@ -176,3 +176,20 @@ fn strings_no_record_holds_are_dropped() {
     assert!(strings.set.len() < 2100, "{} strings kept", strings.set.len());
     assert!(Arc::ptr_eq(&kept, &strings.get("kept")));
 }
+
+#[test]
+fn the_steps_of_a_node_out_of_service_read_as_its_state_until_it_is_back() {
+    use pb::BusMessage;
+    let site = |node: &str| ("edge-01".to_string(), node.to_string());
+    let cordoned = pb::NodeCordoned { site_id: "edge-01".into(), node: "w1".into(), rollout_id: "r".into() };
+    assert_eq!(service_of_event(pb::NodeCordoned::TYPE, &cordoned.encode_to_vec()), {
+        let (s, n) = site("w1");
+        Some((s, n, Some("cordoned")))
+    });
+    let drained = pb::NodeDrained { site_id: "edge-01".into(), node: "w1".into(), ..Default::default() };
+    assert_eq!(service_of_event(pb::NodeDrained::TYPE, &drained.encode_to_vec()).unwrap().2, Some("drained"));
+    let back = pb::NodeUncordoned { site_id: "edge-01".into(), node: "w1".into(), rollout_id: "r".into() };
+    assert_eq!(service_of_event(pb::NodeUncordoned::TYPE, &back.encode_to_vec()).unwrap().2, None);
+    assert_eq!(service_of_event(pb::NodePatched::TYPE, &[]), None);
+    assert_eq!(service_of_event(pb::NodeDrained::TYPE, &[0xff, 0xff]), None, "garbage is no state");
+}
