@@ -307,6 +307,9 @@ pub trait SiteBackend: Send + Sync + 'static {
     /// on the node and the site's policy refuses to evict them.
     fn drain(&self, node: &str) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
 
+    /// Whether landfall's cordon is on the node (an earlier attempt's, when a job comes again).
+    fn cordoned(&self, node: &str) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
     /// Makes the node schedulable again if landfall cordoned it; `false` when it did not (or
     /// the node is not in the cluster).
     fn uncordon(&self, node: &str) -> impl Future<Output = Result<bool, BackendError>> + Send;

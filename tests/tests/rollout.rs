@@ -417,3 +417,45 @@ async fn each_node_is_cordoned_drained_and_uncordoned_and_a_blocked_drain_fails_
     assert!(!fleet.backend(0).effects().patches.contains_key("node-3"), "node-3 was not patched");
     fleet.stop().await;
 }
+
+/// A node an earlier attempt patched but did not give back (its gateway died between the patch
+/// and the uncordon) is, when the job comes again, not drained again: it is watched, given back
+/// (`NodeUncordoned`) and reported patched.
+#[tokio::test]
+async fn a_node_patched_but_left_cordoned_by_an_earlier_attempt_is_given_back_not_drained_again() {
+    use site_gateway::backend::{Cordon, PatchRequest, SiteBackend};
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(2).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    // The earlier attempt's end state on node-2: cordoned by landfall, patched, not given back.
+    let site = fleet.backend(0);
+    let node = fleet.sites[0].0.nodes.iter().find(|n| n.name.as_str() == "node-2").unwrap().clone();
+    assert_eq!(site.cordon("node-2").await.unwrap(), Cordon::Done);
+    let package = bus_schema::domain::Package::try_from(kubelet("1.30.0")).unwrap();
+    let req = PatchRequest { node, package, reinstall: Vec::new(), progress: None };
+    assert!(site.patch_node(&req).await.unwrap().changed);
+
+    let cmd = fleet.patch(patch("1.30.0", pb::RolloutStrategy::default())).await;
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    let of_node_2 = |kind: &str| {
+        run.events
+            .iter()
+            .filter(|e| e.delivery.type_name == kind)
+            .filter(|e| {
+                let json = pb::decode_to_json(&e.delivery.type_name, &e.delivery.payload).unwrap().unwrap();
+                json["node"] == "node-2"
+            })
+            .count()
+    };
+    assert_eq!(
+        [pb::NodeCordoned::TYPE, pb::NodeDrained::TYPE, pb::NodeUncordoned::TYPE, pb::NodePatched::TYPE].map(of_node_2),
+        [0, 0, 1, 1],
+        "{:?}",
+        run.kinds()
+    );
+    assert!(!site.cordoned("node-2").await.unwrap());
+    assert_eq!(completed(&run).patched, 2);
+    assert_eq!(site.effects().patches.get("node-2"), Some(&1), "patched once, by the earlier attempt");
+    fleet.stop().await;
+}

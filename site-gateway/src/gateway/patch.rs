@@ -94,7 +94,7 @@ impl<B: SiteBackend> Gateway<B> {
     /// patched, then seen `Ready` at the new version and uncordoned, each step reported. A drain
     /// that fails leaves the node as it was (schedulable, old version) and fails it; a node not
     /// seen Ready stays cordoned and fails. A node already at the version has nothing moved off
-    /// it, and an earlier attempt's cordon is lifted once it is seen Ready.
+    /// it; an earlier attempt's cordon on it is lifted once it is seen Ready.
     async fn patch_node(
         &self,
         d: &Delivery,
@@ -114,8 +114,15 @@ impl<B: SiteBackend> Gateway<B> {
                 Ok(already) => already,
                 Err(e) => return self.node_patch_failed(d, rollout_id, &req, step("looking at", e)?).await,
             };
-            registered = already;
-            if !already {
+            // At the version already: a job come again after its gateway died. Its node was
+            // taken out of service by the first attempt if landfall's cordon is on it; then it
+            // is watched and given back. Otherwise it was done, or never in the cluster.
+            if already {
+                registered = match self.backend.cordoned(node).await {
+                    Ok(ours) => ours,
+                    Err(e) => return self.node_patch_failed(d, rollout_id, &req, step("looking at", e)?).await,
+                };
+            } else {
                 if req.node.role == Role::Master
                     && let Some(reason) = self.wait_for_masters(node, masters).await?
                 {

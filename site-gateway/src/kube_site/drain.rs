@@ -82,6 +82,11 @@ impl KubeSite {
         Ok(Cordon::Done)
     }
 
+    pub(super) async fn cordoned_by_landfall(&self, name: &str) -> Result<bool, BackendError> {
+        let node = self.nodes().await?.get_opt(name).await.map_err(|e| kube_error(&format!("Node {name}"), e))?;
+        Ok(node.is_some_and(|n| n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(marks::CORDONED))))
+    }
+
     pub(super) async fn uncordon_node(&self, name: &str) -> Result<bool, BackendError> {
         let nodes = self.nodes().await?;
         let Some(node) = nodes.get_opt(name).await.map_err(|e| kube_error(&format!("Node {name}"), e))? else {

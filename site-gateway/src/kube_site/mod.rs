@@ -139,6 +139,10 @@ impl SiteBackend for KubeSite {
         self.drain_node(node).await
     }
 
+    async fn cordoned(&self, node: &str) -> Result<bool, BackendError> {
+        self.cordoned_by_landfall(node).await
+    }
+
     async fn uncordon(&self, node: &str) -> Result<bool, BackendError> {
         self.uncordon_node(node).await
     }

@@ -271,6 +271,10 @@ impl SiteBackend for SimSite {
         self.drain_node(node).await
     }
 
+    async fn cordoned(&self, node: &str) -> Result<bool, BackendError> {
+        Ok(self.inner.lock().cordoned.contains(node))
+    }
+
     async fn uncordon(&self, node: &str) -> Result<bool, BackendError> {
         Ok(self.inner.lock().cordoned.remove(node))
     }
