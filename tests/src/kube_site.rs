@@ -184,7 +184,7 @@ impl KubeSiteRig {
         let design = pb::SiteDesign {
             site_id: SITE.into(),
             labels: Default::default(),
-            nodes: vec![node_spec("m-1", pb::Role::Master, &mac(1))],
+            nodes: vec![pb::NodeSpec { network: Some(m1_network()), ..node_spec("m-1", pb::Role::Master, &mac(1)) }],
             packages: [pb::Role::Master, pb::Role::Worker]
                 .into_iter()
                 .map(|role| pb::RolePackages { role: role as i32, packages: set.clone() })
@@ -356,6 +356,34 @@ pub fn node_spec(name: &str, role: pb::Role, mac: &str) -> pb::NodeSpec {
         labels: Default::default(),
         root_device: Some(pb::RootDeviceHints { device_name: "/dev/sda".into(), min_size_gigabytes: 100 }),
         ..Default::default()
+    }
+}
+
+/// m-1's networks in the rig's design: its boot port on the provisioning network at a static
+/// address (with the default route and a name server), and a VLAN on its second port, on DHCP.
+pub fn m1_network() -> pb::NodeNetwork {
+    let iface = |name: &str, network: &str, address: &str| pb::NodeInterface {
+        name: name.into(),
+        network: network.into(),
+        address: address.into(),
+        ..Default::default()
+    };
+    pb::NodeNetwork {
+        interfaces: vec![
+            iface("eno1", "provisioning", "10.1.0.11"),
+            iface("eno2", "", ""),
+            pb::NodeInterface { vlan_id: 200, vlan_parent: "eno2".into(), ..iface("eno2.200", "tenant", "") },
+        ],
+        networks: vec![
+            pb::SiteNetwork {
+                name: "provisioning".into(),
+                cidr: "10.1.0.0/24".into(),
+                gateway: "10.1.0.1".into(),
+                nameservers: vec!["10.1.0.2".into()],
+                ..Default::default()
+            },
+            pb::SiteNetwork { name: "tenant".into(), cidr: "10.20.0.0/24".into(), ..Default::default() },
+        ],
     }
 }
 

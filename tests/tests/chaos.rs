@@ -537,8 +537,19 @@ impl Deployment {
         let mut hosts = 0;
         for design in &client.sites {
             let site = design.site.to_string();
-            let (now, _) =
-                sites_kv.get::<pb::SiteDesign>(&keys::site(&site)).await.unwrap().expect("the site's design");
+            // A cluster just restarted whole may time out a read while its leaders settle.
+            let mut tries = 0;
+            let (now, _) = loop {
+                match sites_kv.get::<pb::SiteDesign>(&keys::site(&site)).await {
+                    Ok(found) => break found.expect("the site's design"),
+                    Err(e) if tries < 20 => {
+                        tries += 1;
+                        tracing::warn!(error = %e, "reading {site}'s design again");
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    }
+                    Err(e) => panic!("reading {site}'s design: {e}"),
+                }
+            };
             let names: BTreeSet<String> = now.nodes.iter().map(|n| n.name.clone()).collect();
             hosts += names.len();
             let effects = match site_gateway::sim::saved_effects(&self.sim_state(&site)) {

@@ -270,6 +270,31 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
         min_size_gigabytes: Some(100),
     };
     assert_eq!(hints, Some(want));
+    // And its networks, as the host's networkData: a Secret on the real API server, the ports
+    // found by the MACs inspection saw.
+    let host = rig.hosts().get("m-1").await.unwrap();
+    let reference = host.spec.network_data.as_ref().expect("networkData");
+    assert_eq!((reference.name.as_str(), reference.namespace.as_deref()), ("m-1-network-data", Some(NAMESPACE)));
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(rig.client.clone(), NAMESPACE);
+    let secret = secrets.get("m-1-network-data").await.unwrap();
+    let bytes = &secret.data.unwrap()["networkData"].0;
+    let data: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+    assert_eq!(
+        data["links"],
+        json!([
+            {"id": "eno1", "type": "phy", "ethernet_mac_address": mac(1)},
+            {"id": "eno2", "type": "phy", "ethernet_mac_address": "52:54:00:ff:ff:01"},
+            {"id": "eno2.200", "type": "vlan", "vlan_link": "eno2", "vlan_id": 200, "vlan_mac_address": "52:54:00:ff:ff:01"}
+        ]),
+        "{data}"
+    );
+    let networks = data["networks"].as_array().unwrap();
+    assert_eq!(networks.len(), 2, "{data}");
+    assert_eq!((networks[0]["link"].as_str(), networks[0]["ip_address"].as_str()), (Some("eno1"), Some("10.1.0.11")));
+    assert_eq!(networks[0]["netmask"], "255.255.255.0");
+    assert_eq!(networks[0]["routes"][0]["gateway"], "10.1.0.1");
+    assert_eq!((networks[1]["link"].as_str(), networks[1]["type"].as_str()), (Some("eno2.200"), Some("ipv4_dhcp")));
+    assert_eq!(data["services"], json!([{"type": "dns", "address": "10.1.0.2"}]));
     let demo = producers::up::demo_packages();
     // The worker runs a replica of a Deployment and a DaemonSet's pod.
     run_pod(&rig, "web-1", "w-1", Some("ReplicaSet"), json!({"app": "web"})).await;
@@ -372,6 +397,16 @@ async fn a_blocked_drain_or_a_node_not_ready_fails_the_node_with_the_reason() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         knobs.set_ready("m-2", true);
     });
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(rig.client.clone());
+    let not_ready = |n: &k8s_openapi::api::core::v1::Node| {
+        let conditions = n.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+        conditions.iter().any(|c| c.type_ == "Ready" && c.status != "True")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !not_ready(&nodes.get("m-2").await.unwrap()) {
+        assert!(std::time::Instant::now() < deadline, "m-2 never showed not Ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // w-2's kubelet will not come back Ready.
     let demo = producers::up::demo_packages();
     let kubelet =
@@ -393,7 +428,7 @@ async fn a_blocked_drain_or_a_node_not_ready_fails_the_node_with_the_reason() {
     let steps = node_steps(&rollout);
     let failed: BTreeMap<String, String> =
         of_type::<pb::NodePatchFailed>(&rollout).into_iter().map(|f| (f.node, f.reason)).collect();
-    assert_eq!(failed.keys().collect::<Vec<_>>(), ["w-1", "w-2"], "{steps:?}\n{}", rig.gateway_log());
+    assert_eq!(failed.keys().collect::<Vec<_>>(), ["w-1", "w-2"], "{steps:?}\n{failed:?}\n{}", rig.gateway_log());
     assert!(failed["w-1"].contains("disruption budget") && failed["w-1"].contains("default/db-0"), "{}", failed["w-1"]);
     assert!(failed["w-2"].contains("not seen Ready at kubelet v1.29.3"), "{}", failed["w-2"]);
     // Masters one at a time, before any worker; w-1 given back as it was; w-2 kept out.
@@ -403,7 +438,6 @@ async fn a_blocked_drain_or_a_node_not_ready_fails_the_node_with_the_reason() {
     assert!(position("m-2 patched") < position("w-1 cordoned").min(position("w-2 cordoned")), "{steps:?}");
     assert!(position("w-1 uncordoned") < position("w-1 failed"), "{steps:?}");
     assert!(!steps.contains(&"w-2 uncordoned".to_string()), "{steps:?}");
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(rig.client.clone());
     assert_eq!(nodes.get("w-1").await.unwrap().spec.unwrap().unschedulable, None);
     assert_eq!(nodes.get("w-2").await.unwrap().spec.unwrap().unschedulable, Some(true));
     assert_eq!(pod_names(&rig).await, ["db-0"]);
