@@ -511,9 +511,10 @@ impl Fleet {
         }
         if wait {
             // Fleet-wide commands are handled in order: the last one registered means all are.
+            // A cluster that has just formed may take a while to elect its streams' leaders.
             let registered =
-                self.wait_for(pb::PackageRegistered::filter(), &last_package.id, Duration::from_secs(20)).await;
-            assert!(registered.is_some(), "the catalog was not registered within 20 s");
+                self.wait_for(pb::PackageRegistered::filter(), &last_package.id, Duration::from_secs(60)).await;
+            assert!(registered.is_some(), "the catalog was not registered within 60 s");
         }
         let mut last = Envelope::root();
         for (design, _) in &self.sites {
