@@ -426,6 +426,29 @@ pub struct Run {
     pub events: Vec<ReadEvent>,
 }
 
+/// Each node's steps of a patch, in the order they were reported: `m-1 cordoned`,
+/// `m-1 drained [ns/pod …]`, `m-1 uncordoned`, `m-1 patched` or `m-1 failed`.
+pub fn node_steps(events: &[ReadEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| {
+            let d = &e.delivery;
+            let (node, step) = match d.type_name.as_str() {
+                t if t == pb::NodeCordoned::TYPE => (d.decode::<pb::NodeCordoned>().ok()?.node, "cordoned"),
+                t if t == pb::NodeDrained::TYPE => {
+                    let e = d.decode::<pb::NodeDrained>().ok()?;
+                    return Some(format!("{} drained [{}]", e.node, e.evicted.join(" ")));
+                }
+                t if t == pb::NodeUncordoned::TYPE => (d.decode::<pb::NodeUncordoned>().ok()?.node, "uncordoned"),
+                t if t == pb::NodePatched::TYPE => (d.decode::<pb::NodePatched>().ok()?.node, "patched"),
+                t if t == pb::NodePatchFailed::TYPE => (d.decode::<pb::NodePatchFailed>().ok()?.node, "failed"),
+                _ => return None,
+            };
+            Some(format!("{node} {step}"))
+        })
+        .collect()
+}
+
 /// An install's events, ending with `SiteInstalled`, `SiteInstallFailed` or `CommandRejected`.
 pub type InstallRun = Run;
 /// A rollout's events, fleet and site, ending with the first of the types waited for.

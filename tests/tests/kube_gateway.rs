@@ -12,7 +12,7 @@ use bus_schema::runtime::{Envelope, ReadEvent};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject};
 use landfall_tests::bpa_rest::BpaRest;
-use landfall_tests::fleet;
+use landfall_tests::fleet::{self, node_steps};
 use landfall_tests::kube_site::{APPS, KubeSiteRig, NAMESPACE, SITE, mac};
 use serde_json::json;
 use site_gateway::kube_site::{FIELD_MANAGER, bpa, marks};
@@ -53,28 +53,6 @@ async fn patch_with(rig: &KubeSiteRig, package: pb::Package, failures: u32) -> V
 
 fn of_type<M: BusMessage>(events: &[ReadEvent]) -> Vec<M> {
     events.iter().filter(|e| e.delivery.type_name == M::TYPE).map(|e| e.delivery.decode().unwrap()).collect()
-}
-
-/// Each node's steps of a patch, in the order they were reported: `m-1 cordoned`, ...
-fn node_steps(events: &[ReadEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| {
-            let d = &e.delivery;
-            let (node, step) = match d.type_name.as_str() {
-                t if t == pb::NodeCordoned::TYPE => (d.decode::<pb::NodeCordoned>().ok()?.node, "cordoned"),
-                t if t == pb::NodeDrained::TYPE => {
-                    let e = d.decode::<pb::NodeDrained>().ok()?;
-                    return Some(format!("{} drained [{}]", e.node, e.evicted.join(" ")));
-                }
-                t if t == pb::NodeUncordoned::TYPE => (d.decode::<pb::NodeUncordoned>().ok()?.node, "uncordoned"),
-                t if t == pb::NodePatched::TYPE => (d.decode::<pb::NodePatched>().ok()?.node, "patched"),
-                t if t == pb::NodePatchFailed::TYPE => (d.decode::<pb::NodePatchFailed>().ok()?.node, "failed"),
-                _ => return None,
-            };
-            Some(format!("{node} {step}"))
-        })
-        .collect()
 }
 
 /// A running pod on `node`, owned by a controller of `owner_kind` (none: a bare pod).

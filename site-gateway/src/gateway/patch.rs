@@ -429,6 +429,19 @@ mod tests {
         batch.iter().map(|n| n.name.as_str()).collect()
     }
 
+    /// Every batch the run starts, each node of it patched, as `a,b`.
+    fn all_batches(run: &mut PatchRun) -> Vec<String> {
+        let mut batches = Vec::new();
+        loop {
+            let batch = run.next_batch();
+            if batch.is_empty() {
+                return batches;
+            }
+            batches.push(node_names(&batch).join(","));
+            batch.iter().for_each(|n| run.record(n, None));
+        }
+    }
+
     fn run(nodes: &[&str], max_unavailable: u32, max_failures: u32) -> PatchRun {
         let nodes = nodes.iter().map(|n| worker(n)).collect();
         PatchRun::new(nodes, max_unavailable, max_failures, pb::SitePatched::default())
@@ -437,16 +450,7 @@ mod tests {
     #[test]
     fn nodes_patch_in_batches_of_max_unavailable_and_at_least_one() {
         let mut run = run(&["a", "b", "c", "d", "e"], 2, 0);
-        let mut batches = Vec::new();
-        loop {
-            let batch = run.next_batch();
-            if batch.is_empty() {
-                break;
-            }
-            batches.push(node_names(&batch).join(","));
-            batch.iter().for_each(|n| run.record(n, None));
-        }
-        assert_eq!(batches, ["a,b", "c,d", "e"]);
+        assert_eq!(all_batches(&mut run), ["a,b", "c,d", "e"]);
         assert_eq!(run.finish().patched, ["a", "b", "c", "d", "e"]);
 
         let mut one_at_a_time = self::run(&["a", "b"], 0, 0);
@@ -464,16 +468,7 @@ mod tests {
             node("m3", Role::Master),
         ];
         let mut run = PatchRun::new(nodes, 2, 0, pb::SitePatched::default());
-        let mut batches = Vec::new();
-        loop {
-            let batch = run.next_batch();
-            if batch.is_empty() {
-                break;
-            }
-            batches.push(node_names(&batch).join(","));
-            batch.iter().for_each(|n| run.record(n, None));
-        }
-        assert_eq!(batches, ["m1", "m2", "m3", "w1,w2", "w3"]);
+        assert_eq!(all_batches(&mut run), ["m1", "m2", "m3", "w1,w2", "w3"]);
     }
 
     #[test]
