@@ -359,6 +359,18 @@ pub mod keys {
     pub fn saga(saga_id: &str) -> String {
         format!("saga.{saga_id}")
     }
+    /// A node removal or reprovision, or a site decommission, by its command's id.
+    pub fn lifecycle(id: &str) -> String {
+        format!("{LIFECYCLE_PREFIX}{id}")
+    }
+    /// Every lifecycle record's key starts with this.
+    pub const LIFECYCLE_PREFIX: &str = "lifecycle.";
+    /// What is kept of a decommissioned site (in landfall-sites).
+    pub fn site_archive(site: &str) -> String {
+        format!("{ARCHIVE_PREFIX}{site}")
+    }
+    /// Every decommissioned site's archive key starts with this.
+    pub const ARCHIVE_PREFIX: &str = "archive.";
     pub fn site_lease(site: &str) -> String {
         format!("lease.{site}")
     }

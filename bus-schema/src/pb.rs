@@ -69,6 +69,17 @@ bus_message!(
     NodeAdded,
     NodeRemoved,
     RemoveSite,
+    RemoveNode,
+    ReprovisionNode,
+    DecommissionSite,
+    RetireNode,
+    TearDownSite,
+    NodeRetired,
+    SiteTornDown,
+    SiteDecommissioned,
+    LifecycleFailed,
+    Lifecycle,
+    SiteArchive,
     RegisterPackage,
     PatchPackage,
     PauseRollout,
@@ -179,6 +190,9 @@ commands!(
     NodeAdded => "node_added", |m| &m.site_id;
     NodeRemoved => "node_removed", |m| &m.site_id;
     RemoveSite => "remove_site", |m| &m.site_id;
+    RemoveNode => "remove_node", |m| &m.site_id;
+    ReprovisionNode => "reprovision_node", |m| &m.site_id;
+    DecommissionSite => "decommission_site", |m| &m.site_id;
     StageSite => "stage_site", |m| &m.site_id;
     RegisterPackage => "register_package", |_m| names::FLEET;
     PatchPackage => "patch_package", |_m| names::FLEET;
@@ -205,6 +219,8 @@ job!(
     InstallBinaries => "install_binaries",
     ApplyContainerPackages => "apply_container_packages",
     PatchNodes => "patch_nodes",
+    RetireNode => "retire_node",
+    TearDownSite => "tear_down_site",
 );
 
 /// An event type as its subject and `Landfall-Type` header name it.
@@ -268,6 +284,10 @@ event!(
     SiteRemoved => "site"."removed",
     NodeReady => "node"."ready",
     NodeJoinFailed => "node"."join_failed",
+    NodeRetired => "node"."retired",
+    SiteTornDown => "site"."torn_down",
+    SiteDecommissioned => "site"."decommissioned",
+    LifecycleFailed => "site"."lifecycle_failed",
     NodeCordoned => "node"."cordoned",
     NodeDrained => "node"."drained",
     NodeUncordoned => "node"."uncordoned",
@@ -424,6 +444,8 @@ pub mod json {
         RolloutPhase => as_str_name,
         RolloutSiteState => as_str_name,
         LeaseHolder => as_str_name,
+        LifecycleKind => as_str_name,
+        LifecyclePhase => as_str_name,
         LinkState => as_str_name,
     );
 

@@ -152,6 +152,9 @@ rules! {
     Command NodeAdded from PEOPLE_AND_SITES, sites ["site_id"];
     Command NodeRemoved from PEOPLE_AND_SITES, sites ["site_id"];
     Command RemoveSite from PEOPLE, sites ["site_id"];
+    Command RemoveNode from PEOPLE, sites ["site_id"];
+    Command ReprovisionNode from PEOPLE, sites ["site_id"];
+    Command DecommissionSite from PEOPLE, sites ["site_id"];
     Command RegisterPackage from PEOPLE, sites [];
     Command PatchPackage from &[Operator, Api, Orchestrator], sites [];
     Command PauseRollout from PEOPLE, sites [];
@@ -163,6 +166,8 @@ rules! {
     Job InstallBinaries from HUB, sites ["site_id"];
     Job ApplyContainerPackages from HUB, sites ["site_id"];
     Job PatchNodes from HUB, sites ["site_id"];
+    Job RetireNode from HUB, sites ["site_id"];
+    Job TearDownSite from HUB, sites ["site_id"];
 
     Event SiteRegistered from HUB, sites ["site_id"];
     Event DesignApplied from HUB, sites ["site_id"];
@@ -174,6 +179,8 @@ rules! {
     Event SiteRemoved from HUB, sites ["site_id"];
     Event NodeReady from HUB, sites ["site_id"];
     Event NodeJoinFailed from HUB, sites ["site_id"];
+    Event SiteDecommissioned from HUB, sites ["site_id"];
+    Event LifecycleFailed from HUB, sites ["site_id"];
     Event KubeconfigStored from &[Kubeconfig], sites ["site_id"];
     Event BmcCredentialsStored from &[Kubeconfig], sites ["site_id"];
     Event SiteCutOff from &[Observer], sites ["site_id"];
@@ -182,7 +189,7 @@ rules! {
     Event ArtifactsStaged from SITE, sites ["site_id"],
         answers [pb::StageArtifacts::KIND];
     Event NodeOsProvisioning from SITE, sites ["site_id"],
-        answers [pb::ProvisionOs::KIND, pb::PatchNodes::KIND];
+        answers [pb::ProvisionOs::KIND, pb::PatchNodes::KIND, pb::RetireNode::KIND, pb::TearDownSite::KIND];
     Event NodeOsProvisioned from SITE, sites ["site_id"],
         answers [pb::ProvisionOs::KIND];
     Event NodeFailed from SITE, sites ["site_id"],
@@ -195,10 +202,13 @@ rules! {
         answers [pb::ApplyContainerPackages::KIND];
     Event JobFailed from SITE, sites ["site_id"],
         answers [pb::StageArtifacts::KIND, pb::ProvisionOs::KIND, pb::InstallBinaries::KIND,
-                 pb::ApplyContainerPackages::KIND, pb::PatchNodes::KIND];
-    Event NodeCordoned from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
-    Event NodeDrained from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
-    Event NodeUncordoned from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+                 pb::ApplyContainerPackages::KIND, pb::PatchNodes::KIND, pb::RetireNode::KIND,
+                 pb::TearDownSite::KIND];
+    Event NodeCordoned from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND, pb::RetireNode::KIND];
+    Event NodeDrained from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND, pb::RetireNode::KIND];
+    Event NodeUncordoned from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND, pb::RetireNode::KIND];
+    Event NodeRetired from SITE, sites ["site_id"], answers [pb::RetireNode::KIND];
+    Event SiteTornDown from SITE, sites ["site_id"], answers [pb::TearDownSite::KIND];
     Event NodePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event NodePatchFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event SitePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];

@@ -1,6 +1,7 @@
 //! The site lease: one mutating saga per site at a time (`lease.<site>` in `landfall-sagas`).
 //!
-//! A lease names its holder: an install or node-join saga, or a rollout patching the site.
+//! A lease names its holder: an install or node-join saga, a rollout patching the site, or a
+//! node removal, node reprovision or site decommission.
 //! It is never renewed by a running process: the holder's record in KV says whether the
 //! holder is still at work, so a dead orchestrator blocks nothing (another replica, or the
 //! restarted one, carries the same saga on), and a lease whose holder has ended is taken over.
@@ -25,6 +26,8 @@ pub enum Holder<'a> {
     Saga(&'a str),
     /// A rollout, by its id.
     Rollout(&'a str),
+    /// A node removal or reprovision, or a site decommission, by its command's id.
+    Lifecycle(&'a str),
 }
 
 impl Holder<'_> {
@@ -32,6 +35,7 @@ impl Holder<'_> {
         let (saga_id, holder) = match self {
             Holder::Saga(id) => (id, pb::LeaseHolder::Unspecified),
             Holder::Rollout(id) => (id, pb::LeaseHolder::Rollout),
+            Holder::Lifecycle(id) => (id, pb::LeaseHolder::Lifecycle),
         };
         pb::SiteLease {
             site_id: site.to_string(),
@@ -71,6 +75,12 @@ pub(crate) async fn holder_busy(sagas: &Kv, lease: &pb::SiteLease) -> Result<boo
             None => young(),
         });
     }
+    if lease.holder == pb::LeaseHolder::Lifecycle as i32 {
+        return Ok(match sagas.get::<pb::Lifecycle>(&keys::lifecycle(&lease.saga_id)).await? {
+            Some((op, _)) => op.phase == pb::LifecyclePhase::TearingDown as i32,
+            None => young(),
+        });
+    }
     Ok(match sagas.get::<pb::InstallSaga>(&keys::saga(&lease.saga_id)).await? {
         Some((s, _)) => !saga::is_terminal(&s),
         // Compacted: it ended long ago.
@@ -103,7 +113,11 @@ pub async fn acquire(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<Acqui
 }
 
 fn busy(site: &str, held: &pb::SiteLease) -> Acquired {
-    let what = if held.holder == pb::LeaseHolder::Rollout as i32 { "rollout" } else { "saga" };
+    let what = match pb::LeaseHolder::try_from(held.holder) {
+        Ok(pb::LeaseHolder::Rollout) => "rollout",
+        Ok(pb::LeaseHolder::Lifecycle) => "node or site operation",
+        _ => "saga",
+    };
     Acquired::Busy(format!("site {site} is busy with {what} {}", held.saga_id))
 }
 
@@ -143,6 +157,20 @@ pub async fn acquire_or_wait(sagas: &Kv, site: &str, holder: Holder<'_>, retry: 
 /// Whether `holder` has the site's lease now.
 pub async fn holds(sagas: &Kv, site: &str, holder: Holder<'_>) -> Result<bool, BusError> {
     Ok(sagas.get::<pb::SiteLease>(&keys::site_lease(site)).await?.is_some_and(|(held, _)| holder.is(&held)))
+}
+
+/// Gives the site's lease from `from` to `to` in one compare-and-set write (a reprovision's
+/// teardown to the join saga that follows it), so nobody else takes the site in between.
+/// Whether `to` holds it now.
+pub async fn hand_over(sagas: &Kv, site: &str, from: Holder<'_>, to: Holder<'_>) -> Result<bool, BusError> {
+    let lease = to.record(site);
+    sagas
+        .update_with(&keys::site_lease(site), |held: Option<&pb::SiteLease>| match held {
+            Some(held) if to.is(held) => Update::Keep(true),
+            Some(held) if from.is(held) => Update::Put(lease.clone(), true),
+            _ => Update::Keep(false),
+        })
+        .await
 }
 
 /// Lets go of the site's lease if `holder` has it.

@@ -5,7 +5,8 @@
 //! - [`saga`]: the install saga's decisions, pure; the orchestrator executes them.
 //! - [`rollout`]: rollouts of a package across sites, as pure decisions and their executor.
 //! - [`compaction`]: what is kept of a finished saga or rollout after the retention (pure).
-//! - [`lease`]: the site lease an install, a join or a rollout holds while it works on a site.
+//! - [`lease`]: the site lease an install, a join, a rollout or a node or site operation holds while it works on a site.
+//! - [`lifecycle`]: node removal, node reprovision and site decommission, as pure decisions.
 //! - [`observer`]: keeps `landfall-observed` (what each node runs) from what gateways report.
 //! - [`distribution`]: the [`artifacts`] store and the service that sends its bytes to gateways.
 //! - [`secrets`]: sealing under a key ring, the [`kubeconfig`] collector, and the secrets
@@ -23,6 +24,7 @@ pub mod distribution;
 pub mod failpoint;
 mod group_commit;
 pub mod lease;
+pub mod lifecycle;
 pub mod links;
 pub mod observer;
 pub mod orchestrator;

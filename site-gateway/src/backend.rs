@@ -324,6 +324,36 @@ pub trait SiteBackend: Send + Sync + 'static {
     /// `Permanent` when the ready time-out passes first, saying what the node showed.
     fn observe_patched(&self, node: &str, package: &Package) -> impl Future<Output = Result<(), BackendError>> + Send;
 
+    /// The names of the hosts the site has (every BareMetalHost landfall manages there).
+    fn host_names(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
+
+    /// Deletes the node's `Node` from the application cluster; `false` when the cluster has none
+    /// (never joined, deleted before, or no cluster).
+    fn delete_node(&self, node: &str) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
+    /// Takes the OS off the node's host: Metal3 deprovisions it (its disks cleaned as the host's
+    /// `automatedCleaningMode` says) and this returns once the host is `available`, each state
+    /// it passes sent on `progress`. `false` when the site has no host of that name.
+    ///
+    /// # Errors
+    /// `HostFailed` when Metal3 reports an error for the host; `Permanent` on a time-out.
+    fn deprovision_host(
+        &self,
+        node: &str,
+        progress: mpsc::UnboundedSender<ProvisioningState>,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
+    /// Deletes the node's host and what the site keeps for it alone: its BareMetalHost, the
+    /// Secrets landfall made for it (BMC credentials, user data, network data), its entry in the
+    /// BPA's `Provisioning`. The deletion is landfall's own doing: it is not announced as a host
+    /// that departed. `false` when nothing of it was there.
+    fn forget_host(&self, node: &str) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
+    /// Deletes what the site keeps for its cluster as a whole: the BPA's `Provisioning` and
+    /// `Software`, the cluster's kubeconfig Secret, and any other Secret landfall wrote there.
+    /// Returns what it deleted, as `kind/name`, sorted (empty when nothing was left).
+    fn tear_down_cluster(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
+
     /// Hosts the site gained (a new BareMetalHost) or lost (one deleted), for the gateway to
     /// announce: every change not yet announced, then each new one as it happens. A change
     /// whose [`HostNotice::announced`] is told is not heard again, not even after a restart

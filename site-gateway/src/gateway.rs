@@ -1,6 +1,8 @@
 //! Jobs in, events out (the hosts the site gains or loses are announced by `announce.rs`; a
-//! node patch, batch after batch, is `gateway/patch.rs`).
+//! node patch, batch after batch, is `gateway/patch.rs`; a node or the whole site taken away,
+//! `gateway/lifecycle.rs`).
 
+mod lifecycle;
 mod patch;
 
 use std::sync::Arc;
@@ -302,6 +304,8 @@ impl<B: SiteBackend> runtime::Handler for Gateway<B> {
             pb::InstallBinaries::KIND => self.install_binaries(d).await,
             pb::ApplyContainerPackages::KIND => self.apply_containers(d).await,
             pb::PatchNodes::KIND => self.patch(d).await,
+            pb::RetireNode::KIND => self.retire(d).await,
+            pb::TearDownSite::KIND => self.tear_down(d).await,
             other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no handler for {other:?} jobs"))),
         };
         timer.finish(&result);
@@ -310,12 +314,14 @@ impl<B: SiteBackend> runtime::Handler for Gateway<B> {
 }
 
 /// The job kinds a gateway carries out.
-const JOB_KINDS: [&str; 5] = [
+const JOB_KINDS: [&str; 7] = [
     pb::StageArtifacts::KIND,
     pb::ProvisionOs::KIND,
     pb::InstallBinaries::KIND,
     pb::ApplyContainerPackages::KIND,
     pb::PatchNodes::KIND,
+    pb::RetireNode::KIND,
+    pb::TearDownSite::KIND,
 ];
 
 /// A job in hand: counted in its site's jobs in flight until it is finished or dropped, and

@@ -1,8 +1,9 @@
 //! A site on a real Kubernetes API server, for the gateway's kube backend: the hub's services
 //! in this process on a real nats-server, the real `landfall-gateway` program with
-//! `--backend kube`, and stand-ins for what the API server alone does not run (Metal3's
-//! operator moving hosts along the upstream state machine, and the BPA writing the cluster's
-//! admin.conf once it has a `Provisioning`).
+//! `--backend kube` (or the backend itself, [`KubeSiteRig::kube_site`]), and stand-ins for what
+//! the API server alone does not run (Metal3's operator moving hosts along the upstream state
+//! machine and deleting them, the BPA writing the cluster's admin.conf once it has a
+//! `Provisioning`, and the kubelets).
 //!
 //! ```text
 //! let mut site = KubeSiteRig::start().await;
@@ -27,6 +28,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use site_gateway::kube_site::metal3::BareMetalHost;
+use site_gateway::kube_site::{KubeSite, KubeSiteConfig};
 use tempfile::TempDir;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +40,13 @@ pub const SITE: &str = "edge-k1";
 pub const NAMESPACE: &str = "metal3";
 /// The application cluster's namespace for container packages.
 pub const APPS: &str = "apps";
+/// The Secret [`KubeSiteRig::kube_site`] reads the application cluster's kubeconfig from.
+pub const CLUSTER_KUBECONFIG: &str = "edge-k1-kubeconfig";
+/// The finalizer Metal3's operator puts on every host it manages, and takes off once it has
+/// powered a deleted host off and forgotten it.
+pub const METAL3_FINALIZER: &str = "baremetalhost.metal3.io";
+/// The field manager of the Metal3 stand-in's writes to hosts' metadata.
+const METAL3_MANAGER: &str = "metal3-baremetal-controller";
 
 /// A kind for container packages' manifests (the API server serves custom resources only):
 /// namespaced, with a typed `spec` the schema checks.
@@ -255,6 +264,37 @@ impl KubeSiteRig {
         std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
     }
 
+    /// The kube backend itself in this process, on the rig's API server: what the gateway runs,
+    /// as `start_gateway` configures it, but for the application cluster's kubeconfig, read from
+    /// the Secret [`CLUSTER_KUBECONFIG`] ([`Self::put_cluster_kubeconfig`]), and the hosts' user
+    /// data, which it generates.
+    pub fn kube_site(&self) -> KubeSite {
+        let mut cfg = KubeSiteConfig::new(SITE, NAMESPACE, self.state_dir());
+        cfg.image_base_url = "http://10.0.0.2:8080/".into();
+        cfg.kud_plugins = vec!["emco".into()];
+        cfg.provision_timeout = Duration::from_secs(60);
+        cfg.install_timeout = Duration::from_secs(60);
+        cfg.drain_timeout = Duration::from_secs(4);
+        cfg.ready_timeout = Duration::from_secs(20);
+        cfg.poll = Duration::from_millis(100);
+        let cache = site_gateway::ArtifactCache::new(self.dir.path().join("cache"));
+        KubeSite::new(self.client.clone(), cfg, cache).expect("a kube backend")
+    }
+
+    /// Writes the application cluster's kubeconfig (this same API server) to the Secret
+    /// [`CLUSTER_KUBECONFIG`], key `value`, as Cluster API leaves it.
+    pub async fn put_cluster_kubeconfig(&self) {
+        use k8s_openapi::api::core::v1::Secret;
+        let bytes = std::fs::read(self.kube.kubeconfig_path()).expect("the rig's kubeconfig");
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta { name: Some(CLUSTER_KUBECONFIG.into()), ..Default::default() },
+            data: Some([("value".to_string(), k8s_openapi::ByteString(bytes))].into()),
+            ..Default::default()
+        };
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), NAMESPACE);
+        secrets.create(&PostParams::default(), &secret).await.expect("create the kubeconfig Secret");
+    }
+
     pub fn hosts(&self) -> Api<BareMetalHost> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
@@ -272,6 +312,13 @@ impl KubeSiteRig {
         }))
         .unwrap();
         self.hosts().create(&PostParams::default(), &host).await.expect("create the BareMetalHost");
+        self.inspect_host(name, mac, ip).await;
+    }
+
+    /// Walks host `name` (created by anyone), as Metal3 does, through registering and
+    /// inspecting to available, with hardware details whose boot NIC (`eno1`) has `mac` and
+    /// `ip`, beside a second NIC `eno2`.
+    pub async fn inspect_host(&self, name: &str, mac: &str, ip: &str) {
         for state in ["registering", "inspecting"] {
             set_status(&self.hosts(), name, status(state, None, None)).await;
         }
@@ -440,47 +487,81 @@ impl KubeletKnobs {
     }
 }
 
+/// The states of a host that runs no OS, so no kubelet.
+const WITHOUT_OS: [&str; 4] = ["available", "deprovisioning", "powering off before delete", "deleting"];
+
 /// The kubelets' part: every node of the BPA's `Provisioning` is a `Node` of the application
 /// cluster (the same API server), `Ready` unless the test says otherwise, reporting the kubelet
 /// version its role's `Software` lists (the BPA installs a role's software on all its nodes).
 /// Records each change of a node's schedulability.
+///
+/// As a kubelet does, each registers its `Node` once: one deleted stays deleted until the
+/// kubelet starts again, which it does once its host has an OS again after losing it (a host
+/// `available` or on its way there runs none) or its node joins the cluster again.
 async fn kubelets(client: kube::Client, knobs: KubeletKnobs, shutdown: CancellationToken) {
     use k8s_openapi::api::core::v1::Node;
     let provisionings: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), NAMESPACE, &site_gateway::kube_site::bpa::provisioning_resource());
     let softwares: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), NAMESPACE, &site_gateway::kube_site::bpa::software_resource());
+    let hosts: Api<BareMetalHost> = Api::namespaced(client.clone(), NAMESPACE);
     let nodes: Api<Node> = Api::all(client);
     let mut schedulable = std::collections::BTreeMap::<String, bool>::new();
+    let mut registered = BTreeSet::<String>::new();
     loop {
-        if let Ok(Some(p)) = provisionings.get_opt(SITE).await {
-            let software = softwares.get_opt(&format!("{SITE}-software")).await.ok().flatten();
-            let versions =
-                software.map(|s| site_gateway::kube_site::bpa::software_versions(&s.data)).unwrap_or_default();
-            for (name, (role, _)) in site_gateway::kube_site::bpa::provisioned_nodes(&p.data) {
-                let kubelet = versions.get(&role).and_then(|v| v.get("kubelet")).cloned().unwrap_or_default();
-                let ready = !knobs.not_ready.lock().unwrap().contains(&name);
-                let node = match nodes.get_opt(&name).await {
-                    Ok(Some(node)) => node,
-                    Ok(None) => {
-                        let body: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-                        match nodes.create(&kube::api::PostParams::default(), &body).await {
-                            Ok(node) => node,
-                            Err(_) => continue,
-                        }
+        match provisionings.get_opt(SITE).await {
+            Ok(Some(p)) => {
+                let software = softwares.get_opt(&format!("{SITE}-software")).await.ok().flatten();
+                let versions =
+                    software.map(|s| site_gateway::kube_site::bpa::software_versions(&s.data)).unwrap_or_default();
+                let states: std::collections::BTreeMap<String, String> = hosts
+                    .list(&Default::default())
+                    .await
+                    .map(|l| {
+                        l.items
+                            .into_iter()
+                            .map(|h| {
+                                let state = h.status.map(|s| s.provisioning.state).unwrap_or_default();
+                                (h.metadata.name.unwrap_or_default(), state)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let listed = site_gateway::kube_site::bpa::provisioned_nodes(&p.data);
+                registered.retain(|n| listed.contains_key(n));
+                for (name, (role, _)) in listed {
+                    if states.get(&name).is_some_and(|s| WITHOUT_OS.contains(&s.as_str())) {
+                        registered.remove(&name);
+                        continue;
                     }
-                    Err(_) => continue,
-                };
-                let status = json!({"status": {
-                    "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
-                    "nodeInfo": {"kubeletVersion": format!("v{kubelet}")},
-                }});
-                let _ = nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
-                let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
-                if schedulable.insert(name.clone(), cordoned) != Some(cordoned) {
-                    knobs.cordons.lock().unwrap().push((name, cordoned));
+                    let kubelet = versions.get(&role).and_then(|v| v.get("kubelet")).cloned().unwrap_or_default();
+                    let ready = !knobs.not_ready.lock().unwrap().contains(&name);
+                    let node = match nodes.get_opt(&name).await {
+                        Ok(Some(node)) => node,
+                        Ok(None) if registered.contains(&name) => continue,
+                        Ok(None) => {
+                            let body: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+                            match nodes.create(&kube::api::PostParams::default(), &body).await {
+                                Ok(node) => node,
+                                Err(_) => continue,
+                            }
+                        }
+                        Err(_) => continue,
+                    };
+                    registered.insert(name.clone());
+                    let status = json!({"status": {
+                        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+                        "nodeInfo": {"kubeletVersion": format!("v{kubelet}")},
+                    }});
+                    let _ = nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
+                    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+                    if schedulable.insert(name.clone(), cordoned) != Some(cordoned) {
+                        knobs.cordons.lock().unwrap().push((name, cordoned));
+                    }
                 }
             }
+            Ok(None) => registered.clear(),
+            Err(_) => {}
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -528,7 +609,8 @@ impl Metal3Knobs {
 /// Metal3's part, as its state machine has it: a host given an image while `available` goes
 /// `provisioning` → `provisioned` (or, for a failing host, `provisioning` → error, then
 /// `deprovisioning`); a provisioned host whose image is taken away goes `deprovisioning` →
-/// `available`.
+/// `available`. Every host gets Metal3's finalizer; a deleted one is deprovisioned first if it
+/// has its OS, then goes `powering off before delete` → `deleting`, and the finalizer comes off.
 async fn metal3_operator(client: kube::Client, knobs: Metal3Knobs, shutdown: CancellationToken) {
     let hosts: Api<BareMetalHost> = Api::namespaced(client, NAMESPACE);
     let mut events =
@@ -539,6 +621,13 @@ async fn metal3_operator(client: kube::Client, knobs: Metal3Knobs, shutdown: Can
             h = events.next() => match h { Some(Ok(h)) => h, Some(Err(_)) => continue, None => return },
         };
         let name = host.metadata.name.clone().unwrap_or_default();
+        if host.metadata.deletion_timestamp.is_some() {
+            delete_host(&hosts, &name, &knobs).await;
+            continue;
+        }
+        if !host.metadata.finalizers.iter().flatten().any(|f| f == METAL3_FINALIZER) {
+            metal3_finalizer(&hosts, &name, true).await;
+        }
         let state = host.status.as_ref().map(|s| s.provisioning.state.clone()).unwrap_or_default();
         let image = host.spec.image.clone().filter(|i| !i.url.is_empty());
         let has_error = host.status.as_ref().is_some_and(|s| !s.error_type.is_empty());
@@ -569,6 +658,52 @@ async fn metal3_operator(client: kube::Client, knobs: Metal3Knobs, shutdown: Can
                 set_status(&hosts, &name, status("available", None, None)).await;
             }
             _ => {}
+        }
+    }
+}
+
+/// Metal3's deletion of host `name`, once it is asked for: a host with its OS is deprovisioned
+/// first, then powered off and forgotten; its finalizer comes off last.
+async fn delete_host(hosts: &Api<BareMetalHost>, name: &str, knobs: &Metal3Knobs) {
+    let Ok(Some(host)) = hosts.get_opt(name).await else { return };
+    let ours = host.metadata.finalizers.iter().flatten().any(|f| f == METAL3_FINALIZER);
+    if host.metadata.deletion_timestamp.is_none() || !ours {
+        return;
+    }
+    let state = host.status.as_ref().map(|s| s.provisioning.state.clone()).unwrap_or_default();
+    if matches!(state.as_str(), "provisioning" | "provisioned") {
+        set_status(hosts, name, status("deprovisioning", None, None)).await;
+        knobs.dwell(name, "deprovisioning").await;
+    }
+    for state in ["powering off before delete", "deleting"] {
+        set_status(hosts, name, status(state, None, None)).await;
+        knobs.dwell(name, state).await;
+    }
+    metal3_finalizer(hosts, name, false).await;
+}
+
+/// Puts Metal3's finalizer on host `name`, or takes it off, as Metal3's own field manager (the
+/// finalizers are a set: the others' stay as they are).
+async fn metal3_finalizer(hosts: &Api<BareMetalHost>, name: &str, on: bool) {
+    let finalizers = if on { json!([METAL3_FINALIZER]) } else { json!([]) };
+    let intent = json!({"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+                        "metadata": {"name": name, "namespace": NAMESPACE, "finalizers": finalizers}});
+    // The version read goes with the apply: a host gone meanwhile must not be created again.
+    // One changed meanwhile is read again.
+    for _ in 0..5 {
+        let Ok(Some(host)) = hosts.get_opt(name).await else { return };
+        let mut intent = intent.clone();
+        intent["metadata"]["resourceVersion"] = json!(host.metadata.resource_version);
+        match hosts.patch(name, &PatchParams::apply(METAL3_MANAGER), &Patch::Apply(&intent)).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => {
+                tracing::warn!(host = name, error = %e, on, "the Metal3 stand-in cannot write its finalizer");
+                return;
+            }
+            Ok(h) => {
+                tracing::debug!(host = name, on, finalizers = ?h.metadata.finalizers, "the Metal3 stand-in's finalizer written");
+                return;
+            }
         }
     }
 }

@@ -94,7 +94,8 @@ impl Orchestrator {
     }
 
     /// Removes the summaries kept past [`bus_schema::retention::StorePolicy::summary_retention`]
-    /// (by when what they summarise ended); how many went. The summary of a site's latest
+    /// (by when what they summarise ended), the ended node and site operations' records and the
+    /// decommissioned sites' archives as old; how many went. The summary of a site's latest
     /// install stays as long as the site: it is how the hub knows the site is installed.
     async fn drop_old_summaries(&self, now: i64) -> Result<usize, BusError> {
         let ended = |finished: i64, compacted: i64| if finished > 0 { finished } else { compacted };
@@ -111,9 +112,23 @@ impl Orchestrator {
                 due.push((key, rev));
             }
         }
+        // A node or site operation's record is its own summary: kept as long as summaries are.
+        for (key, op, rev) in self.sagas.scan::<pb::Lifecycle>(keys::LIFECYCLE_PREFIX).await? {
+            if op.phase != pb::LifecyclePhase::TearingDown as i32 && self.policy.summary_due(op.finished_unix_ms, now) {
+                due.push((key, rev));
+            }
+        }
         let mut dropped = 0;
         for (key, rev) in due {
             if self.sagas.purge_if(&key, rev).await? != Cas::Conflict {
+                dropped += 1;
+            }
+        }
+        // A decommissioned site's archive, as long as summaries are.
+        for (key, a, rev) in self.sites.scan::<pb::SiteArchive>(keys::ARCHIVE_PREFIX).await? {
+            if self.policy.summary_due(a.decommissioned_unix_ms, now)
+                && self.sites.purge_if(&key, rev).await? != Cas::Conflict
+            {
                 dropped += 1;
             }
         }

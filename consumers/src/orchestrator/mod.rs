@@ -11,6 +11,8 @@
 //! - `order`: a scope's commands carried out in stream order across replicas;
 //! - `compact`: finished sagas and rollouts replaced by summaries after the retention;
 //! - `remove_site`: a site taken out of landfall;
+//! - `lifecycle`: a node removed or reprovisioned, a site decommissioned (its decisions are
+//!   [`crate::lifecycle`]);
 //! - `stranded`: a site's jobs its durable will not deliver again, delivered again;
 //! - `run`: the consumers, started, and commands dispatched to their handlers.
 
@@ -18,6 +20,7 @@ mod compact;
 mod design;
 mod install;
 mod ledger;
+mod lifecycle;
 mod nodes;
 mod order;
 mod register;

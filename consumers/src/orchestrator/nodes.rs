@@ -93,7 +93,7 @@ impl Orchestrator {
     }
 
     /// Whether the site's latest install ended with a cluster (success or partial success).
-    async fn site_installed(&self, site: &str) -> Result<bool, HandlerError> {
+    pub(super) async fn site_installed(&self, site: &str) -> Result<bool, HandlerError> {
         let Some((latest, _)) = self.sagas.get::<pb::SiteLease>(&keys::latest_install(site)).await? else {
             return Ok(false);
         };
@@ -129,20 +129,27 @@ impl Orchestrator {
             ));
         }
         lease::acquire_or_wait(&self.sagas, &site, Holder::Saga(&d.envelope.id), LEASE_RETRY).await?;
-        let removed = self.remove_node(&key, &cmd, d).await;
+        let removed = self.remove_node(&key, &cmd, d.delivered > 1, &d.envelope).await;
         lease::release(&self.sagas, &site, Holder::Saga(&d.envelope.id)).await?;
         removed
     }
 
-    async fn remove_node(&self, key: &str, cmd: &pb::NodeRemoved, d: &Delivery) -> Result<(), HandlerError> {
+    /// Takes `cmd`'s node out of the design at `key`, `NodeLeft` derived from `env` first. A
+    /// node the design does not have is refused unless `redelivered`.
+    pub(super) async fn remove_node(
+        &self,
+        key: &str,
+        cmd: &pb::NodeRemoved,
+        redelivered: bool,
+        env: &bus_schema::envelope::Envelope,
+    ) -> Result<(), HandlerError> {
         let (site, name) = (cmd.site_id.as_str(), cmd.node.as_str());
-        let redelivered = d.delivered > 1;
         let current = self.sites.get::<pb::SiteDesign>(key).await?.map(|(design, _)| design);
         let Removal::Remove { left, .. } = removal(current.as_ref(), cmd, redelivered)? else {
             info!(%site, node = %name, "node removal redelivered: the node has left already");
             return Ok(());
         };
-        self.bus.publish_event(&left, &d.envelope.derive("node_left", None)).await?;
+        self.bus.publish_event(&left, &env.derive("node_left", None)).await?;
         let removed = self
             .sites
             .update_with(key, |current: Option<&pb::SiteDesign>| match removal(current, cmd, redelivered) {

@@ -42,7 +42,7 @@ impl Orchestrator {
     }
 
     /// Purges the site's design and every revision of it; how many revisions there were.
-    async fn forget_design(&self, site: &str) -> Result<u32, HandlerError> {
+    pub(super) async fn forget_design(&self, site: &str) -> Result<u32, HandlerError> {
         let revisions = self.sites.scan_few::<pb::DesignRevision>(&keys::design_revisions_prefix(site)).await?;
         let mut n = 0;
         for (key, _, _) in &revisions {
@@ -55,7 +55,7 @@ impl Orchestrator {
 
     /// Leaves the summary of the site's latest install (its record goes), and forgets which one
     /// it was.
-    async fn summarise_install(&self, site: &str) -> Result<(), HandlerError> {
+    pub(super) async fn summarise_install(&self, site: &str) -> Result<(), HandlerError> {
         let pointer = keys::latest_install(site);
         let Some((latest, _)) = self.sagas.get::<pb::SiteLease>(&pointer).await? else { return Ok(()) };
         let key = keys::saga(&latest.saga_id);

@@ -80,6 +80,9 @@ impl Commands {
             pb::NodeAdded::KIND => self.0.node_added(d).await,
             pb::NodeRemoved::KIND => self.0.node_removed(d).await,
             pb::RemoveSite::KIND => self.0.remove_site(d).await,
+            pb::RemoveNode::KIND => self.0.remove_node_cmd(d).await,
+            pb::ReprovisionNode::KIND => self.0.reprovision_node(d).await,
+            pb::DecommissionSite::KIND => self.0.decommission_site(d).await,
             other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such command {other:?}"))),
         }
     }
@@ -87,6 +90,9 @@ impl Commands {
 
 impl runtime::Handler for Events {
     async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        if super::lifecycle::is_lifecycle_answer(d)? {
+            return self.0.on_lifecycle_event(d).await;
+        }
         self.0.on_event(d).await
     }
 }

@@ -96,6 +96,26 @@ impl Check for pb::RemoveSite {
     }
 }
 
+impl Check for pb::RemoveNode {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)?;
+        domain::NodeName::try_from(self.node.as_str()).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+impl Check for pb::ReprovisionNode {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)?;
+        domain::NodeName::try_from(self.node.as_str()).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+impl Check for pb::DecommissionSite {
+    fn check(&self) -> Result<(), String> {
+        site(&self.site_id)
+    }
+}
+
 impl Check for pb::RegisterPackage {
     fn check(&self) -> Result<(), String> {
         required("package", &self.package)?;
@@ -160,6 +180,9 @@ commands!(
     NodeAdded: true,
     NodeRemoved: true,
     RemoveSite: true,
+    RemoveNode: true,
+    ReprovisionNode: true,
+    DecommissionSite: true,
     RegisterPackage: false,
     PatchPackage: false,
     PauseRollout: false,

@@ -109,8 +109,9 @@ pub struct State {
     /// Site id → node → the Metal3 state its latest `NodeOsProvisioning` reported, an install's
     /// or a reimage's (a rollout of an os-image): newer than what the install's record says.
     pub metal3: HashMap<String, HashMap<String, String>>,
-    /// Site id → node → `cordoned` or `drained`, for a node a patch has taken out of service and
-    /// not given back yet (`NodeCordoned`, `NodeDrained`; `NodeUncordoned` ends it).
+    /// Site id → node → `cordoned`, `drained` or `wiped`, for a node a patch or a reprovision has
+    /// taken out of service and not given back yet (`NodeCordoned`, `NodeDrained`, `NodeRetired`;
+    /// `NodeUncordoned` or the node's `NodeReady` ends it).
     pub out_of_service: HashMap<String, HashMap<String, String>>,
     /// Site id → what the overview counts of it, for every site with a design; and their sum.
     /// Kept as the site's records change (see [`State::refresh`]).
@@ -477,6 +478,12 @@ fn service_of_event(type_name: &str, payload: &[u8]) -> Option<(String, String, 
         t if t == pb::NodeUncordoned::TYPE => {
             pb::NodeUncordoned::decode(payload).ok().map(|e| (e.site_id, e.node, None))
         }
+        // Wiped for its reprovision (a removed node leaves with NodeLeft): out of service until
+        // its join sees it Ready.
+        t if t == pb::NodeRetired::TYPE => {
+            pb::NodeRetired::decode(payload).ok().map(|e| (e.site_id, e.node, Some("wiped")))
+        }
+        t if t == pb::NodeReady::TYPE => pb::NodeReady::decode(payload).ok().map(|e| (e.site_id, e.node, None)),
         _ => None,
     }
 }

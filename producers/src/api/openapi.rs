@@ -230,7 +230,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
     schemas[&format!("{PACKAGE}.PackageRef")]["required"] = json!(["name", "version"]);
     schemas[&format!("{PACKAGE}.SiteDesign")]["properties"]["nodes"]["minItems"] = json!(1);
     schemas[&format!("{PACKAGE}.SiteDesign")]["required"] = json!(["site_id", "nodes"]);
-    let required: [(&str, &[&str]); 12] = [
+    let required: [(&str, &[&str]); 15] = [
         ("RegisterSite", &["design"]),
         ("ApplyDesign", &["site_id", "sources"]),
         ("InstallSite", &["site_id"]),
@@ -238,6 +238,9 @@ fn constrain(schemas: &mut Map<String, Value>) {
         ("NodeAdded", &["site_id", "node"]),
         ("NodeRemoved", &["site_id", "node"]),
         ("RemoveSite", &["site_id"]),
+        ("RemoveNode", &["site_id", "node"]),
+        ("ReprovisionNode", &["site_id", "node"]),
+        ("DecommissionSite", &["site_id"]),
         ("RegisterPackage", &["package"]),
         ("PatchPackage", &["name", "version"]),
         ("PauseRollout", &["rollout_id"]),

@@ -8,6 +8,7 @@ pub mod connect;
 pub mod dead;
 pub mod design;
 pub mod events;
+pub mod lifecycle;
 pub mod node;
 pub mod output;
 pub mod package;

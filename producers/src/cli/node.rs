@@ -1,5 +1,6 @@
 //! `landfall node add`: a host appears at a simulated site; with `--wait`, its join is
-//! followed until the node is ready, could not join, or the site refused it.
+//! followed until the node is ready, could not join, or the site refused it. `node remove` and
+//! `node reprovision` are `lifecycle.rs`'s.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -24,6 +25,15 @@ pub enum NodeCommand {
     /// A new host appears at a simulated site (`landfall up`); its gateway announces it and
     /// the orchestrator provisions it and joins it to the site's cluster.
     Add(NodeAddArgs),
+    /// Take a node away for good: cordoned, drained (its pods' disruption budgets honoured),
+    /// its Node deleted, its host deprovisioned (Metal3 cleans it) and deleted, and out of the
+    /// site's design. Refused for the last master, or (by the site) while another master is not
+    /// Ready. Exit 0 removed, 1 failed (the reason; the node stays), 2 refused, 3 out of time.
+    Remove(super::lifecycle::NodeOperationArgs),
+    /// Re-image a failed or suspect node and join it again at the site's current versions:
+    /// cordoned, drained, its Node deleted, its host deprovisioned, then provisioned, its
+    /// binaries installed and seen Ready. Exit codes as for `remove`.
+    Reprovision(super::lifecycle::NodeOperationArgs),
 }
 
 #[derive(Debug, Args)]
@@ -60,6 +70,8 @@ pub enum NodeRole {
 pub async fn run(url: &str, cmd: NodeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         NodeCommand::Add(args) => node_add(url, &args).await,
+        NodeCommand::Remove(args) => super::lifecycle::remove_node(url, &args).await,
+        NodeCommand::Reprovision(args) => super::lifecycle::reprovision_node(url, &args).await,
     }
 }
 

@@ -42,6 +42,10 @@ pub enum SiteCommand {
     /// kubeconfig and BMC credentials, its gateway's consumer and its undelivered jobs go; its
     /// install's summary stays. Refused while an install or rollout works on the site.
     Remove(RemoveArgs),
+    /// Take a site away for good: every host deprovisioned and deleted, the BPA's resources
+    /// and the site's kubeconfig and landfall Secrets deleted at the site; its records archived
+    /// at the hub, then removed as `site remove` does. Prints how to revoke its NATS user.
+    Decommission(super::lifecycle::DecommissionArgs),
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +85,7 @@ pub async fn run(url: &str, cmd: SiteCommand) -> anyhow::Result<ExitCode> {
         SiteCommand::Install(args) => install_site(url, &args).await,
         SiteCommand::Stage(args) => artifacts::stage(url, &args).await,
         SiteCommand::Remove(args) => remove_site(url, &args).await,
+        SiteCommand::Decommission(args) => super::lifecycle::decommission_site(url, &args).await,
     }
 }
 

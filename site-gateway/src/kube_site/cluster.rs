@@ -224,7 +224,8 @@ pub(super) fn versions(packages: &[Package]) -> impl Iterator<Item = (&str, &str
     packages.iter().map(|p| (p.name.as_str(), p.version.as_str()))
 }
 
-async fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), BackendError> {
+/// Writes `bytes` to `path` through a temporary file renamed over it: a reader never sees half.
+pub(super) async fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), BackendError> {
     let io = |e: std::io::Error| BackendError::permanent(path.display().to_string(), e);
     if let Some(dir) = path.parent() {
         tokio::fs::create_dir_all(dir).await.map_err(io)?;

@@ -17,8 +17,8 @@ use bus_schema::pb;
 use k8s_openapi::ByteString;
 use serde_json::{Value, json};
 
-use super::KubeSite;
 use super::metal3::{BareMetalHost, Nic};
+use super::{KubeSite, marks};
 use crate::backend::BackendError;
 
 /// The key of the Secret Metal3 reads the network data from.
@@ -56,7 +56,7 @@ impl KubeSite {
         };
         let data =
             network_data(network, nics).map_err(|e| BackendError::permanent_reason(format!("host {name}: {e}")))?;
-        let secret = format!("{name}-network-data");
+        let secret = marks::network_data_secret(name);
         let bytes = serde_json::to_vec_pretty(&data).unwrap_or_default();
         self.apply_secret(&secret, BTreeMap::from([(NETWORK_DATA_KEY.to_string(), ByteString(bytes))]), "network-data")
             .await?;

@@ -1,5 +1,6 @@
 //! The names the gateway writes on the site's objects: the field manager of its server-side
-//! applies, and the annotations, label and finalizer it puts on hosts and Nodes.
+//! applies, the annotations, labels and finalizer it puts on hosts, Nodes and Secrets, and the
+//! names of the Secrets it writes for a host.
 
 use serde_json::{Value, json};
 
@@ -13,6 +14,13 @@ pub const NODE: &str = "landfall.io/node";
 pub const ANNOUNCED: &str = "landfall.io/announced";
 /// Keeps a known host until the gateway has announced its removal (`NodeRemoved`).
 pub const FINALIZER: &str = "landfall.io/node-removal";
+/// On a host the gateway deletes itself (`landfall node remove`, a site's decommission), written
+/// before the delete: the host watch lets it go without announcing a departure, since the
+/// command that removes the node says so already.
+pub const RETIRED: &str = "landfall.io/retired";
+/// On every Secret the gateway writes, what it holds (`bmc-credentials`, `user-data`,
+/// `network-data`): how a site's decommission finds the Secrets that are landfall's to delete.
+pub const PURPOSE_LABEL: &str = "landfall.io/purpose";
 /// On a Node of the application cluster that the gateway made unschedulable for a patch: it
 /// makes it schedulable again, and never lifts a cordon without it.
 pub const CORDONED: &str = "landfall.io/cordoned";
@@ -21,6 +29,21 @@ pub const ROLE_LABEL: &str = "landfall.io/role";
 /// What a node runs, one annotation per package: `landfall.io/pkg.<name>: <version>`.
 pub fn package(name: &str) -> String {
     format!("landfall.io/pkg.{name}")
+}
+
+/// The Secret of a host's BMC credentials, for a host the gateway creates.
+pub fn bmc_secret(host: &str) -> String {
+    format!("{host}-bmc-secret")
+}
+
+/// The Secret of a host's user data, when the gateway generates it.
+pub fn user_data_secret(host: &str) -> String {
+    format!("{host}-user-data")
+}
+
+/// The Secret of a host's network data (`networkData`), for a node whose design has a network.
+pub fn network_data_secret(host: &str) -> String {
+    format!("{host}-network-data")
 }
 
 /// Adds the gateway's finalizer to an intent's `metadata.finalizers` (a set).

@@ -9,7 +9,8 @@
 //! This file holds [`KubeSite`] and its [`SiteBackend`] implementation, which hands each job to
 //! the file that does it: `provision.rs` (hosts through Metal3), `cluster.rs` (binaries, the
 //! kubeconfig and container packages through the BPA and the application cluster),
-//! `patch.rs`, `hosts.rs` (the watch of arrivals and removals).
+//! `patch.rs`, `hosts.rs` (the watch of arrivals and removals), `lifecycle.rs` (a node removed or
+//! reprovisioned, a site decommissioned).
 
 pub mod apply;
 pub mod bpa;
@@ -20,6 +21,7 @@ mod drain;
 mod error;
 mod host_setup;
 mod hosts;
+mod lifecycle;
 pub mod marks;
 pub mod metal3;
 pub mod ownership;
@@ -153,6 +155,30 @@ impl SiteBackend for KubeSite {
 
     async fn observe_patched(&self, node: &str, package: &bus_schema::domain::Package) -> Result<(), BackendError> {
         self.observe_node(node, std::slice::from_ref(package)).await
+    }
+
+    async fn host_names(&self) -> Result<Vec<String>, BackendError> {
+        self.managed_hosts().await
+    }
+
+    async fn delete_node(&self, node: &str) -> Result<bool, BackendError> {
+        self.delete_cluster_node(node).await
+    }
+
+    async fn deprovision_host(
+        &self,
+        node: &str,
+        progress: mpsc::UnboundedSender<ProvisioningState>,
+    ) -> Result<bool, BackendError> {
+        self.take_os_off(node, &progress).await
+    }
+
+    async fn forget_host(&self, node: &str) -> Result<bool, BackendError> {
+        self.forget(node).await
+    }
+
+    async fn tear_down_cluster(&self) -> Result<Vec<String>, BackendError> {
+        self.tear_down().await
     }
 
     fn host_changes(&self) -> mpsc::UnboundedReceiver<HostNotice> {

@@ -48,7 +48,7 @@ impl KubeSite {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: Some(self.cfg.namespace.clone()),
-                labels: Some(BTreeMap::from([("landfall.io/purpose".to_string(), purpose.to_string())])),
+                labels: Some(BTreeMap::from([(marks::PURPOSE_LABEL.to_string(), purpose.to_string())])),
                 ..Default::default()
             },
             type_: Some("Opaque".into()),
@@ -83,7 +83,7 @@ impl KubeSite {
             ))),
             UserData::Existing(name) => Ok(name.clone()),
             UserData::Generated { ssh_authorized_keys } => {
-                let name = format!("{node}-user-data");
+                let name = marks::user_data_secret(node);
                 let mut cloud_config = format!("#cloud-config\nhostname: {node}\n");
                 if !ssh_authorized_keys.is_empty() {
                     cloud_config.push_str("ssh_authorized_keys:\n");
@@ -121,7 +121,7 @@ impl KubeSite {
                 "host {name} has no BareMetalHost and the hub holds no BMC credentials to create one (landfall bmc set)"
             )));
         };
-        let credentials = format!("{name}-bmc-secret");
+        let credentials = marks::bmc_secret(name);
         let data = BTreeMap::from([
             ("username".to_string(), ByteString(bmc.username.clone().into_bytes())),
             ("password".to_string(), ByteString(bmc.password.clone().into_bytes())),
@@ -132,7 +132,9 @@ impl KubeSite {
             "kind": "BareMetalHost",
             "metadata": {"name": name, "namespace": self.cfg.namespace,
                          "labels": {marks::ROLE_LABEL: role_label(req.node.role)}},
-            "spec": {"bootMACAddress": req.node.boot_mac.as_str(),
+            // `online` is required by the CRD: a host first registered without its image (to be
+            // inspected for its network data) must carry it already.
+            "spec": {"online": true, "bootMACAddress": req.node.boot_mac.as_str(),
                      "bmc": {"address": req.node.bmc_address.as_str(), "credentialsName": credentials}},
         }))
     }
@@ -355,6 +357,7 @@ mod tests {
             json!({"address": "redfish://10.0.0.1/redfish/v1/Systems/1", "credentialsName": "n1-bmc-secret"})
         );
         assert_eq!(intent["spec"]["bootMACAddress"], json!("52:54:00:00:00:01"));
+        assert_eq!(intent["spec"]["online"], json!(true), "the CRD requires it");
         assert_eq!(intent["metadata"]["labels"], json!({marks::ROLE_LABEL: "worker"}));
     }
 

@@ -11,7 +11,8 @@
 //! This file holds the site itself (its constructors, its lock, what it tells tests) and its
 //! [`SiteBackend`] implementation, which hands each job to the part that does it:
 //! `provision.rs` (hosts walking Metal3's states, decided in `metal3.rs`), `bpa.rs` (artifacts,
-//! binaries, container packages), `patch.rs`, `kubeconfig.rs`, `arrivals.rs`; `state.rs` is what
+//! binaries, container packages), `patch.rs`, `kubeconfig.rs`, `arrivals.rs`, `lifecycle.rs`
+//! (nodes and hosts taken away, the cluster torn down); `state.rs` is what
 //! they share under the lock, `persist.rs` how it is kept in a file, `faults.rs` the failures
 //! injected, `effects.rs` what was done, `timing.rs` how long it takes. `control.rs` lets a host
 //! arrive by request over the bus.
@@ -23,6 +24,7 @@ mod drain;
 mod effects;
 mod faults;
 mod kubeconfig;
+mod lifecycle;
 mod metal3;
 mod patch;
 mod persist;
@@ -286,6 +288,26 @@ impl SiteBackend for SimSite {
     async fn observe_patched(&self, node: &str, _package: &Package) -> Result<(), BackendError> {
         // The simulated node runs what its patch installed as soon as the patch returns.
         self.inner.lock().provisioned(node).map(|_| ())
+    }
+
+    async fn host_names(&self) -> Result<Vec<String>, BackendError> {
+        Ok(self.host_names_now())
+    }
+
+    async fn delete_node(&self, node: &str) -> Result<bool, BackendError> {
+        Ok(self.delete_cluster_node(node))
+    }
+
+    async fn deprovision_host(&self, node: &str, progress: mpsc::UnboundedSender<S>) -> Result<bool, BackendError> {
+        self.deprovision(node, progress).await
+    }
+
+    async fn forget_host(&self, node: &str) -> Result<bool, BackendError> {
+        Ok(self.forget(node))
+    }
+
+    async fn tear_down_cluster(&self) -> Result<Vec<String>, BackendError> {
+        Ok(self.tear_down())
     }
 
     fn host_changes(&self) -> mpsc::UnboundedReceiver<HostNotice> {

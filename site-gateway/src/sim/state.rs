@@ -93,6 +93,12 @@ impl Hosts {
         self.map.insert(name, host);
     }
 
+    /// Deletes the host; whether there was one.
+    pub(super) fn remove(&mut self, name: &str) -> bool {
+        self.touched.insert(name.to_string());
+        self.map.remove(name).is_some()
+    }
+
     pub(super) fn contains_key(&self, name: &str) -> bool {
         self.map.contains_key(name)
     }

@@ -384,6 +384,14 @@
         return `${e.node} drained: ${plural((e.evicted || []).length, 'pod')} evicted`;
       case 'NodeUncordoned':
         return `${e.node} uncordoned`;
+      case 'NodeRetired':
+        return `${e.node}: ${[e.node_deleted && 'Node deleted', e.host_deprovisioned && 'host deprovisioned', e.host_deleted && 'host deleted'].filter(Boolean).join(', ') || 'nothing left to take away'}`;
+      case 'SiteTornDown':
+        return `${plural((e.hosts || []).length, 'host')} and ${plural((e.resources || []).length, 'resource')} taken away`;
+      case 'SiteDecommissioned':
+        return `archived as ${e.archive_key}; revoke NATS user ${e.nats_user}`;
+      case 'LifecycleFailed':
+        return `${e.operation}${e.node ? ` of ${e.node}` : ''}: ${e.reason}`;
       case 'NodePatched':
         return `${e.node}: ${e.from_version} → ${pkg(e.package)}`;
       case 'NodePatchFailed':
@@ -1143,7 +1151,7 @@
                       { scope: 'row' },
                       n.name,
                       n.in_design ? null : h('span', { class: 'pill pill-warn', title: 'The site reported this node; the design does not have it' }, 'not in design'),
-                      n.out_of_service ? h('span', { class: 'pill pill-warn', title: 'Taken out of service for a patch: unschedulable' }, n.out_of_service) : null,
+                      n.out_of_service ? h('span', { class: 'pill pill-warn', title: 'Taken out of service for a patch or a reprovision' }, n.out_of_service) : null,
                     ),
                     h('td', {}, label(n.role)),
                     h('td', { dataset: { field: 'step' } }, badge('step', n.step)),

@@ -190,6 +190,10 @@ fn the_steps_of_a_node_out_of_service_read_as_its_state_until_it_is_back() {
     assert_eq!(service_of_event(pb::NodeDrained::TYPE, &drained.encode_to_vec()).unwrap().2, Some("drained"));
     let back = pb::NodeUncordoned { site_id: "edge-01".into(), node: "w1".into(), rollout_id: "r".into() };
     assert_eq!(service_of_event(pb::NodeUncordoned::TYPE, &back.encode_to_vec()).unwrap().2, None);
+    let wiped = pb::NodeRetired { site_id: "edge-01".into(), node: "w1".into(), ..Default::default() };
+    assert_eq!(service_of_event(pb::NodeRetired::TYPE, &wiped.encode_to_vec()).unwrap().2, Some("wiped"));
+    let ready = pb::NodeReady { site_id: "edge-01".into(), node: "w1".into(), ..Default::default() };
+    assert_eq!(service_of_event(pb::NodeReady::TYPE, &ready.encode_to_vec()).unwrap().2, None, "joined again");
     assert_eq!(service_of_event(pb::NodePatched::TYPE, &[]), None);
     assert_eq!(service_of_event(pb::NodeDrained::TYPE, &[0xff, 0xff]), None, "garbage is no state");
 }
