@@ -299,6 +299,30 @@ impl KubeSiteRig {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
+    /// A running pod on `node` in `default`, owned by a controller of `owner_kind` (none: a
+    /// bare pod).
+    pub async fn run_pod(&self, name: &str, node: &str, owner_kind: Option<&str>, labels: Value) {
+        use k8s_openapi::api::core::v1::Pod;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        let mut body = json!({"metadata": {"name": name, "labels": labels},
+                              "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.example/c:1"}]}});
+        if let Some(kind) = owner_kind {
+            body["metadata"]["ownerReferences"] =
+                json!([{"apiVersion": "apps/v1", "kind": kind, "name": "owner", "uid": "0000", "controller": true}]);
+        }
+        pods.create(&Default::default(), &serde_json::from_value(body).expect("a pod")).await.expect("create the pod");
+        let running = json!({"status": {"phase": "Running"}});
+        pods.patch_status(name, &Default::default(), &Patch::Merge(&running)).await.expect("the pod runs");
+    }
+
+    /// The pods in `default`, by name.
+    pub async fn pod_names(&self) -> Vec<String> {
+        use k8s_openapi::api::core::v1::Pod;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        let list = pods.list(&Default::default()).await.expect("list pods");
+        list.items.into_iter().filter_map(|p| p.metadata.name).collect()
+    }
+
     /// Creates a BareMetalHost as an operator would (BMC, boot MAC, role label) and walks it,
     /// as Metal3 does, through registering and inspecting to available, with hardware details
     /// whose boot NIC has `ip`.
@@ -530,7 +554,9 @@ async fn kubelets(client: kube::Client, knobs: KubeletKnobs, shutdown: Cancellat
                 let listed = site_gateway::kube_site::bpa::provisioned_nodes(&p.data);
                 registered.retain(|n| listed.contains_key(n));
                 for (name, (role, _)) in listed {
-                    if states.get(&name).is_some_and(|s| WITHOUT_OS.contains(&s.as_str())) {
+                    // No host (deleted, its entry not yet out of the Provisioning), or a host with no
+                    // OS: no kubelet runs there.
+                    if states.get(&name).is_none_or(|s| WITHOUT_OS.contains(&s.as_str())) {
                         registered.remove(&name);
                         continue;
                     }
@@ -621,6 +647,9 @@ async fn metal3_operator(client: kube::Client, knobs: Metal3Knobs, shutdown: Can
             h = events.next() => match h { Some(Ok(h)) => h, Some(Err(_)) => continue, None => return },
         };
         let name = host.metadata.name.clone().unwrap_or_default();
+        // Reconciled from the host as it is now, as Metal3 does: an event queued behind the
+        // stand-in's own writes shows a state it has left already.
+        let Ok(Some(host)) = hosts.get_opt(&name).await else { continue };
         if host.metadata.deletion_timestamp.is_some() {
             delete_host(&hosts, &name, &knobs).await;
             continue;

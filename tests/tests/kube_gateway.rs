@@ -55,27 +55,6 @@ fn of_type<M: BusMessage>(events: &[ReadEvent]) -> Vec<M> {
     events.iter().filter(|e| e.delivery.type_name == M::TYPE).map(|e| e.delivery.decode().unwrap()).collect()
 }
 
-/// A running pod on `node`, owned by a controller of `owner_kind` (none: a bare pod).
-async fn run_pod(rig: &KubeSiteRig, name: &str, node: &str, owner_kind: Option<&str>, labels: serde_json::Value) {
-    use k8s_openapi::api::core::v1::Pod;
-    let pods: Api<Pod> = Api::namespaced(rig.client.clone(), "default");
-    let mut body = json!({"metadata": {"name": name, "labels": labels},
-                          "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.example/c:1"}]}});
-    if let Some(kind) = owner_kind {
-        body["metadata"]["ownerReferences"] =
-            json!([{"apiVersion": "apps/v1", "kind": kind, "name": "owner", "uid": "0000", "controller": true}]);
-    }
-    pods.create(&Default::default(), &serde_json::from_value(body).unwrap()).await.unwrap();
-    let running = json!({"status": {"phase": "Running"}});
-    pods.patch_status(name, &Default::default(), &kube::api::Patch::Merge(&running)).await.unwrap();
-}
-
-async fn pod_names(rig: &KubeSiteRig) -> Vec<String> {
-    use k8s_openapi::api::core::v1::Pod;
-    let pods: Api<Pod> = Api::namespaced(rig.client.clone(), "default");
-    pods.list(&Default::default()).await.unwrap().items.into_iter().filter_map(|p| p.metadata.name).collect()
-}
-
 fn types(events: &[ReadEvent]) -> Vec<String> {
     events.iter().map(|e| e.delivery.type_name.clone()).collect()
 }
@@ -275,8 +254,8 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
     assert_eq!(data["services"], json!([{"type": "dns", "address": "10.1.0.2"}]));
     let demo = producers::up::demo_packages();
     // The worker runs a replica of a Deployment and a DaemonSet's pod.
-    run_pod(&rig, "web-1", "w-1", Some("ReplicaSet"), json!({"app": "web"})).await;
-    run_pod(&rig, "agent-w-1", "w-1", Some("DaemonSet"), json!({"app": "agent"})).await;
+    rig.run_pod("web-1", "w-1", Some("ReplicaSet"), json!({"app": "web"})).await;
+    rig.run_pod("agent-w-1", "w-1", Some("DaemonSet"), json!({"app": "agent"})).await;
 
     let kubelet =
         pb::Package { version: "1.29.3".into(), ..demo.iter().find(|p| p.name == "kubelet").unwrap().clone() };
@@ -302,7 +281,7 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
         "{}",
         rig.gateway_log()
     );
-    assert_eq!(pod_names(&rig).await, ["agent-w-1"]);
+    assert_eq!(rig.pod_names().await, ["agent-w-1"]);
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(rig.client.clone());
     for name in ["m-1", "w-1"] {
         let node = nodes.get(name).await.unwrap();
@@ -355,7 +334,7 @@ async fn a_blocked_drain_or_a_node_not_ready_fails_the_node_with_the_reason() {
     assert_eq!(types(&installed).last().map(String::as_str), Some(pb::SiteInstalled::TYPE), "{}", rig.gateway_log());
 
     // The database's budget allows no disruption now; its pod is on w-1.
-    run_pod(&rig, "db-0", "w-1", Some("StatefulSet"), json!({"app": "db"})).await;
+    rig.run_pod("db-0", "w-1", Some("StatefulSet"), json!({"app": "db"})).await;
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(rig.client.clone(), "default");
     let pdb =
         json!({"metadata": {"name": "db"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}});
@@ -418,7 +397,7 @@ async fn a_blocked_drain_or_a_node_not_ready_fails_the_node_with_the_reason() {
     assert!(!steps.contains(&"w-2 uncordoned".to_string()), "{steps:?}");
     assert_eq!(nodes.get("w-1").await.unwrap().spec.unwrap().unschedulable, None);
     assert_eq!(nodes.get("w-2").await.unwrap().spec.unwrap().unschedulable, Some(true));
-    assert_eq!(pod_names(&rig).await, ["db-0"]);
+    assert_eq!(rig.pod_names().await, ["db-0"]);
     let host = rig.hosts().get("w-1").await.unwrap();
     assert_eq!(host.annotations().get(&marks::package("kubelet")).map(String::as_str), Some("1.29.2"));
 }
