@@ -36,6 +36,10 @@ use tokio_util::sync::CancellationToken;
 use crate::kube::KubeApiServer;
 use crate::nats::NatsServer;
 
+mod kubelets;
+pub use kubelets::KubeletKnobs;
+use kubelets::kubelets;
+
 pub const SITE: &str = "edge-k1";
 pub const NAMESPACE: &str = "metal3";
 /// The application cluster's namespace for container packages.
@@ -485,115 +489,6 @@ pub async fn set_status(hosts: &Api<BareMetalHost>, name: &str, mut status: Valu
     }
     let patch = json!({"status": status});
     hosts.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("write the host's status");
-}
-
-/// What the kubelets' stand-in is told, shared with the test.
-#[derive(Debug, Clone, Default)]
-pub struct KubeletKnobs {
-    /// Nodes whose kubelet reports `Ready: False`.
-    pub not_ready: Arc<Mutex<BTreeSet<String>>>,
-    /// Each node's `spec.unschedulable`, every time it changed: (node, unschedulable), in order.
-    pub cordons: Arc<Mutex<Vec<(String, bool)>>>,
-}
-
-impl KubeletKnobs {
-    pub fn set_ready(&self, node: &str, ready: bool) {
-        let mut set = self.not_ready.lock().unwrap();
-        if ready {
-            set.remove(node);
-        } else {
-            set.insert(node.to_string());
-        }
-    }
-
-    pub fn cordons(&self) -> Vec<(String, bool)> {
-        self.cordons.lock().unwrap().clone()
-    }
-}
-
-/// The states of a host that runs no OS, so no kubelet.
-const WITHOUT_OS: [&str; 4] = ["available", "deprovisioning", "powering off before delete", "deleting"];
-
-/// The kubelets' part: every node of the BPA's `Provisioning` is a `Node` of the application
-/// cluster (the same API server), `Ready` unless the test says otherwise, reporting the kubelet
-/// version its role's `Software` lists (the BPA installs a role's software on all its nodes).
-/// Records each change of a node's schedulability.
-///
-/// As a kubelet does, each registers its `Node` once: one deleted stays deleted until the
-/// kubelet starts again, which it does once its host has an OS again after losing it (a host
-/// `available` or on its way there runs none) or its node joins the cluster again.
-async fn kubelets(client: kube::Client, knobs: KubeletKnobs, shutdown: CancellationToken) {
-    use k8s_openapi::api::core::v1::Node;
-    let provisionings: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NAMESPACE, &site_gateway::kube_site::bpa::provisioning_resource());
-    let softwares: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NAMESPACE, &site_gateway::kube_site::bpa::software_resource());
-    let hosts: Api<BareMetalHost> = Api::namespaced(client.clone(), NAMESPACE);
-    let nodes: Api<Node> = Api::all(client);
-    let mut schedulable = std::collections::BTreeMap::<String, bool>::new();
-    let mut registered = BTreeSet::<String>::new();
-    loop {
-        match provisionings.get_opt(SITE).await {
-            Ok(Some(p)) => {
-                let software = softwares.get_opt(&format!("{SITE}-software")).await.ok().flatten();
-                let versions =
-                    software.map(|s| site_gateway::kube_site::bpa::software_versions(&s.data)).unwrap_or_default();
-                let states: std::collections::BTreeMap<String, String> = hosts
-                    .list(&Default::default())
-                    .await
-                    .map(|l| {
-                        l.items
-                            .into_iter()
-                            .map(|h| {
-                                let state = h.status.map(|s| s.provisioning.state).unwrap_or_default();
-                                (h.metadata.name.unwrap_or_default(), state)
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let listed = site_gateway::kube_site::bpa::provisioned_nodes(&p.data);
-                registered.retain(|n| listed.contains_key(n));
-                for (name, (role, _)) in listed {
-                    // No host (deleted, its entry not yet out of the Provisioning), or a host with no
-                    // OS: no kubelet runs there.
-                    if states.get(&name).is_none_or(|s| WITHOUT_OS.contains(&s.as_str())) {
-                        registered.remove(&name);
-                        continue;
-                    }
-                    let kubelet = versions.get(&role).and_then(|v| v.get("kubelet")).cloned().unwrap_or_default();
-                    let ready = !knobs.not_ready.lock().unwrap().contains(&name);
-                    let node = match nodes.get_opt(&name).await {
-                        Ok(Some(node)) => node,
-                        Ok(None) if registered.contains(&name) => continue,
-                        Ok(None) => {
-                            let body: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-                            match nodes.create(&kube::api::PostParams::default(), &body).await {
-                                Ok(node) => node,
-                                Err(_) => continue,
-                            }
-                        }
-                        Err(_) => continue,
-                    };
-                    registered.insert(name.clone());
-                    let status = json!({"status": {
-                        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
-                        "nodeInfo": {"kubeletVersion": format!("v{kubelet}")},
-                    }});
-                    let _ = nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
-                    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
-                    if schedulable.insert(name.clone(), cordoned) != Some(cordoned) {
-                        knobs.cordons.lock().unwrap().push((name, cordoned));
-                    }
-                }
-            }
-            Ok(None) => registered.clear(),
-            Err(_) => {}
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-        }
-    }
 }
 
 /// What the Metal3 stand-in is told, shared with the test.

@@ -317,6 +317,46 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
     }
 }
 
+/// The BPA's `Software` names a version per role and installs it on every node of the role at
+/// once; a kubelet rollout with `max_unavailable 1` still changes one node at a time: each is
+/// cordoned, gets the version from a Job pinned to it, is seen Ready at it and is uncordoned
+/// before the next is touched, and the role's `Software` moves once the whole role runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kubelet_rollout_changes_one_node_at_a_time_whatever_the_bpas_per_role_software() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.start_gateway();
+    for (name, role, i) in [("m-1", "master", 1), ("m-2", "master", 2), ("w-1", "worker", 3), ("w-2", "worker", 4)] {
+        rig.create_host(name, role, &mac(i), &format!("10.1.0.{}", 10 + i)).await;
+    }
+    rig.wait_design(|n| n.len() == 4).await;
+    let installed = install(&rig).await;
+    assert_eq!(types(&installed).last().map(String::as_str), Some(pb::SiteInstalled::TYPE), "{}", rig.gateway_log());
+    let from = rig.kubelets.log().len();
+    let demo = producers::up::demo_packages();
+    let kubelet =
+        pb::Package { version: "1.29.3".into(), ..demo.iter().find(|p| p.name == "kubelet").unwrap().clone() };
+    let rollout = patch_with(&rig, kubelet, 1).await;
+    assert_eq!(types(&rollout).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{}", rig.gateway_log());
+    let expected: Vec<String> = ["m-1", "m-2", "w-1", "w-2"]
+        .iter()
+        .flat_map(|n| [format!("{n} cordoned"), format!("{n} kubelet 1.29.3"), format!("{n} uncordoned")])
+        .collect();
+    // The kubelets' stand-in looks every 100 ms: it may see the last uncordon a moment after.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while rig.kubelets.log().len() < from + expected.len() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log: Vec<String> = rig.kubelets.log()[from..].to_vec();
+    assert_eq!(log, expected, "{}", rig.gateway_log());
+    let softwares: Api<DynamicObject> = Api::namespaced_with(rig.client.clone(), NAMESPACE, &bpa::software_resource());
+    let software = bpa::software_versions(&softwares.get(&format!("{SITE}-software")).await.unwrap().data);
+    for role in [bus_schema::domain::Role::Master, bus_schema::domain::Role::Worker] {
+        assert_eq!(software[&role]["kubelet"], "1.29.3", "the whole role runs it: the BPA follows");
+    }
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::all(rig.client.clone());
+    assert!(jobs.list(&Default::default()).await.unwrap().items.is_empty(), "each upgrade Job went once done");
+}
+
 /// A drain a disruption budget blocks waits, then fails the node with the budget's reason: the
 /// node keeps its version and is schedulable again. A worker that is not Ready after its patch
 /// fails and stays cordoned. A master is not started while another master is not Ready.

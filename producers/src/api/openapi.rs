@@ -185,7 +185,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
     let bond_mode = json!({ "enum": bond_modes });
     let vlan_id = json!({ "maximum": 4094 });
     let device = json!({ "pattern": "^(/dev/.+)?$" });
-    let fields: [(&str, &str, &Value); 17] = [
+    let fields: [(&str, &str, &Value); 19] = [
         ("NodeInterface", "name", &nonempty),
         ("NodeInterface", "bond_mode", &bond_mode),
         ("NodeInterface", "vlan_id", &vlan_id),
@@ -196,6 +196,8 @@ fn constrain(schemas: &mut Map<String, Value>) {
         ("NodeSpec", "boot_mac", &mac),
         ("NodeSpec", "bmc_address", &bmc),
         ("NodeRemoved", "node", &dns_label),
+        ("RemoveNode", "node", &dns_label),
+        ("ReprovisionNode", "node", &dns_label),
         ("PackageRef", "name", &name),
         ("PackageRef", "version", &version),
         ("Package", "name", &name),

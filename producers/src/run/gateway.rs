@@ -123,6 +123,17 @@ pub struct KubeArgs {
     /// them) or evict (they are gone for good).
     #[arg(long, value_enum, default_value = "refuse")]
     pub drain_unmanaged_pods: DrainUnmanaged,
+    /// The image of the Job that installs a binary on the one node a patch is for (it needs
+    /// sh, wget, sha256sum, install and chroot); the BPA's per-role Software moves only once
+    /// the whole role runs the version.
+    #[arg(long, default_value = "docker.io/library/busybox:1.36")]
+    pub upgrade_image: String,
+    /// The application cluster's namespace that Job runs in.
+    #[arg(long, default_value = "kube-system")]
+    pub upgrade_namespace: String,
+    /// How long that Job may take before the node's patch fails.
+    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    pub upgrade_timeout: std::time::Duration,
 }
 
 /// `--drain-unmanaged-pods`.
@@ -167,6 +178,9 @@ impl KubeArgs {
         cfg.drain_timeout = self.drain_timeout;
         cfg.ready_timeout = self.ready_timeout;
         cfg.workload_timeout = self.workload_timeout;
+        cfg.upgrade_image = self.upgrade_image.clone();
+        cfg.upgrade_namespace = self.upgrade_namespace.clone();
+        cfg.upgrade_timeout = self.upgrade_timeout;
         cfg.unmanaged_pods = match self.drain_unmanaged_pods {
             DrainUnmanaged::Refuse => site_gateway::kube_site::UnmanagedPods::Refuse,
             DrainUnmanaged::Evict => site_gateway::kube_site::UnmanagedPods::Evict,

@@ -66,6 +66,13 @@ pub struct KubeSiteConfig {
     pub workload_timeout: Duration,
     /// How often a drain or a readiness wait looks again.
     pub poll: Duration,
+    /// The image of the Job that installs a binary on one node (`sh`, `wget`, `sha256sum`,
+    /// `install` and `chroot` in it).
+    pub upgrade_image: String,
+    /// Where in the application cluster that Job runs.
+    pub upgrade_namespace: String,
+    /// How long that Job may take before the node's patch fails.
+    pub upgrade_timeout: Duration,
 }
 
 impl KubeSiteConfig {
@@ -91,6 +98,9 @@ impl KubeSiteConfig {
             unmanaged_pods: UnmanagedPods::Refuse,
             workload_timeout: Duration::from_secs(15 * 60),
             poll: Duration::from_secs(2),
+            upgrade_image: "docker.io/library/busybox:1.36".into(),
+            upgrade_namespace: "kube-system".into(),
+            upgrade_timeout: Duration::from_secs(15 * 60),
         }
     }
 }

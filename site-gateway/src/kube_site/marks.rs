@@ -24,6 +24,11 @@ pub const PURPOSE_LABEL: &str = "landfall.io/purpose";
 /// On a Node of the application cluster that the gateway made unschedulable for a patch: it
 /// makes it schedulable again, and never lifts a cordon without it.
 pub const CORDONED: &str = "landfall.io/cordoned";
+/// On the Job that installs a binary on one node: the node.
+pub const UPGRADE_LABEL: &str = "landfall.io/upgrade";
+/// On that Job: the package and the version it installs.
+pub const UPGRADE_PACKAGE: &str = "landfall.io/package";
+pub const UPGRADE_VERSION: &str = "landfall.io/version";
 /// The node's role for a host that arrives: `master` or `worker` (the default).
 pub const ROLE_LABEL: &str = "landfall.io/role";
 /// What a node runs, one annotation per package: `landfall.io/pkg.<name>: <version>`.

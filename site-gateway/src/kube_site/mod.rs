@@ -29,6 +29,7 @@ mod patch;
 mod provision;
 #[cfg(test)]
 mod testing;
+mod upgrade;
 pub mod workloads;
 
 use std::path::PathBuf;

@@ -1,6 +1,7 @@
 //! Patching one node of a real site to a package version: an os-image reimages it through Metal3
-//! (deprovisioned, then provisioned again, its binaries reinstalled), a binary goes into the
-//! BPA's `Software`, a container is applied to the application cluster. A node that runs the
+//! (deprovisioned, then provisioned again, its binaries reinstalled), a binary is installed on
+//! that node alone (`upgrade.rs`; the BPA's per-role `Software` follows once the whole role runs
+//! it), a container is applied to the application cluster. A node that runs the
 //! version already (its `landfall.io/pkg.<name>` annotation says so) is left alone.
 
 use bus_schema::pb;
@@ -52,8 +53,10 @@ impl KubeSite {
                 }
             }
             pb::PackageKind::Binary => {
-                self.set_software(&[req.node.role], std::slice::from_ref(package)).await?;
+                // On this node alone; the role's Software follows once all of it runs the version.
+                self.upgrade_node(name, package).await?;
                 self.record_versions(name, versions(std::slice::from_ref(package))).await?;
+                self.software_follows_role(req.node.role, package).await?;
             }
             _ => {
                 let applier = self.applier(self.application_cluster().await?);
