@@ -331,6 +331,10 @@ pub struct NodeDesign {
     /// Kernel parameters the OS boots with (design documents only).
     #[serde(skip)]
     pub kernel_parameters: BTreeMap<String, String>,
+    /// How Metal3 cleans the disks when the OS comes off (design documents only; unspecified:
+    /// as the host says).
+    #[serde(skip)]
+    pub cleaning: pb::CleaningMode,
 }
 
 impl TryFrom<pb::NodeSpec> for NodeDesign {
@@ -352,6 +356,8 @@ impl TryFrom<pb::NodeSpec> for NodeDesign {
             network: n.network,
             root_device: n.root_device,
             kernel_parameters: n.kernel_parameters.into_iter().collect(),
+            cleaning: pb::CleaningMode::try_from(n.cleaning)
+                .map_err(|_| InvalidField::new("cleaning", format!("{} is no cleaning mode", n.cleaning)))?,
         })
     }
 }
@@ -367,6 +373,7 @@ impl From<&NodeDesign> for pb::NodeSpec {
             network: n.network.clone(),
             root_device: n.root_device.clone(),
             kernel_parameters: n.kernel_parameters.clone().into_iter().collect(),
+            cleaning: n.cleaning as i32,
         }
     }
 }

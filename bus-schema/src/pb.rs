@@ -445,6 +445,7 @@ pub mod json {
         RolloutSiteState => as_str_name,
         LeaseHolder => as_str_name,
         LifecycleKind => as_str_name,
+        CleaningMode => as_str_name,
         LifecyclePhase => as_str_name,
         LinkState => as_str_name,
     );

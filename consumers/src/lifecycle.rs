@@ -24,6 +24,7 @@ pub fn masters(design: &SiteDesign) -> Vec<String> {
 /// Removing the last master: the cluster would be gone with it.
 pub fn remove_job(site: &str, design: &SiteDesign, node: &str) -> Result<pb::RetireNode, Refusal> {
     let masters = masters(design);
+    let cleaning = design.node(node).map_or(pb::CleaningMode::Unspecified, |n| n.cleaning);
     let role = match design.node(node) {
         Some(n) if n.role == Role::Master && masters.len() == 1 => {
             return Err(refused(
@@ -42,6 +43,7 @@ pub fn remove_job(site: &str, design: &SiteDesign, node: &str) -> Result<pb::Ret
         role: pb::Role::from(role) as i32,
         masters,
         keep_host: false,
+        cleaning: cleaning as i32,
     })
 }
 
@@ -67,6 +69,7 @@ pub fn reprovision_job(site: &str, design: &SiteDesign, node: &str) -> Result<pb
         role: pb::Role::from(n.role) as i32,
         masters,
         keep_host: true,
+        cleaning: n.cleaning as i32,
     })
 }
 
@@ -178,6 +181,7 @@ mod tests {
                 network: None,
                 root_device: None,
                 kernel_parameters: Default::default(),
+                cleaning: Default::default(),
             });
         }
         SiteDesign {

@@ -331,15 +331,17 @@ pub trait SiteBackend: Send + Sync + 'static {
     /// (never joined, deleted before, or no cluster).
     fn delete_node(&self, node: &str) -> impl Future<Output = Result<bool, BackendError>> + Send;
 
-    /// Takes the OS off the node's host: Metal3 deprovisions it (its disks cleaned as the host's
-    /// `automatedCleaningMode` says) and this returns once the host is `available`, each state
-    /// it passes sent on `progress`. `false` when the site has no host of that name.
+    /// Takes the OS off the node's host: Metal3 deprovisions it (its disks cleaned as `cleaning`
+    /// says, the host's own `automatedCleaningMode` when unspecified) and this returns once the
+    /// host is `available`, each state it passes sent on `progress`. `false` when the site has no
+    /// host of that name.
     ///
     /// # Errors
     /// `HostFailed` when Metal3 reports an error for the host; `Permanent` on a time-out.
     fn deprovision_host(
         &self,
         node: &str,
+        cleaning: pb::CleaningMode,
         progress: mpsc::UnboundedSender<ProvisioningState>,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send;
 

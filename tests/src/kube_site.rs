@@ -501,6 +501,7 @@ pub struct Metal3Knobs {
     pub holding: Arc<Mutex<BTreeSet<(String, String)>>>,
     /// Per host, the provisionings started (an image given to an available host), by image URL.
     pub provisions: Arc<Mutex<std::collections::BTreeMap<(String, String), u32>>>,
+    pub cleanings: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl Metal3Knobs {
@@ -513,6 +514,12 @@ impl Metal3Knobs {
     }
 
     /// How many provisionings of `host` with the image at `url` started.
+    /// The hosts deprovisioned so far and the cleaning each got (`metadata` unless the host said
+    /// otherwise, as Metal3's default), in order.
+    pub fn cleanings(&self) -> Vec<(String, String)> {
+        self.cleanings.lock().unwrap().clone()
+    }
+
     pub fn provisions_of(&self, host: &str, url: &str) -> u32 {
         self.provisions.lock().unwrap().get(&(host.to_string(), url.to_string())).copied().unwrap_or(0)
     }
@@ -577,6 +584,9 @@ async fn metal3_operator(client: kube::Client, knobs: Metal3Knobs, shutdown: Can
                 }
             }
             ("provisioned", None) => {
+                // How it cleans the disks, as the host says when its image comes off.
+                let mode = host.spec.automated_cleaning_mode.clone().unwrap_or_else(|| "metadata".into());
+                knobs.cleanings.lock().unwrap().push((name.clone(), mode));
                 set_status(&hosts, &name, status("deprovisioning", None, None)).await;
                 knobs.dwell(&name, "deprovisioning").await;
                 set_status(&hosts, &name, status("available", None, None)).await;

@@ -150,7 +150,7 @@ async fn a_removed_node_leaves_nothing_behind_and_no_departure_is_announced() {
 
     // Deprovisioned: Metal3 takes the image off, through its states.
     let (tx, mut rx) = mpsc::unbounded_channel();
-    assert!(site.deprovision_host("w-1", tx.clone()).await.unwrap());
+    assert!(site.deprovision_host("w-1", Default::default(), tx.clone()).await.unwrap());
     let seen = states(&mut rx);
     assert_eq!(seen.last(), Some(&ProvisioningState::Available), "{seen:?}");
     assert!(
@@ -163,9 +163,9 @@ async fn a_removed_node_leaves_nothing_behind_and_no_departure_is_announced() {
     // Metal3 holds the host's deletion until it has powered it off: forget_host waits for it.
     assert!(host.finalizers().iter().any(|f| f == METAL3_FINALIZER), "{:?}", host.finalizers());
     // Again: it is available with no image already, and says so at once.
-    assert!(site.deprovision_host("w-1", tx.clone()).await.unwrap());
+    assert!(site.deprovision_host("w-1", Default::default(), tx.clone()).await.unwrap());
     assert_eq!(states(&mut rx), [ProvisioningState::Available]);
-    assert!(!site.deprovision_host("w-9", tx).await.unwrap(), "no such host");
+    assert!(!site.deprovision_host("w-9", Default::default(), tx).await.unwrap(), "no such host");
 
     // Forgotten: the host (once Metal3 let it go), its Secrets, its BPA entries.
     let hosts_ini_before = rig.hosts_ini();
@@ -236,7 +236,7 @@ async fn a_torn_down_cluster_leaves_no_bpa_resource_nor_landfall_secret() {
     assert_eq!(site.host_names().await.unwrap(), ["m-1"]);
     for host in site.host_names().await.unwrap() {
         let (tx, _rx) = mpsc::unbounded_channel();
-        assert!(site.deprovision_host(&host, tx).await.unwrap(), "{host}");
+        assert!(site.deprovision_host(&host, Default::default(), tx).await.unwrap(), "{host}");
         assert!(site.forget_host(&host).await.unwrap(), "{host}");
     }
     assert!(site.host_names().await.unwrap().is_empty());

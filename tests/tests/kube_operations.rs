@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bus_schema::names;
-use bus_schema::pb::{self, BusMessage};
+use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Envelope, ReadEvent};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt;
@@ -98,9 +98,23 @@ async fn nodes_are_removed_and_reprovisioned_and_the_site_decommissioned_leaving
     assert!(host_names(&rig).await.contains("m-1"));
     rig.kubelets.set_ready("m-2", true);
 
+    // The design says w-2's disks are left as they are when its OS comes off.
+    let sites = rig.bus.kv(names::SITES_BUCKET).await.unwrap();
+    let (mut design, _) = sites.get::<pb::SiteDesign>(&names::keys::site(SITE)).await.unwrap().unwrap();
+    for node in design.nodes.iter_mut().filter(|n| n.name == "w-2") {
+        node.cleaning = pb::CleaningMode::Disabled as i32;
+    }
+    let registered = Envelope::root();
+    rig.bus.publish_command(&pb::RegisterSite { design: Some(design), expected: None }, &registered).await.unwrap();
+    rig.wait_for(pb::SiteRegistered::filter(), &registered.id).await.expect("registered");
+
     // w-2, with a pod a ReplicaSet would bring back elsewhere: drained, deleted, deprovisioned.
     rig.run_pod("web-0", "w-2", Some("ReplicaSet"), json!({"app": "web"})).await;
     let (_, removed) = run(&rig, &remove("w-2"), &remove_ends).await;
+    if removed.last().is_some_and(|e| e.delivery.type_name == pb::LifecycleFailed::TYPE) {
+        let failed: pb::LifecycleFailed = last(&removed);
+        panic!("{}\n{}", failed.reason, rig.gateway_log());
+    }
     last::<pb::NodeLeft>(&removed);
     let drained = removed.iter().find(|e| e.delivery.type_name == pb::NodeDrained::TYPE).expect("drained");
     assert_eq!(drained.delivery.decode::<pb::NodeDrained>().unwrap().evicted, ["default/web-0"]);
@@ -111,6 +125,7 @@ async fn nodes_are_removed_and_reprovisioned_and_the_site_decommissioned_leaving
         .collect();
     assert_eq!(states.last().map(String::as_str), Some("available"), "{states:?}");
     assert!(rig.pod_names().await.is_empty(), "web-0 was evicted");
+    assert_eq!(rig.metal3.cleanings(), [("w-2".to_string(), "disabled".to_string())], "cleaned as the design says");
     assert!(!node_names(&rig).await.contains("w-2"), "its Node is gone");
     assert_eq!(host_names(&rig).await, ["m-1", "m-2", "w-1"].map(String::from).into());
     assert!(!landfall_secrets(&rig).await.iter().any(|s| s.starts_with("w-2")), "{:?}", landfall_secrets(&rig).await);
@@ -133,6 +148,7 @@ async fn nodes_are_removed_and_reprovisioned_and_the_site_decommissioned_leaving
     let joined = fleet::collect(&rig.bus, names::scope_events(SITE), "rejoin", &rejoin, &ends, TIMEOUT).await;
     last::<pb::NodeReady>(&joined.events);
     assert_eq!(rig.metal3.provisions_of("w-1", &image), before + 1, "re-imaged once");
+    assert_eq!(rig.metal3.cleanings().last(), Some(&("w-1".to_string(), "metadata".to_string())), "Metal3's default");
     assert!(node_names(&rig).await.contains("w-1"), "registered again");
     let host = rig.hosts().get("w-1").await.unwrap();
     assert_eq!(host.status.map(|s| s.provisioning.state).as_deref(), Some("provisioned"));

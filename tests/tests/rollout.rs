@@ -270,6 +270,7 @@ async fn a_host_that_appears_joins_the_cluster_with_the_sites_current_versions()
         network: None,
         root_device: None,
         kernel_parameters: Default::default(),
+        cleaning: Default::default(),
     };
     let request = pb::SimulateHostArrival { site_id: "edge-01".into(), node: Some(pb::NodeSpec::from(&node)) };
     let reply = fleet

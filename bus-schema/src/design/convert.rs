@@ -40,6 +40,7 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
                 network: super::links::node_network(&site.site, node),
                 root_device: super::links::root_device(node),
                 kernel_parameters: node.kernel_parameters.iter().map(|(k, v)| (k.clone(), v.value.clone())).collect(),
+                cleaning: node.cleaning.value().map_or(crate::pb::CleaningMode::Unspecified, |c| (*c).into()),
             });
             match first {
                 None => {

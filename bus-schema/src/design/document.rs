@@ -237,6 +237,37 @@ pub struct HostProfile {
     /// Disks and filesystems, merged by name.
     #[serde(default)]
     pub storage: ListPatch<Storage>,
+    /// How Metal3 cleans the disks when the OS comes off.
+    #[serde(default)]
+    pub cleaning: Option<ScalarPatch<Cleaning>>,
+}
+
+/// Metal3's `automatedCleaningMode`, as a design writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cleaning {
+    /// Partition tables and filesystem signatures are wiped (Metal3's default).
+    Metadata,
+    /// The disks are left as they are.
+    Disabled,
+}
+
+impl Cleaning {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cleaning::Metadata => "metadata",
+            Cleaning::Disabled => "disabled",
+        }
+    }
+}
+
+impl From<Cleaning> for crate::pb::CleaningMode {
+    fn from(c: Cleaning) -> Self {
+        match c {
+            Cleaning::Metadata => crate::pb::CleaningMode::Metadata,
+            Cleaning::Disabled => crate::pb::CleaningMode::Disabled,
+        }
+    }
 }
 
 /// `kind: Node`: one machine, the top of its chain.

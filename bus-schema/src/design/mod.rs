@@ -133,4 +133,25 @@ mod tests {
         assert_eq!(selection.load_balancer_backends(&site)[0].address.to_string(), "10.1.0.11:6443");
         assert!(selection.inventory(&site).to_ini().starts_with("[all]\nnode-1 ansible_ssh_host=10.1.0.11\n"));
     }
+
+    #[test]
+    fn a_host_profiles_cleaning_is_inherited_cleared_and_reaches_the_node() {
+        let text = fixtures::design(
+            &fixtures::site("{ count: 1, selector: { hw: r640 } }", "{ count: 2 }"),
+            &[(1, "control", "r1"), (2, "worker", "r2"), (3, "big-worker", "r2")],
+        )
+        .replace("name: base\n", "name: base\ncleaning: disabled\n")
+        .replace("name: big-worker\n", "name: big-worker\ncleaning: '!'\n");
+        let docs = parse_documents(&text, "site.yaml").unwrap();
+        let site = validate(&docs, &fixtures::catalog()).unwrap();
+        let shown = render_effective(site.node("node-2").unwrap());
+        assert!(shown.contains("cleaning = disabled"), "{shown}");
+        assert!(shown.contains("(from HostProfile/base)"), "{shown}");
+        let flat = to_site_design(&site, &select(&site, &Selection::default()).unwrap()).unwrap();
+        let cleaning = |name: &str| flat.nodes.iter().find(|n| n.name.as_str() == name).unwrap().cleaning;
+        assert_eq!(cleaning("node-1"), crate::pb::CleaningMode::Disabled, "inherited by the control profile");
+        assert_eq!(cleaning("node-3"), crate::pb::CleaningMode::Unspecified, "cleared: the host's own");
+        let bad = text.replace("cleaning: disabled", "cleaning: wipe-everything");
+        assert!(parse_documents(&bad, "site.yaml").is_err(), "an unknown mode is refused");
+    }
 }

@@ -10,8 +10,8 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use super::document::{
-    Body, Document, Entry, HardwareProfile, HostProfile, Interface, Kind, Network, Node, Origin, Parsed, Site, Storage,
-    entries,
+    Body, Cleaning, Document, Entry, HardwareProfile, HostProfile, Interface, Kind, Network, Node, Origin, Parsed,
+    Site, Storage, entries,
 };
 use super::error::{DesignError, Errors};
 use super::inherit::{ListPatch, MapPatch, ScalarPatch, Setting, Sourced};
@@ -77,6 +77,8 @@ pub struct EffectiveNode {
     pub interfaces: BTreeMap<String, Sourced<Interface>>,
     /// Disks and filesystems, by name.
     pub storage: BTreeMap<String, Sourced<Storage>>,
+    /// How Metal3 cleans the disks when the OS comes off.
+    pub cleaning: Setting<Cleaning>,
     /// The node's address on each network, by network name.
     pub addresses: BTreeMap<String, IpAddr>,
 }
@@ -410,6 +412,7 @@ impl<'a> Index<'a> {
             kernel_parameters: merged.kernel_parameters,
             interfaces: merged.interfaces,
             storage: merged.storage,
+            cleaning: merged.cleaning,
             addresses,
         };
         (facts, Some(effective))
@@ -460,6 +463,7 @@ struct Layer<'a> {
     kernel_parameters: Option<&'a MapPatch>,
     interfaces: Option<&'a ListPatch<Interface>>,
     storage: Option<&'a ListPatch<Storage>>,
+    cleaning: Option<&'a ScalarPatch<Cleaning>>,
 }
 
 impl<'a> Layer<'a> {
@@ -472,6 +476,7 @@ impl<'a> Layer<'a> {
             kernel_parameters: Some(&hw.kernel_parameters),
             interfaces: Some(&hw.interfaces),
             storage: Some(&hw.storage),
+            cleaning: None,
         }
     }
 
@@ -484,6 +489,7 @@ impl<'a> Layer<'a> {
             kernel_parameters: Some(&host.kernel_parameters),
             interfaces: Some(&host.interfaces),
             storage: Some(&host.storage),
+            cleaning: host.cleaning.as_ref(),
         }
     }
 
@@ -496,6 +502,7 @@ impl<'a> Layer<'a> {
             kernel_parameters: None,
             interfaces: None,
             storage: None,
+            cleaning: None,
         }
     }
 }
@@ -509,6 +516,7 @@ struct Merged {
     kernel_parameters: BTreeMap<String, Sourced<String>>,
     interfaces: BTreeMap<String, Sourced<Interface>>,
     storage: BTreeMap<String, Sourced<Storage>>,
+    cleaning: Setting<Cleaning>,
 }
 
 impl Merged {
@@ -531,6 +539,9 @@ impl Merged {
         if let Some(patch) = layer.storage {
             patch.apply(&mut self.storage, origin);
         }
+        if let Some(patch) = layer.cleaning {
+            patch.apply(&mut self.cleaning, origin);
+        }
     }
 }
 
@@ -552,6 +563,9 @@ pub fn render_effective(node: &EffectiveNode) -> String {
         (format!("bootMac = {}", node.boot_mac), own),
         (format!("bmc.address = {}", node.bmc_address.as_str()), own),
     ];
+    if node.cleaning != Setting::Unset {
+        lines.push(setting_line("cleaning", &node.cleaning, |c| c.as_str()));
+    }
     lines.extend(node.bmc_credentials_ref.as_ref().map(|c| (format!("bmc.credentialsRef = {c}"), own)));
     lines.extend(node.rack.as_ref().map(|r| (format!("rack = {r}"), own)));
     lines.extend(sourced_lines("labels", &node.labels, |v| shown(v)));

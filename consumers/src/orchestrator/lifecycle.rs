@@ -120,7 +120,8 @@ impl Orchestrator {
         let job_env = d.envelope.derive(J::KIND, (!node.is_empty()).then_some(node));
         let op = lifecycle::start(&d.envelope, &job_env, site, kind, node, reason, now_ms());
         let key = keys::lifecycle(&op.id);
-        // The job is kept in the record, so a redelivery sends the same one.
+        // The record keeps the job's id: a command delivered again sends the same job again
+        // (`send_job`), which the stream drops as a copy.
         self.sagas.create_or_get(&key, &op).await?;
         self.bus.publish_job(job, &job_env).await?;
         info!(site, node, operation = lifecycle::operation(op.kind), id = %op.id, "operation started");
@@ -142,9 +143,13 @@ impl Orchestrator {
                     pb::LifecycleKind::ReprovisionNode => lifecycle::reprovision_job(&op.site_id, &design, &op.node),
                     _ => lifecycle::remove_job(&op.site_id, &design, &op.node),
                 };
-                // Refused now: the design changed under the lease, which cannot be; nothing is sent.
-                if let Ok(job) = job {
-                    self.bus.publish_job(&job, &env.derive(pb::RetireNode::KIND, node)).await?;
+                match job {
+                    Ok(job) => {
+                        self.bus.publish_job(&job, &env.derive(pb::RetireNode::KIND, node)).await?;
+                    }
+                    // Refused now (the design changed since it began): it ends with the reason
+                    // rather than holding the site.
+                    Err(refused) => return self.finish(op.clone(), Err(refused.reason)).await,
                 }
             }
             Err(_) => {}

@@ -86,7 +86,8 @@ impl<B: SiteBackend> Gateway<B> {
             Ok(deleted) => deleted,
             Err(e) => return self.job_failed(d, kind, failed("deleting the Node of", e)?).await,
         };
-        let host_deprovisioned = match self.deprovision(d, node).await? {
+        let cleaning = pb::CleaningMode::try_from(job.cleaning).unwrap_or_default();
+        let host_deprovisioned = match self.deprovision(d, node, cleaning).await? {
             Ok(had) => had,
             Err(reason) => return self.job_failed(d, kind, reason).await,
         };
@@ -109,11 +110,17 @@ impl<B: SiteBackend> Gateway<B> {
         self.publish(&evt, &d.envelope.derive("node_retired", Some(node))).await
     }
 
-    /// Deprovisions the node's host, each state it passes an event: `Ok(Ok(had a host))`, or
+    /// Deprovisions the node's host, its disks cleaned as `cleaning` says, each state it passes
+    /// an event: `Ok(Ok(had a host))`, or
     /// `Ok(Err(why not))`.
-    async fn deprovision(&self, d: &Delivery, node: &str) -> Result<Result<bool, String>, HandlerError> {
+    async fn deprovision(
+        &self,
+        d: &Delivery,
+        node: &str,
+        cleaning: pb::CleaningMode,
+    ) -> Result<Result<bool, String>, HandlerError> {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let work = self.backend.deprovision_host(node, tx);
+        let work = self.backend.deprovision_host(node, cleaning, tx);
         let relay = async {
             while let Some(state) = rx.recv().await {
                 let evt = pb::NodeOsProvisioning {
@@ -140,7 +147,8 @@ impl<B: SiteBackend> Gateway<B> {
 
     /// Deprovisions a host and deletes it: `Ok(Err(why not))` when that cannot be done.
     async fn take_host_away(&self, d: &Delivery, host: String) -> Result<Result<bool, String>, HandlerError> {
-        if let Err(reason) = self.deprovision(d, &host).await? {
+        // Each host as its own setting says: the one its last provisioning wrote from the design.
+        if let Err(reason) = self.deprovision(d, &host, pb::CleaningMode::Unspecified).await? {
             return Ok(Err(reason));
         }
         Ok(self.backend.forget_host(&host).await.map_err(|e| format!("deleting host {host}: {}", e.reason())))

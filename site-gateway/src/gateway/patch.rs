@@ -422,6 +422,7 @@ mod tests {
             network: None,
             root_device: None,
             kernel_parameters: Default::default(),
+            cleaning: Default::default(),
         }
     }
 

@@ -260,6 +260,7 @@ mod tests {
             network,
             root_device: root,
             kernel_parameters: Default::default(),
+            cleaning: Default::default(),
         }
     }
 

@@ -212,6 +212,7 @@ fn node_of(host: &BareMetalHost) -> Result<NodeDesign, String> {
         network: None,
         root_device: None,
         kernel_parameters: Default::default(),
+        cleaning: Default::default(),
     })
 }
 

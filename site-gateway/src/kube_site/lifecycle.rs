@@ -66,11 +66,13 @@ impl KubeSite {
 
     /// Takes the OS off host `name` and waits until it is `available` (`false`: no such host).
     ///
-    /// The host's `automatedCleaningMode` is left as it is: landfall does not set it, so the
-    /// site's (Metal3 cleans the disks' metadata by default) decides how much is wiped.
+    /// The host's `automatedCleaningMode` becomes `cleaning` when the design names one;
+    /// otherwise the host's own (Metal3 cleans the disks' metadata by default) decides how much
+    /// is wiped.
     pub(super) async fn take_os_off(
         &self,
         name: &str,
+        cleaning: bus_schema::pb::CleaningMode,
         progress: &mpsc::UnboundedSender<ProvisioningState>,
     ) -> Result<bool, BackendError> {
         let Some(host) = self.host(name).await? else { return Ok(false) };
@@ -95,7 +97,7 @@ impl KubeSite {
             }
             _ => {}
         }
-        self.deprovision(name, progress).await?;
+        self.deprovision(name, cleaning, progress).await?;
         info!(site = %self.cfg.site, host = name, "deprovisioned");
         Ok(true)
     }

@@ -30,6 +30,9 @@ pub struct BareMetalHostSpec {
     pub network_data: Option<SecretReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_device_hints: Option<RootDeviceHints>,
+    /// `metadata` or `disabled`: how Metal3 cleans the disks when the image comes off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub automated_cleaning_mode: Option<String>,
 }
 
 /// `spec.rootDeviceHints`: the disk the image is written to (the fields landfall sets).

@@ -169,9 +169,10 @@ impl SiteBackend for KubeSite {
     async fn deprovision_host(
         &self,
         node: &str,
+        cleaning: bus_schema::pb::CleaningMode,
         progress: mpsc::UnboundedSender<ProvisioningState>,
     ) -> Result<bool, BackendError> {
-        self.take_os_off(node, &progress).await
+        self.take_os_off(node, cleaning, &progress).await
     }
 
     async fn forget_host(&self, node: &str) -> Result<bool, BackendError> {

@@ -44,7 +44,7 @@ impl KubeSite {
                 // goes on (already, when the reimage is taken up again).
                 let tx = req.progress.clone().unwrap_or_else(|| mpsc::unbounded_channel().0);
                 if on != Some(wanted.as_str()) {
-                    self.deprovision(name, &tx).await?;
+                    self.deprovision(name, req.node.cleaning, &tx).await?;
                 }
                 self.provision(&HostRequest::new(req.node.clone(), package), &tx).await?;
                 if !req.reinstall.is_empty() {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use bus_schema::domain::{NodeDesign, Role};
 use bus_schema::host_setup::kernel_command_line;
+use bus_schema::pb;
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -36,6 +37,30 @@ impl KubeSite {
             .patch(name, &params, &Patch::Apply(intent))
             .await
             .map_err(|e| kube_error(&format!("BareMetalHost {name}"), e))
+    }
+
+    /// Sets the host's `automatedCleaningMode` when the design names one and the host says
+    /// otherwise (unspecified: the host's own stays, Metal3's default `metadata` when unset). A
+    /// merge patch, not part of the host's applied intent: the CRD's default is the creator's,
+    /// and the design's word on this field is meant to replace it.
+    pub(super) async fn set_cleaning(&self, name: &str, cleaning: pb::CleaningMode) -> Result<(), BackendError> {
+        let mode = match cleaning {
+            pb::CleaningMode::Metadata => "metadata",
+            pb::CleaningMode::Disabled => "disabled",
+            pb::CleaningMode::Unspecified => return Ok(()),
+        };
+        let Some(host) = self.host(name).await? else { return Ok(()) };
+        if host.spec.automated_cleaning_mode.as_deref() == Some(mode) {
+            return Ok(());
+        }
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..Default::default() };
+        let body = json!({"spec": {"automatedCleaningMode": mode}});
+        self.hosts
+            .patch(name, &params, &Patch::Merge(&body))
+            .await
+            .map_err(|e| kube_error(&format!("BareMetalHost {name}"), e))?;
+        info!(site = %self.cfg.site, host = name, mode, "cleaning mode set as the design says");
+        Ok(())
     }
 
     pub(super) async fn apply_secret(
@@ -186,6 +211,7 @@ impl KubeSite {
                                "format": req.image.format});
         spec["userData"] = json!({"name": user_data, "namespace": self.cfg.namespace});
         self.apply_host(name, &intent).await?;
+        self.set_cleaning(name, req.node.cleaning).await?;
         info!(site = %self.cfg.site, host = name, %url, "image set");
         self.follow(name, progress, before, |host| {
             host.state() == Some(ProvisioningState::Provisioned)
@@ -201,6 +227,7 @@ impl KubeSite {
     pub(super) async fn deprovision(
         &self,
         name: &str,
+        cleaning: pb::CleaningMode,
         progress: &mpsc::UnboundedSender<ProvisioningState>,
     ) -> Result<(), BackendError> {
         let Some(host) = self.host(name).await? else {
@@ -216,6 +243,8 @@ impl KubeSite {
         if let Some(spec) = intent.get_mut("spec").and_then(Value::as_object_mut) {
             spec.remove("image");
         }
+        // How the disks are cleaned as the image comes off, when the design says: set before.
+        self.set_cleaning(name, cleaning).await?;
         self.apply_host(name, &intent).await?;
         self.follow(name, progress, before, |h| {
             h.state() == Some(ProvisioningState::Available) && h.spec.image.as_ref().is_none_or(|i| i.url.is_empty())
@@ -321,6 +350,7 @@ mod tests {
             network: None,
             root_device: None,
             kernel_parameters: Default::default(),
+            cleaning: Default::default(),
         };
         let package = Package {
             name: "ubuntu".try_into().unwrap(),

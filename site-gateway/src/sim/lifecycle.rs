@@ -137,16 +137,19 @@ mod tests {
         assert!(!site.delete_node(&name).await.unwrap(), "a second delete finds no node");
 
         let (tx, mut rx) = mpsc::unbounded_channel();
-        assert!(site.deprovision_host(&name, tx.clone()).await.unwrap());
+        assert!(site.deprovision_host(&name, Default::default(), tx.clone()).await.unwrap());
         assert_eq!(rx.recv().await, Some(S::Deprovisioning));
         assert_eq!(rx.recv().await, Some(S::Available));
-        assert!(site.deprovision_host(&name, tx).await.unwrap(), "an available host has nothing to take off");
+        assert!(
+            site.deprovision_host(&name, Default::default(), tx).await.unwrap(),
+            "an available host has nothing to take off"
+        );
         assert!(site.hosts().contains(&(name.clone(), S::Available)));
 
         assert!(site.forget_host(&name).await.unwrap());
         assert!(!site.forget_host(&name).await.unwrap());
         assert!(!site.host_names().await.unwrap().contains(&name));
-        assert!(!site.deprovision_host(&name, mpsc::unbounded_channel().0).await.unwrap());
+        assert!(!site.deprovision_host(&name, Default::default(), mpsc::unbounded_channel().0).await.unwrap());
     }
 
     #[tokio::test(start_paused = true)]

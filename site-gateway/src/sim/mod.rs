@@ -298,7 +298,12 @@ impl SiteBackend for SimSite {
         Ok(self.delete_cluster_node(node))
     }
 
-    async fn deprovision_host(&self, node: &str, progress: mpsc::UnboundedSender<S>) -> Result<bool, BackendError> {
+    async fn deprovision_host(
+        &self,
+        node: &str,
+        _cleaning: bus_schema::pb::CleaningMode,
+        progress: mpsc::UnboundedSender<S>,
+    ) -> Result<bool, BackendError> {
         self.deprovision(node, progress).await
     }
 

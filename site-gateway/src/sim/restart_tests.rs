@@ -23,6 +23,7 @@ fn node(name: &str, role: Role, last: u8) -> NodeDesign {
         network: None,
         root_device: None,
         kernel_parameters: Default::default(),
+        cleaning: Default::default(),
     }
 }
 

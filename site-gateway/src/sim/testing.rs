@@ -21,6 +21,7 @@ pub(super) fn node(name: &str, role: Role) -> NodeDesign {
         network: None,
         root_device: None,
         kernel_parameters: Default::default(),
+        cleaning: Default::default(),
     }
 }
 
