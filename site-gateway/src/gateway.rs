@@ -164,19 +164,7 @@ impl<B: SiteBackend> Gateway<B> {
         // Every state the host passes through becomes an event, in order, while it provisions.
         let (tx, mut rx) = mpsc::unbounded_channel();
         let work = self.backend.provision_host(&req, tx);
-        let relay = async {
-            while let Some(state) = rx.recv().await {
-                let evt = pb::NodeOsProvisioning {
-                    site_id: self.site.to_string(),
-                    node: node.name.to_string(),
-                    state: state.as_str().to_string(),
-                    image: image_name.clone(),
-                };
-                let env = d.envelope.derive(&format!("os_state/{}", state.as_str()), Some(node.name.as_str()));
-                self.publish(&evt, &env).await?;
-            }
-            Ok::<(), HandlerError>(())
-        };
+        let relay = self.relay_states(d, node.name.as_str(), &image_name, &mut rx);
         let (result, relayed) = tokio::join!(work, relay);
         relayed?;
 
@@ -210,6 +198,27 @@ impl<B: SiteBackend> Gateway<B> {
                 self.publish(&evt, &d.envelope.derive("node_failed", Some(&node_name))).await
             }
         }
+    }
+
+    /// Publishes each Metal3 state a host passes (from `states`, until the work sending them
+    /// ends) as `NodeOsProvisioning`, in order, each with the id derived from the state.
+    async fn relay_states(
+        &self,
+        d: &Delivery,
+        node: &str,
+        image: &str,
+        states: &mut mpsc::UnboundedReceiver<crate::backend::ProvisioningState>,
+    ) -> Result<(), HandlerError> {
+        while let Some(state) = states.recv().await {
+            let evt = pb::NodeOsProvisioning {
+                site_id: self.site.to_string(),
+                node: node.to_string(),
+                state: state.as_str().to_string(),
+                image: image.to_string(),
+            };
+            self.publish(&evt, &d.envelope.derive(&format!("os_state/{}", state.as_str()), Some(node))).await?;
+        }
+        Ok(())
     }
 
     async fn install_binaries(&self, d: &Delivery) -> Result<(), HandlerError> {

@@ -49,26 +49,15 @@ impl<B: SiteBackend> Gateway<B> {
             Ok(Cordon::NotInCluster) => {}
             Ok(held) => {
                 if held == Cordon::Done {
-                    let evt = pb::NodeCordoned {
-                        site_id: self.site.to_string(),
-                        node: node.to_string(),
-                        ..Default::default()
-                    };
-                    self.publish(&evt, &d.envelope.derive("node_cordoned", Some(node))).await?;
+                    let cordoned = |site_id, node| pb::NodeCordoned { site_id, node, ..Default::default() };
+                    self.node_step(d, "node_cordoned", node, cordoned).await?;
                 }
                 match self.backend.drain(node).await {
                     Ok(pods) => evicted = pods,
                     Err(e) => {
                         let reason = failed("draining", e)?;
                         // The node stays as it was: schedulable again, in the cluster.
-                        if self.backend.uncordon(node).await.unwrap_or(false) {
-                            let evt = pb::NodeUncordoned {
-                                site_id: self.site.to_string(),
-                                node: node.to_string(),
-                                ..Default::default()
-                            };
-                            self.publish(&evt, &d.envelope.derive("node_uncordoned", Some(node))).await?;
-                        }
+                        self.lift_cordon(d, "", node).await?;
                         return self.job_failed(d, kind, reason).await;
                     }
                 }
@@ -111,8 +100,7 @@ impl<B: SiteBackend> Gateway<B> {
     }
 
     /// Deprovisions the node's host, its disks cleaned as `cleaning` says, each state it passes
-    /// an event: `Ok(Ok(had a host))`, or
-    /// `Ok(Err(why not))`.
+    /// an event: `Ok(Ok(had a host))`, or `Ok(Err(why not))`.
     async fn deprovision(
         &self,
         d: &Delivery,
@@ -121,19 +109,7 @@ impl<B: SiteBackend> Gateway<B> {
     ) -> Result<Result<bool, String>, HandlerError> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let work = self.backend.deprovision_host(node, cleaning, tx);
-        let relay = async {
-            while let Some(state) = rx.recv().await {
-                let evt = pb::NodeOsProvisioning {
-                    site_id: self.site.to_string(),
-                    node: node.to_string(),
-                    state: state.as_str().to_string(),
-                    image: String::new(),
-                };
-                let env = d.envelope.derive(&format!("os_state/{}", state.as_str()), Some(node));
-                self.publish(&evt, &env).await?;
-            }
-            Ok::<(), HandlerError>(())
-        };
+        let relay = self.relay_states(d, node, "", &mut rx);
         let (result, relayed) = tokio::join!(work, relay);
         relayed?;
         match result {

@@ -201,8 +201,9 @@ impl<B: SiteBackend> Gateway<B> {
         }
     }
 
-    /// Makes the node schedulable again when landfall had cordoned it, and says so.
-    async fn lift_cordon(&self, d: &Delivery, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
+    /// Makes the node schedulable again when landfall had cordoned it, and says so (`rollout_id`
+    /// empty for a node's removal or reprovision).
+    pub(super) async fn lift_cordon(&self, d: &Delivery, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
         match self.backend.uncordon(node).await {
             Ok(true) => {
                 self.node_step(d, "node_uncordoned", node, |site, node| pb::NodeUncordoned {
@@ -221,7 +222,7 @@ impl<B: SiteBackend> Gateway<B> {
         }
     }
 
-    async fn node_step<E: bus_schema::BusEvent>(
+    pub(super) async fn node_step<E: bus_schema::BusEvent>(
         &self,
         d: &Delivery,
         name: &str,
