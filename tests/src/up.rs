@@ -24,6 +24,8 @@ pub struct Up {
     /// The local tokens `up` made: an operator's and a viewer's.
     pub operator: String,
     pub viewer: String,
+    /// What `up` was started with, after its data directory and ports.
+    args: Vec<String>,
 }
 
 impl Up {
@@ -31,35 +33,56 @@ impl Up {
         Up::start_with(sites, &[])
     }
 
-    /// `landfall up` with these arguments as well.
+    /// `landfall up` with these arguments as well (`--install none` unless they say).
     pub fn start_with(sites: usize, extra: &[&str]) -> Up {
         let dir = tempfile::tempdir().expect("a temp dir for landfall up");
+        let mut args = vec!["--sites".to_string(), sites.to_string()];
+        if !extra.iter().any(|a| a.starts_with("--install")) {
+            args.extend(["--install".to_string(), "none".to_string()]);
+        }
+        args.extend(extra.iter().map(|a| a.to_string()));
         let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
         let nats_port = free_port();
-        let data = dir.path().join("data");
-        let stdout = std::fs::File::create(dir.path().join("up.out")).expect("create up.out");
-        let stderr = std::fs::File::create(dir.path().join("up.log")).expect("create up.log");
-        let mut cmd = tied::command(crate::cli::binary());
-        cmd.arg("up")
-            .args(["--data-dir", &data.display().to_string()])
-            .args(["--nats-port", &nats_port.to_string()])
-            .args(["--api-listen", &api.to_string()])
-            .args(["--sites", &sites.to_string(), "--install", "none"])
-            .args(extra)
-            .env("LANDFALL_NATS_SERVER", crate::nats::binary())
-            .env_remove("RUST_LOG")
-            .env_remove("NATS_URL")
-            .env_remove("LANDFALL_API_TOKENS_FILE")
-            .env_remove("LANDFALL_API_LISTEN")
-            .env_remove("LANDFALL_DATA_DIR")
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr);
-        let child = tied::spawn(cmd).expect("start landfall up");
-        let mut up = Up { child, dir, api, nats_port, operator: String::new(), viewer: String::new() };
-        up.wait_ready(&data);
+        let child = spawn(dir.path(), api, nats_port, &args);
+        let mut up = Up { child, dir, api, nats_port, operator: String::new(), viewer: String::new(), args };
+        up.wait_ready();
         up
+    }
+
+    /// Stops `up` as a person would (`INT`: Ctrl-C) or as a crash does (`KILL`), and waits
+    /// until it has exited; its data directory stays, to [`Up::start_again`].
+    pub fn stop(&mut self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} landfall up");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.child.try_wait().expect("poll landfall up").is_none() {
+            assert!(Instant::now() < deadline, "landfall up did not stop within 60 s of {signal}\n{}", self.output());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `landfall up` once more, with the same arguments and data directory as before, as a
+    /// person does the next day (on ports free now).
+    pub fn start_again(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        self.nats_port = free_port();
+        self.child = spawn(self.dir.path(), self.api, self.nats_port, &self.args);
+        self.wait_ready();
+    }
+
+    /// The NATS URL of `up`'s embedded server.
+    pub fn nats_url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.nats_port)
+    }
+
+    /// Where `up` keeps simulated site `site`'s hosts.
+    pub fn site_state(&self, site: &str) -> std::path::PathBuf {
+        self.dir.path().join("data").join("gateways").join(site).join("site.json")
     }
 
     pub fn output(&self) -> String {
@@ -74,7 +97,8 @@ impl Up {
     }
 
     /// Waits for the banner and a caught-up read model, then takes the tokens `up` made.
-    fn wait_ready(&mut self, data: &Path) {
+    fn wait_ready(&mut self) {
+        let data = self.dir.path().join("data");
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait().expect("poll landfall up") {
@@ -141,6 +165,31 @@ impl Drop for Up {
             eprintln!("landfall up, as it stood:\n{}", self.output());
         }
     }
+}
+
+/// Starts `landfall up` in `dir` (its data directory `dir/data`); its standard output goes to
+/// `dir/up.out` (anew each start, for the banner), its log to the end of `dir/up.log`.
+fn spawn(dir: &Path, api: SocketAddr, nats_port: u16, args: &[String]) -> Child {
+    let data = dir.join("data");
+    let stdout = std::fs::File::create(dir.join("up.out")).expect("create up.out");
+    let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("up.log")).expect("open up.log");
+    let mut cmd = tied::command(crate::cli::binary());
+    cmd.arg("up")
+        .args(["--data-dir", &data.display().to_string()])
+        .args(["--nats-port", &nats_port.to_string()])
+        .args(["--api-listen", &api.to_string()])
+        .args(args)
+        .env("LANDFALL_NATS_SERVER", crate::nats::binary())
+        .env_remove("RUST_LOG")
+        .env_remove("NATS_URL")
+        .env_remove("LANDFALL_API_TOKENS_FILE")
+        .env_remove("LANDFALL_API_LISTEN")
+        .env_remove("LANDFALL_DATA_DIR")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr);
+    tied::spawn(cmd).expect("start landfall up")
 }
 
 /// One HTTP/1.1 request (the test crate has no HTTP client): status and body.

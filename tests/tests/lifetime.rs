@@ -199,3 +199,161 @@ fn a_bench_stopped_while_it_makes_its_sites_keys_stops_at_once() {
     let left = bench_files(dir.path());
     assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
 }
+
+/// `landfall up`, stopped and started again in the same directory, carries on with the same
+/// fleet: each test installs, stops `up` (Ctrl-C or kill -9, at the moment it names), starts it
+/// again, and rolls out a newer kubelet, which must patch every node exactly once, as the
+/// simulated sites' own files count it.
+mod second_day {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
+
+    use landfall_tests::up::{Up, http};
+    use serde_json::Value;
+
+    const SITES: [&str; 2] = ["edge-01", "edge-02"];
+    const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+
+    fn start() -> Up {
+        Up::start_with(2, &["--nodes", "3", "--install", "all", "--time-scale", "200"])
+    }
+
+    fn installed(up: &Up) {
+        for site in SITES {
+            up.until_site(site, "installed", Duration::from_secs(180), |s| {
+                assert_ne!(s["state"], "failed", "{site}'s install failed: {s}");
+                s["state"] == "installed"
+            });
+        }
+    }
+
+    /// Registers a newer kubelet (metadata only, as the banner's line does); its auto-rollout
+    /// starts by itself.
+    fn register_kubelet(up: &Up, version: &str) {
+        let sha = format!("{:0>64}", version.replace('.', ""));
+        let args = ["package", "register", "--name", "kubelet", "--version", version, "--kind", "binary"];
+        let args: Vec<&str> = args.into_iter().chain(["--sha256", &sha, "--size", "111955968"]).collect();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let out = rt.block_on(landfall_tests::cli::landfall(&up.nats_url(), &args));
+        assert!(out.status.success(), "package register: {}", landfall_tests::cli::text(&out.stderr));
+    }
+
+    /// The rollout of kubelet `version`, as the API shows it, once there is one.
+    fn rollout(up: &Up, version: &str) -> Option<Value> {
+        let (status, body) = http(up.api, "GET", "/v1/rollouts", Some(&up.viewer), None);
+        if status != 200 {
+            return None;
+        }
+        let all: Value = serde_json::from_str(&body).ok()?;
+        all.as_array()?.iter().find(|r| r["package"] == "kubelet" && r["version"] == version).cloned()
+    }
+
+    fn until_rollout(up: &Up, version: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            if let Some(r) = rollout(up, version) {
+                assert!(
+                    r["phase"] != "halted" && r["phase"] != "cancelled",
+                    "the rollout stopped: {r}\n{}",
+                    up.output()
+                );
+                if ok(&r) {
+                    return r;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the kubelet {version} rollout was not {what} within 180 s\n{}",
+                up.output()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What each node of both sites had done to it, across every process that ran the site.
+    fn counted(
+        up: &Up,
+        counter: fn(&site_gateway::sim::SimEffects) -> &BTreeMap<String, u32>,
+    ) -> BTreeMap<String, u32> {
+        let mut all = BTreeMap::new();
+        for site in SITES {
+            let effects = site_gateway::sim::saved_effects(&up.site_state(site)).expect("the site's kept state");
+            for (node, n) in counter(&effects) {
+                all.insert(format!("{site}/{node}"), *n);
+            }
+        }
+        all
+    }
+
+    fn once_each() -> BTreeMap<String, u32> {
+        SITES.iter().flat_map(|s| NODES.iter().map(move |n| (format!("{s}/{n}"), 1))).collect()
+    }
+
+    /// Rolls kubelet `version` out to the end and checks each node was patched once, and each
+    /// host provisioned once.
+    fn rolls_out_once(up: &Up, version: &str) {
+        let done = until_rollout(up, version, "completed", |r| r["phase"] == "completed");
+        assert_eq!((done["patched"].as_u64(), done["failed"].as_u64()), (Some(6), Some(0)), "{done}");
+        assert_eq!(counted(up, |e| &e.patches), once_each(), "every node patched once");
+        assert_eq!(counted(up, |e| &e.provisions), once_each(), "every host provisioned once");
+        for site in SITES {
+            for node in up.site(site)["node_list"].as_array().unwrap() {
+                let runs = node["packages"].as_array().unwrap();
+                assert!(
+                    runs.iter().any(|p| p["name"] == "kubelet" && p["version"] == version),
+                    "{site}/{} does not run kubelet {version}: {node}",
+                    node["name"]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn up_stopped_with_ctrl_c_and_started_again_rolls_out_to_the_same_fleet() {
+        let mut up = start();
+        installed(&up);
+        up.stop("INT");
+        up.start_again();
+        let again = up.site("edge-01");
+        assert_eq!(again["state"], "installed", "{again}");
+        register_kubelet(&up, "1.29.9");
+        rolls_out_once(&up, "1.29.9");
+    }
+
+    #[test]
+    fn up_killed_twice_in_the_middle_of_a_rollout_finishes_it_patching_each_node_once() {
+        let mut up = start();
+        installed(&up);
+        register_kubelet(&up, "1.29.9");
+        for at_least in [1, 3] {
+            until_rollout(&up, "1.29.9", "under way", |r| r["patched"].as_u64() >= Some(at_least));
+            up.stop("KILL");
+            up.start_again();
+        }
+        rolls_out_once(&up, "1.29.9");
+    }
+
+    #[test]
+    fn up_killed_in_the_middle_of_an_install_finishes_it_and_rolls_out_after() {
+        let mut up = start();
+        // Some host on its way to its image: the install is halfway.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let provisioning = SITES.iter().any(|site| {
+                up.site(site)["node_list"]
+                    .as_array()
+                    .is_some_and(|nodes| nodes.iter().any(|n| n["metal3_state"] == "provisioning"))
+            });
+            if provisioning {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no host was provisioning within 120 s\n{}", up.output());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        up.stop("KILL");
+        up.start_again();
+        installed(&up);
+        register_kubelet(&up, "1.29.9");
+        rolls_out_once(&up, "1.29.9");
+    }
+}

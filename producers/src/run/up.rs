@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::consumer::DeliverPolicy;
-use bus_schema::domain::{SiteDesign, SiteId};
+use bus_schema::domain::{NodeDesign, SiteDesign, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent};
 use bus_schema::runtime::{Bus, Envelope};
@@ -38,9 +38,14 @@ pub struct UpArgs {
     /// Nodes per site (the first is a master; 3 masters from 5 nodes up).
     #[arg(long, default_value_t = 4)]
     pub nodes: usize,
-    /// Where nats-server keeps its store, and where the data key lives.
+    /// Where nats-server keeps its store, the simulated sites keep their hosts, and the data
+    /// key lives: what `up` started again in the same directory carries on with.
     #[arg(long, env = "LANDFALL_DATA_DIR", default_value = "./landfall-data")]
     pub data_dir: PathBuf,
+    /// Start over: forget the fleet kept in the data directory (the hub's store and the
+    /// simulated sites' hosts) before starting. The data key and the API tokens stay.
+    #[arg(long)]
+    pub fresh: bool,
     /// The port of the embedded nats-server.
     #[arg(long, default_value_t = 4222)]
     pub nats_port: u16,
@@ -53,6 +58,11 @@ pub struct UpArgs {
     /// only the first; `none` waits for you. A site installed before is left alone.
     #[arg(long, value_enum, default_value = "one-by-one", num_args = 0..=1, default_missing_value = "all")]
     pub install: InstallAtStart,
+    /// Also run a simulated site and its gateway for every site registered that is not one of
+    /// up's own (`site register`, `design apply`), from its design, kept like up's own: so a
+    /// design can be tried, installed and rolled out on the embedded default.
+    #[arg(long)]
+    pub simulate_new_sites: bool,
     #[command(flatten)]
     pub api: crate::api::ApiArgs,
     /// A new host appears at one of the sites (in turn) this often; its gateway announces it
@@ -162,6 +172,9 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let shutdown = shutdown_on_signal();
     // Before any service starts, so what they count from the start (counters at 0) is kept.
     let metrics = telemetry::prometheus()?;
+    if args.fresh {
+        start_over(&args.data_dir, nats_url.is_some())?;
+    }
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("create {}", args.data_dir.display()))?;
 
     let (nats, url) = match nats_url {
@@ -195,26 +208,31 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let store = args.store.open_or_default(Some(&default_store))?;
     let catalog = upload_demo_packages(&store, UP_SHRINK).await.context("upload the demo packages")?;
     services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
+    let gateways = SimGateways { bus: bus.clone(), data_dir: args.data_dir.clone(), sim: sim.clone(), alive_every };
     let mut sims = Vec::new();
     for d in &designs {
-        let backend = SimSite::new(d.site.as_str(), &d.nodes, sim.clone());
+        // A site the hub has registered is built from the hub's design (nodes added or removed
+        // since count); a new one from the demo design.
+        let hub = bus.kv(names::SITES_BUCKET).await?.get::<pb::SiteDesign>(&keys::site(d.site.as_str())).await?;
+        let nodes = match hub {
+            Some((design, _)) => {
+                SiteDesign::try_from(design).with_context(|| format!("the hub's design of {}", d.site))?.nodes
+            }
+            None => d.nodes.clone(),
+        };
+        let backend = gateways.kept_site(d.site.as_str(), &nodes)?;
         for (_, host) in args.fail_host.iter().filter(|(site, _)| site == d.site.as_str()) {
             backend.fail_provisioning(host);
         }
         for (_, node) in args.block_drain.iter().filter(|(site, _)| site == d.site.as_str()) {
             backend.block_drain(node);
         }
-        let cache = ArtifactCache::new(args.data_dir.join("gateways").join(d.site.as_str()).join("cache"));
-        services.spawn(site_gateway::run_gateway(
-            d.site.clone(),
-            bus.clone(),
-            Arc::new(backend.clone()),
-            cache,
-            alive_every,
-            shutdown.clone(),
-        ));
-        services.spawn(site_gateway::serve_sim_control(d.site.clone(), bus.clone(), backend.clone(), shutdown.clone()));
+        gateways.start(&d.site, &backend, &mut services, &shutdown);
         sims.push(backend);
+    }
+    if args.simulate_new_sites {
+        let demo = designs.iter().map(|d| d.site.to_string()).collect();
+        services.spawn(gateways.clone().simulate_new_sites(demo, shutdown.clone()));
     }
     register_demo(&bus, catalog, &designs).await?;
     let never_installed = never_installed(&bus, &designs).await?;
@@ -278,6 +296,135 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     }
     say(format_args!("landfall stopped"));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Forgets the fleet `up` kept in `data_dir`: the embedded nats-server's store and the simulated
+/// sites. With a NATS server of someone else's (`nats_url`), its store is theirs to clear.
+fn start_over(data_dir: &std::path::Path, external_nats: bool) -> anyhow::Result<()> {
+    let mut gone = vec![data_dir.join(GATEWAYS_DIR)];
+    if !external_nats {
+        gone.push(data_dir.join("nats"));
+    }
+    for dir in gone {
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => info!(dir = %dir.display(), "--fresh: removed"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("--fresh: remove {}", dir.display())),
+        }
+    }
+    Ok(())
+}
+
+/// Where `up` keeps each simulated site's gateway: its artifact cache and its hosts.
+const GATEWAYS_DIR: &str = "gateways";
+
+/// How `up` runs a simulated site and its gateway.
+#[derive(Clone)]
+struct SimGateways {
+    bus: Bus,
+    data_dir: PathBuf,
+    sim: SimConfig,
+    alive_every: Duration,
+}
+
+impl SimGateways {
+    /// A simulated site's hosts, kept in a file under the data directory as a real site keeps
+    /// its BareMetalHosts whatever becomes of its gateway: started again, the site has the
+    /// hosts it had (their Metal3 states, images, binaries, cordons), and a provisioning cut
+    /// short by the stop goes on. `nodes` (the site's design) register as new hosts where the
+    /// site lacks them.
+    fn kept_site(&self, site: &str, nodes: &[NodeDesign]) -> anyhow::Result<SimSite> {
+        let dir = self.data_dir.join(GATEWAYS_DIR).join(site);
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        SimSite::with_state_file(site, nodes, self.sim.clone(), &dir.join("site.json")).with_context(|| {
+            format!("the simulated site {site} cannot start from what it kept (landfall up --fresh starts over)")
+        })
+    }
+
+    /// Runs the gateway of `backend` (and the control that lets `node add` make a host appear
+    /// there) among `services`, until `shutdown`.
+    fn start(
+        &self,
+        site: &SiteId,
+        backend: &SimSite,
+        services: &mut JoinSet<anyhow::Result<()>>,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) {
+        let cache = ArtifactCache::new(self.data_dir.join(GATEWAYS_DIR).join(site.as_str()).join("cache"));
+        services.spawn(site_gateway::run_gateway(
+            site.clone(),
+            self.bus.clone(),
+            Arc::new(backend.clone()),
+            cache,
+            self.alive_every,
+            shutdown.clone(),
+        ));
+        services.spawn(site_gateway::serve_sim_control(
+            site.clone(),
+            self.bus.clone(),
+            backend.clone(),
+            shutdown.clone(),
+        ));
+    }
+
+    /// Runs a simulated site and its gateway for every site registered that is not one of
+    /// `demo` (whose gateways run already), as the sites are registered (and those registered
+    /// before this start), each built from its design; a site removed has its gateway stopped.
+    /// A site that cannot be simulated is said in the log, and the others go on.
+    async fn simulate_new_sites(
+        self,
+        demo: std::collections::HashSet<String>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<()> {
+        use futures::StreamExt;
+        let sites = self.bus.kv(names::SITES_BUCKET).await?;
+        let changes = sites.watch_latest(vec![format!("{}>", keys::SITE_PREFIX)]).await?;
+        tokio::pin!(changes);
+        let mut running: std::collections::HashMap<String, tokio_util::sync::CancellationToken> = Default::default();
+        let mut gateways = JoinSet::new();
+        loop {
+            let change = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(done) = gateways.join_next() => {
+                    if let Ok(Err(e)) = done {
+                        error!(error = %format!("{e:#}"), "a simulated site's gateway stopped");
+                    }
+                    continue;
+                }
+                c = changes.next() => c,
+            };
+            let Some(change) = change else { anyhow::bail!("the watch of the registered sites ended") };
+            let change = change?;
+            let Some(site) = keys::site_of(&change.key).filter(|s| !demo.contains(*s)).map(str::to_string) else {
+                continue;
+            };
+            let Some(value) = change.value else {
+                if let Some(stop) = running.remove(&site) {
+                    info!(%site, "site removed: its simulated gateway stops");
+                    stop.cancel();
+                }
+                continue;
+            };
+            if running.contains_key(&site) {
+                continue;
+            }
+            let started = <pb::SiteDesign as prost::Message>::decode(value)
+                .map_err(anyhow::Error::from)
+                .and_then(|d| SiteDesign::try_from(d).map_err(anyhow::Error::from))
+                .and_then(|d| Ok((self.kept_site(d.site.as_str(), &d.nodes)?, d.site)));
+            match started {
+                Ok((backend, id)) => {
+                    let stop = shutdown.child_token();
+                    self.start(&id, &backend, &mut gateways, &stop);
+                    info!(%site, "a simulated gateway runs for the site registered");
+                    running.insert(site, stop);
+                }
+                Err(e) => error!(%site, error = %format!("{e:#}"), "cannot simulate the site registered"),
+            }
+        }
+        while gateways.join_next().await.is_some() {}
+        Ok(())
+    }
 }
 
 /// The demo sites that no install has ever started on.
@@ -416,10 +563,12 @@ fn print_banner(args: &UpArgs, banner: Banner<'_>) {
     say(format_args!(
         "\nlandfall is up
   nats       {nats_line}
-  services   orchestrator, kubeconfig collector + secrets, observer, distribution, {n} site gateways
+  services   orchestrator, kubeconfig collector + secrets, observer, distribution, {n} site gateways{more}
   artifacts  {store}
   sites      {first} .. {last}: {nodes} nodes each, simulated Metal3 + BPA ({scale}x real time)
   data key   {key} ({keyfile})
+  kept in    {data}: the hub's store and the sites' hosts; up started again here carries on
+             with the same fleet, up --fresh starts over
   dashboard  {dashboard}
   HTTP API   {web}/v1 (OpenAPI: {web}/openapi.json)
   tokens     {tokens}
@@ -438,12 +587,14 @@ Try, in another shell:
 
 Ctrl-C stops everything.",
         n = designs.len(),
+        more = if args.simulate_new_sites { " (and one for each site registered: --simulate-new-sites)" } else { "" },
         nodes = args.nodes,
         scale = args.time_scale,
         key = key_id,
         sha = bus_schema::domain::Sha256::hex(&Sha256::digest(b"kubelet@1.29.3")),
         new = args.nodes + 100,
         keyfile = args.data_dir.join("secret.key").display(),
+        data = args.data_dir.display(),
         store = store_url,
         viewer = if viewer_token.is_empty() { "TOKEN" } else { viewer_token },
     ));

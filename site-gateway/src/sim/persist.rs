@@ -239,6 +239,10 @@ struct Rest {
     container_applies: u32,
     bytes_handed: u64,
     bmc_logins: u32,
+    /// The nodes the gateway took out of service (a patch under way when it stopped): a job
+    /// come again gives back only a node that carries its cordon.
+    #[serde(default)]
+    cordoned: BTreeSet<String>,
 }
 
 impl Rest {
@@ -254,6 +258,7 @@ impl Rest {
             container_applies: e.container_applies,
             bytes_handed: e.bytes_handed,
             bmc_logins: e.bmc_logins,
+            cordoned: st.cordoned.clone(),
         }
     }
 }
@@ -455,6 +460,7 @@ impl Saved {
         st.kubeconfig = rest.kubeconfig.map(String::into_bytes);
         st.containers = rest.containers;
         st.cache = rest.cache;
+        st.cordoned = rest.cordoned;
         Ok((st, resume))
     }
 }
