@@ -377,6 +377,18 @@ pub mod keys {
     pub fn latest_install(site: &str) -> String {
         format!("latest.{site}")
     }
+    /// The saga that last brought one node into its site's cluster after the install (a node
+    /// added, or reprovisioned), so a reader of one site finds every node's latest work
+    /// without scanning the fleet's sagas (`landfall-sagas`).
+    pub fn latest_join(site: &str, node: &str) -> String {
+        format!("{JOIN_PREFIX}{site}.{node}")
+    }
+    /// Every node's latest join of one site.
+    pub fn site_joins_prefix(site: &str) -> String {
+        format!("{JOIN_PREFIX}{site}.")
+    }
+    /// Every latest-join key starts with this.
+    pub const JOIN_PREFIX: &str = "joined.";
     pub fn kubeconfig(site: &str) -> String {
         format!("kubeconfig.{site}")
     }

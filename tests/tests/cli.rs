@@ -46,6 +46,128 @@ async fn install_wait_exits_zero_and_events_show_every_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joined_after_the_install_is_in_the_sites_node_table_with_its_step() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).nodes(2).start().await;
+    let site = fleet.site_id(0);
+    let api = landfall_tests::api::Api::start(&fleet.bus).await;
+    let out = landfall(&server.url(), &["site", "install", &site, "--wait", "--timeout", "60s"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let add = ["node", "add", &site, "--name", "node-9", "--role", "worker", "--mac", "52:54:00:00:09:09"];
+    let out = landfall(&server.url(), &[&add[..], &["--wait", "--timeout", "60s"]].concat()).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // `status -o json`: every node of the design, node-9 with its join's step.
+    let out = landfall(&server.url(), &["status", &site, "-o", "json"]).await;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    let nodes = status[0]["node_list"].as_array().expect("a node list");
+    let names: Vec<&str> = nodes.iter().filter_map(|n| n["name"].as_str()).collect();
+    assert_eq!(names, ["node-1", "node-2", "node-9"], "{status}");
+    let node_9 = &nodes[2];
+    assert_eq!(
+        (&node_9["step"], &node_9["by"], &node_9["metal3_state"]),
+        (&"ready".into(), &"join".into(), &"provisioned".into()),
+        "{node_9}"
+    );
+    assert_eq!(nodes[0]["by"], "install", "{status}");
+    // The table a person reads: node-9 has its row.
+    let out = landfall(&server.url(), &["status", &site]).await;
+    let table = text(&out.stdout);
+    let row = table.lines().find(|l| l.trim_start().starts_with("node-9") && l.contains("ready")).unwrap_or_default();
+    assert!(row.contains("join") && row.contains("worker"), "no step row for node-9:\n{table}");
+
+    // The API's site view lists it with its step too.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (code, detail) = api.get(landfall_tests::api::VIEWER, &format!("/v1/sites/{site}")).await;
+        assert_eq!(code, 200, "{detail}");
+        let node_9 = detail["node_list"].as_array().and_then(|n| n.iter().find(|n| n["name"] == "node-9")).cloned();
+        if node_9.as_ref().is_some_and(|n| n["step"] == "ready") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the API never showed node-9 ready: {detail}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_wait_names_a_gateway_never_heard_from_within_seconds() {
+    use tokio::io::AsyncBufReadExt;
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).nodes(2).without_gateways().start().await;
+    let site = fleet.site_id(0);
+    let api = landfall_tests::api::Api::start(&fleet.bus).await;
+    let started = std::time::Instant::now();
+    let mut install = tokio::process::Command::new(landfall_tests::cli::binary())
+        .args(["site", "install", &site, "--wait", "--timeout", "60s"])
+        .env("NATS_URL", server.url())
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(install.stderr.take().unwrap()).lines();
+    let said = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("no gateway has ever been heard from") {
+                return line;
+            }
+        }
+        String::new()
+    })
+    .await
+    .expect("--wait said nothing of the missing gateway within 10 s");
+    assert!(started.elapsed() < std::time::Duration::from_secs(8), "said after {:?}", started.elapsed());
+    let how = format!("landfall serve gateway --site {site} --backend sim");
+    assert!(said.contains(&site) && said.contains(&how), "{said}");
+    install.kill().await.unwrap();
+
+    // The API's site view says it too, as something needing attention.
+    let (code, detail) = api.get(landfall_tests::api::VIEWER, &format!("/v1/sites/{site}")).await;
+    assert_eq!(code, 200, "{detail}");
+    assert_eq!(detail["attention"][0]["kind"], "no_gateway", "{detail}");
+    assert!(detail["attention"][0]["reason"].as_str().unwrap().contains(&how), "{detail}");
+    fleet.stop().await;
+}
+
+#[test]
+fn up_simulates_sites_registered_after_it_started_when_asked() {
+    let up = landfall_tests::up::Up::start_with(1, &["--simulate-new-sites", "--time-scale", "600"]);
+    let dir = tempfile::tempdir().unwrap();
+    let design = dir.path().join("lab-1.yaml");
+    std::fs::write(
+        &design,
+        r#"
+site: lab-1
+nodes:
+  - { name: m1, role: master, bootMac: "52:54:00:ab:00:01", bmcAddress: "ipmi://192.0.2.20" }
+  - { name: w1, role: worker, bootMac: "52:54:00:ab:00:02", bmcAddress: "ipmi://192.0.2.21" }
+packages:
+  master: [{ name: ubuntu, version: "22.04.4" }, { name: kubelet, version: "1.29.2" }]
+  worker: [{ name: ubuntu, version: "22.04.4" }, { name: kubelet, version: "1.29.2" }]
+"#,
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let out = rt.block_on(landfall(&up.nats_url(), &["site", "register", "-f", design.to_str().unwrap()]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = rt.block_on(async {
+        for _ in 0..100 {
+            if landfall(&up.nats_url(), &["status", "lab-1"]).await.status.success() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        landfall(&up.nats_url(), &["site", "install", "lab-1", "--wait", "--timeout", "120s"]).await
+    });
+    assert!(out.status.success(), "{}\n{}", text(&out.stderr), up.output());
+    assert!(!text(&out.stderr).contains("no gateway"), "{}", text(&out.stderr));
+    let kept = site_gateway::sim::saved_effects(&up.site_state("lab-1")).expect("lab-1 kept like up's own sites");
+    assert_eq!(kept.provisions.len(), 2, "{kept:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_wait_exits_non_zero_naming_the_failed_node() {
     let server = NatsServer::start();
     let fleet = Fleet::builder(&server.url()).nodes(3).failing_host(0, "node-2").start().await;

@@ -228,6 +228,7 @@ impl Orchestrator {
         let new = saga::start_join(&rejoin, &design, &op.node, None, resolved, now_ms());
         active::mark(&self.sagas, &keys::active_saga(&rejoin.id), &rejoin.id, &op.site_id).await?;
         let (_, (saga, rev)) = self.sagas.create_or_get(&saga_key, &new).await?;
+        super::nodes::point_to_join(&self.sagas, &saga).await?;
         lease::hand_over(&self.sagas, &op.site_id, Holder::Lifecycle(&op.id), Holder::Saga(&rejoin.id)).await?;
         self.sagas
             .update_with(&keys::lifecycle(&op.id), |cur: Option<&pb::Lifecycle>| match cur {

@@ -84,6 +84,7 @@ impl Orchestrator {
         if created {
             info!(%site, node = %name, saga = %d.envelope.id, "node joining");
         }
+        point_to_join(&self.sagas, &saga).await?;
         self.settle(&saga_key, saga, rev).await
     }
 
@@ -238,4 +239,27 @@ fn with_node(
     }
     design.nodes.push(node.clone());
     Ok((design.validate().map_err(invalid)?, true))
+}
+
+/// Points each node of join saga `saga` at it ([`keys::latest_join`]), unless a later join
+/// holds the pointer already: a redelivered older join does not take it back.
+pub(super) async fn point_to_join(sagas: &bus_schema::runtime::Kv, saga: &pb::InstallSaga) -> Result<(), HandlerError> {
+    for node in saga.nodes.iter().filter_map(|n| n.node.as_ref()) {
+        let pointer = pb::SiteLease {
+            site_id: saga.site_id.clone(),
+            saga_id: saga.saga_id.clone(),
+            acquired_unix_ms: saga.started_unix_ms,
+            ..Default::default()
+        };
+        sagas
+            .update_with(&keys::latest_join(&saga.site_id, &node.name), |current: Option<&pb::SiteLease>| match current
+            {
+                Some(held) if held.saga_id == pointer.saga_id || held.acquired_unix_ms > pointer.acquired_unix_ms => {
+                    Update::Keep(())
+                }
+                _ => Update::Put(pointer.clone(), ()),
+            })
+            .await?;
+    }
+    Ok(())
 }

@@ -67,6 +67,10 @@ impl Orchestrator {
             }
         }
         active::clear(&self.sagas, &keys::active_saga(&latest.saga_id)).await?;
+        // Which join each node had last goes too (the joins' records are compacted as any saga).
+        for (key, _, _) in self.sagas.scan_few::<pb::SiteLease>(&keys::site_joins_prefix(site)).await? {
+            self.sagas.purge(&key).await?;
+        }
         self.sagas.purge(&pointer).await?;
         Ok(())
     }

@@ -39,6 +39,19 @@ pub fn step_label(step: Option<i32>) -> &'static str {
     }
 }
 
+/// Of a site's latest install and a node's latest join, the one that last worked on the node:
+/// the join, when it started after the install.
+pub fn latest_work<'a>(
+    install: Option<&'a pb::InstallSaga>,
+    join: Option<&'a pb::InstallSaga>,
+) -> Option<&'a pb::InstallSaga> {
+    match (install, join) {
+        (Some(i), Some(j)) if j.started_unix_ms >= i.started_unix_ms => Some(j),
+        (Some(i), _) => Some(i),
+        (None, j) => j,
+    }
+}
+
 /// What `saga` says of `node`, when it worked on it.
 pub fn progress_of<'a>(saga: Option<&'a pb::InstallSaga>, node: &str) -> Option<&'a pb::NodeProgress> {
     saga?.nodes.iter().find(|n| n.node.as_ref().is_some_and(|s| s.name == node))

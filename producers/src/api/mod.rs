@@ -7,7 +7,7 @@
 
 pub mod auth;
 mod commands;
-mod facts;
+pub(crate) mod facts;
 pub mod model;
 pub mod openapi;
 pub mod sse;

@@ -209,11 +209,7 @@ impl State {
     pub fn node_saga(&self, site: &str, node: &str) -> Option<&pb::InstallSaga> {
         let install = self.latest_install.get(site).and_then(|id| self.sagas.get(id));
         let join = self.joins.get(site).and_then(|j| j.get(node)).and_then(|id| self.sagas.get(id));
-        match (install, join) {
-            (Some(i), Some(j)) if j.started_unix_ms >= i.started_unix_ms => Some(j),
-            (Some(i), _) => Some(i),
-            (None, j) => j,
-        }
+        super::facts::latest_work(install, join)
     }
 }
 

@@ -307,7 +307,16 @@ fn view_schemas() -> Map<String, Value> {
         "install": nullable(schema_ref("Install")),
         "last_event": nullable(schema_ref("LastEvent")),
         "link": nullable(schema_ref("Link")),
+        "attention": { "type": "array", "items": schema_ref("Attention"),
+                       "description": "What a person must do before the site can go on, each with why: its gateway was never heard from, or the site found its hosts other than the hub believes." },
     });
+    let attention = object(
+        &["kind", "reason"],
+        json!({
+            "kind": { "type": "string", "enum": ["no_gateway", "site_disagrees"] },
+            "reason": string(),
+        }),
+    );
     let link = object(
         &["state", "since", "outbox_waiting", "last_report", "cut_off_since"],
         json!({
@@ -331,6 +340,7 @@ fn view_schemas() -> Map<String, Value> {
         "install",
         "last_event",
         "link",
+        "attention",
     ];
     let site = object(&site_required, site_props.clone());
     let mut detail_props = site_props;
@@ -456,6 +466,7 @@ fn view_schemas() -> Map<String, Value> {
         "LastEvent": last_event,
         "Link": link,
         "Site": site,
+        "Attention": attention,
         "SiteDetail": { "type": "object", "required": detail_required, "properties": detail_props },
         "SitePage": object(&["total", "offset", "limit", "items"], json!({
             "total": integer(), "offset": integer(), "limit": integer(),

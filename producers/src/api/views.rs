@@ -81,7 +81,17 @@ pub fn site_summary(st: &State, site: &str, design: &pb::SiteDesign) -> Value {
             "summary": e.summary,
         })),
         "link": st.links.get(site).map(link_json),
+        "attention": attention(st, site),
     })
+}
+
+/// What a person must do before `site` can go on, each with why.
+pub fn attention(st: &State, site: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    if !st.links.contains_key(site) {
+        out.push(json!({ "kind": "no_gateway", "reason": crate::views::link::no_gateway_reason(site) }));
+    }
+    out
 }
 
 /// Every node of a site: the design's, then any other node the site reported.

@@ -134,6 +134,9 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
         reader = Some(bus.read_events(vec![names::scope_events(site.as_str())], DeliverPolicy::All).await?);
     }
     let Some(reader) = reader.as_mut() else { return Ok(ExitCode::SUCCESS) };
+    if let Some(why) = gateway_missing(&bus, site.as_str()).await? {
+        eprintln!("waiting: {why}");
+    }
 
     let mut bars = wanted(args.output).then(|| InstallBars::new(site.as_str()));
     let verdict = follow(reader, &env.id, args.timeout, |next| {
@@ -149,6 +152,33 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
         eprintln!("gave up waiting after {:?}; the install goes on (landfall status {site})", args.timeout);
         ExitCode::from(EXIT_TIMEOUT)
     }))
+}
+
+/// How long a gateway that runs has to be heard before `--wait` says none is.
+const HEARD_WITHIN: Duration = Duration::from_secs(3);
+
+/// Why the site's install cannot move now, when its gateway is not there to do it: never heard
+/// from (after a few seconds' grace, for one just started), or cut off. `None` when the hub
+/// hears it.
+pub(crate) async fn gateway_missing(bus: &bus_schema::runtime::Bus, site: &str) -> anyhow::Result<Option<String>> {
+    let observed = bus.kv(names::OBSERVED_BUCKET).await?;
+    let deadline = tokio::time::Instant::now() + HEARD_WITHIN;
+    loop {
+        match observed.get::<pb::SiteLink>(&names::keys::link(site)).await? {
+            Some((link, _)) if link.state == pb::LinkState::CutOff as i32 => {
+                let link = crate::views::link::link_json(&link);
+                return Ok(Some(format!(
+                    "the gateway of {site} is {}: the install goes on once it is heard again",
+                    crate::views::link::link_text(&link)
+                )));
+            }
+            Some(_) => return Ok(None),
+            None if tokio::time::Instant::now() >= deadline => {
+                return Ok(Some(crate::views::link::no_gateway_reason(site)));
+            }
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
 }
 
 /// Publishes `RemoveSite` and waits for `SiteRemoved` (or the refusal).

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::connect::connect;
 use super::output::{Format, emit};
+use crate::api::facts::{latest_work, progress_of, step_label};
 use crate::views::event::summary;
 use crate::views::link::{link_json, link_text};
 use crate::views::observed::{observed_json, package_text};
@@ -44,6 +45,7 @@ async fn site_status(
         Some(id) => sagas.get::<pb::InstallSaga>(&keys::saga(id)).await?.map(|(s, _)| s),
         None => None,
     };
+    let node_list = node_list(&sagas, &design, saga.as_ref()).await?;
     let install = match (saga, &latest) {
         (Some(s), _) => {
             let mut v = serde_json::to_value(&s).unwrap_or_default();
@@ -71,9 +73,40 @@ async fn site_status(
         "labels": design.labels,
         "nodes": design.nodes.len(),
         "install": install,
+        "node_list": node_list,
         "link": links.get(site).map(link_json),
         "observed": observed_json(&design, &observed),
     })))
+}
+
+/// Every node of the design with what last worked on it: the site's install, or the node's own
+/// join when it came later (a node added or reprovisioned after the install). A join compacted
+/// after the retention leaves no steps; the install's are shown then.
+async fn node_list(
+    sagas: &bus_schema::runtime::Kv,
+    design: &pb::SiteDesign,
+    install: Option<&pb::InstallSaga>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut out = Vec::with_capacity(design.nodes.len());
+    for n in &design.nodes {
+        let join = match sagas.get::<pb::SiteLease>(&keys::latest_join(&design.site_id, &n.name)).await? {
+            Some((pointer, _)) => sagas.get::<pb::InstallSaga>(&keys::saga(&pointer.saga_id)).await?.map(|(s, _)| s),
+            None => None,
+        };
+        let saga = latest_work(install, join.as_ref());
+        let progress = progress_of(saga, &n.name);
+        out.push(json!({
+            "name": n.name,
+            "role": crate::views::human::role_label(n.role),
+            "step": step_label(progress.map(|p| p.step)),
+            "metal3_state": progress.map(|p| p.metal3_state.as_str()).unwrap_or(""),
+            "failed_step": progress.map(|p| p.failed_step.as_str()).unwrap_or(""),
+            "reason": progress.map(|p| p.reason.as_str()).unwrap_or(""),
+            "by": saga.filter(|_| progress.is_some()).map(|s| if s.join { "join" } else { "install" }),
+            "saga": saga.filter(|_| progress.is_some()).map(|s| s.saga_id.as_str()),
+        }));
+    }
+    Ok(out)
 }
 
 /// Prints the status of one site, or of every site.
@@ -257,15 +290,15 @@ fn print_status(all: &[serde_json::Value], detail: bool) {
             if let Some(reason) = install["reason"].as_str().filter(|r| !r.is_empty()) {
                 println!("  reason: {reason}");
             }
-            println!("  {:<16} {:<8} {:<20} {:<16} DETAIL", "NODE", "ROLE", "STEP", "METAL3");
-            for n in install["nodes"].as_array().into_iter().flatten() {
-                let step = n["step"].as_str().unwrap_or("").trim_start_matches("NODE_STEP_").to_lowercase();
+            println!("  {:<16} {:<8} {:<16} {:<16} {:<8} DETAIL", "NODE", "ROLE", "STEP", "METAL3", "BY");
+            for n in s["node_list"].as_array().into_iter().flatten() {
                 println!(
-                    "  {:<16} {:<8} {:<20} {:<16} {}",
-                    n["node"]["name"].as_str().unwrap_or(""),
-                    n["node"]["role"].as_str().unwrap_or(""),
-                    step,
+                    "  {:<16} {:<8} {:<16} {:<16} {:<8} {}",
+                    n["name"].as_str().unwrap_or(""),
+                    n["role"].as_str().unwrap_or(""),
+                    n["step"].as_str().unwrap_or(""),
                     n["metal3_state"].as_str().unwrap_or(""),
+                    n["by"].as_str().unwrap_or("-"),
                     summary(&json!({"failed_step": n["failed_step"], "reason": n["reason"]})),
                 );
             }

@@ -747,6 +747,9 @@
           cutOff(s) ? h('div', { class: 'sub sub-warn' }, 'since ', ago(s.link.since)) : null,
           installing ? h('div', { class: 'sub' }, label(installing)) : null,
           failedReason ? h('div', { class: 'sub sub-bad', title: failedReason }, failedReason) : null,
+          (s.attention || []).length
+            ? h('div', { class: 'sub sub-warn', dataset: { attention: s.attention.map((a) => a.kind).join(' ') }, title: s.attention.map((a) => a.reason).join('\n') }, 'needs attention')
+            : null,
         ),
         h(
           'td',
@@ -1093,6 +1096,9 @@
               linkText(s.link),
             )
           : null,
+        (s.attention || []).map((a) =>
+          h('div', { class: 'notice notice-warn attention-notice', role: 'status', dataset: { attention: a.kind } }, h('strong', {}, 'Needs attention: '), a.reason),
+        ),
         inst && inst.reason
           ? h(
               'div',
