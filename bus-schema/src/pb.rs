@@ -166,6 +166,7 @@ bus_message!(
     SiteLink,
     SiteCutOff,
     SiteLinkRestored,
+    SiteDisagrees,
 );
 
 macro_rules! commands {
@@ -294,6 +295,7 @@ event!(
     NodePatched => "node"."patched",
     NodePatchFailed => "node"."patch_failed",
     SitePatched => "rollout"."site_patched",
+    SiteDisagrees => "site"."disagrees",
     BmcCredentialsStored => "node"."bmc_credentials_stored",
     SiteCutOff => "link"."cut_off",
     SiteLinkRestored => "link"."restored",

@@ -212,6 +212,7 @@ rules! {
     Event NodePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event NodePatchFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event SitePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event SiteDisagrees from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
 
     Event PackageRegistered from HUB, sites [];
     Event RolloutPlanned from HUB, sites [];

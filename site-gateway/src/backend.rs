@@ -324,6 +324,10 @@ pub trait SiteBackend: Send + Sync + 'static {
     /// `Permanent` when the ready time-out passes first, saying what the node showed.
     fn observe_patched(&self, node: &str, package: &Package) -> impl Future<Output = Result<(), BackendError>> + Send;
 
+    /// The Metal3 provisioning state of the node's host now (`registering` for one Metal3 has
+    /// not written a state for yet); `None` when the site has no host of that name.
+    fn host_state(&self, node: &str) -> impl Future<Output = Result<Option<ProvisioningState>, BackendError>> + Send;
+
     /// The names of the hosts the site has (every BareMetalHost landfall manages there).
     fn host_names(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
 

@@ -321,6 +321,33 @@ mod second_day {
     }
 
     #[test]
+    fn a_site_that_lost_its_hosts_says_so_and_the_rollout_leaves_it_aside() {
+        let mut up = start();
+        installed(&up);
+        up.stop("INT");
+        // The data directory without edge-01's part: its hosts start again from nothing.
+        std::fs::remove_file(up.site_state("edge-01")).unwrap();
+        up.start_again();
+        register_kubelet(&up, "1.29.9");
+        let done = until_rollout(&up, "1.29.9", "completed", |r| r["phase"] == "completed");
+        assert_eq!((done["patched"].as_u64(), done["failed"].as_u64()), (Some(3), Some(0)), "{done}");
+        let edge_02: BTreeMap<String, u32> = NODES.iter().map(|n| (format!("edge-02/{n}"), 1)).collect();
+        assert_eq!(counted(&up, |e| &e.patches), edge_02, "edge-01's nodes left alone, edge-02's patched once");
+
+        // The hub shows edge-01 as needing attention, with what the site found.
+        let site = up.site("edge-01");
+        let attention = site["attention"].as_array().unwrap();
+        let found = attention.iter().find(|a| a["kind"] == "site_disagrees").unwrap_or_else(|| panic!("{site}"));
+        let reason = found["reason"].as_str().unwrap();
+        assert!(reason.contains("node-1 is ") && reason.contains("node-3 is "), "{reason}");
+        assert!(up.site("edge-02")["attention"].as_array().unwrap().is_empty(), "edge-02 needs nothing");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let out = rt.block_on(landfall_tests::cli::landfall(&up.nats_url(), &["status", "edge-01"]));
+        let table = landfall_tests::cli::text(&out.stdout);
+        assert!(table.contains("needs attention: the site does not have these nodes as the hub believes"), "{table}");
+    }
+
+    #[test]
     fn up_killed_twice_in_the_middle_of_a_rollout_finishes_it_patching_each_node_once() {
         let mut up = start();
         installed(&up);

@@ -59,6 +59,7 @@ fn every_kind_on_the_bus_has_a_row() {
         "SecretStored",
         "KeyRotated",
         "RoleArtifacts",
+        "HostFound",
     ];
     let set = prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET).unwrap();
     let mut missing = Vec::new();

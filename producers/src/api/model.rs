@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::facts::{Counts, SiteFacts};
+use crate::views::attention;
 
 /// The last event seen of a site.
 #[derive(Debug, Clone)]
@@ -106,6 +107,9 @@ pub struct State {
     /// Site id → whether the hub hears it, for every site heard once (`link.<site>`, and the
     /// link events, whichever arrives first).
     pub links: HashMap<String, pb::SiteLink>,
+    /// Site id → what it last found unlike the hub (`SiteDisagrees`), until an install starts
+    /// there again or a rollout passes it with no node left aside.
+    pub disagrees: HashMap<String, String>,
     /// Site id → node → the Metal3 state its latest `NodeOsProvisioning` reported, an install's
     /// or a reimage's (a rollout of an os-image): newer than what the install's record says.
     pub metal3: HashMap<String, HashMap<String, String>>,
@@ -312,6 +316,7 @@ impl Model {
                     None => {
                         st.designs.remove(site);
                         st.metal3.remove(site);
+                        st.disagrees.remove(site);
                     }
                 }
                 st.refresh(site);
@@ -424,7 +429,15 @@ impl Model {
         let link = link_of_event(&e.delivery.type_name, &e.delivery.payload);
         let metal3 = metal3_of_event(&e.delivery.type_name, &e.delivery.payload).filter(|m| m.site_id == scope);
         let service = service_of_event(&e.delivery.type_name, &e.delivery.payload).filter(|(site, ..)| site == scope);
+        let disagrees = attention::disagreement_of(&e.delivery.type_name, &e.delivery.payload);
+        let agrees = attention::clears_disagreement(&e.delivery.type_name, &e.delivery.payload);
         let mut st = self.write();
+        // The subject's site is the one it speaks for.
+        if let Some(reason) = disagrees {
+            st.disagrees.insert(scope.to_string(), reason);
+        } else if agrees {
+            st.disagrees.remove(scope);
+        }
         if let Some(m) = metal3 {
             st.metal3.entry(m.site_id).or_default().insert(m.node, m.state);
         }

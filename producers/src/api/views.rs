@@ -87,11 +87,8 @@ pub fn site_summary(st: &State, site: &str, design: &pb::SiteDesign) -> Value {
 
 /// What a person must do before `site` can go on, each with why.
 pub fn attention(st: &State, site: &str) -> Vec<Value> {
-    let mut out = Vec::new();
-    if !st.links.contains_key(site) {
-        out.push(json!({ "kind": "no_gateway", "reason": crate::views::link::no_gateway_reason(site) }));
-    }
-    out
+    let disagrees = st.disagrees.get(site).map(String::as_str);
+    crate::views::attention::attention_json(site, st.links.contains_key(site), disagrees)
 }
 
 /// Every node of a site: the design's, then any other node the site reported.

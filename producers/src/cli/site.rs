@@ -174,7 +174,7 @@ pub(crate) async fn gateway_missing(bus: &bus_schema::runtime::Bus, site: &str) 
             }
             Some(_) => return Ok(None),
             None if tokio::time::Instant::now() >= deadline => {
-                return Ok(Some(crate::views::link::no_gateway_reason(site)));
+                return Ok(Some(crate::views::attention::no_gateway_reason(site)));
             }
             None => tokio::time::sleep(Duration::from_millis(200)).await,
         }

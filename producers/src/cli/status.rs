@@ -14,6 +14,7 @@ use serde_json::json;
 use super::connect::connect;
 use super::output::{Format, emit};
 use crate::api::facts::{latest_work, progress_of, step_label};
+use crate::views::attention::{attention_json, clears_disagreement, disagreement_of};
 use crate::views::event::summary;
 use crate::views::link::{link_json, link_text};
 use crate::views::observed::{observed_json, package_text};
@@ -30,12 +31,14 @@ pub struct StatusArgs {
     pub output: Format,
 }
 
-/// One site's state: its design, its latest install, and what its nodes run, as JSON.
+/// One site's state: its design, its latest install, what its nodes run, and what needs a
+/// person (a site found unlike the hub only when `one` site is asked for), as JSON.
 async fn site_status(
     bus: &Bus,
     site: &str,
     observed: &[pb::NodeObserved],
     links: &HashMap<String, pb::SiteLink>,
+    one: bool,
 ) -> anyhow::Result<Option<serde_json::Value>> {
     let sites = bus.kv(names::SITES_BUCKET).await?;
     let sagas = bus.kv(names::SAGAS_BUCKET).await?;
@@ -67,6 +70,8 @@ async fn site_status(
         (None, None) => None,
     };
     let observed: Vec<&pb::NodeObserved> = observed.iter().filter(|o| o.site_id == site).collect();
+    // One site's events are read for one site only: the fleet's listing stays a pass over KV.
+    let disagreement = if one { disagrees(bus, site).await? } else { None };
     Ok(Some(json!({
         "site": site,
         "design_revision": revision,
@@ -75,6 +80,7 @@ async fn site_status(
         "install": install,
         "node_list": node_list,
         "link": links.get(site).map(link_json),
+        "attention": attention_json(site, links.contains_key(site), disagreement.as_deref()),
         "observed": observed_json(&design, &observed),
     })))
 }
@@ -107,6 +113,31 @@ async fn node_list(
         }));
     }
     Ok(out)
+}
+
+/// What the site last found unlike the hub (`SiteDisagrees`), unless an event of the site
+/// after it ended that: the same rule the API's read model follows, from the last event of each
+/// kind (three reads of the events stream, none of them a scan).
+async fn disagrees(bus: &Bus, site: &str) -> anyhow::Result<Option<String>> {
+    use bus_schema::pb::{BusEvent, BusMessage};
+    let stream = bus.jetstream().get_stream(names::EVENTS_STREAM).await?;
+    let last = async |aggregate: &str, kind: &str| {
+        stream.get_last_raw_message_by_subject(&names::event_subject(site, aggregate, kind)).await.ok()
+    };
+    let Some(found) = last(pb::SiteDisagrees::AGGREGATE, pb::SiteDisagrees::KIND).await else { return Ok(None) };
+    let later = [
+        (pb::SiteInstallStarted::AGGREGATE, pb::SiteInstallStarted::KIND, pb::SiteInstallStarted::TYPE),
+        (pb::SitePatched::AGGREGATE, pb::SitePatched::KIND, pb::SitePatched::TYPE),
+    ];
+    for (aggregate, kind, type_name) in later {
+        if let Some(m) = last(aggregate, kind).await
+            && m.sequence > found.sequence
+            && clears_disagreement(type_name, &m.payload)
+        {
+            return Ok(None);
+        }
+    }
+    Ok(disagreement_of(pb::SiteDisagrees::TYPE, &found.payload))
 }
 
 /// Prints the status of one site, or of every site.
@@ -142,7 +173,7 @@ pub async fn run(url: &str, args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let links: HashMap<String, pb::SiteLink> = links.into_iter().map(|l| (l.site_id.clone(), l)).collect();
     let mut all = Vec::new();
     for site in &sites {
-        match site_status(&bus, site, &observed, &links).await? {
+        match site_status(&bus, site, &observed, &links, args.site.is_some()).await? {
             Some(s) => all.push(s),
             None if args.site.is_some() => bail!("site {site} is not registered"),
             None => {}
@@ -285,6 +316,9 @@ fn print_status(all: &[serde_json::Value], detail: bool) {
             phase.to_lowercase(),
             outcome.to_lowercase()
         );
+        for a in s["attention"].as_array().into_iter().flatten() {
+            println!("  needs attention: {}", a["reason"].as_str().unwrap_or(""));
+        }
         if detail {
             println!("  link: {}", link_text(&s["link"]));
             if let Some(reason) = install["reason"].as_str().filter(|r| !r.is_empty()) {

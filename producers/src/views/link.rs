@@ -39,13 +39,3 @@ pub fn link_text(link: &Value) -> String {
         }
     }
 }
-
-/// Why a site whose gateway was never heard from does nothing, and what to do.
-pub fn no_gateway_reason(site: &str) -> String {
-    format!(
-        "no gateway has ever been heard from {site}: its jobs wait until one runs. Start one for it \
-         (landfall serve gateway --site {site} --backend sim for a simulated site, --backend kube at a \
-         real one; landfall up --simulate-new-sites runs simulated gateways for sites registered \
-         after it started)"
-    )
-}

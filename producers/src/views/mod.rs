@@ -2,6 +2,7 @@
 //! plan and progress look like, what nodes run against their design, the catalog, and events
 //! and values as people read them, and a command as the ledger recorded it.
 
+pub mod attention;
 pub mod catalog;
 pub mod command;
 pub mod event;

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{Gateway, invalid, nodes, packages};
-use crate::backend::{BackendError, Cordon, PatchRequest, ProvisioningState, SiteBackend};
+use crate::backend::{BackendError, Cordon, PatchRequest, ProvisioningState, ProvisioningState as S, SiteBackend};
 
 /// How long a master waits for the site's other masters to be Ready before it is failed rather
 /// than started: an etcd member is never taken down while another is down.
@@ -42,7 +42,21 @@ impl<B: SiteBackend> Gateway<B> {
             package: Some(pb::PackageRef::from(&package.reference())),
             ..Default::default()
         };
-        let nodes = nodes(job.nodes)?;
+        let (nodes, found) = self.as_the_hub_believes(nodes(job.nodes)?, package.kind).await?;
+        let mut site_patched = site_patched;
+        if !found.is_empty() {
+            site_patched.skipped = found.iter().map(|f| f.node.clone()).collect();
+            let reason = disagreement_reason(&found);
+            warn!(site = %self.site, rollout = %job.rollout_id, %reason, "the site is not as the hub believes");
+            let evt = pb::SiteDisagrees {
+                site_id: self.site.to_string(),
+                job_id: d.envelope.id.clone(),
+                rollout_id: job.rollout_id.clone(),
+                found,
+                reason,
+            };
+            self.publish(&evt, &d.envelope.derive("site_disagrees", None)).await?;
+        }
         let masters: Vec<String> =
             nodes.iter().filter(|n| n.role == Role::Master).map(|n| n.name.to_string()).collect();
         // The package (and an os-image's reinstalled binaries) must be in the site's cache
@@ -84,6 +98,30 @@ impl<B: SiteBackend> Gateway<B> {
             "site patched"
         );
         self.publish(&done, &d.envelope.derive("site_patched", None)).await
+    }
+
+    /// The job's nodes the site has as the hub believes, and how it found the others. Only a
+    /// patch that takes a node down asks: it is sent for nodes the hub saw provisioned.
+    async fn as_the_hub_believes(
+        &self,
+        nodes: Vec<NodeDesign>,
+        kind: pb::PackageKind,
+    ) -> Result<(Vec<NodeDesign>, Vec<pb::HostFound>), HandlerError> {
+        if !disruptive(kind) {
+            return Ok((nodes, Vec::new()));
+        }
+        let (mut keep, mut found) = (Vec::with_capacity(nodes.len()), Vec::new());
+        for node in nodes {
+            let state = match self.backend.host_state(node.name.as_str()).await {
+                Ok(state) => state,
+                Err(e) => return Err(HandlerError::transient(format!("looking at host {}", node.name), e)),
+            };
+            match unlike_the_hub(kind, state) {
+                None => keep.push(node),
+                Some(state) => found.push(pb::HostFound { node: node.name.to_string(), state }),
+            }
+        }
+        Ok((keep, found))
     }
 
     /// Patches one node and publishes what became of it: `Some(reason)` when the patch failed.
@@ -352,6 +390,35 @@ fn reinstall_by_role(list: Vec<pb::RoleArtifacts>) -> Result<BTreeMap<Role, Vec<
 /// One site's part of a rollout, batch after batch: which nodes start next, and what became of
 /// each. Masters go first, each alone (one etcd member down at a time); workers follow in
 /// batches of `max_unavailable`. Kept apart from the I/O so its rules have plain tests.
+/// How a host found in `state` (`None`: no such host) differs from what the hub believes of a
+/// node it sends a patch of `kind` for, as the site would say it; `None` when it does not. A
+/// binary goes on a provisioned host; an image may also find its host taking the old image
+/// off or the new one on (a reimage taken up after its gateway stopped).
+fn unlike_the_hub(kind: pb::PackageKind, state: Option<S>) -> Option<String> {
+    match (kind, state) {
+        (_, None) => Some(String::new()),
+        (_, Some(S::Provisioned | S::ExternallyProvisioned)) => None,
+        (pb::PackageKind::OsImage, Some(S::Deprovisioning | S::Available | S::Provisioning)) => None,
+        (_, Some(state)) => Some(state.as_str().to_string()),
+    }
+}
+
+/// What the site found, in a sentence.
+fn disagreement_reason(found: &[pb::HostFound]) -> String {
+    let each: Vec<String> = found
+        .iter()
+        .map(|f| match f.state.as_str() {
+            "" => format!("{} has no host", f.node),
+            state => format!("{} is {state}", f.node),
+        })
+        .collect();
+    format!(
+        "the site does not have these nodes as the hub believes: {}; they were left alone (the site's \
+         state lost, or hosts changed by hand?): reinstall or reprovision them",
+        each.join(", ")
+    )
+}
+
 #[derive(Debug)]
 struct PatchRun {
     pending: VecDeque<NodeDesign>,
@@ -447,6 +514,26 @@ mod tests {
     fn run(nodes: &[&str], max_unavailable: u32, max_failures: u32) -> PatchRun {
         let nodes = nodes.iter().map(|n| worker(n)).collect();
         PatchRun::new(nodes, max_unavailable, max_failures, pb::SitePatched::default())
+    }
+
+    #[test]
+    fn a_host_missing_or_never_provisioned_is_unlike_what_the_hub_believes() {
+        use pb::PackageKind::{Binary, OsImage};
+        assert_eq!(unlike_the_hub(Binary, Some(S::Provisioned)), None);
+        assert_eq!(unlike_the_hub(Binary, None).as_deref(), Some(""));
+        assert_eq!(unlike_the_hub(Binary, Some(S::Preparing)).as_deref(), Some("preparing"));
+        assert_eq!(unlike_the_hub(Binary, Some(S::Available)).as_deref(), Some("available"));
+        // A reimage taken up: the old image coming off, none on, the new one going on.
+        for state in [S::Deprovisioning, S::Available, S::Provisioning, S::Provisioned] {
+            assert_eq!(unlike_the_hub(OsImage, Some(state)), None, "{state}");
+        }
+        assert_eq!(unlike_the_hub(OsImage, Some(S::Inspecting)).as_deref(), Some("inspecting"));
+        let found = [
+            pb::HostFound { node: "node-1".into(), state: "preparing".into() },
+            pb::HostFound { node: "node-2".into(), state: String::new() },
+        ];
+        let reason = disagreement_reason(&found);
+        assert!(reason.contains("node-1 is preparing, node-2 has no host"), "{reason}");
     }
 
     #[test]

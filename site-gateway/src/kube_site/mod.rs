@@ -158,6 +158,10 @@ impl SiteBackend for KubeSite {
         self.observe_node(node, std::slice::from_ref(package)).await
     }
 
+    async fn host_state(&self, node: &str) -> Result<Option<ProvisioningState>, BackendError> {
+        Ok(self.host(node).await?.map(|h| h.state().unwrap_or(ProvisioningState::Registering)))
+    }
+
     async fn host_names(&self) -> Result<Vec<String>, BackendError> {
         self.managed_hosts().await
     }

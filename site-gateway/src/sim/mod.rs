@@ -290,6 +290,10 @@ impl SiteBackend for SimSite {
         self.inner.lock().provisioned(node).map(|_| ())
     }
 
+    async fn host_state(&self, node: &str) -> Result<Option<S>, BackendError> {
+        Ok(self.inner.lock().hosts.get(node).map(Host::state))
+    }
+
     async fn host_names(&self) -> Result<Vec<String>, BackendError> {
         Ok(self.host_names_now())
     }

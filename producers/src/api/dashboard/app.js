@@ -345,7 +345,7 @@
 
   function severity(type) {
     if (/Failed|Rejected|Halted/.test(type)) return 'bad';
-    if (/Paused|Cancelled|NodeLeft|CutOff$/.test(type)) return 'warn';
+    if (/Paused|Cancelled|NodeLeft|CutOff$|Disagrees$/.test(type)) return 'warn';
     if (/Installed$|Ready$|Completed$|Patched$|Provisioned$|Applied$|Stored$|Staged$|Restored$/.test(type)) return 'good';
     return 'info';
   }
@@ -396,8 +396,12 @@
         return `${e.node}: ${e.from_version} → ${pkg(e.package)}`;
       case 'NodePatchFailed':
         return `${e.node}: ${pkg(e.package)}: ${e.reason}`;
-      case 'SitePatched':
-        return `${(e.patched || []).length} patched, ${(e.failed || []).length} failed`;
+      case 'SitePatched': {
+        const skipped = (e.skipped || []).length;
+        return `${(e.patched || []).length} patched, ${(e.failed || []).length} failed${skipped ? `, ${skipped} left aside` : ''}`;
+      }
+      case 'SiteDisagrees':
+        return e.reason || '';
       case 'RolloutPlanned':
         return `${pkg(e.package)} to ${e.planned_nodes} nodes in ${e.waves} waves`;
       case 'RolloutWaveStarted':
