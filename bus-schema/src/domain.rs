@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
+pub use crate::cluster::{ApiEndpoint, Builder, ClusterBuild, NodeSetRollout};
 use crate::pb;
 
 /// Why a value was refused. The message names the field and the reason.
@@ -401,11 +402,19 @@ pub struct SiteDesign {
     pub nodes: Vec<NodeDesign>,
     #[serde(default)]
     pub packages: BTreeMap<Role, Vec<PackageRef>>,
+    /// How the site's cluster is built (the BPA unless it says Cluster API).
+    #[serde(default)]
+    pub cluster: ClusterBuild,
 }
 
 impl SiteDesign {
-    /// Checks what one field alone cannot: unique names and MACs, at least one master.
-    pub fn validate(self) -> Result<Self, InvalidField> {
+    /// Checks what one field alone cannot: unique names and MACs, at least one master; and
+    /// writes out the defaults of how the cluster is built. The rules of a Cluster API build
+    /// are [`SiteDesign::cluster_problems`]: judged when a design is registered or applied, not
+    /// each time one is read (a node removed does not make the stored design unreadable).
+    pub fn validate(mut self) -> Result<Self, InvalidField> {
+        let masters = self.nodes.iter().filter(|n| n.role == Role::Master).count();
+        self.cluster = self.cluster.with_defaults(masters);
         if self.nodes.is_empty() {
             return Err(InvalidField::new("nodes", "a site needs at least one node"));
         }
@@ -443,6 +452,11 @@ impl SiteDesign {
         self.nodes.iter().find(|n| n.name.as_str() == name)
     }
 
+    /// Why the cluster cannot be built as the design says (see [`ClusterBuild::problems`]).
+    pub fn cluster_problems(&self) -> Vec<InvalidField> {
+        self.cluster.problems(self.nodes.iter().filter(|n| n.role == Role::Master).count())
+    }
+
     pub fn packages_for(&self, role: Role) -> &[PackageRef] {
         self.packages.get(&role).map(Vec::as_slice).unwrap_or(&[])
     }
@@ -473,7 +487,9 @@ impl TryFrom<pb::SiteDesign> for SiteDesign {
                 .map_err(|e| e.within(&format!("packages.{}", role.as_str())))?;
             packages.entry(role).or_default().extend(list);
         }
-        Self { site: d.site_id.try_into()?, labels: d.labels.into_iter().collect(), nodes, packages }.validate()
+        let cluster = d.cluster.map(ClusterBuild::try_from).transpose()?.unwrap_or_default();
+        Self { site: d.site_id.try_into()?, labels: d.labels.into_iter().collect(), nodes, packages, cluster }
+            .validate()
     }
 }
 
@@ -491,6 +507,8 @@ impl From<&SiteDesign> for pb::SiteDesign {
                     packages: pkgs.iter().map(pb::PackageRef::from).collect(),
                 })
                 .collect(),
+            // A BPA site's message stays as it was before there was a choice.
+            cluster: (d.cluster != ClusterBuild::default()).then(|| pb::ClusterBuild::from(&d.cluster)),
         }
     }
 }

@@ -378,6 +378,16 @@ impl PackageKind {
     }
 }
 
+impl ClusterBuilder {
+    pub fn label(self) -> &'static str {
+        match self {
+            ClusterBuilder::Unspecified => "unspecified",
+            ClusterBuilder::Bpa => "bpa",
+            ClusterBuilder::Capi => "capi",
+        }
+    }
+}
+
 /// Enum fields in JSON: written by name, read by name (or by number).
 ///
 /// Every enum field of every message uses these (the build script attaches them), so the JSON
@@ -450,6 +460,7 @@ pub mod json {
         CleaningMode => as_str_name,
         LifecyclePhase => as_str_name,
         LinkState => as_str_name,
+        ClusterBuilder => label,
     );
 
     /// Writes an enum field by name (a number no value has, as the number).

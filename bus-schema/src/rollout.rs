@@ -361,6 +361,7 @@ mod tests {
                 pb::RolePackages { role: pb::Role::Master as i32, packages: refs("1.29.2") },
                 pb::RolePackages { role: pb::Role::Worker as i32, packages: refs("1.29.2") },
             ],
+            cluster: None,
         })
         .unwrap()
     }

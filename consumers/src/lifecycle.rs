@@ -189,6 +189,7 @@ mod tests {
             labels: Default::default(),
             nodes,
             packages: Default::default(),
+            cluster: Default::default(),
         }
     }
 

@@ -6,6 +6,7 @@ pub mod alive;
 mod announce;
 pub mod backend;
 pub mod cache;
+pub mod capi;
 pub mod credentials;
 pub mod eviction;
 pub mod gateway;

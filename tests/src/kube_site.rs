@@ -202,6 +202,7 @@ impl KubeSiteRig {
                 .into_iter()
                 .map(|role| pb::RolePackages { role: role as i32, packages: set.clone() })
                 .collect(),
+            cluster: None,
         };
         SiteDesign::try_from(design.clone()).expect("a valid design");
         let env = Envelope::root();

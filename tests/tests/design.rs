@@ -634,3 +634,92 @@ async fn only_the_last_revisions_are_kept_and_an_install_of_a_pruned_one_says_so
     let refused: pb::CommandRejected = e.delivery.decode().unwrap();
     assert!(refused.reason.contains("revision 1") && refused.reason.contains("pruned"), "{}", refused.reason);
 }
+
+/// The three-rack design built by Cluster API, its API served on `endpoint`.
+fn capi_design(kubelet: &str, endpoint: &str) -> String {
+    let bpa = design(kubelet);
+    let at = "  apiNetwork: provisioning\n";
+    assert!(bpa.contains(at));
+    bpa.replacen(at, &format!("  builder: capi\n  endpoint: {{ host: {endpoint} }}\n{at}"), 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_api_design_is_checked_applied_and_rendered_as_the_gateway_would_apply_it() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(0).start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url();
+
+    // What Cluster API's webhooks would refuse is refused at validate, each with its reason.
+    let even = capi_design("1.29.2", "10.1.0.250").replacen(
+        "masters: { count: 3, standby: 0",
+        "masters: { count: 2, standby: 0",
+        1,
+    );
+    let file = write(dir.path(), "even.yaml", &even);
+    let out = landfall(&url, &["design", "validate", "-f", &file]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr)
+            .contains("cluster.masters.count: 2 masters: Cluster API's KubeadmControlPlane refuses an even number"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let file = write(dir.path(), "site.yaml", &capi_design("1.29.2", "10.1.0.250"));
+    let out = landfall(&url, &["design", "validate", "-f", &file]).await;
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("built by capi (Cluster API 1.13 + CAPM3 1.13): endpoint 10.1.0.250:6443; masters maxSurge 0, 0 spare; workers maxSurge 0, maxUnavailable 1, 1 spare"), "{}", text(&out.stdout));
+
+    // Offline from the files, and from the hub once applied: the same objects.
+    let from_files = landfall(&url, &["design", "render", "-f", &file, "-o", "json"]).await;
+    assert!(from_files.status.success(), "{}", text(&from_files.stderr));
+    let out = landfall(&url, &["design", "apply", "-f", &file]).await;
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let rev = latest_revision(&fleet).await.expect("revision stored");
+    let effective = SiteDesign::try_from(rev.effective.unwrap()).unwrap();
+    assert!(effective.cluster.is_capi());
+    assert_eq!(effective.cluster.workers.spare, 1, "the standby worker is the workers' spare host");
+    let from_hub = landfall(&url, &["site", "render", SITE, "-o", "json"]).await;
+    assert!(from_hub.status.success(), "{}", text(&from_hub.stderr));
+    assert_eq!(text(&from_files.stdout), text(&from_hub.stdout));
+    let objects: Vec<serde_json::Value> = serde_json::from_slice(&from_hub.stdout).unwrap();
+    let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Cluster",
+            "Metal3Cluster",
+            "Metal3DataTemplate",
+            "Metal3MachineTemplate",
+            "KubeadmControlPlane",
+            "KubeadmConfigTemplate",
+            "Metal3MachineTemplate",
+            "MachineDeployment"
+        ]
+    );
+    let ubuntu = fleet.catalog.iter().find(|p| p.name == "ubuntu").expect("the fleet's os-image");
+    assert_eq!(
+        objects[3]["spec"]["template"]["spec"]["image"]["checksum"],
+        ubuntu.sha256.as_str(),
+        "the catalog's image"
+    );
+    assert_eq!(objects[4]["spec"]["replicas"], 3);
+    assert_eq!(objects[7]["spec"]["replicas"], 2);
+    assert_eq!(objects[7]["spec"]["template"]["spec"]["version"], "v1.29.2");
+
+    // The YAML a person reviews: one document per object, as kubectl reads them.
+    let yaml =
+        landfall(&url, &["site", "render", SITE, "--namespace", "edge", "--image-base-url", "http://cache:8080"]).await;
+    assert!(yaml.status.success(), "{}", text(&yaml.stderr));
+    let yaml = text(&yaml.stdout);
+    assert_eq!(yaml.matches("---\n").count(), 8, "{yaml}");
+    assert!(yaml.contains("namespace: edge") && yaml.contains("http://cache:8080/sha256/"), "{yaml}");
+
+    // A BPA site has nothing to render, and says so.
+    let bpa = write(dir.path(), "bpa.yaml", &design("1.29.2").replace(SITE, "bpa-site"));
+    let out = landfall(&url, &["design", "render", "-f", &bpa]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("site bpa-site is built by the BPA, not Cluster API"), "{}", text(&out.stderr));
+    fleet.stop().await;
+}

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::error::{DesignError, Errors};
 use super::resolve::{EffectiveNode, ResolvedSite};
 use super::select::Selection;
-use crate::domain::{NodeDesign, PackageRef, Role, SiteDesign};
+use crate::domain::{ClusterBuild, NodeDesign, NodeSetRollout, PackageRef, Role, SiteDesign};
 
 /// The flat [`SiteDesign`] of a validated site and its selection.
 ///
@@ -59,8 +59,29 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
     if let Some(region) = &site.site.region {
         labels.insert("region".to_string(), region.clone());
     }
-    let design = SiteDesign { site: site.id.clone(), labels, nodes, packages };
+    let cluster = cluster_build(site, selection);
+    let design = SiteDesign { site: site.id.clone(), labels, nodes, packages, cluster };
     errors.into_result(design)?.validate().map_err(|e| vec![site.origin.error(e.field, e.reason)])
+}
+
+/// How the site's cluster is built, as its Site document says, with the standby nodes the
+/// selection holds ready as each node set's spare hosts.
+fn cluster_build(site: &ResolvedSite, selection: &Selection) -> ClusterBuild {
+    let Some(spec) = &site.site.cluster else { return ClusterBuild::default() };
+    let rollout = |role: Role| {
+        let set = spec.node_set(role);
+        NodeSetRollout {
+            max_surge: set.max_surge,
+            max_unavailable: set.max_unavailable,
+            spare: u32::try_from(selection.node_set(role).standby.len()).unwrap_or(u32::MAX),
+        }
+    };
+    ClusterBuild {
+        builder: spec.builder,
+        endpoint: spec.endpoint,
+        masters: rollout(Role::Master),
+        workers: rollout(Role::Worker),
+    }
 }
 
 /// The error when `node` runs other packages than `first`, the first node of its role.

@@ -140,6 +140,12 @@ pub struct Dns {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
+    /// What builds the cluster: the BPA (the default) or Cluster API.
+    #[serde(default)]
+    pub builder: crate::cluster::Builder,
+    /// Cluster API: the control plane's endpoint, an address on the API network no host holds.
+    #[serde(default)]
+    pub endpoint: Option<crate::cluster::ApiEndpoint>,
     /// The network the Kubernetes API is served on, and the jump host reaches nodes by.
     pub api_network: String,
     /// The control-plane node set.
@@ -174,6 +180,12 @@ pub struct NodeSetSpec {
     /// A label, e.g. `rack`: at most one chosen node per value of it. Empty: no constraint.
     #[serde(default)]
     pub topology_key: String,
+    /// Cluster API: machines made beyond `count` while the set rolls, each on a spare host.
+    #[serde(default)]
+    pub max_surge: Option<u32>,
+    /// Cluster API (workers): machines of the set taken away at once while it rolls.
+    #[serde(default)]
+    pub max_unavailable: Option<u32>,
 }
 
 impl NodeSetSpec {

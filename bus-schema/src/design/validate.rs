@@ -27,11 +27,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use super::document::{Body, Document, Entry, Interface, Kind, Origin, Parsed, Site, entries};
+use super::document::{
+    Body, ClusterSpec, Document, Entry, Interface, Kind, NodeSetSpec, Origin, Parsed, Site, entries,
+};
 use super::error::{DesignError, Errors};
 use super::inherit::Setting;
 use super::resolve::{NodeFacts, ResolvedSite, resolve_all};
-use crate::domain::{MacAddress, PackageRef, Role};
+use crate::domain::{ClusterBuild, MacAddress, NodeSetRollout, PackageRef, Role};
 
 /// Resolves the documents of one site and checks every design rule against them and the
 /// package `catalog`. Returns the resolved site, or every error found (resolution errors
@@ -138,6 +140,39 @@ fn check_site(origin: &Origin, site: &Site, errors: &mut Errors) {
     }
     if cluster.masters.count == 0 {
         errors.push(origin.error("cluster.masters.count", "a site needs at least one master"));
+    }
+    check_build(origin, site, cluster, errors);
+}
+
+/// What Cluster API's webhooks (and bare metal) would refuse of how the cluster is built, judged
+/// on the node sets as written (their counts and standby hosts); a Cluster API endpoint on the
+/// API network.
+fn check_build(origin: &Origin, site: &Site, cluster: &ClusterSpec, errors: &mut Errors) {
+    let rollout = |set: &NodeSetSpec| NodeSetRollout {
+        max_surge: set.max_surge,
+        max_unavailable: set.max_unavailable,
+        spare: set.standby,
+    };
+    let build = ClusterBuild {
+        builder: cluster.builder,
+        endpoint: cluster.endpoint,
+        masters: rollout(&cluster.masters),
+        workers: rollout(&cluster.workers),
+    };
+    let masters = usize::try_from(cluster.masters.count).unwrap_or(usize::MAX);
+    if masters > 0 {
+        for problem in build.problems(masters) {
+            errors.push(origin.error(problem.field, problem.reason));
+        }
+    }
+    if let (Some(endpoint), Some(network)) =
+        (cluster.endpoint, site.networks.iter().find(|n| n.name == cluster.api_network))
+        && !network.cidr.contains(endpoint.host)
+    {
+        errors.push(origin.error(
+            "cluster.endpoint.host",
+            format!("{} is not on {}, the cluster's API network ({})", endpoint.host, network.name, network.cidr),
+        ));
     }
 }
 

@@ -14,6 +14,9 @@ impl Orchestrator {
     pub(super) async fn register_site(&self, d: &Delivery) -> Result<(), HandlerError> {
         let cmd: pb::RegisterSite = d.decode()?;
         let design = SiteDesign::try_from(cmd.design.unwrap_or_default()).map_err(invalid)?;
+        if let Some(problem) = design.cluster_problems().into_iter().next() {
+            return Err(invalid(problem));
+        }
         let site = design.site.to_string();
         let record = pb::SiteDesign::from(&design);
         let revision = match cmd.expected {

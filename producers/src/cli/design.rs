@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use async_nats::jetstream::consumer::DeliverPolicy;
-use bus_schema::design::{self, Body, Kind, Parsed};
+use bus_schema::design::{self, Body, Kind, Parsed, Planned};
 use bus_schema::domain::{NodeName, PackageRef, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusMessage};
@@ -35,6 +35,15 @@ pub enum DesignCommand {
     /// The cluster the design selects: masters and workers (active, standby), the API load
     /// balancer's backends, and the jump host's inventory (hosts.ini).
     Cluster(Files),
+    /// The objects a Cluster API site's design becomes at the site (Cluster, KubeadmControlPlane,
+    /// MachineDeployment, CAPM3's templates), exactly as its gateway applies them, checked and
+    /// chosen as `apply` would, with the catalog's images.
+    Render {
+        #[command(flatten)]
+        files: Files,
+        #[command(flatten)]
+        render: super::render::RenderArgs,
+    },
     /// A node as resolved through its profiles, with where each value came from.
     Show {
         node: String,
@@ -129,6 +138,29 @@ async fn latest(bus: &Bus, site: &SiteId) -> anyhow::Result<Option<pb::DesignRev
     Ok(kv.get::<pb::DesignRevision>(&keys::design_latest(site.as_str())).await?.map(|(r, _)| r))
 }
 
+/// How the cluster is built, in a line: the BPA, or Cluster API with its endpoint and how each
+/// node set rolls.
+fn built_by(effective: &pb::SiteDesign) -> String {
+    let build = bus_schema::domain::SiteDesign::try_from(effective.clone()).map(|d| d.cluster).unwrap_or_default();
+    let Some(endpoint) = build.endpoint.filter(|_| build.is_capi()) else {
+        return "bpa (ICN's Binary Provisioning Agent)".to_string();
+    };
+    let n = |v: Option<u32>| v.unwrap_or_default();
+    format!(
+        "capi (Cluster API {} + CAPM3 {}): endpoint {}:{}; masters maxSurge {}, {} spare; workers maxSurge {}, \
+         maxUnavailable {}, {} spare",
+        site_gateway::capi::CLUSTER_API_RELEASE,
+        site_gateway::capi::CAPM3_RELEASE,
+        endpoint.host,
+        endpoint.port,
+        n(build.masters.max_surge),
+        build.masters.spare,
+        n(build.workers.max_surge),
+        n(build.workers.max_unavailable),
+        build.workers.spare
+    )
+}
+
 /// Node names, comma-separated.
 fn names(nodes: &[NodeName]) -> String {
     nodes.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
@@ -158,6 +190,7 @@ pub async fn run(url: &str, cmd: DesignCommand) -> anyhow::Result<ExitCode> {
         DesignCommand::Diff(files) => diff(url, &files).await,
         DesignCommand::Apply(args) => apply(url, &args).await,
         DesignCommand::Cluster(files) => cluster(url, &files).await,
+        DesignCommand::Render { files, render } => render_design(url, &files, &render).await,
     }
 }
 
@@ -177,6 +210,7 @@ async fn cluster(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
         }
     };
     let sel = &planned.selection;
+    println!("built by {}", built_by(&planned.effective));
     println!("masters  {} (standby {})", names(&sel.masters.active), names(&sel.masters.standby));
     println!("workers  {} (standby {})", names(&sel.workers.active), names(&sel.workers.standby));
     println!("api load balancer backends:");
@@ -186,6 +220,37 @@ async fn cluster(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
     println!("inventory (hosts.ini):");
     print!("{}", sel.inventory(&planned.resolved).to_ini());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The design files checked and chosen as `apply` would, against the hub's catalog and the
+/// site's latest revision: `None` (the errors printed) when they are invalid.
+struct AgainstHub {
+    bus: Bus,
+    site: SiteId,
+    previous: Option<pb::DesignRevision>,
+    planned: Planned,
+}
+
+async fn plan_against_hub(url: &str, files: &Files) -> anyhow::Result<Option<AgainstHub>> {
+    let sources = read_sources(&files.paths)?;
+    let Some(site) = site_or_report(&sources) else { return Ok(None) };
+    let bus = connect(url).await?;
+    let previous = latest(&bus, &site).await?;
+    match design::plan(&site, &sources, &catalog(&bus).await?, previous.as_ref()) {
+        Ok(planned) => Ok(Some(AgainstHub { bus, site, previous, planned })),
+        Err(errors) => {
+            print_errors(&errors);
+            Ok(None)
+        }
+    }
+}
+
+async fn render_design(url: &str, files: &Files, args: &super::render::RenderArgs) -> anyhow::Result<ExitCode> {
+    // The images' sha256 and the nodes chosen before are the hub's.
+    let Some(AgainstHub { bus, planned, .. }) = plan_against_hub(url, files).await? else {
+        return Ok(ExitCode::FAILURE);
+    };
+    super::render::effective(&bus, planned.effective, args).await
 }
 
 fn show(files: &Files, node: &str) -> anyhow::Result<ExitCode> {
@@ -222,10 +287,11 @@ async fn validate(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
             let names =
                 |v: &[bus_schema::domain::NodeName]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
             println!(
-                "valid: site {site}, {} nodes; masters {}; workers {}",
+                "valid: site {site}, {} nodes; masters {}; workers {}; built by {}",
                 p.effective.nodes.len(),
                 names(&p.selection.masters.active),
-                names(&p.selection.workers.active)
+                names(&p.selection.workers.active),
+                built_by(&p.effective)
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -248,16 +314,8 @@ fn all_packages(parsed: &Parsed) -> BTreeSet<PackageRef> {
 }
 
 async fn diff(url: &str, files: &Files) -> anyhow::Result<ExitCode> {
-    let sources = read_sources(&files.paths)?;
-    let Some(site) = site_or_report(&sources) else { return Ok(ExitCode::FAILURE) };
-    let bus = connect(url).await?;
-    let previous = latest(&bus, &site).await?;
-    let planned = match design::plan(&site, &sources, &catalog(&bus).await?, previous.as_ref()) {
-        Ok(p) => p,
-        Err(errors) => {
-            print_errors(&errors);
-            return Ok(ExitCode::FAILURE);
-        }
+    let Some(AgainstHub { site, previous, planned, .. }) = plan_against_hub(url, files).await? else {
+        return Ok(ExitCode::FAILURE);
     };
     if previous.as_ref().is_some_and(|p| planned.same_as(p)) {
         println!("no changes: {site} is at revision {}", previous.map_or(0, |p| p.revision));

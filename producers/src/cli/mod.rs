@@ -14,6 +14,7 @@ pub mod output;
 pub mod package;
 pub mod package_args;
 pub mod progress;
+pub mod render;
 pub mod rollout;
 pub mod secrets;
 pub mod site;

@@ -46,6 +46,14 @@ pub enum SiteCommand {
     /// and the site's kubeconfig and landfall Secrets deleted at the site; its records archived
     /// at the hub, then removed as `site remove` does. Prints how to revoke its NATS user.
     Decommission(super::lifecycle::DecommissionArgs),
+    /// The objects a Cluster API site's design becomes at the site (Cluster, KubeadmControlPlane,
+    /// MachineDeployment, CAPM3's templates), exactly as its gateway applies them: to review or
+    /// diff before an install or a rollout. `design render -f` does the same from design files.
+    Render {
+        site: String,
+        #[command(flatten)]
+        render: super::render::RenderArgs,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -86,6 +94,7 @@ pub async fn run(url: &str, cmd: SiteCommand) -> anyhow::Result<ExitCode> {
         SiteCommand::Stage(args) => artifacts::stage(url, &args).await,
         SiteCommand::Remove(args) => remove_site(url, &args).await,
         SiteCommand::Decommission(args) => super::lifecycle::decommission_site(url, &args).await,
+        SiteCommand::Render { site, render } => super::render::site(url, &site, &render).await,
     }
 }
 
@@ -100,7 +109,11 @@ pub fn read_site_design(file: &Path) -> anyhow::Result<SiteDesign> {
 pub fn parse_site_design(text: &str, source: &str) -> anyhow::Result<SiteDesign> {
     let design: SiteDesign =
         bus_schema::yaml::from_str(text).with_context(|| format!("{source} is not a site design"))?;
-    design.validate().with_context(|| format!("{source} is not a valid site design"))
+    let design = design.validate().with_context(|| format!("{source} is not a valid site design"))?;
+    if let Some(problem) = design.cluster_problems().into_iter().next() {
+        return Err(anyhow::Error::new(problem).context(format!("{source} is not a valid site design")));
+    }
+    Ok(design)
 }
 
 pub async fn register_site(url: &str, file: &Path, expect_revision: Option<u64>) -> anyhow::Result<ExitCode> {

@@ -124,6 +124,7 @@ pub fn demo_site(index: usize, nodes: usize) -> SiteDesign {
             .into_iter()
             .map(|role| pb::RolePackages { role: role as i32, packages: set.clone() })
             .collect(),
+        cluster: None,
     };
     SiteDesign::try_from(design).expect("the demo design is valid")
 }

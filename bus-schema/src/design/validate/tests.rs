@@ -545,3 +545,48 @@ fn a_node_on_an_unknown_profile_is_not_also_reported_as_roleless() {
     let errors = validate(&design_with(&[case]), &catalog()).unwrap_err();
     assert!(errors.iter().all(|e| e.field != "role"), "{errors:#?}");
 }
+
+/// The base design built by Cluster API, with `cluster`'s node sets as given.
+fn capi(endpoint: &str, masters: &str, workers: &str) -> Vec<Document> {
+    let from = "  apiNetwork: provisioning\n  masters: { count: 1 }\n  workers: { count: 1 }\n";
+    assert!(BASE.contains(from));
+    let to = format!(
+        "  builder: capi\n  endpoint: {{ host: {endpoint} }}\n  apiNetwork: provisioning\n  masters: {masters}\n  workers: {workers}\n"
+    );
+    parse_documents(&BASE.replacen(from, &to, 1), "site.yaml").unwrap()
+}
+
+#[test]
+fn a_cluster_api_design_its_webhooks_would_refuse_is_refused_with_every_reason() {
+    let docs = capi("10.9.0.5", "{ count: 2, maxSurge: 2 }", "{ count: 1, maxSurge: 0, maxUnavailable: 0 }");
+    let errors = validate(&docs, &catalog()).unwrap_err();
+    let site = "Site/edge-01 (site.yaml #1)";
+    let fields: Vec<(&str, &str)> = located(&errors);
+    assert_eq!(
+        fields,
+        [
+            (site, "cluster.masters.count"),
+            (site, "cluster.masters.maxSurge"),
+            (site, "cluster.workers.maxUnavailable"),
+            (site, "cluster.endpoint.host"),
+        ],
+        "{errors:#?}"
+    );
+    assert!(errors[0].reason.contains("KubeadmControlPlane refuses an even number"), "{}", errors[0].reason);
+    assert!(errors[2].reason.contains("MachineDeployment refuses both 0"), "{}", errors[2].reason);
+    assert_eq!(errors[3].reason, "10.9.0.5 is not on provisioning, the cluster's API network (10.1.0.0/24)");
+
+    // One master is replaced on a spare host first: refused without one, valid with one.
+    let errors = validate(&capi("10.1.0.5", "{ count: 1 }", "{ count: 1 }"), &catalog()).unwrap_err();
+    assert_eq!(located(&errors), [(site, "cluster.masters.maxSurge")], "{errors:#?}");
+    assert!(errors[0].reason.contains("masters.standby: 1"), "{}", errors[0].reason);
+    validate(&capi("10.1.0.5", "{ count: 1, standby: 1 }", "{ count: 1 }"), &catalog()).unwrap();
+}
+
+#[test]
+fn cluster_apis_settings_on_a_bpa_site_are_refused_not_ignored() {
+    let bpa = BASE.replacen("  workers: { count: 1 }", "  workers: { count: 1, maxSurge: 1 }", 1);
+    let errors = validate(&parse_documents(&bpa, "site.yaml").unwrap(), &catalog()).unwrap_err();
+    assert_eq!(located(&errors), [("Site/edge-01 (site.yaml #1)", "cluster.workers.maxSurge")]);
+    assert_eq!(errors[0].reason, "applies to a Cluster API site only (builder: capi)");
+}

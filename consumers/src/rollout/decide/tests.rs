@@ -100,6 +100,7 @@ fn site(id: &str, nodes: usize) -> SiteDesign {
             pb::RolePackages { role: pb::Role::Master as i32, packages: set.clone() },
             pb::RolePackages { role: pb::Role::Worker as i32, packages: set },
         ],
+        cluster: None,
     })
     .unwrap()
 }
