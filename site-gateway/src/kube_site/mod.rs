@@ -15,6 +15,7 @@
 pub mod apply;
 pub mod bpa;
 pub mod bpa_upload;
+pub mod capi;
 mod cluster;
 mod config;
 mod drain;
@@ -81,6 +82,11 @@ impl KubeSite {
             cache,
             uploader,
         })
+    }
+
+    /// A client of the site's bootstrap cluster.
+    pub(super) fn client(&self) -> Client {
+        self.hosts.clone().into_client()
     }
 
     fn identity(&self) -> ClusterIdentity {

@@ -1,0 +1,118 @@
+//! A Cluster API site's objects in its bootstrap cluster: whether the cluster serves the Cluster
+//! API and CAPM3 kinds landfall writes, at the version it writes them (discovery, before
+//! anything is written), and the objects rendered from the design ([`crate::capi::render`])
+//! server-side applied with the gateway's field manager, so landfall owns only the fields it
+//! writes and Cluster API's controllers keep theirs.
+
+use std::collections::BTreeMap;
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use serde_json::Value;
+
+use super::KubeSite;
+use super::error::kube_error;
+use super::marks::FIELD_MANAGER;
+use crate::backend::BackendError;
+use crate::capi::{BOOTSTRAP_GROUP, CLUSTER_GROUP, CONTROL_PLANE_GROUP, INFRASTRUCTURE_GROUP, VERSION};
+
+/// Every kind a Cluster API site's gateway writes or reads, by API group.
+pub const KINDS: [(&str, &[&str]); 4] = [
+    (CLUSTER_GROUP, &["Cluster", "MachineDeployment", "MachineSet", "Machine"]),
+    (CONTROL_PLANE_GROUP, &["KubeadmControlPlane"]),
+    (BOOTSTRAP_GROUP, &["KubeadmConfig", "KubeadmConfigTemplate"]),
+    (INFRASTRUCTURE_GROUP, &["Metal3Cluster", "Metal3Machine", "Metal3MachineTemplate", "Metal3DataTemplate"]),
+];
+
+/// What the bootstrap cluster serves of [`KINDS`] at [`VERSION`]: each kind's resource, and
+/// what it lacks (`group/version Kind`).
+#[derive(Debug, Clone, Default)]
+pub struct Served {
+    pub resources: BTreeMap<(String, String), ApiResource>,
+    pub missing: Vec<String>,
+}
+
+impl Served {
+    /// Why a site cannot be built here, when it cannot: what is missing, said as a person
+    /// installing Cluster API needs it.
+    pub fn refusal(&self) -> Option<String> {
+        (!self.missing.is_empty()).then(|| {
+            format!(
+                "the site's bootstrap cluster does not serve {} (landfall writes Cluster API {} and CAPM3 {} objects at {VERSION}): \
+                 install those providers there, or build the site with the BPA",
+                self.missing.join(", "),
+                crate::capi::CLUSTER_API_RELEASE,
+                crate::capi::CAPM3_RELEASE,
+            )
+        })
+    }
+}
+
+impl KubeSite {
+    /// Asks the bootstrap cluster which of [`KINDS`] it serves at [`VERSION`] (one discovery
+    /// request per API group).
+    ///
+    /// # Errors
+    /// When the cluster cannot be asked (a group it does not serve is not an error: it is
+    /// missing).
+    pub async fn capi_served(&self) -> Result<Served, BackendError> {
+        let mut served = Served::default();
+        for (group, kinds) in KINDS {
+            let group_version = format!("{group}/{VERSION}");
+            let list = match self.client().list_api_group_resources(&group_version).await {
+                Ok(list) => Some(list),
+                Err(kube::Error::Api(status)) if status.code == 404 => None,
+                Err(e) => return Err(kube_error(&format!("discovering {group_version}"), e)),
+            };
+            for kind in kinds {
+                let found =
+                    list.as_ref().and_then(|l| l.resources.iter().find(|r| r.kind == *kind && !r.name.contains('/')));
+                match found {
+                    Some(r) => {
+                        let gvk = GroupVersionKind::gvk(group, VERSION, kind);
+                        served.resources.insert(
+                            (group.to_string(), kind.to_string()),
+                            ApiResource::from_gvk_with_plural(&gvk, &r.name),
+                        );
+                    }
+                    None => served.missing.push(format!("{group_version} {kind}")),
+                }
+            }
+        }
+        Ok(served)
+    }
+
+    /// Server-side applies `objects` (as [`crate::capi::render`] makes them) in their order,
+    /// each in its own namespace with the gateway's field manager; the objects as the cluster
+    /// stored them.
+    ///
+    /// # Errors
+    /// `Permanent` with the kinds missing when the cluster does not serve them (nothing is
+    /// written then), or with the API server's reason when it refuses an object.
+    pub async fn apply_capi(&self, objects: &[Value]) -> Result<Vec<DynamicObject>, BackendError> {
+        let served = self.capi_served().await?;
+        if let Some(refusal) = served.refusal() {
+            return Err(BackendError::permanent_reason(refusal));
+        }
+        let mut applied = Vec::with_capacity(objects.len());
+        for object in objects {
+            let text = |field: &str| object.pointer(field).and_then(Value::as_str).unwrap_or_default().to_string();
+            let (api_version, kind, name) = (text("/apiVersion"), text("/kind"), text("/metadata/name"));
+            let group = api_version.split('/').next().unwrap_or_default().to_string();
+            let Some(resource) = served.resources.get(&(group, kind.clone())) else {
+                return Err(BackendError::permanent_reason(format!(
+                    "{api_version} {kind} is not a kind landfall writes"
+                )));
+            };
+            let namespace = text("/metadata/namespace");
+            let api: Api<DynamicObject> = Api::namespaced_with(self.client(), &namespace, resource);
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            let stored = api
+                .patch(&name, &params, &Patch::Apply(object))
+                .await
+                .map_err(|e| kube_error(&format!("applying {kind} {namespace}/{name}"), e))?;
+            applied.push(stored);
+        }
+        Ok(applied)
+    }
+}
