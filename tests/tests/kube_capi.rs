@@ -170,3 +170,139 @@ async fn what_landfall_renders_is_what_the_upstream_crds_accept_and_applying_aga
         next.iter().map(|o| o.name_any()).collect::<Vec<_>>()
     );
 }
+
+/// What Cluster API, CAPM3 and Metal3 write as they build the site (their controllers do not run
+/// here): each host provisioned, a Machine and Metal3Machine per host with the claim between
+/// them, each Node registered Ready at `kubelet`, the counts of the control plane and the
+/// deployment, and the Cluster Available.
+async fn built_by_cluster_api(kube: &KubeApiServer, applied: &[kube::api::DynamicObject], kubelet: &str) {
+    use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+    use kube::core::GroupVersionKind;
+    use serde_json::json;
+    let client = kube.client().await;
+    let resource = |group: &str, kind: &str| ApiResource::from_gvk(&GroupVersionKind::gvk(group, "v1beta2", kind));
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &resource("cluster.x-k8s.io", "Machine"));
+    let metal3_machines: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &resource("infrastructure.cluster.x-k8s.io", "Metal3Machine"));
+    let hosts: Api<site_gateway::kube_site::metal3::BareMetalHost> = Api::namespaced(client.clone(), NAMESPACE);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for i in 1..=5 {
+        let host = format!("node-{i}");
+        let (role, owner) = if i <= 3 { ("master", "cp") } else { ("worker", "w") };
+        let body = json!({ "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": { "name": host, "namespace": NAMESPACE, "labels": { "landfall.io/role": role } },
+            "spec": { "online": true, "bootMACAddress": format!("52:54:00:c1:00:{i:02x}"),
+                      "bmc": { "address": format!("ipmi://10.0.1.{i}"), "credentialsName": format!("{host}-bmc") } } });
+        hosts.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.expect("a host");
+        landfall_tests::kube_site::set_status(
+            &hosts,
+            &host,
+            landfall_tests::kube_site::status("provisioned", None, None),
+        )
+        .await;
+        let m3 = format!("{owner}-m3-{i}");
+        let labels = json!({ "cluster.x-k8s.io/cluster-name": SITE });
+        let body = json!({ "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Machine",
+            "metadata": { "name": m3, "namespace": NAMESPACE, "labels": labels,
+                          "annotations": { "metal3.io/BareMetalHost": format!("{NAMESPACE}/{host}") } },
+            "spec": { "image": { "url": "http://localhost:8080/sha256/x", "checksum": "x" } } });
+        metal3_machines
+            .create(&PostParams::default(), &serde_json::from_value(body).unwrap())
+            .await
+            .expect("a Metal3Machine");
+        let machine = format!("{owner}-{i}");
+        let body = json!({ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": { "name": machine, "namespace": NAMESPACE, "labels": labels },
+            "spec": { "clusterName": SITE, "version": kubelet,
+                      "bootstrap": { "dataSecretName": format!("{machine}-bootstrap") },
+                      "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Machine", "name": m3 } } });
+        machines.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.expect("a Machine");
+        let node_ref = json!({ "status": { "nodeRef": { "name": host } } });
+        machines
+            .patch_status(&machine, &PatchParams::default(), &Patch::Merge(&node_ref))
+            .await
+            .expect("the machine's node");
+        let node = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": host },
+            "status": { "conditions": [{ "type": "Ready", "status": "True" }], "nodeInfo": { "kubeletVersion": kubelet } } });
+        nodes.create(&PostParams::default(), &serde_json::from_value(node).unwrap()).await.expect("a Node");
+    }
+    for object in applied {
+        let kind = object.types.as_ref().unwrap().kind.clone();
+        let replicas = object.data["spec"]["replicas"].as_i64().unwrap_or(0);
+        let generation = object.metadata.generation.unwrap_or(1);
+        let counts = json!({ "observedGeneration": generation, "replicas": replicas, "upToDateReplicas": replicas,
+                             "readyReplicas": replicas, "availableReplicas": replicas });
+        let patch = match kind.as_str() {
+            "KubeadmControlPlane" => {
+                json!({ "status": { "version": kubelet, "observedGeneration": generation, "replicas": replicas,
+                "upToDateReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas } })
+            }
+            "MachineDeployment" => json!({ "status": counts }),
+            "Cluster" => {
+                json!({ "status": { "conditions": [{ "type": "Available", "status": "True", "reason": "Available",
+                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z" }] } })
+            }
+            _ => continue,
+        };
+        let group = object.types.as_ref().unwrap().api_version.split('/').next().unwrap().to_string();
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource(&group, &kind));
+        api.patch_status(&object.metadata.name.clone().unwrap(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("the status of {kind}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_is_done_when_cluster_api_and_every_node_say_so_and_each_host_is_followed_to_its_node() {
+    let kube = KubeApiServer::start().await;
+    futures::future::join_all(CLUSTER_API_CRDS.iter().chain(&CAPM3_CRDS).map(|crd| kube.install_crd(crd))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let site = backend(&kube, kube.client().await, dir.path());
+    let applied = site.apply_capi(&objects("1.29.2")).await.unwrap();
+    // Nothing built yet: waited for, never taken for done.
+    let before = site_gateway::capi::observe(&site.capi_observed(SITE).await.unwrap(), "v1.29.2");
+    assert!(!before.done());
+    assert!(before.waiting.iter().any(|w| w.starts_with("Cluster edge-c1 is not Available")), "{:?}", before.waiting);
+
+    // The workload cluster is this API server: its kubeconfig where Cluster API writes it.
+    let kubeconfig = k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta { name: Some(format!("{SITE}-kubeconfig")), ..Default::default() },
+        data: Some(
+            [("value".to_string(), k8s_openapi::ByteString(std::fs::read(kube.kubeconfig_path()).unwrap()))].into(),
+        ),
+        ..Default::default()
+    };
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(kube.client().await, NAMESPACE);
+    secrets.create(&Default::default(), &kubeconfig).await.expect("the workload cluster's kubeconfig");
+    built_by_cluster_api(&kube, &applied, "v1.29.2").await;
+    let observed = site.capi_observed(SITE).await.unwrap();
+    let progress = site_gateway::capi::observe(&observed, "v1.29.2");
+    assert!(progress.done(), "{:?}", progress.waiting);
+    let hosts: Vec<(&str, &str, bool)> =
+        progress.hosts.iter().map(|(h, p)| (h.as_str(), p.machine.as_str(), p.ready)).collect();
+    assert_eq!(
+        hosts,
+        [
+            ("node-1", "cp-1", true),
+            ("node-2", "cp-2", true),
+            ("node-3", "cp-3", true),
+            ("node-4", "w-4", true),
+            ("node-5", "w-5", true)
+        ]
+    );
+    // Against the next version, the same objects are short of it, and say where.
+    let next = site_gateway::capi::observe(&observed, "v1.29.3");
+    assert!(
+        next.waiting.contains(&"node-4: Node node-4 runs kubelet v1.29.2, not v1.29.3".to_string()),
+        "{:?}",
+        next.waiting
+    );
+    assert!(
+        next.waiting
+            .iter()
+            .any(|w| w.contains("KubeadmControlPlane edge-c1-control-plane wants 3 (at v1.29.2, not yet v1.29.3)")),
+        "{:?}",
+        next.waiting
+    );
+}

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use serde_json::Value;
 
@@ -14,7 +15,12 @@ use super::KubeSite;
 use super::error::kube_error;
 use super::marks::FIELD_MANAGER;
 use crate::backend::BackendError;
-use crate::capi::{BOOTSTRAP_GROUP, CLUSTER_GROUP, CONTROL_PLANE_GROUP, INFRASTRUCTURE_GROUP, VERSION};
+use crate::capi::{
+    BOOTSTRAP_GROUP, CLUSTER_GROUP, CONTROL_PLANE_GROUP, INFRASTRUCTURE_GROUP, Observed, VERSION, control_plane_name,
+};
+
+/// The label Cluster API puts on every object of a cluster.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 
 /// Every kind a Cluster API site's gateway writes or reads, by API group.
 pub const KINDS: [(&str, &[&str]); 4] = [
@@ -115,4 +121,56 @@ impl KubeSite {
         }
         Ok(applied)
     }
+
+    /// The objects of cluster `cluster`'s build as the bootstrap cluster shows them (its
+    /// `Cluster`, control plane, deployments, machines and the hosts), with the Nodes of the
+    /// workload cluster once its kubeconfig can be read (none before).
+    ///
+    /// # Errors
+    /// When the bootstrap cluster does not serve the Cluster API kinds, or cannot be read.
+    pub async fn capi_observed(&self, cluster: &str) -> Result<Observed, BackendError> {
+        let served = self.capi_served().await?;
+        if let Some(refusal) = served.refusal() {
+            return Err(BackendError::permanent_reason(refusal));
+        }
+        let ns = self.cfg.namespace.as_str();
+        let api = |group: &str, kind: &str| -> Api<DynamicObject> {
+            let resource = &served.resources[&(group.to_string(), kind.to_string())];
+            Api::namespaced_with(self.client(), ns, resource)
+        };
+        let one = async |group: &str, kind: &str, name: &str| {
+            let found =
+                api(group, kind).get_opt(name).await.map_err(|e| kube_error(&format!("reading {kind} {name}"), e))?;
+            Ok::<_, BackendError>(found.map(to_value))
+        };
+        let of_cluster = ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster}"));
+        let all = async |group: &str, kind: &str| {
+            let list =
+                api(group, kind).list(&of_cluster).await.map_err(|e| kube_error(&format!("listing {kind}s"), e))?;
+            Ok::<_, BackendError>(list.items.into_iter().map(to_value).collect::<Vec<_>>())
+        };
+        let hosts =
+            self.hosts.list(&ListParams::default()).await.map_err(|e| kube_error("listing BareMetalHosts", e))?;
+        // The workload cluster exists once Cluster API wrote its kubeconfig.
+        let nodes = match self.application_cluster().await {
+            Ok(client) => match Api::<Node>::all(client).list(&ListParams::default()).await {
+                Ok(list) => list.items.into_iter().map(to_value).collect(),
+                Err(e) => return Err(kube_error("listing the workload cluster's Nodes", e)),
+            },
+            Err(_) => Vec::new(),
+        };
+        Ok(Observed {
+            cluster: one(CLUSTER_GROUP, "Cluster", cluster).await?,
+            control_plane: one(CONTROL_PLANE_GROUP, "KubeadmControlPlane", &control_plane_name(cluster)).await?,
+            deployments: all(CLUSTER_GROUP, "MachineDeployment").await?,
+            machines: all(CLUSTER_GROUP, "Machine").await?,
+            metal3_machines: all(INFRASTRUCTURE_GROUP, "Metal3Machine").await?,
+            hosts: hosts.items.into_iter().map(to_value).collect(),
+            nodes,
+        })
+    }
+}
+
+fn to_value<T: serde::Serialize>(o: T) -> Value {
+    serde_json::to_value(o).unwrap_or_default()
 }

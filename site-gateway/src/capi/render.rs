@@ -23,21 +23,7 @@ use bus_schema::pb::{CleaningMode, PackageKind};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-/// The API groups and version landfall writes.
-pub const CLUSTER_GROUP: &str = "cluster.x-k8s.io";
-pub const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
-pub const BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
-pub const INFRASTRUCTURE_GROUP: &str = "infrastructure.cluster.x-k8s.io";
-pub const VERSION: &str = "v1beta2";
-
-/// The Cluster API and CAPM3 releases whose `v1beta2` APIs the objects are written for.
-pub const CLUSTER_API_RELEASE: &str = "1.13";
-pub const CAPM3_RELEASE: &str = "1.13";
-
-/// The label landfall puts on each host it enrolls, which the templates select hosts by.
-pub const HOST_ROLE_LABEL: &str = "landfall.io/role";
-/// The label every rendered object carries, naming its site.
-pub const SITE_LABEL: &str = "landfall.io/site";
+use super::*;
 
 /// Where and how the site's objects are written: what the gateway's flags say.
 #[derive(Debug, Clone, PartialEq, Eq)]
