@@ -11,7 +11,10 @@
 //! once whichever replicas see it, and a replica that died between the two does it again alike.
 //!
 //! A site never heard is not cut off: only a site whose gateway came up once can go quiet.
-//! An observer that starts counts a site it has not heard yet from its own start.
+//! An observer that starts counts a site it has not heard yet from its own start. A heartbeat of
+//! a site not registered is not recorded; once the site is registered, the next check records
+//! it heard, so a gateway started before its site was registered is not shown missing until its
+//! next heartbeat.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -110,8 +113,20 @@ impl LinkWatch {
         }
     }
 
-    /// Writes cut off every site heard before whose last heartbeat is older than the cut-off.
+    /// Writes cut off every site heard before whose last heartbeat is older than the cut-off;
+    /// records up a site heard lately while it was not registered, once it is (its gateway
+    /// started first): it need not wait for its next heartbeat to be shown heard.
     async fn check(&mut self, now: i64) {
+        let cut_off_ms = i64::try_from(self.cut_off_after.as_millis()).unwrap_or(i64::MAX);
+        let unrecorded: Vec<(String, i64, pb::SiteAlive)> = self
+            .heard
+            .iter()
+            .filter(|(site, (at, _))| !self.known.contains_key(*site) && now.saturating_sub(*at) <= cut_off_ms)
+            .map(|(site, (at, alive))| (site.clone(), *at, alive.clone()))
+            .collect();
+        for (site, at, alive) in unrecorded {
+            self.change(&site, pb::LinkState::Up, at, alive).await;
+        }
         let cut_off_after = i64::try_from(self.cut_off_after.as_millis()).unwrap_or(i64::MAX);
         let quiet: Vec<(String, i64, pb::SiteAlive)> = self
             .known

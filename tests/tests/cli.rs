@@ -108,7 +108,7 @@ async fn install_wait_names_a_gateway_never_heard_from_within_seconds() {
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(install.stderr.take().unwrap()).lines();
-    let said = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+    let said = tokio::time::timeout(std::time::Duration::from_secs(15), async {
         while let Some(line) = lines.next_line().await.unwrap() {
             if line.contains("no gateway has ever been heard from") {
                 return line;
@@ -117,8 +117,8 @@ async fn install_wait_names_a_gateway_never_heard_from_within_seconds() {
         String::new()
     })
     .await
-    .expect("--wait said nothing of the missing gateway within 10 s");
-    assert!(started.elapsed() < std::time::Duration::from_secs(8), "said after {:?}", started.elapsed());
+    .expect("--wait said nothing of the missing gateway within 15 s");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "said after {:?}", started.elapsed());
     let how = format!("landfall serve gateway --site {site} --backend sim");
     assert!(said.contains(&site) && said.contains(&how), "{said}");
     install.kill().await.unwrap();

@@ -129,3 +129,33 @@ async fn a_quiet_site_is_cut_off_once_and_up_again_once_and_no_heartbeat_speaks_
     replica.await.unwrap().unwrap();
     fleet.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_heard_before_its_site_was_registered_is_shown_heard_without_waiting_for_its_next_heartbeat() {
+    let server = NatsServer::start();
+    // Heartbeats every 15 s, as deployed; the observer checks every 2 s.
+    let fleet = Fleet::builder(&server.url())
+        .sites(0)
+        .without_gateways()
+        .link_timing(Duration::from_secs(15), Duration::from_secs(8))
+        .start()
+        .await;
+    let design = producers::up::demo_site(76, 1);
+    let site = design.site.to_string();
+    beat(&fleet, &site, &site).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(link(&fleet, &site).await, None, "a site not registered is not recorded");
+
+    let env = bus_schema::runtime::Envelope::root();
+    let cmd = pb::RegisterSite { design: Some(pb::SiteDesign::from(&design)), expected: None };
+    fleet.bus.publish_command(&cmd, &env).await.unwrap();
+    let registered = Instant::now();
+    let up = until_link(&fleet, &site, pb::LinkState::Up).await;
+    assert!(
+        registered.elapsed() < Duration::from_secs(5),
+        "recorded {:?} after the registration",
+        registered.elapsed()
+    );
+    assert_eq!(up.last_alive.unwrap().outbox_waiting, 3, "with what its heartbeat said");
+    fleet.stop().await;
+}

@@ -167,8 +167,10 @@ pub async fn install_site(url: &str, args: &InstallArgs) -> anyhow::Result<ExitC
     }))
 }
 
-/// How long a gateway that runs has to be heard before `--wait` says none is.
-const HEARD_WITHIN: Duration = Duration::from_secs(3);
+/// How long a gateway that runs has to be heard before `--wait` says none is: a site
+/// registered after its gateway started is recorded heard at the observer's next check (every 5
+/// s at most).
+const HEARD_WITHIN: Duration = Duration::from_secs(6);
 
 /// Why the site's install cannot move now, when its gateway is not there to do it: never heard
 /// from (after a few seconds' grace, for one just started), or cut off. `None` when the hub
