@@ -132,6 +132,14 @@ async fn pause_stops_new_sites_and_cancel_ends_the_rollout() {
     register(&fleet, kubelet("1.30.0"), None).await;
     let cmd = fleet.patch(patch("1.30.0", pb::RolloutStrategy { max_concurrent_sites: 1, ..Default::default() })).await;
     fleet.wait_for(pb::RolloutWaveStarted::filter(), &cmd.id, Duration::from_secs(20)).await.expect("wave 0");
+    // One rollout moves a package's nodes at a time: a second one is refused, naming the first.
+    let second = refused(&fleet, patch("1.30.0", Default::default())).await;
+    assert_eq!(second.code, pb::RejectCode::Conflict as i32, "{}", second.reason);
+    assert!(
+        second.reason.starts_with(&format!("rollout {} is moving kubelet (to 1.30.0", cmd.id)),
+        "{}",
+        second.reason
+    );
     let pause = pb::PauseRollout { rollout_id: cmd.id.clone(), reason: "maintenance window closed".into() };
     fleet.bus.publish_command(&pause, &Envelope::root()).await.unwrap();
     fleet.wait_for(pb::RolloutPaused::filter(), &cmd.id, Duration::from_secs(20)).await.expect("paused");
@@ -139,6 +147,8 @@ async fn pause_stops_new_sites_and_cancel_ends_the_rollout() {
     tokio::time::sleep(Duration::from_millis(3000)).await;
     let patched: usize = (0..3).map(|i| fleet.backend(i).effects().patches.len()).sum();
     assert_eq!(patched, 1, "only the site already under way was patched");
+    let second = refused(&fleet, patch("1.30.0", Default::default())).await;
+    assert!(second.reason.contains("is paused over kubelet"), "a paused rollout goes on later: {}", second.reason);
 
     let cancel = pb::CancelRollout { rollout_id: cmd.id.clone(), reason: String::new() };
     fleet.bus.publish_command(&cancel, &Envelope::root()).await.unwrap();
@@ -165,7 +175,19 @@ async fn pause_stops_new_sites_and_cancel_ends_the_rollout() {
         .unwrap();
     let rejected: pb::CommandRejected = rejected.delivery.decode().unwrap();
     assert!(rejected.reason.contains("cancelled"), "{}", rejected.reason);
+
+    // Once it has ended, the package can be rolled out again.
+    let again = fleet.patch(patch("1.30.0", Default::default())).await;
+    fleet.wait_for(pb::RolloutPlanned::filter(), &again.id, Duration::from_secs(20)).await.expect("planned once free");
     fleet.stop().await;
+}
+
+/// Publishes a `PatchPackage` and returns its refusal.
+async fn refused(fleet: &Fleet, cmd: pb::PatchPackage) -> pb::CommandRejected {
+    let env = fleet.patch(cmd).await;
+    let filter = names::events_of_kind(pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND);
+    let e = fleet.wait_for(filter, &env.id, Duration::from_secs(20)).await.expect("refused");
+    e.delivery.decode().unwrap()
 }
 
 #[tokio::test]

@@ -187,6 +187,34 @@ pub fn in_catalog(req: &Request, entry: Option<pb::Package>) -> Result<pb::Packa
     })
 }
 
+/// Refuses a rollout of a package that another rollout is moving (running, or paused and to go
+/// on): the two would patch the same nodes side by side, and each would report the other's
+/// work as its own. `others` are the rollouts under way.
+///
+/// # Errors
+/// `Conflict`, naming the rollout that moves the package and how to end it.
+pub fn not_moved_by_another(req: &Request, others: &[pb::Rollout]) -> Result<(), Refusal> {
+    let moving = others.iter().find(|r| {
+        matches!(phase(r), pb::RolloutPhase::Running | pb::RolloutPhase::Paused)
+            && r.package.as_ref().is_some_and(|p| p.name == req.name.as_str())
+    });
+    match moving {
+        None => Ok(()),
+        Some(r) => {
+            let to = r.package.as_ref().map(|p| p.version.as_str()).unwrap_or_default();
+            let what = if phase(r) == pb::RolloutPhase::Paused { "paused over" } else { "moving" };
+            Err(Refusal {
+                code: pb::RejectCode::Conflict,
+                reason: format!(
+                    "rollout {} is {what} {} (to {to}, {} of {} nodes patched): one rollout moves a package's \
+                     nodes at a time; wait for it to end, or cancel it (landfall rollout cancel {})",
+                    r.rollout_id, req.name, r.patched, r.planned_nodes, r.rollout_id
+                ),
+            })
+        }
+    }
+}
+
 /// A planned rollout: its plan, in chunks written once, and its first record.
 #[derive(Debug, Clone)]
 pub struct Planned {

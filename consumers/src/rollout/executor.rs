@@ -150,6 +150,8 @@ impl Rollouts {
             return Ok(());
         }
         let req = decide::request(&cmd).map_err(reject)?;
+        // The fleet's commands are carried out in order, so no other rollout can start meanwhile.
+        decide::not_moved_by_another(&req, &self.under_way().await?).map_err(reject)?;
         let entry = self.catalog_entry(req.name.as_str(), req.version.as_str()).await?;
         let entry = decide::in_catalog(&req, entry).map_err(reject)?;
         let designs: Vec<SiteDesign> = self
@@ -190,6 +192,17 @@ impl Rollouts {
             gauge_nodes(&r);
         }
         self.settle(r, rev).await
+    }
+
+    /// The rollouts the index holds under way (a few: each one's record read once).
+    async fn under_way(&self) -> Result<Vec<pb::Rollout>, BusError> {
+        let mut out = Vec::new();
+        for id in active::ids(&self.sagas, keys::ACTIVE_ROLLOUT_PREFIX).await? {
+            if let Some((r, _)) = self.sagas.get::<pb::Rollout>(&keys::rollout(&id)).await? {
+                out.push(r);
+            }
+        }
+        Ok(out)
     }
 
     /// Publishes the rollout's outbox and clears it, then starts the sites of the current wave

@@ -411,3 +411,32 @@ fn a_site_removed_since_the_plan_is_done_with_its_nodes_skipped() {
     let counted = count_reports(&r, &[&report.count], 1_000).expect("counted");
     assert_eq!((counted.sites_done, counted.failed), (1, 0));
 }
+
+#[test]
+fn a_package_another_rollout_moves_is_refused_naming_it_and_one_that_ended_is_not() {
+    let req =
+        request(&pb::PatchPackage { name: "kubelet".into(), version: "1.30.0".into(), ..Default::default() }).unwrap();
+    let rollout = |id: &str, name: &str, phase: pb::RolloutPhase| pb::Rollout {
+        rollout_id: id.into(),
+        package: Some(pb::PackageRef { name: name.into(), version: "1.29.9".into() }),
+        phase: phase as i32,
+        planned_nodes: 6,
+        patched: 2,
+        ..Default::default()
+    };
+    let others = [
+        rollout("r-done", "kubelet", pb::RolloutPhase::Completed),
+        rollout("r-halted", "kubelet", pb::RolloutPhase::Halted),
+        rollout("r-other", "containerd", pb::RolloutPhase::Running),
+    ];
+    assert!(not_moved_by_another(&req, &others).is_ok(), "ended, halted, or another package");
+    let refusal = not_moved_by_another(&req, &[rollout("r-1", "kubelet", pb::RolloutPhase::Running)]).unwrap_err();
+    assert_eq!(refusal.code, pb::RejectCode::Conflict);
+    assert_eq!(
+        refusal.reason,
+        "rollout r-1 is moving kubelet (to 1.29.9, 2 of 6 nodes patched): one rollout moves a package's nodes at a \
+         time; wait for it to end, or cancel it (landfall rollout cancel r-1)"
+    );
+    let paused = not_moved_by_another(&req, &[rollout("r-2", "kubelet", pb::RolloutPhase::Paused)]).unwrap_err();
+    assert!(paused.reason.starts_with("rollout r-2 is paused over kubelet"), "{}", paused.reason);
+}
