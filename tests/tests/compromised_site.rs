@@ -916,6 +916,15 @@ async fn a_stolen_site_key_reaches_nothing_of_another_site() {
     let done = run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("{:?}", run.kinds()));
     assert_eq!((done.patched, done.failed), (3, 0));
 
+    // The hub has recorded B heard (the observer records a site heard before its registration at
+    // its next check), so nothing of B is left for the observer to write while A attacks.
+    let observed = bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while observed.get::<pb::SiteLink>(&keys::link(B)).await.unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "B's gateway was never recorded heard");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // B's gateway goes offline; B is installed again (the install waits at staging, holding B's
     // lease), and a second rollout waits for that lease.
     fleet.stop_gateway(1);
