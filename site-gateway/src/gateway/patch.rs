@@ -1,7 +1,8 @@
 //! A site's part of a rollout (`PatchNodes`): its nodes patched batch after batch, masters first
 //! and one at a time, each node that a patch takes down cordoned, drained, patched, seen Ready at
 //! its new version and uncordoned, each step and a reimage's Metal3 states reported as they
-//! happen.
+//! happen. Nodes whose host the site does not have as the hub believes (none, or not
+//! provisioned) are left alone, skipped, and said (`SiteDisagrees`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -387,9 +388,6 @@ fn reinstall_by_role(list: Vec<pb::RoleArtifacts>) -> Result<BTreeMap<Role, Vec<
     Ok(by_role)
 }
 
-/// One site's part of a rollout, batch after batch: which nodes start next, and what became of
-/// each. Masters go first, each alone (one etcd member down at a time); workers follow in
-/// batches of `max_unavailable`. Kept apart from the I/O so its rules have plain tests.
 /// How a host found in `state` (`None`: no such host) differs from what the hub believes of a
 /// node it sends a patch of `kind` for, as the site would say it; `None` when it does not. A
 /// binary goes on a provisioned host; an image may also find its host taking the old image
@@ -419,6 +417,9 @@ fn disagreement_reason(found: &[pb::HostFound]) -> String {
     )
 }
 
+/// One site's part of a rollout, batch after batch: which nodes start next, and what became of
+/// each. Masters go first, each alone (one etcd member down at a time); workers follow in
+/// batches of `max_unavailable`. Kept apart from the I/O so its rules have plain tests.
 #[derive(Debug)]
 struct PatchRun {
     pending: VecDeque<NodeDesign>,
