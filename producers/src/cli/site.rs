@@ -176,6 +176,11 @@ const HEARD_WITHIN: Duration = Duration::from_secs(6);
 /// from (after a few seconds' grace, for one just started), or cut off. `None` when the hub
 /// hears it.
 pub(crate) async fn gateway_missing(bus: &bus_schema::runtime::Bus, site: &str) -> anyhow::Result<Option<String>> {
+    // A site not registered is refused with that reason; its gateway is beside the point.
+    let sites = bus.kv(names::SITES_BUCKET).await?;
+    if sites.get::<pb::SiteDesign>(&names::keys::site(site)).await?.is_none() {
+        return Ok(None);
+    }
     let observed = bus.kv(names::OBSERVED_BUCKET).await?;
     let deadline = tokio::time::Instant::now() + HEARD_WITHIN;
     loop {

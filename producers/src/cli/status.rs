@@ -32,7 +32,8 @@ pub struct StatusArgs {
 }
 
 /// One site's state: its design, its latest install, what its nodes run, and what needs a
-/// person (a site found unlike the hub only when `one` site is asked for), as JSON.
+/// person, as JSON; each node's latest step, and what the site found unlike the hub, only when
+/// `one` site is asked for.
 async fn site_status(
     bus: &Bus,
     site: &str,
@@ -48,7 +49,8 @@ async fn site_status(
         Some(id) => sagas.get::<pb::InstallSaga>(&keys::saga(id)).await?.map(|(s, _)| s),
         None => None,
     };
-    let node_list = node_list(&sagas, &design, saga.as_ref()).await?;
+    // A key per node: read for one site, not for the whole fleet's listing.
+    let node_list = if one { Some(node_list(&sagas, &design, saga.as_ref()).await?) } else { None };
     let install = match (saga, &latest) {
         (Some(s), _) => {
             let mut v = serde_json::to_value(&s).unwrap_or_default();
