@@ -117,17 +117,16 @@ impl LinkWatch {
     /// records up a site heard lately while it was not registered, once it is (its gateway
     /// started first): it need not wait for its next heartbeat to be shown heard.
     async fn check(&mut self, now: i64) {
-        let cut_off_ms = i64::try_from(self.cut_off_after.as_millis()).unwrap_or(i64::MAX);
+        let cut_off_after = i64::try_from(self.cut_off_after.as_millis()).unwrap_or(i64::MAX);
         let unrecorded: Vec<(String, i64, pb::SiteAlive)> = self
             .heard
             .iter()
-            .filter(|(site, (at, _))| !self.known.contains_key(*site) && now.saturating_sub(*at) <= cut_off_ms)
+            .filter(|(site, (at, _))| !self.known.contains_key(*site) && now.saturating_sub(*at) <= cut_off_after)
             .map(|(site, (at, alive))| (site.clone(), *at, alive.clone()))
             .collect();
         for (site, at, alive) in unrecorded {
             self.change(&site, pb::LinkState::Up, at, alive).await;
         }
-        let cut_off_after = i64::try_from(self.cut_off_after.as_millis()).unwrap_or(i64::MAX);
         let quiet: Vec<(String, i64, pb::SiteAlive)> = self
             .known
             .values()

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::error::{DesignError, Errors};
 use super::resolve::{EffectiveNode, ResolvedSite};
 use super::select::Selection;
-use crate::domain::{ClusterBuild, NodeDesign, NodeSetRollout, PackageRef, Role, SiteDesign};
+use crate::domain::{ClusterBuild, NodeDesign, PackageRef, Role, SiteDesign};
 
 /// The flat [`SiteDesign`] of a validated site and its selection.
 ///
@@ -68,20 +68,7 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
 /// selection holds ready as each node set's spare hosts.
 fn cluster_build(site: &ResolvedSite, selection: &Selection) -> ClusterBuild {
     let Some(spec) = &site.site.cluster else { return ClusterBuild::default() };
-    let rollout = |role: Role| {
-        let set = spec.node_set(role);
-        NodeSetRollout {
-            max_surge: set.max_surge,
-            max_unavailable: set.max_unavailable,
-            spare: u32::try_from(selection.node_set(role).standby.len()).unwrap_or(u32::MAX),
-        }
-    };
-    ClusterBuild {
-        builder: spec.builder,
-        endpoint: spec.endpoint,
-        masters: rollout(Role::Master),
-        workers: rollout(Role::Worker),
-    }
+    spec.build(|role| u32::try_from(selection.node_set(role).standby.len()).unwrap_or(u32::MAX))
 }
 
 /// The error when `node` runs other packages than `first`, the first node of its role.

@@ -156,6 +156,25 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
+    /// How the cluster is built, with `spare(role)` spare hosts for each node set (its standby
+    /// nodes, as written or as chosen).
+    pub fn build(&self, spare: impl Fn(Role) -> u32) -> crate::cluster::ClusterBuild {
+        let rollout = |role: Role| {
+            let set = self.node_set(role);
+            crate::cluster::NodeSetRollout {
+                max_surge: set.max_surge,
+                max_unavailable: set.max_unavailable,
+                spare: spare(role),
+            }
+        };
+        crate::cluster::ClusterBuild {
+            builder: self.builder,
+            endpoint: self.endpoint,
+            masters: rollout(Role::Master),
+            workers: rollout(Role::Worker),
+        }
+    }
+
     /// The spec of the node set for `role`.
     pub fn node_set(&self, role: Role) -> &NodeSetSpec {
         match role {

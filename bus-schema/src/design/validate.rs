@@ -27,13 +27,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use super::document::{
-    Body, ClusterSpec, Document, Entry, Interface, Kind, NodeSetSpec, Origin, Parsed, Site, entries,
-};
+use super::document::{Body, ClusterSpec, Document, Entry, Interface, Kind, Origin, Parsed, Site, entries};
 use super::error::{DesignError, Errors};
 use super::inherit::Setting;
 use super::resolve::{NodeFacts, ResolvedSite, resolve_all};
-use crate::domain::{ClusterBuild, MacAddress, NodeSetRollout, PackageRef, Role};
+use crate::domain::{MacAddress, PackageRef, Role};
 
 /// Resolves the documents of one site and checks every design rule against them and the
 /// package `catalog`. Returns the resolved site, or every error found (resolution errors
@@ -148,17 +146,7 @@ fn check_site(origin: &Origin, site: &Site, errors: &mut Errors) {
 /// on the node sets as written (their counts and standby hosts); a Cluster API endpoint on the
 /// API network.
 fn check_build(origin: &Origin, site: &Site, cluster: &ClusterSpec, errors: &mut Errors) {
-    let rollout = |set: &NodeSetSpec| NodeSetRollout {
-        max_surge: set.max_surge,
-        max_unavailable: set.max_unavailable,
-        spare: set.standby,
-    };
-    let build = ClusterBuild {
-        builder: cluster.builder,
-        endpoint: cluster.endpoint,
-        masters: rollout(&cluster.masters),
-        workers: rollout(&cluster.workers),
-    };
+    let build = cluster.build(|role| cluster.node_set(role).standby);
     let masters = usize::try_from(cluster.masters.count).unwrap_or(usize::MAX);
     if masters > 0 {
         for problem in build.problems(masters) {

@@ -210,10 +210,11 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
     let gateways = SimGateways { bus: bus.clone(), data_dir: args.data_dir.clone(), sim: sim.clone(), alive_every };
     let mut sims = Vec::new();
+    let registered = bus.kv(names::SITES_BUCKET).await?;
     for d in &designs {
         // A site the hub has registered is built from the hub's design (nodes added or removed
         // since count); a new one from the demo design.
-        let hub = bus.kv(names::SITES_BUCKET).await?.get::<pb::SiteDesign>(&keys::site(d.site.as_str())).await?;
+        let hub = registered.get::<pb::SiteDesign>(&keys::site(d.site.as_str())).await?;
         let nodes = match hub {
             Some((design, _)) => {
                 SiteDesign::try_from(design).with_context(|| format!("the hub's design of {}", d.site))?.nodes
