@@ -278,12 +278,21 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
     let changed = match input {
         Input::Staged => {
             next.phase = InstallPhase::ProvisioningOs as i32;
+            let builder = builder_of(&next);
             for i in 0..next.nodes.len() {
                 let node = next.nodes[i].node.clone().unwrap_or_default();
                 next.nodes[i].step = NodeStep::OsProvisioning as i32;
                 let image = os_image_for(&next, node.role);
-                let job = pb::ProvisionOs { site_id: site.clone(), node: Some(node.clone()), image };
+                let job =
+                    pb::ProvisionOs { site_id: site.clone(), node: Some(node.clone()), image, builder: builder as i32 };
                 push_job(&mut next, &job, &cause.derive("provision_os", Some(&node.name)), vec![node.name.clone()]);
+            }
+            // Cluster API claims the hosts as they are enrolled: the cluster's objects (for a
+            // join, with the node's set one larger) go to the site at once, and its machines
+            // take the hosts as they become available.
+            if builder == pb::ClusterBuilder::Capi {
+                let nodes: Vec<pb::NodeSpec> = next.nodes.iter().filter_map(|n| n.node.clone()).collect();
+                push_build(&mut next, nodes, cause);
             }
             true
         }
@@ -443,11 +452,31 @@ fn after_os(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64) {
         return;
     }
     saga.phase = InstallPhase::InstallingBinaries as i32;
+    if builder_of(saga) == pb::ClusterBuilder::Capi {
+        // The build went to the site with the hosts (see `Input::Staged`).
+        return;
+    }
+    push_build(saga, ready, cause);
+}
+
+/// How the saga's site builds its cluster.
+fn builder_of(saga: &pb::InstallSaga) -> pb::ClusterBuilder {
+    let builder = saga.design.as_ref().and_then(|d| d.cluster.as_ref()).map_or(0, |c| c.builder);
+    pb::ClusterBuilder::try_from(builder).unwrap_or(pb::ClusterBuilder::Unspecified)
+}
+
+/// Sends the job that builds the cluster of `nodes`: their binaries through the BPA, or, for
+/// a site Cluster API builds, its objects rendered from the design (with the os-images its
+/// machine templates name).
+fn push_build(saga: &mut pb::InstallSaga, nodes: Vec<pb::NodeSpec>, cause: &Envelope) {
+    let capi = builder_of(saga) == pb::ClusterBuilder::Capi;
     let job = pb::InstallBinaries {
         site_id: saga.site_id.clone(),
-        nodes: ready,
+        nodes,
         binaries: packages_of(saga, pb::PackageKind::Binary),
         join_existing: saga.join,
+        design: saga.design.clone().filter(|_| capi),
+        images: if capi { packages_of(saga, pb::PackageKind::OsImage) } else { Vec::new() },
     };
     let nodes = job.nodes.iter().map(|n| n.name.clone()).collect();
     push_job(saga, &job, &cause.derive("install_binaries", None), nodes);

@@ -121,6 +121,9 @@ pub struct HostRequest {
     /// The hub could not be asked for the credentials (the link is cut): a host the site has
     /// already is driven without them, and one it would have to create waits for the link.
     pub bmc_out_of_reach: bool,
+    /// Cluster API builds the site: the host is enrolled for CAPM3 to claim (no image from the
+    /// gateway), and provisioned once a machine has claimed it and written `image` to it.
+    pub enroll_only: bool,
 }
 
 impl HostRequest {
@@ -132,17 +135,30 @@ impl HostRequest {
             package: image.reference(),
             bmc: None,
             bmc_out_of_reach: false,
+            enroll_only: false,
         }
     }
 }
 
-/// Install the cluster binaries (BPA `Provisioning`: masters and workers by MAC).
+/// Install the cluster binaries (BPA `Provisioning`: masters and workers by MAC), or build the
+/// cluster through Cluster API (`capi`).
 #[derive(Debug, Clone)]
 pub struct ClusterRequest {
     pub nodes: Vec<NodeDesign>,
     pub binaries: Vec<Package>,
     /// The nodes join the site's existing cluster instead of forming one.
     pub join_existing: bool,
+    /// Cluster API builds the site: what its objects are rendered from.
+    pub capi: Option<CapiBuild>,
+}
+
+/// What a Cluster API site's objects are rendered from: the site's whole design (a join is the
+/// design with the node in it) and the packages it names.
+#[derive(Debug, Clone)]
+pub struct CapiBuild {
+    pub design: bus_schema::domain::SiteDesign,
+    /// The design's os-images and binaries, resolved against the catalog.
+    pub packages: Vec<Package>,
 }
 
 impl ClusterRequest {

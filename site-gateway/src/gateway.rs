@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use crate::alive::{LastReport, keep_alive};
 use crate::announce::announce_host_changes;
-use crate::backend::{BackendError, Cause, ClusterRequest, HostRequest, SiteBackend};
+use crate::backend::{BackendError, CapiBuild, Cause, ClusterRequest, HostRequest, SiteBackend};
 use crate::cache::{ArtifactCache, CacheError, Staged};
 use crate::credentials::Asked;
 use crate::inbox::{self, FromInbox, Keep};
@@ -147,6 +147,7 @@ impl<B: SiteBackend> Gateway<B> {
         let node = NodeDesign::try_from(job.node.unwrap_or_default()).map_err(invalid)?;
         let image = Package::try_from(job.image.unwrap_or_default()).map_err(invalid)?;
         let mut req = HostRequest::new(node.clone(), &image);
+        req.enroll_only = job.builder == pb::ClusterBuilder::Capi as i32;
         // Driving the host's BMC needs its credentials, which the hub hands out only for this job
         // (the site never keeps them). While the hub is out of reach, a host the site has
         // already goes on without them (a job taken up again by a gateway restarted during a
@@ -227,7 +228,16 @@ impl<B: SiteBackend> Gateway<B> {
         let nodes = nodes(job.nodes)?;
         let binaries = packages(job.binaries)?;
         let refs: Vec<pb::PackageRef> = binaries.iter().map(|p| pb::PackageRef::from(&p.reference())).collect();
-        let req = ClusterRequest { nodes, binaries, join_existing: job.join_existing };
+        let capi = match job.design {
+            Some(design) => {
+                let design = bus_schema::domain::SiteDesign::try_from(design).map_err(invalid)?;
+                let mut all = packages(job.images)?;
+                all.extend(binaries.iter().cloned());
+                Some(CapiBuild { design, packages: all })
+            }
+            None => None,
+        };
+        let req = ClusterRequest { nodes, binaries, join_existing: job.join_existing, capi };
         let results = match self.backend.install_binaries(&req).await {
             Ok(r) => r,
             Err(e) => return self.backend_failed(d, pb::InstallBinaries::KIND, e).await,

@@ -36,7 +36,9 @@ use tokio_util::sync::CancellationToken;
 use crate::kube::KubeApiServer;
 use crate::nats::NatsServer;
 
+pub mod capi;
 mod kubelets;
+pub use capi::CapiKnobs;
 pub use kubelets::KubeletKnobs;
 use kubelets::kubelets;
 
@@ -104,6 +106,10 @@ pub struct KubeSiteRig {
     pub kubelets: KubeletKnobs,
     /// The BPA REST API the gateway hands staged artifacts to, when set before it starts.
     pub bpa_url: Option<String>,
+    /// A site Cluster API builds ([`KubeSiteRig::start_capi`]): the workload cluster it builds,
+    /// and what the Cluster API stand-in is told.
+    pub workload: Option<KubeApiServer>,
+    pub capi: CapiKnobs,
     gateway: Option<Child>,
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
@@ -114,10 +120,30 @@ impl KubeSiteRig {
     /// binaries by metadata, the container package `edge-apps` with real manifests) and site
     /// [`SITE`] registered with one master, `m-1`; the Metal3 and BPA stand-ins running.
     pub async fn start() -> Self {
+        Self::start_site(false).await
+    }
+
+    /// The hub and catalog as [`Self::start`] has them, and site [`SITE`] built by Cluster API
+    /// ([`capi_design`]: three masters and two workers, whose hosts the test creates), in a
+    /// bootstrap cluster serving the upstream Cluster API and CAPM3 CRDs, with the Cluster API
+    /// stand-in ([`capi`]) building the workload cluster in a second API server.
+    pub async fn start_capi() -> Self {
+        Self::start_site(true).await
+    }
+
+    async fn start_site(capi: bool) -> Self {
         crate::fleet::init_tracing();
         consumers::artifacts::install_tls_provider();
         let nats = NatsServer::start();
-        let kube = KubeApiServer::start().await;
+        let (kube, workload) = match capi {
+            false => (KubeApiServer::start().await, None),
+            true => {
+                let (kube, workload) = tokio::join!(KubeApiServer::start(), KubeApiServer::start());
+                capi::install_crds(&kube).await;
+                workload.install_crd(WIDGET_CRD).await;
+                (kube, Some(workload))
+            }
+        };
         kube.install_crd(WIDGET_CRD).await;
         let client = kube.client().await;
         let bus = Bus::connect(&nats.url(), "landfall-test").await.expect("connect");
@@ -150,11 +176,24 @@ impl KubeSiteRig {
             metal3: Metal3Knobs::default(),
             kubelets: KubeletKnobs::default(),
             bpa_url: None,
+            workload,
+            capi: CapiKnobs::default(),
             gateway: None,
             shutdown,
             tasks,
         };
-        rig.register().await;
+        rig.register(capi).await;
+        if let Some(workload) = &rig.workload {
+            let kubeconfig = std::fs::read(workload.kubeconfig_path()).expect("the workload cluster's kubeconfig");
+            rig.tasks.spawn(capi::controllers(
+                rig.client.clone(),
+                workload.client().await,
+                kubeconfig,
+                rig.capi.clone(),
+                rig.kubelets.clone(),
+                rig.shutdown.clone(),
+            ));
+        }
         rig.tasks.spawn(metal3_operator(rig.client.clone(), rig.metal3.clone(), rig.shutdown.clone()));
         rig.tasks.spawn(bpa_stand_in(
             rig.client.clone(),
@@ -179,7 +218,7 @@ impl KubeSiteRig {
         std::fs::read_to_string(self.state_dir().join(SITE).join("hosts.ini")).unwrap_or_default()
     }
 
-    async fn register(&self) {
+    async fn register(&self, capi: bool) {
         let mut catalog: Vec<pb::Package> = producers::up::demo_packages()
             .into_iter()
             .filter(|p| p.kind != pb::PackageKind::Container as i32)
@@ -204,6 +243,7 @@ impl KubeSiteRig {
                 .collect(),
             cluster: None,
         };
+        let design = if capi { capi_design(design) } else { design };
         SiteDesign::try_from(design.clone()).expect("a valid design");
         let env = Envelope::root();
         self.bus.publish_command(&pb::RegisterSite { design: Some(design), expected: None }, &env).await.unwrap();
@@ -223,7 +263,8 @@ impl KubeSiteRig {
         }
     }
 
-    /// Starts the real `landfall-gateway --backend kube` for [`SITE`].
+    /// Starts the real `landfall-gateway --backend kube` for [`SITE`]: for a site Cluster API
+    /// builds, the application cluster's kubeconfig is the Secret Cluster API writes.
     pub fn start_gateway(&mut self) {
         assert!(self.gateway.is_none(), "a gateway is running already");
         let binary = crate::cli::binary().with_file_name("landfall-gateway-cli");
@@ -236,6 +277,9 @@ impl KubeSiteRig {
         if let Some(url) = &self.bpa_url {
             command.args(["--bpa-url", url]);
         }
+        if self.workload.is_none() {
+            command.arg("--cluster-kubeconfig-file").arg(self.admin_conf());
+        }
         command
             .args(["--site", SITE, "--backend", "kube", "--namespace", NAMESPACE])
             .arg("--kubeconfig")
@@ -244,8 +288,6 @@ impl KubeSiteRig {
             .arg(self.dir.path().join("cache"))
             .arg("--state-dir")
             .arg(self.state_dir())
-            .arg("--cluster-kubeconfig-file")
-            .arg(self.admin_conf())
             .args(["--user-data-secret", "edge-user-data", "--image-base-url", "http://10.0.0.2:8080/"])
             .args(["--kud-plugin", "emco", "--provision-timeout", "60s", "--install-timeout", "60s"])
             .args(["--drain-timeout", "4s", "--ready-timeout", "20s"])
@@ -370,7 +412,16 @@ impl KubeSiteRig {
 
     /// Every command on the bus of type `M` so far.
     pub async fn commands<M: BusMessage + prost::Message + Default>(&self) -> Vec<M> {
-        let stream = self.bus.jetstream().get_stream(bus_schema::names::COMMANDS_STREAM).await.unwrap();
+        self.messages(bus_schema::names::COMMANDS_STREAM).await
+    }
+
+    /// Every event on the bus of type `M` so far.
+    pub async fn events<M: BusMessage + prost::Message + Default>(&self) -> Vec<M> {
+        self.messages(bus_schema::names::EVENTS_STREAM).await
+    }
+
+    async fn messages<M: BusMessage + prost::Message + Default>(&self, stream: &str) -> Vec<M> {
+        let stream = self.bus.jetstream().get_stream(stream).await.unwrap();
         let info = stream.get_info().await.unwrap();
         let mut out = Vec::new();
         for seq in 1..=info.state.last_sequence {
@@ -416,6 +467,24 @@ impl Drop for KubeSiteRig {
             }
         }
     }
+}
+
+/// The rig's site built by Cluster API: `design`'s packages, three masters `m-1`..`m-3` and two
+/// workers `w-1`, `w-2` (boot MACs `mac(1)`..`mac(5)`), the control plane at 10.1.0.100:6443.
+pub fn capi_design(design: pb::SiteDesign) -> pb::SiteDesign {
+    use bus_schema::domain::{ApiEndpoint, Builder, ClusterBuild};
+    let nodes = [("m-1", pb::Role::Master), ("m-2", pb::Role::Master), ("m-3", pb::Role::Master)]
+        .into_iter()
+        .chain([("w-1", pb::Role::Worker), ("w-2", pb::Role::Worker)])
+        .zip(1..)
+        .map(|((name, role), i)| node_spec(name, role, &mac(i)))
+        .collect();
+    let build = ClusterBuild {
+        builder: Builder::Capi,
+        endpoint: Some(ApiEndpoint { host: "10.1.0.100".parse().unwrap(), port: 6443 }),
+        ..Default::default()
+    };
+    pb::SiteDesign { nodes, cluster: Some(pb::ClusterBuild::from(&build.with_defaults(3))), ..design }
 }
 
 /// `52:54:00:10:00:NN`

@@ -66,7 +66,7 @@ async fn garbage_on_a_job_subject_is_rejected_and_the_gateway_goes_on() {
     let bad = pb::ProvisionOs {
         site_id: site.clone(),
         node: Some(pb::NodeSpec { name: "Not A Name".into(), ..Default::default() }),
-        image: None,
+        ..Default::default()
     };
     fleet.bus.publish_job(&bad, &Envelope::root()).await.unwrap();
     // A job for a kind no gateway knows.

@@ -142,7 +142,8 @@ async fn a_redelivered_job_does_not_repeat_its_effect() {
     let design = &fleet.sites[0].0;
     let node = pb::NodeSpec::from(&design.nodes[0]);
     let image = producers::up::demo_packages().into_iter().find(|p| p.kind == pb::PackageKind::OsImage as i32);
-    let job = pb::ProvisionOs { site_id: design.site.to_string(), node: Some(node.clone()), image };
+    let job =
+        pb::ProvisionOs { site_id: design.site.to_string(), node: Some(node.clone()), image, ..Default::default() };
     let again = bus_schema::runtime::Envelope::root();
     fleet.bus.publish_job(&job, &again).await.unwrap();
     let done = fleet.wait_for(pb::NodeOsProvisioned::filter(), &again.id, Duration::from_secs(20)).await;

@@ -7,31 +7,18 @@
 use std::time::Duration;
 
 use bus_schema::domain::{ApiEndpoint, Builder, ClusterBuild, NodeSetRollout, Package, PackageRef, SiteDesign};
-use bus_schema::pb;
+use bus_schema::names;
+use bus_schema::pb::{self, BusMessage};
+use bus_schema::runtime::{Envelope, ReadEvent};
 use kube::ResourceExt;
+use landfall_tests::fleet;
 use landfall_tests::kube::KubeApiServer;
+use landfall_tests::kube_site::capi::{CAPM3_CRDS, CLUSTER_API_CRDS};
+use landfall_tests::kube_site::{APPS, KubeSiteRig, mac};
 use serde_json::Value;
 use site_gateway::capi::{RenderSettings, render};
+use site_gateway::kube_site::marks;
 use site_gateway::kube_site::{KubeSite, KubeSiteConfig};
-
-/// Cluster API's and CAPM3's CRDs, as their releases publish them.
-const CLUSTER_API_CRDS: [&str; 7] = [
-    include_str!("../../deploy/crds/cluster-api/cluster.x-k8s.io_clusters.yaml"),
-    include_str!("../../deploy/crds/cluster-api/cluster.x-k8s.io_machinedeployments.yaml"),
-    include_str!("../../deploy/crds/cluster-api/cluster.x-k8s.io_machinesets.yaml"),
-    include_str!("../../deploy/crds/cluster-api/cluster.x-k8s.io_machines.yaml"),
-    include_str!("../../deploy/crds/cluster-api/controlplane.cluster.x-k8s.io_kubeadmcontrolplanes.yaml"),
-    include_str!("../../deploy/crds/cluster-api/bootstrap.cluster.x-k8s.io_kubeadmconfigs.yaml"),
-    include_str!("../../deploy/crds/cluster-api/bootstrap.cluster.x-k8s.io_kubeadmconfigtemplates.yaml"),
-];
-const CAPM3_CRDS: [&str; 6] = [
-    include_str!("../../deploy/crds/capm3/infrastructure.cluster.x-k8s.io_metal3clusters.yaml"),
-    include_str!("../../deploy/crds/capm3/infrastructure.cluster.x-k8s.io_metal3machines.yaml"),
-    include_str!("../../deploy/crds/capm3/infrastructure.cluster.x-k8s.io_metal3machinetemplates.yaml"),
-    include_str!("../../deploy/crds/capm3/infrastructure.cluster.x-k8s.io_metal3datatemplates.yaml"),
-    include_str!("../../deploy/crds/capm3/infrastructure.cluster.x-k8s.io_metal3datas.yaml"),
-    include_str!("../../deploy/crds/capm3/infrastructure.cluster.x-k8s.io_metal3dataclaims.yaml"),
-];
 
 const SITE: &str = "edge-c1";
 const NAMESPACE: &str = "metal3";
@@ -305,4 +292,125 @@ async fn a_build_is_done_when_cluster_api_and_every_node_say_so_and_each_host_is
         "{:?}",
         next.waiting
     );
+}
+
+/// Waits until the bus holds `n` events of type `M`.
+async fn wait_events<M: pb::BusMessage + prost::Message + Default>(rig: &KubeSiteRig, n: usize) -> Vec<M> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = rig.events::<M>().await;
+        if found.len() >= n || tokio::time::Instant::now() > deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Installs the rig's site; every event of the install, in order, up to its end.
+async fn install(rig: &KubeSiteRig) -> Vec<ReadEvent> {
+    let env = Envelope::root();
+    let cmd = pb::InstallSite { site_id: landfall_tests::kube_site::SITE.into(), design_revision: 0 };
+    rig.bus.publish_command(&cmd, &env).await.unwrap();
+    let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
+    let scope = names::scope_events(landfall_tests::kube_site::SITE);
+    fleet::collect(&rig.bus, scope, "install", &env.id, &ends, Duration::from_secs(120)).await.events
+}
+
+fn of_type<M: pb::BusMessage>(events: &[ReadEvent]) -> Vec<M> {
+    events.iter().filter(|e| e.delivery.type_name == M::TYPE).map(|e| e.delivery.decode().unwrap()).collect()
+}
+
+const CAPI_HOSTS: [(&str, &str, u8, &str); 5] = [
+    ("m-1", "master", 1, "10.1.0.11"),
+    ("m-2", "master", 2, "10.1.0.12"),
+    ("m-3", "master", 3, "10.1.0.13"),
+    ("w-1", "worker", 4, "10.1.0.21"),
+    ("w-2", "worker", 5, "10.1.0.22"),
+];
+
+/// Through the real hub and the real `landfall-gateway --backend kube`: a site of three masters
+/// and two workers built by Cluster API. The gateway enrolls each host and applies the objects
+/// rendered from the design; Cluster API (played) makes the machines, the control plane one at a
+/// time, and CAPM3 claims the hosts; each host's Metal3 states reach the hub; the install is done
+/// once Cluster API shows the cluster standing and every Node Ready at its version; the
+/// kubeconfig Cluster API wrote is collected and the container package goes to the workload
+/// cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_api_site_is_installed_through_the_bus_and_done_when_cluster_api_shows_it_standing() {
+    let mut rig = KubeSiteRig::start_capi().await;
+    for (name, role, i, ip) in CAPI_HOSTS {
+        rig.create_host(name, role, &mac(i), ip).await;
+    }
+    rig.start_gateway();
+    // The gateway announces the hosts, which the design has already.
+    let accepted = wait_events::<pb::NodeAccepted>(&rig, 5).await;
+    assert_eq!(accepted.len(), 5, "{accepted:?}\n{}", rig.gateway_log());
+
+    let events = install(&rig).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.delivery.type_name.as_str()).collect();
+    assert_eq!(
+        kinds.last(),
+        Some(&pb::SiteInstalled::TYPE),
+        "{kinds:?}\n{:?}\n{:?}\n{}",
+        of_type::<pb::NodeFailed>(&events),
+        rig.capi.log(),
+        rig.gateway_log()
+    );
+    let done: Vec<pb::SiteInstalled> = of_type(&events);
+    assert!(done[0].results.iter().all(|r| r.outcome == pb::NodeOutcome::Succeeded as i32), "{done:?}");
+    assert_eq!(done[0].results.len(), 5);
+
+    // Each host's Metal3 states, as CAPM3 had it provisioned, reached the hub.
+    for (name, ..) in CAPI_HOSTS {
+        let states: Vec<String> = of_type::<pb::NodeOsProvisioning>(&events)
+            .into_iter()
+            .filter(|e| e.node == name)
+            .map(|e| e.state)
+            .collect();
+        assert!(states.ends_with(&["provisioning".to_string(), "provisioned".to_string()]), "{name}: {states:?}");
+    }
+    assert_eq!(of_type::<pb::ClusterReady>(&events).len(), 1);
+
+    // Cluster API made the machines: the control plane one at a time, each claiming a host of
+    // its role.
+    let log = rig.capi.log();
+    let claims: Vec<&String> = log.iter().filter(|l| l.contains(" claimed ")).collect();
+    assert_eq!(claims.len(), 5, "{log:?}");
+    for claim in &claims {
+        let (machine, host) = claim.split_once(" claimed ").unwrap();
+        assert_eq!(machine.contains("control-plane"), host.starts_with("m-"), "{claim}");
+    }
+    let made_cp: Vec<usize> =
+        log.iter().enumerate().filter(|(_, l)| l.starts_with("+edge-k1-control-plane")).map(|(i, _)| i).collect();
+    let nodes_cp: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("edge-k1-control-plane") && l.contains(" node "))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!((made_cp.len(), nodes_cp.len()), (3, 3), "{log:?}");
+    assert!(nodes_cp[0] < made_cp[1] && nodes_cp[1] < made_cp[2], "one master at a time: {log:?}");
+
+    // Every host was enrolled by landfall with its role, and provisioned with the image of the
+    // design's os-image that CAPM3 wrote.
+    let ubuntu = producers::up::demo_packages().into_iter().find(|p| p.name == "ubuntu").unwrap();
+    for (name, role, ..) in CAPI_HOSTS {
+        let host = rig.hosts().get(name).await.unwrap();
+        assert_eq!(host.labels().get("landfall.io/role").map(String::as_str), Some(role));
+        let image = host.spec.image.as_ref().expect("the image CAPM3 wrote");
+        assert_eq!(image.url, format!("http://10.0.0.2:8080/sha256/{}", ubuntu.sha256));
+        assert_eq!(host.annotations().get(&marks::package("ubuntu")).map(String::as_str), Some("22.04.4"));
+    }
+
+    // The kubeconfig Cluster API wrote reached the hub: the container package is in the
+    // workload cluster, not the bootstrap one.
+    let workload = rig.workload.as_ref().unwrap().client().await;
+    let res =
+        kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("apps.landfall.test", "v1", "Widget"));
+    let in_workload: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(workload, APPS, &res);
+    let names: Vec<String> =
+        in_workload.list(&Default::default()).await.unwrap().iter().map(|w| w.name_any()).collect();
+    assert_eq!(names, ["alpha", "beta"]);
+    let in_bootstrap: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(rig.client.clone(), APPS, &res);
+    assert!(in_bootstrap.list(&Default::default()).await.unwrap().items.is_empty());
 }

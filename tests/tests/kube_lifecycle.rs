@@ -71,7 +71,7 @@ async fn provision(rig: &KubeSiteRig, site: &KubeSite, node: NodeDesign, inspect
 /// Installs the binaries on `nodes` as one cluster; every node joins.
 async fn install(site: &KubeSite, nodes: Vec<NodeDesign>) {
     let (_, binaries) = catalog();
-    let req = ClusterRequest { nodes, binaries, join_existing: false };
+    let req = ClusterRequest { nodes, binaries, join_existing: false, capi: None };
     let results = site.install_binaries(&req).await.unwrap_or_else(|e| panic!("install: {}", e.reason()));
     assert!(results.iter().all(|r| r.failure.is_none()), "{results:?}");
 }

@@ -128,6 +128,57 @@ fn happy_path_publishes_each_step_once() {
 }
 
 #[test]
+fn a_cluster_api_site_gets_its_build_with_the_hosts_and_waits_for_them_before_its_cluster() {
+    let mut d = design(3);
+    d.cluster = bus_schema::domain::ClusterBuild {
+        builder: bus_schema::domain::Builder::Capi,
+        endpoint: Some(bus_schema::domain::ApiEndpoint { host: "10.0.0.100".parse().unwrap(), port: 6443 }),
+        ..Default::default()
+    }
+    .with_defaults(1);
+    let saga = start(&Envelope::root(), &d, resolve(&d, &catalog()).unwrap(), 0);
+    let saga = pb::InstallSaga { outbox: vec![], ..saga };
+    let cause = Envelope::root();
+    let Decision::Apply(s) = decide(&saga, &Input::Staged, &cause, 1) else { panic!() };
+    let hosts: Vec<pb::ProvisionOs> = s
+        .outbox
+        .iter()
+        .filter(|o| o.message_type == pb::ProvisionOs::TYPE)
+        .map(|o| pb::ProvisionOs::decode(o.payload.as_slice()).unwrap())
+        .collect();
+    assert_eq!(hosts.len(), 3);
+    assert!(hosts.iter().all(|j| j.builder == pb::ClusterBuilder::Capi as i32), "each host is enrolled for CAPM3");
+    let builds: Vec<pb::InstallBinaries> = s
+        .outbox
+        .iter()
+        .filter(|o| o.message_type == pb::InstallBinaries::TYPE)
+        .map(|o| pb::InstallBinaries::decode(o.payload.as_slice()).unwrap())
+        .collect();
+    assert_eq!(builds.len(), 1, "the build goes with the hosts: CAPM3 provisions them");
+    assert_eq!(builds[0].nodes.len(), 3);
+    assert!(builds[0].design.as_ref().is_some_and(|d| d.cluster.is_some()));
+    assert_eq!(builds[0].images.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["ubuntu"]);
+
+    // A node that came up before the saga saw every host provisioned waits its turn.
+    let s = pb::InstallSaga { outbox: vec![], ..*s };
+    assert_eq!(decide(&s, &Input::BinariesInstalled { node: "n0".into() }, &cause, 1), Decision::Wait);
+    let s = apply(&s, Input::OsProvisioned { node: "n0".into() });
+    let s = apply(&s, Input::OsProvisioned { node: "n1".into() });
+    let Decision::Apply(s) = decide(&s, &Input::OsProvisioned { node: "n2".into() }, &cause, 1) else { panic!() };
+    assert_eq!(s.phase, InstallPhase::InstallingBinaries as i32);
+    assert!(s.outbox.is_empty(), "no second build: {:?}", s.outbox);
+    assert_eq!(s.jobs.iter().filter(|j| j.kind == pb::InstallBinaries::KIND).count(), 1);
+    let ready = pb::ClusterReady {
+        site_id: "edge-1".into(),
+        masters: vec!["n0".into()],
+        workers: vec!["n1".into(), "n2".into()],
+        failed: vec![],
+    };
+    let s = apply(&s, Input::ClusterReady(ready));
+    assert_eq!(s.phase, InstallPhase::CollectingKubeconfig as i32);
+}
+
+#[test]
 fn each_phase_is_timed_from_when_the_saga_entered_it() {
     let saga = start(&Envelope::root(), &design(2), resolve(&design(2), &catalog()).unwrap(), 1_000);
     assert_eq!(saga.phase_started_unix_ms, 1_000);

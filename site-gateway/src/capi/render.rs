@@ -204,6 +204,25 @@ pub fn render(
     Ok(out)
 }
 
+/// `v<version>` of the kubelet `role`'s nodes run in `design`: the Kubernetes version Cluster
+/// API builds them at.
+///
+/// # Errors
+/// When the role runs no kubelet.
+pub fn kubernetes_version(design: &SiteDesign, role: Role) -> Result<String, RenderError> {
+    design
+        .packages_for(role)
+        .iter()
+        .find(|p| p.name.as_str() == "kubelet")
+        .map(|p| format!("v{}", p.version.as_str().trim_start_matches('v')))
+        .ok_or_else(|| RenderError::Missing {
+            site: design.site.to_string(),
+            role: role.as_str(),
+            what: "kubelet",
+            why: "the Kubernetes version to build",
+        })
+}
+
 /// The control plane's name: `<cluster>-control-plane`.
 pub fn control_plane_name(cluster: &str) -> String {
     format!("{cluster}-control-plane")
@@ -237,14 +256,8 @@ impl<C: Fn(&PackageRef) -> Option<Package>> Renderer<'_, C> {
         self.object(group, kind, &format!("{base}-{hash}"), spec)
     }
 
-    /// `v<version>` of the kubelet the role's nodes run.
     fn kubernetes_version(&self, role: Role) -> Result<String, RenderError> {
-        self.design
-            .packages_for(role)
-            .iter()
-            .find(|p| p.name.as_str() == "kubelet")
-            .map(|p| format!("v{}", p.version.as_str().trim_start_matches('v')))
-            .ok_or_else(|| self.missing(role, "kubelet", "the Kubernetes version to build"))
+        kubernetes_version(self.design, role)
     }
 
     /// The hosts of a role as CAPM3 claims them: its os-image, the role's hosts, its cleaning.

@@ -14,9 +14,13 @@ use serde_json::Value;
 use super::KubeSite;
 use super::error::kube_error;
 use super::marks::FIELD_MANAGER;
-use crate::backend::BackendError;
+use bus_schema::domain::{NodeDesign, PackageRef, Role};
+use tracing::{debug, info};
+
+use crate::backend::{BackendError, CapiBuild, ClusterRequest, NodeInstall};
 use crate::capi::{
-    BOOTSTRAP_GROUP, CLUSTER_GROUP, CONTROL_PLANE_GROUP, INFRASTRUCTURE_GROUP, Observed, VERSION, control_plane_name,
+    BOOTSTRAP_GROUP, CLUSTER_GROUP, CONTROL_PLANE_GROUP, INFRASTRUCTURE_GROUP, Observed, RenderSettings, VERSION,
+    control_plane_name, kubernetes_version, observe, render,
 };
 
 /// The label Cluster API puts on every object of a cluster.
@@ -100,6 +104,10 @@ impl KubeSite {
         if let Some(refusal) = served.refusal() {
             return Err(BackendError::permanent_reason(refusal));
         }
+        self.capi_write(&served, objects).await
+    }
+
+    async fn capi_write(&self, served: &Served, objects: &[Value]) -> Result<Vec<DynamicObject>, BackendError> {
         let mut applied = Vec::with_capacity(objects.len());
         for object in objects {
             let text = |field: &str| object.pointer(field).and_then(Value::as_str).unwrap_or_default().to_string();
@@ -133,6 +141,11 @@ impl KubeSite {
         if let Some(refusal) = served.refusal() {
             return Err(BackendError::permanent_reason(refusal));
         }
+        self.capi_read(&served, cluster).await
+    }
+
+    /// [`Self::capi_observed`] with what discovery found already (a poll asks it once).
+    async fn capi_read(&self, served: &Served, cluster: &str) -> Result<Observed, BackendError> {
         let ns = self.cfg.namespace.as_str();
         let api = |group: &str, kind: &str| -> Api<DynamicObject> {
             let resource = &served.resources[&(group.to_string(), kind.to_string())];
@@ -168,6 +181,86 @@ impl KubeSite {
             hosts: hosts.items.into_iter().map(to_value).collect(),
             nodes,
         })
+    }
+}
+
+impl KubeSite {
+    /// How this gateway's flags say the site's objects are written.
+    pub fn render_settings(&self) -> RenderSettings {
+        RenderSettings {
+            namespace: self.cfg.namespace.clone(),
+            cluster: self.cfg.cluster.clone(),
+            image_base_url: self.cfg.image_base_url.clone(),
+            pod_subnet: self.cfg.pod_subnet.clone(),
+            ..RenderSettings::new(&self.cfg.site)
+        }
+    }
+
+    /// Builds the cluster of `build`'s design through Cluster API: applies its objects and
+    /// follows what Cluster API and Metal3 show until the build stands at its target (see
+    /// [`crate::capi::observe`]), a host the request names fails, or the install time-out
+    /// passes. One result per node of `req`: installed when its Node is Ready at the target
+    /// version, failed with what Metal3 said, or (at the time-out) with what is still waiting.
+    ///
+    /// # Errors
+    /// `Permanent` when the design does not render, the bootstrap cluster does not serve the
+    /// kinds (before anything is written), or it refuses an object.
+    pub(super) async fn build_capi(
+        &self,
+        req: &ClusterRequest,
+        build: &CapiBuild,
+    ) -> Result<Vec<NodeInstall>, BackendError> {
+        let settings = self.render_settings();
+        let catalog = |r: &PackageRef| build.packages.iter().find(|p| p.reference() == *r).cloned();
+        let objects = render(&build.design, catalog, &settings)
+            .map_err(|e| BackendError::permanent("rendering the site's Cluster API objects", e))?;
+        let version = kubernetes_version(&build.design, Role::Master)
+            .map_err(|e| BackendError::permanent("rendering the site's Cluster API objects", e))?;
+        let served = self.capi_served().await?;
+        if let Some(refusal) = served.refusal() {
+            return Err(BackendError::permanent_reason(refusal));
+        }
+        self.capi_write(&served, &objects).await?;
+        info!(site = %self.cfg.site, cluster = %settings.cluster, objects = objects.len(), %version, "Cluster API objects applied");
+
+        let deadline = tokio::time::Instant::now() + self.cfg.install_timeout;
+        let mut said = Vec::new();
+        loop {
+            let progress = observe(&self.capi_read(&served, &settings.cluster).await?, &version);
+            let settled = |n: &NodeDesign| {
+                let name = n.name.as_str();
+                progress.failed.contains_key(name) || progress.hosts.get(name).is_some_and(|h| h.ready)
+            };
+            let timed_out = tokio::time::Instant::now() >= deadline;
+            if progress.done() || req.nodes.iter().all(settled) || timed_out {
+                let waiting = progress.waiting.join("; ");
+                return Ok(req
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        let name = n.name.as_str();
+                        let failure = match (progress.failed.get(name), progress.hosts.get(name)) {
+                            (Some(said), _) => Some(format!("Metal3: {said}")),
+                            (None, Some(h)) if h.ready => None,
+                            _ if !timed_out => Some(format!(
+                                "Cluster API's build of {} stands without {name}: no machine claimed its host",
+                                settings.cluster
+                            )),
+                            _ => Some(format!(
+                                "Cluster API did not bring {name} up within {:?}: {waiting}",
+                                self.cfg.install_timeout
+                            )),
+                        };
+                        NodeInstall { node: name.to_string(), role: n.role, failure }
+                    })
+                    .collect());
+            }
+            if progress.waiting != said {
+                debug!(site = %self.cfg.site, waiting = ?progress.waiting, "Cluster API build under way");
+                said = progress.waiting;
+            }
+            tokio::time::sleep(self.cfg.poll).await;
+        }
     }
 }
 

@@ -137,6 +137,9 @@ impl KubeSite {
     /// Installs the binaries on the request's nodes: a fresh cluster of exactly them, or them
     /// joining the cluster there is; returns once the BPA has built it.
     pub(super) async fn install(&self, req: &ClusterRequest) -> Result<Vec<NodeInstall>, BackendError> {
+        if let Some(build) = &req.capi {
+            return self.build_capi(req, build).await;
+        }
         let id = self.identity();
         let existing = self.provisionings.get_opt(&id.cluster).await.map_err(|e| kube_error(&id.cluster, e))?;
         if req.join_existing && (existing.is_none() || !self.cluster_exists().await?) {

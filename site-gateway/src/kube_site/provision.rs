@@ -169,12 +169,15 @@ impl KubeSite {
         format!("{base}/sha256/{sha256}")
     }
 
-    /// Sets the host's image (with its user data, online) and follows it to `provisioned`.
-    pub(super) async fn provision(
+    /// The host of `req` as the gateway wants it before an image goes on: created when the
+    /// site lacks it, inspected when its network data needs its NICs, its root device hints
+    /// and network data set. Returns the intent (not applied yet) and the state the host was
+    /// in first, which is sent on `progress`.
+    async fn prepare_host(
         &self,
         req: &HostRequest,
         progress: &mpsc::UnboundedSender<ProvisioningState>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(Value, Option<ProvisioningState>), BackendError> {
         let name = req.node.name.as_str();
         let existing = self.host(name).await?;
         // The state before the image goes on is the first one reported: Metal3 may have moved on
@@ -202,17 +205,51 @@ impl KubeSite {
             existing = self.host(name).await?;
         }
         self.set_up_host(&req.node, existing.as_ref(), &mut intent["spec"]).await?;
-        let user_data = self.user_data_for(&req.node).await?;
-        let url = self.image_url(&req.image.checksum);
         add_finalizer(&mut intent);
-        let spec = &mut intent["spec"];
-        spec["online"] = json!(true);
-        spec["image"] = json!({"url": url, "checksum": req.image.checksum, "checksumType": req.image.checksum_type,
-                               "format": req.image.format});
-        spec["userData"] = json!({"name": user_data, "namespace": self.cfg.namespace});
+        Ok((intent, before))
+    }
+
+    /// Sets the host's image (with its user data, online) and follows it to `provisioned`.
+    ///
+    /// For a site Cluster API builds (`enroll_only`), the host is enrolled instead: prepared
+    /// the same way and labelled with its role (what the machine templates select hosts by),
+    /// but given no image. CAPM3 claims it for a machine and writes the image and bootstrap
+    /// data; this follows the host until Metal3 has provisioned it with `req`'s image.
+    ///
+    /// # Errors
+    /// For an enrollment, `Permanent` before anything is written when the bootstrap cluster
+    /// does not serve the Cluster API and CAPM3 kinds landfall writes.
+    pub(super) async fn provision(
+        &self,
+        req: &HostRequest,
+        progress: &mpsc::UnboundedSender<ProvisioningState>,
+    ) -> Result<(), BackendError> {
+        if req.enroll_only
+            && let Some(refusal) = self.capi_served().await?.refusal()
+        {
+            return Err(BackendError::permanent_reason(refusal));
+        }
+        let name = req.node.name.as_str();
+        let (mut intent, before) = self.prepare_host(req, progress).await?;
+        let url = self.image_url(&req.image.checksum);
+        intent["spec"]["online"] = json!(true);
+        if req.enroll_only {
+            intent["metadata"]["labels"][marks::ROLE_LABEL] = json!(role_label(req.node.role));
+        } else {
+            let user_data = self.user_data_for(&req.node).await?;
+            let spec = &mut intent["spec"];
+            spec["image"] = json!({"url": url, "checksum": req.image.checksum,
+                                   "checksumType": req.image.checksum_type, "format": req.image.format});
+            spec["userData"] = json!({"name": user_data, "namespace": self.cfg.namespace});
+        }
         self.apply_host(name, &intent).await?;
         self.set_cleaning(name, req.node.cleaning).await?;
-        info!(site = %self.cfg.site, host = name, %url, "image set");
+        match req.enroll_only {
+            true => {
+                info!(site = %self.cfg.site, host = name, "enrolled for Cluster API: waiting for a machine to claim it")
+            }
+            false => info!(site = %self.cfg.site, host = name, %url, "image set"),
+        }
         self.follow(name, progress, before, |host| {
             host.state() == Some(ProvisioningState::Provisioned)
                 && host.provisioned_image().is_some_and(|i| i.url == url)

@@ -71,7 +71,7 @@ fn a_site_killed_mid_provisioning_carries_on_from_its_file_and_provisions_once()
         assert_eq!(saved_effects(&path).unwrap().provisions, once);
 
         let binaries = vec![versioned("kubelet", "1.29.2", PackageKind::Binary, 'b')];
-        let req = ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false };
+        let req = ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false, capi: None };
         site.install_binaries(&req).await.unwrap();
         site.kubeconfig().await.unwrap();
     });
@@ -79,7 +79,7 @@ fn a_site_killed_mid_provisioning_carries_on_from_its_file_and_provisions_once()
     runtime().block_on(async {
         let site = SimSite::with_state_file("edge-01", &nodes, config.clone(), &path).unwrap();
         let binaries = vec![versioned("kubelet", "1.29.2", PackageKind::Binary, 'b')];
-        let req = ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false };
+        let req = ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false, capi: None };
         site.install_binaries(&req).await.unwrap();
         assert!(site.kubeconfig().await.is_ok(), "the cluster outlives the gateway");
         let effects = site.effects();

@@ -73,7 +73,7 @@ pub(super) async fn provisioned_site() -> (SimSite, ClusterRequest) {
     m.0.unwrap();
     w.0.unwrap();
     let binaries = vec![package("kubelet", 'c', 10)];
-    (site, ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false })
+    (site, ClusterRequest { nodes: nodes.to_vec(), binaries, join_existing: false, capi: None })
 }
 
 /// [`provisioned_site`] with its cluster formed: kubelet 1.29.1 on m-1 and w-1.
