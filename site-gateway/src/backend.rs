@@ -187,6 +187,9 @@ pub struct PatchRequest {
     /// Where a reimage (os-image) tells each state the host passes through, as a provisioning
     /// does; `None`: nobody listens.
     pub progress: Option<mpsc::UnboundedSender<ProvisioningState>>,
+    /// How many of the site's nodes the rollout takes down at once (a Cluster API site's worker
+    /// groups roll with this as their `maxUnavailable`).
+    pub max_unavailable: u32,
 }
 
 /// What a patch found and did.

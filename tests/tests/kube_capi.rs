@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bus_schema::domain::{ApiEndpoint, Builder, ClusterBuild, NodeSetRollout, Package, PackageRef, SiteDesign};
 use bus_schema::names;
-use bus_schema::pb::{self, BusMessage};
+use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Envelope, ReadEvent};
 use kube::ResourceExt;
 use landfall_tests::fleet;
@@ -413,4 +413,129 @@ async fn a_cluster_api_site_is_installed_through_the_bus_and_done_when_cluster_a
     assert_eq!(names, ["alpha", "beta"]);
     let in_bootstrap: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(rig.client.clone(), APPS, &res);
     assert!(in_bootstrap.list(&Default::default()).await.unwrap().items.is_empty());
+}
+
+/// Registers `package` and rolls every node of the rig's site to it, `max_unavailable` at once;
+/// the rollout's events.
+async fn patch(rig: &KubeSiteRig, package: pb::Package, max_unavailable: u32) -> Vec<ReadEvent> {
+    let registered = Envelope::root();
+    let cmd = pb::RegisterPackage { package: Some(package.clone()), auto_rollout: None };
+    rig.bus.publish_command(&cmd, &registered).await.unwrap();
+    rig.wait_for(pb::PackageRegistered::filter(), &registered.id).await.expect("registered");
+    let env = Envelope::root();
+    let strategy = pb::RolloutStrategy { max_unavailable: max_unavailable.to_string(), ..Default::default() };
+    let cmd = pb::PatchPackage {
+        name: package.name,
+        version: package.version,
+        strategy: Some(strategy),
+        ..Default::default()
+    };
+    rig.bus.publish_command(&cmd, &env).await.unwrap();
+    let ends = [pb::RolloutCompleted::TYPE, pb::RolloutHalted::TYPE, pb::CommandRejected::TYPE];
+    fleet::collect(&rig.bus, names::EVENTS_ALL.into(), "rollout", &env.id, &ends, Duration::from_secs(180)).await.events
+}
+
+/// The Cluster API objects of `kind` in the rig's bootstrap cluster.
+async fn capi_objects(rig: &KubeSiteRig, group: &str, kind: &str) -> Vec<kube::api::DynamicObject> {
+    let res = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, "v1beta2", kind));
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(rig.client.clone(), landfall_tests::kube_site::NAMESPACE, &res);
+    api.list(&Default::default()).await.unwrap().items
+}
+
+/// A Cluster API site rolls a new Kubernetes version, then a new image, through Cluster API: one
+/// write of each node set's version, then a new machine template and one write of each set's
+/// reference to it. Cluster API replaces the machines (the masters one at a time, each deleted
+/// before its replacement: three masters roll without a spare host); each node is reported
+/// patched once a machine up to date stands on its host with its Node Ready at the version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_api_site_rolls_a_kubernetes_version_and_an_image_through_its_node_sets() {
+    let mut rig = KubeSiteRig::start_capi().await;
+    for (name, role, i, ip) in CAPI_HOSTS {
+        rig.create_host(name, role, &mac(i), ip).await;
+    }
+    rig.start_gateway();
+    wait_events::<pb::NodeAccepted>(&rig, 5).await;
+    let installed = install(&rig).await;
+    assert_eq!(installed.last().map(|e| e.delivery.type_name.as_str()), Some(pb::SiteInstalled::TYPE));
+    let templates_before: Vec<String> = capi_objects(&rig, "infrastructure.cluster.x-k8s.io", "Metal3MachineTemplate")
+        .await
+        .iter()
+        .map(|t| t.name_any())
+        .collect();
+    let installed_log = rig.capi.log().len();
+
+    // A Kubernetes version.
+    let demo = producers::up::demo_packages();
+    let kubelet =
+        pb::Package { version: "1.29.3".into(), ..demo.iter().find(|p| p.name == "kubelet").unwrap().clone() };
+    let rollout = patch(&rig, kubelet, 1).await;
+    let kinds: Vec<&str> = rollout.iter().map(|e| e.delivery.type_name.as_str()).collect();
+    assert_eq!(
+        kinds.last(),
+        Some(&pb::RolloutCompleted::TYPE),
+        "{kinds:?}\n{:?}\n{:?}\n{}",
+        of_type::<pb::NodePatchFailed>(&rollout),
+        rig.capi.log(),
+        rig.gateway_log()
+    );
+    let patched: Vec<pb::NodePatched> = of_type(&rollout);
+    let mut nodes: Vec<(&str, &str)> = patched.iter().map(|p| (p.node.as_str(), p.from_version.as_str())).collect();
+    nodes.sort();
+    assert_eq!(nodes, [("m-1", "1.29.2"), ("m-2", "1.29.2"), ("m-3", "1.29.2"), ("w-1", "1.29.2"), ("w-2", "1.29.2")]);
+    let cp = capi_objects(&rig, "controlplane.cluster.x-k8s.io", "KubeadmControlPlane").await;
+    assert_eq!(cp[0].data["spec"]["version"], "v1.29.3");
+    assert_eq!(cp[0].data["status"]["version"], "v1.29.3");
+    let md = capi_objects(&rig, "cluster.x-k8s.io", "MachineDeployment").await;
+    assert_eq!(md[0].data["spec"]["template"]["spec"]["version"], "v1.29.3");
+    // Every machine replaced once, each master deleted before its replacement was made.
+    let log: Vec<String> = rig.capi.log()[installed_log..].to_vec();
+    let made: Vec<&String> = log.iter().filter(|l| l.starts_with('+')).collect();
+    let deleted: Vec<&String> = log.iter().filter(|l| l.starts_with('-')).collect();
+    assert_eq!((made.len(), deleted.len()), (5, 5), "{log:?}");
+    let masters: Vec<&String> = log
+        .iter()
+        .filter(|l| l.starts_with("+edge-k1-control-plane") || l.starts_with("-edge-k1-control-plane"))
+        .collect();
+    assert!(masters.iter().step_by(2).all(|l| l.starts_with('-')), "delete first: {masters:?}");
+    let workload = rig.workload.as_ref().unwrap().client().await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(workload);
+    for n in nodes.list(&Default::default()).await.unwrap() {
+        let name = n.name_any();
+        assert_eq!(n.status.unwrap().node_info.unwrap().kubelet_version, "v1.29.3", "{name}");
+    }
+
+    // An image: a new template for each set, the hosts provisioned with it.
+    let ubuntu = pb::Package {
+        version: "22.04.5".into(),
+        sha256: "5".repeat(64),
+        ..demo.iter().find(|p| p.name == "ubuntu").unwrap().clone()
+    };
+    let rollout = patch(&rig, ubuntu, 2).await;
+    let kinds: Vec<&str> = rollout.iter().map(|e| e.delivery.type_name.as_str()).collect();
+    assert_eq!(kinds.last(), Some(&pb::RolloutCompleted::TYPE), "{kinds:?}\n{}", rig.gateway_log());
+    assert_eq!(of_type::<pb::NodePatched>(&rollout).len(), 5);
+    let templates: Vec<String> = capi_objects(&rig, "infrastructure.cluster.x-k8s.io", "Metal3MachineTemplate")
+        .await
+        .iter()
+        .map(|t| t.name_any())
+        .collect();
+    assert_eq!(templates.len(), templates_before.len() + 2, "{templates:?}");
+    let cp = capi_objects(&rig, "controlplane.cluster.x-k8s.io", "KubeadmControlPlane").await;
+    let used = cp[0].data["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["name"].as_str().unwrap().to_string();
+    assert!(!templates_before.contains(&used), "{used}");
+    let md = capi_objects(&rig, "cluster.x-k8s.io", "MachineDeployment").await;
+    assert_eq!(
+        md[0].data["spec"]["rollout"]["strategy"]["rollingUpdate"]["maxUnavailable"], 2,
+        "the rollout's max_unavailable"
+    );
+    for (name, ..) in CAPI_HOSTS {
+        let host = rig.hosts().get(name).await.unwrap();
+        assert_eq!(host.provisioned_image().unwrap().url, format!("http://10.0.0.2:8080/sha256/{}", "5".repeat(64)));
+        assert_eq!(host.annotations().get(&marks::package("ubuntu")).map(String::as_str), Some("22.04.5"));
+    }
+    // Metal3's states of each reimage reached the hub.
+    let states: Vec<String> =
+        of_type::<pb::NodeOsProvisioning>(&rollout).into_iter().filter(|e| e.node == "w-1").map(|e| e.state).collect();
+    assert!(states.ends_with(&["provisioning".to_string(), "provisioned".to_string()]), "{states:?}");
 }

@@ -443,7 +443,7 @@ async fn a_node_patched_but_left_cordoned_by_an_earlier_attempt_is_given_back_no
     let node = fleet.sites[0].0.nodes.iter().find(|n| n.name.as_str() == "node-2").unwrap().clone();
     assert_eq!(site.cordon("node-2").await.unwrap(), Cordon::Done);
     let package = bus_schema::domain::Package::try_from(kubelet("1.30.0")).unwrap();
-    let req = PatchRequest { node, package, reinstall: Vec::new(), progress: None };
+    let req = PatchRequest { node, package, reinstall: Vec::new(), progress: None, max_unavailable: 1 };
     assert!(site.patch_node(&req).await.unwrap().changed);
 
     let cmd = fleet.patch(patch("1.30.0", pb::RolloutStrategy::default())).await;

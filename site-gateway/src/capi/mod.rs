@@ -6,7 +6,9 @@ pub mod observe;
 pub mod render;
 
 pub use observe::{Observed, Progress, observe};
-pub use render::{RenderError, RenderSettings, control_plane_name, kubernetes_version, render};
+pub use render::{
+    RenderError, RenderSettings, control_plane_name, kubernetes_version, render, template_base, template_name,
+};
 
 /// The API groups and version landfall writes.
 pub const CLUSTER_GROUP: &str = "cluster.x-k8s.io";

@@ -223,6 +223,22 @@ pub fn kubernetes_version(design: &SiteDesign, role: Role) -> Result<String, Ren
         })
 }
 
+/// The name of a template whose `spec` is this: `<base>-<10 hex digits of its sha256>`, so a
+/// template changed is a template renamed (Cluster API treats templates as immutable).
+pub fn template_name(base: &str, spec: &Value) -> String {
+    let digest = Sha256::digest(serde_json::to_vec(spec).unwrap_or_default());
+    let hash: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    format!("{base}-{hash}")
+}
+
+/// The base a template's name was made from by [`template_name`].
+pub fn template_base(name: &str) -> &str {
+    match name.rsplit_once('-') {
+        Some((base, hash)) if hash.len() == 10 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => base,
+        _ => name,
+    }
+}
+
 /// The control plane's name: `<cluster>-control-plane`.
 pub fn control_plane_name(cluster: &str) -> String {
     format!("{cluster}-control-plane")
@@ -251,9 +267,8 @@ impl<C: Fn(&PackageRef) -> Option<Package>> Renderer<'_, C> {
 
     /// An immutable template, named `<base>-<hash of its spec>`.
     fn template(&self, group: &str, kind: &str, base: &str, spec: Value) -> Value {
-        let digest = Sha256::digest(serde_json::to_vec(&spec).unwrap_or_default());
-        let hash: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
-        self.object(group, kind, &format!("{base}-{hash}"), spec)
+        let name = template_name(base, &spec);
+        self.object(group, kind, &name, spec)
     }
 
     fn kubernetes_version(&self, role: Role) -> Result<String, RenderError> {

@@ -81,7 +81,13 @@ impl<B: SiteBackend> Gateway<B> {
             // job: a reimage abandoned halfway would only be redone on the redelivery.
             let patches = batch.iter().map(|node| {
                 let reinstall = reinstall.get(&node.role).cloned().unwrap_or_default();
-                let req = PatchRequest { node: node.clone(), package: package.clone(), reinstall, progress: None };
+                let req = PatchRequest {
+                    node: node.clone(),
+                    package: package.clone(),
+                    reinstall,
+                    progress: None,
+                    max_unavailable: job.max_unavailable,
+                };
                 self.patch_node(d, &job.rollout_id, req, &masters, unstaged.clone())
             });
             for (node, failure) in batch.iter().zip(join_all(patches).await) {

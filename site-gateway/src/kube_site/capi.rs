@@ -107,7 +107,11 @@ impl KubeSite {
         self.capi_write(&served, objects).await
     }
 
-    async fn capi_write(&self, served: &Served, objects: &[Value]) -> Result<Vec<DynamicObject>, BackendError> {
+    pub(super) async fn capi_write(
+        &self,
+        served: &Served,
+        objects: &[Value],
+    ) -> Result<Vec<DynamicObject>, BackendError> {
         let mut applied = Vec::with_capacity(objects.len());
         for object in objects {
             let text = |field: &str| object.pointer(field).and_then(Value::as_str).unwrap_or_default().to_string();
@@ -233,6 +237,12 @@ impl KubeSite {
             };
             let timed_out = tokio::time::Instant::now() >= deadline;
             if progress.done() || req.nodes.iter().all(settled) || timed_out {
+                // The Kubernetes version each node came up at, as a BPA site's nodes record
+                // their binaries.
+                let kubelet = version.trim_start_matches('v');
+                for n in req.nodes.iter().filter(|n| progress.hosts.get(n.name.as_str()).is_some_and(|h| h.ready)) {
+                    self.record_versions(n.name.as_str(), [("kubelet", kubelet)]).await?;
+                }
                 let waiting = progress.waiting.join("; ");
                 return Ok(req
                     .nodes

@@ -33,6 +33,19 @@ pub struct BareMetalHostSpec {
     /// `metadata` or `disabled`: how Metal3 cleans the disks when the image comes off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub automated_cleaning_mode: Option<String>,
+    /// Who has claimed the host: CAPM3 names the `Metal3Machine` it provisions the host for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer_ref: Option<ConsumerRef>,
+}
+
+/// `spec.consumerRef` (the fields landfall reads).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerRef {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
 }
 
 /// `spec.rootDeviceHints`: the disk the image is written to (the fields landfall sets).

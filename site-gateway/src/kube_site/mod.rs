@@ -16,6 +16,7 @@ pub mod apply;
 pub mod bpa;
 pub mod bpa_upload;
 pub mod capi;
+mod capi_patch;
 mod cluster;
 mod config;
 mod drain;
@@ -135,9 +136,11 @@ impl SiteBackend for KubeSite {
     }
 
     async fn runs(&self, node: &str, package: &bus_schema::domain::Package) -> Result<bool, BackendError> {
-        let host = self.host(node).await?;
-        Ok(host
-            .is_some_and(|h| Self::version_on(&h, package.name.as_str()).as_deref() == Some(package.version.as_str())))
+        let Some(host) = self.host(node).await? else { return Ok(false) };
+        if self.patched_by_cluster_api(&host, package).await? {
+            return self.capi_runs(&host, package).await;
+        }
+        Ok(Self::version_on(&host, package.name.as_str()).as_deref() == Some(package.version.as_str()))
     }
 
     async fn cordon(&self, node: &str) -> Result<Cordon, BackendError> {

@@ -1,4 +1,5 @@
-//! Patching one node of a real site to a package version: an os-image reimages it through Metal3
+//! Patching one node of a real site to a package version (of a site Cluster API built, its
+//! Kubernetes version and os-image go through Cluster API: `capi_patch.rs`): an os-image reimages it through Metal3
 //! (deprovisioned, then provisioned again, its binaries reinstalled), a binary is installed on
 //! that node alone (`upgrade.rs`; the BPA's per-role `Software` follows once the whole role runs
 //! it), a container is applied to the application cluster. A node that runs the
@@ -19,6 +20,9 @@ impl KubeSite {
             return Err(BackendError::permanent_reason(format!("node {name} has no BareMetalHost")));
         };
         let package = &req.package;
+        if self.patched_by_cluster_api(&host, package).await? {
+            return self.patch_capi(req, &host).await;
+        }
         // A reimage to this image its gateway started and did not see to the end (the job came
         // again after the gateway died): the host is provisioning the new image already.
         let wanted = self.image_url(&crate::backend::ImageSpec::from_package(package).checksum);

@@ -84,7 +84,13 @@ pub(super) async fn installed_site() -> (SimSite, ClusterRequest) {
 }
 
 pub(super) fn patch(req: &ClusterRequest, node: usize, package: Package) -> PatchRequest {
-    PatchRequest { node: req.nodes[node].clone(), package, reinstall: req.binaries.clone(), progress: None }
+    PatchRequest {
+        node: req.nodes[node].clone(),
+        package,
+        reinstall: req.binaries.clone(),
+        progress: None,
+        max_unavailable: 1,
+    }
 }
 
 pub(super) fn outcome(from_version: &str, changed: bool) -> PatchOutcome {

@@ -8,9 +8,10 @@
 //!   template) until it counts its replicas: the control plane one machine at a time, each once
 //!   the one before has its Node, a deployment all at once. A machine is up to date when it runs
 //!   the set's version from the set's template. A set with machines out of date rolls one machine
-//!   at a time: with `maxSurge` 1 the new machine first and the oldest out of date deleted once
-//!   the new one's Node is Ready; with `maxSurge` 0 the oldest out of date deleted first, then its
-//!   replacement made. A set larger than its replicas deletes the machine marked
+//!   at a time: with `maxSurge` 1 the new machine first and one out of date deleted once the new
+//!   one's Node is Ready; with `maxSurge` 0 one out of date deleted first, then its replacement
+//!   made. The machine deleted is one marked `cluster.x-k8s.io/delete-machine` if any, else the
+//!   oldest. A set larger than its replicas deletes the machine marked
 //!   `cluster.x-k8s.io/delete-machine` first, else its oldest.
 //! - **Hosts (CAPM3).** A `Metal3Machine` claims an `available` host whose labels match its
 //!   `hostSelector` and that no one has claimed (name order): the host's `consumerRef`, `image`,
@@ -337,7 +338,10 @@ async fn scale(
         return Ok(());
     }
     let mut outdated: Vec<&DynamicObject> = own.iter().copied().filter(|m| !up_to_date(m, metal3, set)).collect();
-    outdated.sort_by_key(|m| m.metadata.creation_timestamp.clone().map(|t| t.0));
+    // Those marked for deletion first, then the oldest.
+    outdated.sort_by_key(|m| {
+        (!m.annotations().contains_key(DELETE_MACHINE), m.metadata.creation_timestamp.clone().map(|t| t.0))
+    });
     if let Some(oldest) = outdated.first() {
         if own.len() < set.replicas + set.max_surge {
             return make_machine(apis, set, made).await;

@@ -1,0 +1,381 @@
+//! Patching a node of a site Cluster API built: its Kubernetes version or os-image is its node
+//! set's (the control plane's, or its worker group's), so the set is changed, once, and Cluster
+//! API replaces the set's machines; the node is patched when a machine up to date stands on its
+//! host with the Node Ready at the version.
+//!
+//! - a kubelet version: one write of the set's `version`;
+//! - an os-image: a new `Metal3MachineTemplate` (the current one with the new image, named by the
+//!   hash of its content as [`crate::capi::render`] names it) and one write of the set's
+//!   reference to it.
+//!
+//! A worker group rolls with the rollout's `max_unavailable` as its `maxUnavailable`. The node's
+//! machine is marked `cluster.x-k8s.io/delete-machine`, so Cluster API replaces it before the
+//! set's others, in the order the rollout patches its nodes.
+
+use std::time::Duration;
+
+use bus_schema::domain::{Package, Role};
+use bus_schema::pb;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tracing::info;
+
+use super::KubeSite;
+use super::capi::Served;
+use super::error::kube_error;
+use super::marks::FIELD_MANAGER;
+use super::metal3::BareMetalHost;
+use super::ownership::intent_of;
+use crate::backend::{BackendError, ImageSpec, PatchOutcome, PatchRequest, ProvisioningState};
+use crate::capi::{
+    CLUSTER_GROUP, CONTROL_PLANE_GROUP, INFRASTRUCTURE_GROUP, control_plane_name, template_base, template_name,
+};
+
+/// The annotation Cluster API deletes a set's machines by first.
+pub const DELETE_MACHINE: &str = "cluster.x-k8s.io/delete-machine";
+const CONTROL_PLANE_NAME: &str = "cluster.x-k8s.io/control-plane-name";
+const DEPLOYMENT_NAME: &str = "cluster.x-k8s.io/deployment-name";
+
+/// The node set a machine belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum NodeSet {
+    ControlPlane(String),
+    Workers(String),
+}
+
+impl NodeSet {
+    fn of(machine: &DynamicObject) -> Option<Self> {
+        let labels = machine.labels();
+        match (labels.get(CONTROL_PLANE_NAME), labels.get(DEPLOYMENT_NAME)) {
+            (Some(cp), _) => Some(NodeSet::ControlPlane(cp.clone())),
+            (None, Some(md)) => Some(NodeSet::Workers(md.clone())),
+            (None, None) => None,
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            NodeSet::ControlPlane(n) | NodeSet::Workers(n) => n,
+        }
+    }
+
+    /// (group, kind) of the set's object.
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            NodeSet::ControlPlane(_) => (CONTROL_PLANE_GROUP, "KubeadmControlPlane"),
+            NodeSet::Workers(_) => (CLUSTER_GROUP, "MachineDeployment"),
+        }
+    }
+
+    /// Where the set's machines' spec is: their version and infrastructure template.
+    fn machine_spec(&self) -> &'static str {
+        match self {
+            NodeSet::ControlPlane(_) => "/spec/machineTemplate/spec",
+            NodeSet::Workers(_) => "/spec/template/spec",
+        }
+    }
+
+    fn version_pointer(&self) -> &'static str {
+        match self {
+            NodeSet::ControlPlane(_) => "/spec/version",
+            NodeSet::Workers(_) => "/spec/template/spec/version",
+        }
+    }
+}
+
+/// Whether Cluster API handles this package's patch: the Kubernetes version or the os-image.
+pub(super) fn through_cluster_api(package: &Package) -> bool {
+    package.kind == pb::PackageKind::OsImage
+        || (package.kind == pb::PackageKind::Binary && package.name.as_str() == "kubelet")
+}
+
+fn v(version: &str) -> String {
+    format!("v{}", version.trim_start_matches('v'))
+}
+
+impl KubeSite {
+    fn capi_api(&self, served: &Served, group: &str, kind: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client(),
+            &self.cfg.namespace,
+            &served.resources[&(group.to_string(), kind.to_string())],
+        )
+    }
+
+    /// The Machine CAPM3 provisioned `host` for, when the host was claimed through Cluster API.
+    async fn machine_of(&self, served: &Served, host: &BareMetalHost) -> Result<Option<DynamicObject>, BackendError> {
+        let Some(claim) = host.spec.consumer_ref.as_ref().filter(|c| c.kind == "Metal3Machine") else {
+            return Ok(None);
+        };
+        let machines = self
+            .capi_api(served, CLUSTER_GROUP, "Machine")
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_error("listing Machines", e))?;
+        Ok(machines
+            .items
+            .into_iter()
+            .find(|m| m.data.pointer("/spec/infrastructureRef/name").and_then(Value::as_str) == Some(&claim.name)))
+    }
+
+    /// Whether Cluster API patches `package` on `host`: the package is the Kubernetes version
+    /// or the os-image, and the host was claimed through Cluster API (a `Metal3Machine` is its
+    /// consumer), or is between two machines at a site Cluster API built (its `Cluster` is
+    /// there).
+    pub(super) async fn patched_by_cluster_api(
+        &self,
+        host: &BareMetalHost,
+        package: &Package,
+    ) -> Result<bool, BackendError> {
+        if !through_cluster_api(package) {
+            return Ok(false);
+        }
+        if host.spec.consumer_ref.as_ref().is_some_and(|c| c.kind == "Metal3Machine") {
+            return Ok(true);
+        }
+        let served = self.capi_served().await?;
+        if served.refusal().is_some() {
+            return Ok(false);
+        }
+        let clusters = self.capi_api(&served, CLUSTER_GROUP, "Cluster");
+        let cluster = clusters.get_opt(&self.cfg.cluster).await.map_err(|e| kube_error("reading the Cluster", e))?;
+        Ok(cluster.is_some())
+    }
+
+    /// Whether a machine up to date for `package` stands on `host`, its Node Ready at the
+    /// version: the os-image provisioned on the host, or the machine at the Kubernetes version.
+    pub(super) async fn capi_runs(&self, host: &BareMetalHost, package: &Package) -> Result<bool, BackendError> {
+        let served = self.served().await?;
+        let name = host.name_any();
+        let Some(machine) = self.machine_of(&served, host).await? else { return Ok(false) };
+        let at = match package.kind {
+            pb::PackageKind::OsImage => {
+                let wanted = self.image_url(&ImageSpec::from_package(package).checksum);
+                host.state() == Some(ProvisioningState::Provisioned)
+                    && host.provisioned_image().is_some_and(|i| i.url == wanted)
+            }
+            _ => machine.data.pointer("/spec/version").and_then(Value::as_str) == Some(&v(package.version.as_str())),
+        };
+        if !at || machine.data.pointer("/status/nodeRef/name").and_then(Value::as_str) != Some(name.as_str()) {
+            return Ok(false);
+        }
+        let want = (package.name.as_str() == "kubelet").then(|| v(package.version.as_str()));
+        Ok(self.not_ready_at(&name, want.as_deref()).await?.is_none())
+    }
+
+    /// Why Node `name` is not Ready (at kubelet `version`, when given), if it is not.
+    async fn not_ready_at(&self, name: &str, version: Option<&str>) -> Result<Option<String>, BackendError> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.application_cluster().await?);
+        let node = nodes.get_opt(name).await.map_err(|e| kube_error(&format!("Node {name}"), e))?;
+        let Some(node) = node else { return Ok(Some("not registered".into())) };
+        let status = node.status.unwrap_or_default();
+        let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        let kubelet = status.node_info.map(|i| i.kubelet_version).unwrap_or_default();
+        Ok(match (ready, version) {
+            (false, _) => Some("not Ready".into()),
+            (true, Some(v)) if kubelet != v => Some(format!("Ready at kubelet {kubelet}, not {v}")),
+            _ => None,
+        })
+    }
+
+    async fn served(&self) -> Result<Served, BackendError> {
+        let served = self.capi_served().await?;
+        match served.refusal() {
+            Some(refusal) => Err(BackendError::permanent_reason(refusal)),
+            None => Ok(served),
+        }
+    }
+
+    /// Patches a node whose host Cluster API claimed (see the module's comment).
+    pub(super) async fn patch_capi(
+        &self,
+        req: &PatchRequest,
+        host: &BareMetalHost,
+    ) -> Result<PatchOutcome, BackendError> {
+        let name = req.node.name.as_str();
+        let package = &req.package;
+        let served = self.served().await?;
+        // A host between two machines (Cluster API replacing its machine already) belongs to the
+        // set of its role, as landfall named the sets.
+        let machine = self.machine_of(&served, host).await?;
+        let set = match &machine {
+            Some(m) => NodeSet::of(m),
+            None => Some(match req.node.role {
+                Role::Master => NodeSet::ControlPlane(control_plane_name(&self.cfg.cluster)),
+                Role::Worker => NodeSet::Workers(format!("{}-workers", self.cfg.cluster)),
+            }),
+        };
+        let Some(set) = set else {
+            return Err(BackendError::permanent_reason(format!(
+                "the machine on host {name} belongs to no control plane or MachineDeployment"
+            )));
+        };
+        // What the node ran, as landfall recorded it when it came up or was last patched (Cluster
+        // API may have replaced its machine already); a Kubernetes version not recorded is the
+        // machine's.
+        let from = Self::version_on(host, package.name.as_str()).or_else(|| match (package.kind, &machine) {
+            (pb::PackageKind::Binary, Some(m)) => {
+                m.data.pointer("/spec/version").and_then(Value::as_str).map(|s| s.trim_start_matches('v').to_string())
+            }
+            _ => None,
+        });
+        if !self.capi_runs(host, package).await? {
+            self.change_set(&served, &set, req).await?;
+            if let Some(machine) = &machine {
+                self.replace_first(&served, machine).await?;
+            }
+            let progress = req.progress.clone().unwrap_or_else(|| mpsc::unbounded_channel().0);
+            self.until_replaced(name, package, &progress).await?;
+        }
+        self.record_versions(name, [(package.name.as_str(), package.version.as_str())]).await?;
+        Ok(PatchOutcome { from_version: from, changed: true })
+    }
+
+    /// Writes `req`'s package into the node set, once: its version, or a new template with the
+    /// image. A worker group rolls with the rollout's `max_unavailable`.
+    async fn change_set(&self, served: &Served, set: &NodeSet, req: &PatchRequest) -> Result<(), BackendError> {
+        let (group, kind) = set.kind();
+        let api = self.capi_api(served, group, kind);
+        let live = api.get(set.name()).await.map_err(|e| kube_error(&format!("{kind} {}", set.name()), e))?;
+        let mut intent = intent_of(&live, FIELD_MANAGER);
+        let before = intent.clone();
+        let package = &req.package;
+        match package.kind {
+            pb::PackageKind::OsImage => {
+                let reference = format!("{}/infrastructureRef/name", set.machine_spec());
+                let current = live.data.pointer(&reference).and_then(Value::as_str).unwrap_or_default().to_string();
+                let template = self.template_with_image(served, &current, package).await?;
+                if let Some(r) = intent.pointer_mut(&reference) {
+                    *r = json!(template);
+                }
+            }
+            _ => {
+                if let Some(version) = intent.pointer_mut(set.version_pointer()) {
+                    *version = json!(v(package.version.as_str()));
+                }
+            }
+        }
+        if let NodeSet::Workers(_) = set {
+            intent["spec"]["rollout"]["strategy"]["rollingUpdate"]["maxUnavailable"] =
+                json!(req.max_unavailable.max(1));
+        }
+        if intent != before {
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            api.patch(set.name(), &params, &Patch::Apply(&intent))
+                .await
+                .map_err(|e| kube_error(&format!("applying {kind} {}", set.name()), e))?;
+            info!(site = %self.cfg.site, set = set.name(), package = %package.reference().key(), "node set changed: Cluster API rolls its machines");
+        }
+        Ok(())
+    }
+
+    /// The template `current` with `package`'s image, applied under the name its content gives;
+    /// its name.
+    async fn template_with_image(
+        &self,
+        served: &Served,
+        current: &str,
+        package: &Package,
+    ) -> Result<String, BackendError> {
+        let api = self.capi_api(served, INFRASTRUCTURE_GROUP, "Metal3MachineTemplate");
+        let live = api.get(current).await.map_err(|e| kube_error(&format!("Metal3MachineTemplate {current}"), e))?;
+        let mut intent = intent_of(&live, FIELD_MANAGER);
+        let image = &mut intent["spec"]["template"]["spec"]["image"];
+        image["url"] = json!(self.image_url(package.sha256.as_str()));
+        image["checksum"] = json!(package.sha256.to_string());
+        let name = template_name(template_base(current), &intent["spec"]);
+        if name != current {
+            intent["metadata"]["name"] = json!(name);
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            api.patch(&name, &params, &Patch::Apply(&intent))
+                .await
+                .map_err(|e| kube_error(&format!("applying Metal3MachineTemplate {name}"), e))?;
+        }
+        Ok(name)
+    }
+
+    /// Marks the machine for Cluster API to replace before the set's others.
+    async fn replace_first(&self, served: &Served, machine: &DynamicObject) -> Result<(), BackendError> {
+        if machine.annotations().contains_key(DELETE_MACHINE) || machine.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let api = self.capi_api(served, CLUSTER_GROUP, "Machine");
+        let body = json!({"metadata": {"annotations": {DELETE_MACHINE: "landfall"}}});
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        api.patch(&machine.name_any(), &params, &Patch::Merge(&body))
+            .await
+            .map_err(|e| kube_error(&format!("marking Machine {}", machine.name_any()), e))?;
+        Ok(())
+    }
+
+    /// Waits until a machine up to date for `package` stands on host `name` with its Node Ready,
+    /// sending each state the host passes on `progress`.
+    ///
+    /// # Errors
+    /// `HostFailed` when Metal3 fails the host; `Permanent` when the provisioning time-out
+    /// passes, with what the host and its Node showed.
+    async fn until_replaced(
+        &self,
+        name: &str,
+        package: &Package,
+        progress: &mpsc::UnboundedSender<ProvisioningState>,
+    ) -> Result<(), BackendError> {
+        // Each state the host passes, from a watch: Cluster API's machines pass them quickly.
+        let relay = async {
+            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let mut updates = watcher(self.hosts.clone(), config).default_backoff().applied_objects().boxed();
+            let mut last = None;
+            while let Some(next) = updates.next().await {
+                let Ok(host) = next else { continue };
+                let state = host.state();
+                if state.is_some() && state != last {
+                    last = state;
+                    if let Some(s) = state {
+                        let _ = progress.send(s);
+                    }
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        let replaced = async {
+            let deadline = tokio::time::Instant::now() + self.cfg.provision_timeout;
+            loop {
+                let Some(host) = self.host(name).await? else {
+                    return Err(BackendError::permanent_reason(format!("host {name} is gone")));
+                };
+                if let Some((error_type, message)) = host.error() {
+                    return Err(BackendError::HostFailed {
+                        host: name.to_string(),
+                        error_type: error_type.to_string(),
+                        message: message.to_string(),
+                    });
+                }
+                if self.capi_runs(&host, package).await? {
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    let state = host.state().map_or("unknown".to_string(), |s| s.to_string());
+                    let claimed = match host.spec.consumer_ref.as_ref() {
+                        Some(c) => format!("claimed by {} {}", c.kind, c.name),
+                        None => "claimed by no machine".to_string(),
+                    };
+                    return Err(BackendError::permanent_reason(format!(
+                        "Cluster API did not bring a machine at {} onto host {name} within {:?} (host {state}, {claimed})",
+                        package.reference().key(),
+                        self.cfg.provision_timeout
+                    )));
+                }
+                tokio::time::sleep(self.cfg.poll.min(Duration::from_secs(2))).await;
+            }
+        };
+        tokio::select! {
+            result = replaced => result,
+            () = relay => Ok(()),
+        }
+    }
+}
