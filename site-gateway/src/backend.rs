@@ -368,6 +368,29 @@ pub trait SiteBackend: Send + Sync + 'static {
         progress: mpsc::UnboundedSender<ProvisioningState>,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send;
 
+    /// When a cluster builder holds the node's host (Cluster API: a machine claimed it), takes
+    /// the node away through it and returns once the host is free (`available`, claimed by
+    /// nobody), each state it passes sent on `progress`: the node's machine deleted, and, when
+    /// the node is `leaving` the site, its node set one smaller and the host no longer offered
+    /// to it; otherwise the set makes a new machine, which claims the host again. `false` when no
+    /// builder holds the host (it is deprovisioned as any other).
+    fn release_host(
+        &self,
+        node: &str,
+        leaving: bool,
+        progress: mpsc::UnboundedSender<ProvisioningState>,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        let _ = (node, leaving, progress);
+        async { Ok(false) }
+    }
+
+    /// Takes down a cluster a builder made (Cluster API: the `Cluster` deleted, waited for until
+    /// Cluster API has deleted its machines and freed their hosts, then the rest landfall wrote
+    /// for it). Returns what it deleted, as `kind/name`, sorted (empty when there was none).
+    fn take_cluster_down(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
     /// Deletes the node's host and what the site keeps for it alone: its BareMetalHost, the
     /// Secrets landfall made for it (BMC credentials, user data, network data), its entry in the
     /// BPA's `Provisioning`. The deletion is landfall's own doing: it is not announced as a host

@@ -415,6 +415,20 @@ async fn a_cluster_api_site_is_installed_through_the_bus_and_done_when_cluster_a
     assert!(in_bootstrap.list(&Default::default()).await.unwrap().items.is_empty());
 }
 
+/// The rig's Cluster API site with its five hosts, installed.
+async fn installed_site() -> KubeSiteRig {
+    let mut rig = KubeSiteRig::start_capi().await;
+    for (name, role, i, ip) in CAPI_HOSTS {
+        rig.create_host(name, role, &mac(i), ip).await;
+    }
+    rig.start_gateway();
+    wait_events::<pb::NodeAccepted>(&rig, 5).await;
+    let installed = install(&rig).await;
+    let kinds: Vec<&str> = installed.iter().map(|e| e.delivery.type_name.as_str()).collect();
+    assert_eq!(kinds.last(), Some(&pb::SiteInstalled::TYPE), "{kinds:?}\n{}", rig.gateway_log());
+    rig
+}
+
 /// Registers `package` and rolls every node of the rig's site to it, `max_unavailable` at once;
 /// the rollout's events.
 async fn patch(rig: &KubeSiteRig, package: pb::Package, max_unavailable: u32) -> Vec<ReadEvent> {
@@ -450,14 +464,7 @@ async fn capi_objects(rig: &KubeSiteRig, group: &str, kind: &str) -> Vec<kube::a
 /// patched once a machine up to date stands on its host with its Node Ready at the version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_api_site_rolls_a_kubernetes_version_and_an_image_through_its_node_sets() {
-    let mut rig = KubeSiteRig::start_capi().await;
-    for (name, role, i, ip) in CAPI_HOSTS {
-        rig.create_host(name, role, &mac(i), ip).await;
-    }
-    rig.start_gateway();
-    wait_events::<pb::NodeAccepted>(&rig, 5).await;
-    let installed = install(&rig).await;
-    assert_eq!(installed.last().map(|e| e.delivery.type_name.as_str()), Some(pb::SiteInstalled::TYPE));
+    let rig = installed_site().await;
     let templates_before: Vec<String> = capi_objects(&rig, "infrastructure.cluster.x-k8s.io", "Metal3MachineTemplate")
         .await
         .iter()
@@ -538,4 +545,97 @@ async fn a_cluster_api_site_rolls_a_kubernetes_version_and_an_image_through_its_
     let states: Vec<String> =
         of_type::<pb::NodeOsProvisioning>(&rollout).into_iter().filter(|e| e.node == "w-1").map(|e| e.state).collect();
     assert!(states.ends_with(&["provisioning".to_string(), "provisioned".to_string()]), "{states:?}");
+}
+
+/// Runs a lifecycle command at the rig's site: its events, up to one of `ends`.
+async fn run<C: pb::BusCommand>(rig: &KubeSiteRig, cmd: &C, ends: &[&str]) -> (Envelope, Vec<ReadEvent>) {
+    let env = Envelope::root();
+    rig.bus.publish_command(cmd, &env).await.unwrap();
+    let scope = names::scope_events(landfall_tests::kube_site::SITE);
+    let events = fleet::collect(&rig.bus, scope, "operation", &env.id, ends, Duration::from_secs(120)).await.events;
+    (env, events)
+}
+
+fn last_is<M: pb::BusMessage>(rig: &KubeSiteRig, events: &[ReadEvent]) -> M {
+    let kinds: Vec<&str> = events.iter().map(|e| e.delivery.type_name.as_str()).collect();
+    let e = events.last().unwrap_or_else(|| panic!("no event\n{:?}\n{}", rig.capi.log(), rig.gateway_log()));
+    assert_eq!(e.delivery.type_name, M::TYPE, "{kinds:?}\n{:?}\n{}", rig.capi.log(), rig.gateway_log());
+    e.delivery.decode().unwrap()
+}
+
+/// A Cluster API site changed node by node through Cluster API, then decommissioned: a host
+/// added joins by its worker group growing by one; a node removed is its machine marked and the
+/// group one smaller, the host freed and deleted; a reprovisioned node is its machine replaced,
+/// on the same host; a master whose removal would leave an even control plane is refused before
+/// anything is touched; a decommission deletes the Cluster, waits until Cluster API has taken it
+/// down, then the hosts and what landfall wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_api_site_changes_node_by_node_and_is_decommissioned_through_cluster_api() {
+    use landfall_tests::kube_site::SITE;
+    let rig = installed_site().await;
+    let replicas = |objects: Vec<kube::api::DynamicObject>| objects[0].data["spec"]["replicas"].as_i64().unwrap();
+
+    // A new host: announced, enrolled, and claimed by the worker group one larger.
+    rig.create_host("w-3", "worker", &mac(6), "10.1.0.23").await;
+    let joined = wait_events::<pb::NodeReady>(&rig, 1).await;
+    assert_eq!(joined.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(), ["w-3"], "{}", rig.gateway_log());
+    assert_eq!(replicas(capi_objects(&rig, "cluster.x-k8s.io", "MachineDeployment").await), 3);
+    assert!(rig.capi.log().iter().any(|l| l.ends_with(" claimed w-3")), "{:?}", rig.capi.log());
+
+    // w-1 removed: its machine goes first, the group shrinks, the host is freed and deleted.
+    let remove = |node: &str| pb::RemoveNode { site_id: SITE.into(), node: node.into(), reason: "retired".into() };
+    let remove_ends = [pb::NodeLeft::TYPE, pb::LifecycleFailed::TYPE, pb::CommandRejected::TYPE];
+    let (_, removed) = run(&rig, &remove("w-1"), &remove_ends).await;
+    last_is::<pb::NodeLeft>(&rig, &removed);
+    assert_eq!(replicas(capi_objects(&rig, "cluster.x-k8s.io", "MachineDeployment").await), 2);
+    assert!(rig.hosts().get_opt("w-1").await.unwrap().is_none(), "w-1's host is deleted");
+    let log = rig.capi.log();
+    let deleted: Vec<&String> = log.iter().filter(|l| l.starts_with('-')).collect();
+    assert_eq!(deleted.len(), 1, "one machine deleted, none made for it: {log:?}");
+    assert!(deleted[0].ends_with(" w-1"), "{log:?}");
+
+    // w-2 reprovisioned: its machine replaced, on the same host, and the node joins again.
+    let made_before = rig.capi.log().iter().filter(|l| l.starts_with('+')).count();
+    let cmd = pb::ReprovisionNode { site_id: SITE.into(), node: "w-2".into(), reason: "suspect disk".into() };
+    let (env, wiped) = run(&rig, &cmd, &[pb::NodeRetired::TYPE, pb::LifecycleFailed::TYPE]).await;
+    let retired: pb::NodeRetired = last_is(&rig, &wiped);
+    assert!(retired.host_deprovisioned && !retired.host_deleted, "{retired:?}");
+    let rejoin = bus_schema::ids::derived_id(&env.id, "rejoin", Some("w-2")).to_string();
+    let ends = [pb::NodeReady::TYPE, pb::NodeJoinFailed::TYPE];
+    let scope = names::scope_events(SITE);
+    let again = fleet::collect(&rig.bus, scope, "rejoin", &rejoin, &ends, Duration::from_secs(120)).await;
+    last_is::<pb::NodeReady>(&rig, &again.events);
+    let log = rig.capi.log();
+    assert_eq!(log.iter().filter(|l| l.starts_with('+')).count(), made_before + 1, "{log:?}");
+    assert!(log.last_chunk::<3>().is_some_and(|l| l.iter().any(|l| l.ends_with("node w-2"))), "{log:?}");
+    assert_eq!(replicas(capi_objects(&rig, "cluster.x-k8s.io", "MachineDeployment").await), 2);
+
+    // A master's removal would leave two: refused, nothing touched.
+    let (_, refused) = run(&rig, &remove("m-3"), &remove_ends).await;
+    let failed: pb::LifecycleFailed = last_is(&rig, &refused);
+    assert!(failed.reason.contains("odd"), "{}", failed.reason);
+    assert_eq!(replicas(capi_objects(&rig, "controlplane.cluster.x-k8s.io", "KubeadmControlPlane").await), 3);
+    assert_eq!(
+        rig.hosts().get("m-3").await.unwrap().labels().get("landfall.io/role").map(String::as_str),
+        Some("master")
+    );
+
+    // Decommissioned: the Cluster taken down by Cluster API first, then the hosts.
+    let cmd = pb::DecommissionSite { site_id: SITE.into(), reason: "site closed".into() };
+    let (_, gone) = run(&rig, &cmd, &[pb::SiteDecommissioned::TYPE, pb::LifecycleFailed::TYPE]).await;
+    let done: pb::SiteDecommissioned = last_is(&rig, &gone);
+    assert!(done.resources.contains(&format!("Cluster/{SITE}")), "{:?}", done.resources);
+    assert!(done.resources.iter().any(|r| r.starts_with("Metal3MachineTemplate/")), "{:?}", done.resources);
+    assert!(rig.capi.log().contains(&format!("cluster {SITE} down")));
+    for (group, kind) in [
+        ("cluster.x-k8s.io", "Cluster"),
+        ("cluster.x-k8s.io", "Machine"),
+        ("cluster.x-k8s.io", "MachineDeployment"),
+        ("controlplane.cluster.x-k8s.io", "KubeadmControlPlane"),
+        ("infrastructure.cluster.x-k8s.io", "Metal3Machine"),
+        ("infrastructure.cluster.x-k8s.io", "Metal3MachineTemplate"),
+    ] {
+        assert!(capi_objects(&rig, group, kind).await.is_empty(), "{kind}s are left");
+    }
+    assert!(rig.hosts().list(&Default::default()).await.unwrap().items.is_empty(), "every host is gone");
 }

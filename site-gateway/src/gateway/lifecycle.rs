@@ -75,6 +75,16 @@ impl<B: SiteBackend> Gateway<B> {
             Ok(deleted) => deleted,
             Err(e) => return self.job_failed(d, kind, failed("deleting the Node of", e)?).await,
         };
+        // A host Cluster API holds is freed through it first: its machine goes (and, for a node
+        // leaving, its set shrinks); what is left to deprovision then is nothing.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let work = self.backend.release_host(node, !job.keep_host, tx);
+        let relay = self.relay_states(d, node, "", &mut rx);
+        let (released, relayed) = tokio::join!(work, relay);
+        relayed?;
+        if let Err(e) = released {
+            return self.job_failed(d, kind, failed("releasing the machine of", e)?).await;
+        }
         let cleaning = pb::CleaningMode::try_from(job.cleaning).unwrap_or_default();
         let host_deprovisioned = match self.deprovision(d, node, cleaning).await? {
             Ok(had) => had,
@@ -134,6 +144,11 @@ impl<B: SiteBackend> Gateway<B> {
         let job: pb::TearDownSite = d.decode()?;
         self.check_site(&job)?;
         let kind = pb::TearDownSite::KIND;
+        // A cluster Cluster API built goes first, through it: its machines hold the hosts.
+        let built = match self.backend.take_cluster_down().await {
+            Ok(built) => built,
+            Err(e) => return self.backend_failed(d, kind, e).await,
+        };
         let hosts = match self.backend.host_names().await {
             Ok(hosts) => hosts,
             Err(e) => return self.backend_failed(d, kind, e).await,
@@ -154,10 +169,13 @@ impl<B: SiteBackend> Gateway<B> {
             warn!(site = %self.site, failures = failures.len(), "site tear-down left hosts behind");
             return self.job_failed(d, kind, failures.join("; ")).await;
         }
-        let resources = match self.backend.tear_down_cluster().await {
+        let mut resources = match self.backend.tear_down_cluster().await {
             Ok(r) => r,
             Err(e) => return self.backend_failed(d, kind, e).await,
         };
+        resources.extend(built);
+        resources.sort();
+        resources.dedup();
         info!(site = %self.site, hosts = hosts.len(), resources = resources.len(), "site torn down");
         let evt = pb::SiteTornDown { site_id: self.site.to_string(), hosts, resources };
         self.publish(&evt, &d.envelope.derive("site_torn_down", None)).await

@@ -43,13 +43,13 @@ const DEPLOYMENT_NAME: &str = "cluster.x-k8s.io/deployment-name";
 
 /// The node set a machine belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum NodeSet {
+pub(super) enum NodeSet {
     ControlPlane(String),
     Workers(String),
 }
 
 impl NodeSet {
-    fn of(machine: &DynamicObject) -> Option<Self> {
+    pub(super) fn of(machine: &DynamicObject) -> Option<Self> {
         let labels = machine.labels();
         match (labels.get(CONTROL_PLANE_NAME), labels.get(DEPLOYMENT_NAME)) {
             (Some(cp), _) => Some(NodeSet::ControlPlane(cp.clone())),
@@ -58,14 +58,14 @@ impl NodeSet {
         }
     }
 
-    fn name(&self) -> &str {
+    pub(super) fn name(&self) -> &str {
         match self {
             NodeSet::ControlPlane(n) | NodeSet::Workers(n) => n,
         }
     }
 
     /// (group, kind) of the set's object.
-    fn kind(&self) -> (&'static str, &'static str) {
+    pub(super) fn kind(&self) -> (&'static str, &'static str) {
         match self {
             NodeSet::ControlPlane(_) => (CONTROL_PLANE_GROUP, "KubeadmControlPlane"),
             NodeSet::Workers(_) => (CLUSTER_GROUP, "MachineDeployment"),
@@ -99,7 +99,7 @@ fn v(version: &str) -> String {
 }
 
 impl KubeSite {
-    fn capi_api(&self, served: &Served, group: &str, kind: &str) -> Api<DynamicObject> {
+    pub(super) fn capi_api(&self, served: &Served, group: &str, kind: &str) -> Api<DynamicObject> {
         Api::namespaced_with(
             self.client(),
             &self.cfg.namespace,
@@ -108,7 +108,11 @@ impl KubeSite {
     }
 
     /// The Machine CAPM3 provisioned `host` for, when the host was claimed through Cluster API.
-    async fn machine_of(&self, served: &Served, host: &BareMetalHost) -> Result<Option<DynamicObject>, BackendError> {
+    pub(super) async fn machine_of(
+        &self,
+        served: &Served,
+        host: &BareMetalHost,
+    ) -> Result<Option<DynamicObject>, BackendError> {
         let Some(claim) = host.spec.consumer_ref.as_ref().filter(|c| c.kind == "Metal3Machine") else {
             return Ok(None);
         };
@@ -135,7 +139,7 @@ impl KubeSite {
         if !through_cluster_api(package) {
             return Ok(false);
         }
-        if host.spec.consumer_ref.as_ref().is_some_and(|c| c.kind == "Metal3Machine") {
+        if host.claimed_by_machine() {
             return Ok(true);
         }
         let served = self.capi_served().await?;
@@ -183,7 +187,7 @@ impl KubeSite {
         })
     }
 
-    async fn served(&self) -> Result<Served, BackendError> {
+    pub(super) async fn served(&self) -> Result<Served, BackendError> {
         let served = self.capi_served().await?;
         match served.refusal() {
             Some(refusal) => Err(BackendError::permanent_reason(refusal)),
@@ -313,6 +317,21 @@ impl KubeSite {
         Ok(())
     }
 
+    /// Sends each new state host `name` passes on `progress`, from a watch, until dropped.
+    pub(super) async fn relay_host_states(&self, name: &str, progress: &mpsc::UnboundedSender<ProvisioningState>) {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut updates = watcher(self.hosts.clone(), config).default_backoff().applied_objects().boxed();
+        let mut last = None;
+        while let Some(next) = updates.next().await {
+            let Ok(host) = next else { continue };
+            if let Some(s) = host.state().filter(|s| Some(*s) != last) {
+                last = Some(s);
+                let _ = progress.send(s);
+            }
+        }
+        std::future::pending::<()>().await
+    }
+
     /// Waits until a machine up to date for `package` stands on host `name` with its Node Ready,
     /// sending each state the host passes on `progress`.
     ///
@@ -326,22 +345,7 @@ impl KubeSite {
         progress: &mpsc::UnboundedSender<ProvisioningState>,
     ) -> Result<(), BackendError> {
         // Each state the host passes, from a watch: Cluster API's machines pass them quickly.
-        let relay = async {
-            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-            let mut updates = watcher(self.hosts.clone(), config).default_backoff().applied_objects().boxed();
-            let mut last = None;
-            while let Some(next) = updates.next().await {
-                let Ok(host) = next else { continue };
-                let state = host.state();
-                if state.is_some() && state != last {
-                    last = state;
-                    if let Some(s) = state {
-                        let _ = progress.send(s);
-                    }
-                }
-            }
-            std::future::pending::<()>().await
-        };
+        let relay = self.relay_host_states(name, progress);
         let replaced = async {
             let deadline = tokio::time::Instant::now() + self.cfg.provision_timeout;
             loop {

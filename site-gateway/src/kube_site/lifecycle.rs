@@ -77,6 +77,14 @@ impl KubeSite {
     ) -> Result<bool, BackendError> {
         let Some(host) = self.host(name).await? else { return Ok(false) };
         let state = host.state();
+        if host.claimed_by_machine() {
+            // A machine holds it (a reprovisioned node's new one): CAPM3 provisions it, and
+            // landfall does not take the OS off under it.
+            if let Some(s) = state {
+                let _ = progress.send(s);
+            }
+            return Ok(true);
+        }
         if host.metadata.deletion_timestamp.is_some() {
             // Metal3 deprovisions a host it deletes before it lets it go: nothing to ask of it.
             if let Some(s) = state {

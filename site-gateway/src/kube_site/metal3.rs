@@ -165,6 +165,11 @@ pub struct Cpu {
 pub const OPERATIONAL_ERROR: &str = "error";
 
 impl BareMetalHost {
+    /// Whether Cluster API holds the host: CAPM3 claimed it for a `Metal3Machine`.
+    pub fn claimed_by_machine(&self) -> bool {
+        self.spec.consumer_ref.as_ref().is_some_and(|c| c.kind == "Metal3Machine")
+    }
+
     /// `status.provisioning.state`, parsed; `None` before Metal3 wrote one (or one unknown here).
     pub fn state(&self) -> Option<ProvisioningState> {
         self.status.as_ref().and_then(|s| ProvisioningState::parse(&s.provisioning.state))

@@ -16,6 +16,7 @@ pub mod apply;
 pub mod bpa;
 pub mod bpa_upload;
 pub mod capi;
+mod capi_lifecycle;
 mod capi_patch;
 mod cluster;
 mod config;
@@ -186,6 +187,19 @@ impl SiteBackend for KubeSite {
         progress: mpsc::UnboundedSender<ProvisioningState>,
     ) -> Result<bool, BackendError> {
         self.take_os_off(node, cleaning, &progress).await
+    }
+
+    async fn release_host(
+        &self,
+        node: &str,
+        leaving: bool,
+        progress: mpsc::UnboundedSender<ProvisioningState>,
+    ) -> Result<bool, BackendError> {
+        self.release_from_capi(node, leaving, &progress).await
+    }
+
+    async fn take_cluster_down(&self) -> Result<Vec<String>, BackendError> {
+        self.capi_take_down().await
     }
 
     async fn forget_host(&self, node: &str) -> Result<bool, BackendError> {

@@ -31,6 +31,9 @@
 //!   `<cluster>-kubeconfig` Secret holds the workload cluster's kubeconfig from the first
 //!   control-plane Node on.
 //!
+//! - **A deleted Cluster**: its control plane and deployments deleted, then every machine, then
+//!   its kubeconfig; its finalizer comes off once no machine is left.
+//!
 //! Not played: the `MachineSet`s between a deployment and its machines, the `KubeadmConfig`s
 //! (machines carry a `dataSecretName`), remediation, and the bootstrap data's content.
 
@@ -74,6 +77,7 @@ pub async fn install_crds(kube: &KubeApiServer) {
 }
 
 const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
+const CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
 const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
 const CONTROL_PLANE_NAME: &str = "cluster.x-k8s.io/control-plane-name";
 const DEPLOYMENT_NAME: &str = "cluster.x-k8s.io/deployment-name";
@@ -176,6 +180,11 @@ async fn reconcile(apis: &Apis, kubeconfig: &[u8], made: &AtomicU32) -> Result<(
     let all = ListParams::default();
     for cluster in apis.clusters.list(&all).await?.items {
         let cluster_name = name(&cluster);
+        if cluster.metadata.deletion_timestamp.is_none() && !cluster.finalizers().iter().any(|f| f == CLUSTER_FINALIZER)
+        {
+            let body = json!({"metadata": {"finalizers": [CLUSTER_FINALIZER]}});
+            apis.clusters.patch(&cluster_name, &manager(), &Patch::Merge(&body)).await?;
+        }
         let mut sets = Vec::new();
         if let Some(cp) = apis.control_planes.get_opt(&format!("{cluster_name}-control-plane")).await? {
             sets.push((cp.clone(), control_plane_set(&cp, &cluster_name)));
@@ -222,6 +231,11 @@ async fn reconcile(apis: &Apis, kubeconfig: &[u8], made: &AtomicU32) -> Result<(
                     bring_up(apis, machine, m3, host, &hosts, &nodes).await?;
                 }
             }
+        }
+
+        if cluster.metadata.deletion_timestamp.is_some() {
+            take_cluster_down(apis, &cluster, &sets, &machines.items).await?;
+            continue;
         }
 
         // Each set: machines made or deleted, then counted.
@@ -517,6 +531,40 @@ async fn take_down(
     let finalizers = json!({"metadata": {"finalizers": null}});
     apis.machines.patch(&name(machine), &params, &Patch::Merge(&finalizers)).await?;
     Ok(())
+}
+
+/// A deleted Cluster taken down: its control plane and deployments, then its machines (each
+/// taken down as any deleted machine is), then its kubeconfig, and last its finalizer.
+async fn take_cluster_down(
+    apis: &Apis,
+    cluster: &DynamicObject,
+    sets: &[(DynamicObject, NodeSet)],
+    machines: &[DynamicObject],
+) -> Result<(), kube::Error> {
+    for (object, set) in sets {
+        let api = if set.kind == "KubeadmControlPlane" { &apis.control_planes } else { &apis.deployments };
+        if object.metadata.deletion_timestamp.is_none() {
+            api.delete(&set.name, &DeleteParams::default()).await?;
+        }
+    }
+    for machine in machines.iter().filter(|m| m.metadata.deletion_timestamp.is_none()) {
+        delete_machine(apis, machine).await?;
+    }
+    if !machines.is_empty() {
+        return Ok(());
+    }
+    let secret = format!("{}-kubeconfig", name(cluster));
+    if apis.secrets.get_opt(&secret).await?.is_some() {
+        apis.secrets.delete(&secret, &DeleteParams::default()).await?;
+    }
+    let body = json!({"metadata": {"finalizers": null}});
+    apis.clusters.patch(&name(cluster), &manager(), &Patch::Merge(&body)).await?;
+    apis.knobs.note(format!("cluster {} down", name(cluster)));
+    Ok(())
+}
+
+fn manager() -> PatchParams {
+    PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() }
 }
 
 /// The set's status: its machines counted for its generation.
