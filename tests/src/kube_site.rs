@@ -110,6 +110,10 @@ pub struct KubeSiteRig {
     /// and what the Cluster API stand-in is told.
     pub workload: Option<KubeApiServer>,
     pub capi: CapiKnobs,
+    /// The gateway's `--provision-timeout` and `--install-timeout` (60s each unless set before
+    /// it starts).
+    pub provision_timeout: String,
+    pub install_timeout: String,
     gateway: Option<Child>,
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
@@ -131,7 +135,19 @@ impl KubeSiteRig {
         Self::start_site(true).await
     }
 
+    /// [`Self::start_capi`] with a bootstrap cluster that does not serve Cluster API: its CRDs
+    /// are not installed.
+    pub async fn start_capi_without_providers() -> Self {
+        Self::start_with(true, false).await
+    }
+
     async fn start_site(capi: bool) -> Self {
+        Self::start_with(capi, capi).await
+    }
+
+    /// The rig, its site built by Cluster API (`capi`) or the BPA, its bootstrap cluster serving
+    /// Cluster API and CAPM3 when `providers`.
+    async fn start_with(capi: bool, providers: bool) -> Self {
         crate::fleet::init_tracing();
         consumers::artifacts::install_tls_provider();
         let nats = NatsServer::start();
@@ -139,7 +155,9 @@ impl KubeSiteRig {
             false => (KubeApiServer::start().await, None),
             true => {
                 let (kube, workload) = tokio::join!(KubeApiServer::start(), KubeApiServer::start());
-                capi::install_crds(&kube).await;
+                if providers {
+                    capi::install_crds(&kube).await;
+                }
                 workload.install_crd(WIDGET_CRD).await;
                 (kube, Some(workload))
             }
@@ -178,6 +196,8 @@ impl KubeSiteRig {
             bpa_url: None,
             workload,
             capi: CapiKnobs::default(),
+            provision_timeout: "60s".into(),
+            install_timeout: "60s".into(),
             gateway: None,
             shutdown,
             tasks,
@@ -289,7 +309,8 @@ impl KubeSiteRig {
             .arg("--state-dir")
             .arg(self.state_dir())
             .args(["--user-data-secret", "edge-user-data", "--image-base-url", "http://10.0.0.2:8080/"])
-            .args(["--kud-plugin", "emco", "--provision-timeout", "60s", "--install-timeout", "60s"])
+            .args(["--kud-plugin", "emco"])
+            .args(["--provision-timeout", &self.provision_timeout, "--install-timeout", &self.install_timeout])
             .args(["--drain-timeout", "4s", "--ready-timeout", "20s"])
             .env("NATS_URL", self.nats.url())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))

@@ -639,3 +639,56 @@ async fn a_cluster_api_site_changes_node_by_node_and_is_decommissioned_through_c
     }
     assert!(rig.hosts().list(&Default::default()).await.unwrap().items.is_empty(), "every host is gone");
 }
+
+/// What Cluster API and Metal3 say when a node cannot come up reaches the hub as the node's
+/// failure, within the install's time-out: a host Metal3 fails (its error message), and a machine
+/// no free host is left for (CAPM3's `AssociateBMH` condition). The other nodes stand: a partial
+/// success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_api_node_that_cannot_come_up_fails_with_what_cluster_api_and_metal3_said() {
+    let mut rig = KubeSiteRig::start_capi().await;
+    (rig.provision_timeout, rig.install_timeout) = ("15s".into(), "15s".into());
+    for (name, role, i, ip) in CAPI_HOSTS {
+        rig.create_host(name, role, &mac(i), ip).await;
+    }
+    rig.metal3.failing.lock().unwrap().insert("w-1".into(), "no disk matches the root device hints".into());
+    // w-2's host is held by a machine of another cluster.
+    let held = serde_json::json!({"spec": {"consumerRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+        "kind": "Metal3Machine", "name": "other-cluster-7", "namespace": landfall_tests::kube_site::NAMESPACE}}});
+    rig.hosts().patch("w-2", &Default::default(), &kube::api::Patch::Merge(&held)).await.unwrap();
+    rig.start_gateway();
+    wait_events::<pb::NodeAccepted>(&rig, 5).await;
+
+    let events = install(&rig).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.delivery.type_name.as_str()).collect();
+    assert_eq!(kinds.last(), Some(&pb::SiteInstallFailed::TYPE), "{kinds:?}\n{}", rig.gateway_log());
+    let failed: pb::SiteInstallFailed = events.last().unwrap().delivery.decode().unwrap();
+    assert_eq!(failed.outcome, pb::InstallOutcome::PartialSuccess as i32, "{failed:?}");
+    assert_eq!(failed.failed_nodes, ["w-1", "w-2"], "{failed:?}");
+    let reason = |node: &str| failed.results.iter().find(|r| r.node == node).unwrap().reason.clone();
+    assert!(reason("w-1").contains("no disk matches the root device hints"), "{}", reason("w-1"));
+    assert!(reason("w-2").contains("no available host matches the host selector"), "{}", reason("w-2"));
+    assert!(reason("w-2").contains("15s"), "{}", reason("w-2"));
+}
+
+/// A bootstrap cluster that does not serve the Cluster API and CAPM3 kinds landfall writes: the
+/// install is refused with what it lacks, and no host is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_api_site_whose_bootstrap_cluster_lacks_the_providers_is_refused_before_anything_is_written() {
+    let mut rig = KubeSiteRig::start_capi_without_providers().await;
+    for (name, role, i, ip) in CAPI_HOSTS {
+        rig.create_host(name, role, &mac(i), ip).await;
+    }
+    rig.start_gateway();
+    wait_events::<pb::NodeAccepted>(&rig, 5).await;
+    let events = install(&rig).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.delivery.type_name.as_str()).collect();
+    assert_eq!(kinds.last(), Some(&pb::SiteInstallFailed::TYPE), "{kinds:?}\n{}", rig.gateway_log());
+    let failed: pb::SiteInstallFailed = events.last().unwrap().delivery.decode().unwrap();
+    assert!(failed.reason.contains("does not serve cluster.x-k8s.io/v1beta2 Cluster"), "{}", failed.reason);
+    for (name, ..) in CAPI_HOSTS {
+        let host = rig.hosts().get(name).await.unwrap();
+        assert!(!host.annotations().contains_key(marks::NODE), "{name} was written to");
+        assert!(host.spec.image.is_none(), "{name} was given an image");
+    }
+}
