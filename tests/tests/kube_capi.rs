@@ -338,13 +338,9 @@ const CAPI_HOSTS: [(&str, &str, u8, &str); 5] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_api_site_is_installed_through_the_bus_and_done_when_cluster_api_shows_it_standing() {
     let mut rig = KubeSiteRig::start_capi().await;
-    for (name, role, i, ip) in CAPI_HOSTS {
-        rig.create_host(name, role, &mac(i), ip).await;
-    }
-    rig.start_gateway();
+    create_hosts(&rig).await;
     // The gateway announces the hosts, which the design has already.
-    let accepted = wait_events::<pb::NodeAccepted>(&rig, 5).await;
-    assert_eq!(accepted.len(), 5, "{accepted:?}\n{}", rig.gateway_log());
+    start_gateway(&mut rig).await;
 
     let events = install(&rig).await;
     let kinds: Vec<&str> = events.iter().map(|e| e.delivery.type_name.as_str()).collect();
@@ -415,14 +411,25 @@ async fn a_cluster_api_site_is_installed_through_the_bus_and_done_when_cluster_a
     assert!(in_bootstrap.list(&Default::default()).await.unwrap().items.is_empty());
 }
 
-/// The rig's Cluster API site with its five hosts, installed.
-async fn installed_site() -> KubeSiteRig {
-    let mut rig = KubeSiteRig::start_capi().await;
+/// The site's five hosts, as an operator registers them with Metal3.
+async fn create_hosts(rig: &KubeSiteRig) {
     for (name, role, i, ip) in CAPI_HOSTS {
         rig.create_host(name, role, &mac(i), ip).await;
     }
+}
+
+/// Starts the gateway and waits until the hub has heard of the five hosts from it.
+async fn start_gateway(rig: &mut KubeSiteRig) {
     rig.start_gateway();
-    wait_events::<pb::NodeAccepted>(&rig, 5).await;
+    let accepted = wait_events::<pb::NodeAccepted>(rig, 5).await;
+    assert_eq!(accepted.len(), 5, "{accepted:?}\n{}", rig.gateway_log());
+}
+
+/// The rig's Cluster API site with its five hosts, installed.
+async fn installed_site() -> KubeSiteRig {
+    let mut rig = KubeSiteRig::start_capi().await;
+    create_hosts(&rig).await;
+    start_gateway(&mut rig).await;
     let installed = install(&rig).await;
     let kinds: Vec<&str> = installed.iter().map(|e| e.delivery.type_name.as_str()).collect();
     assert_eq!(kinds.last(), Some(&pb::SiteInstalled::TYPE), "{kinds:?}\n{}", rig.gateway_log());
@@ -648,16 +655,13 @@ async fn a_cluster_api_site_changes_node_by_node_and_is_decommissioned_through_c
 async fn a_cluster_api_node_that_cannot_come_up_fails_with_what_cluster_api_and_metal3_said() {
     let mut rig = KubeSiteRig::start_capi().await;
     (rig.provision_timeout, rig.install_timeout) = ("15s".into(), "15s".into());
-    for (name, role, i, ip) in CAPI_HOSTS {
-        rig.create_host(name, role, &mac(i), ip).await;
-    }
+    create_hosts(&rig).await;
     rig.metal3.failing.lock().unwrap().insert("w-1".into(), "no disk matches the root device hints".into());
     // w-2's host is held by a machine of another cluster.
     let held = serde_json::json!({"spec": {"consumerRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
         "kind": "Metal3Machine", "name": "other-cluster-7", "namespace": landfall_tests::kube_site::NAMESPACE}}});
     rig.hosts().patch("w-2", &Default::default(), &kube::api::Patch::Merge(&held)).await.unwrap();
-    rig.start_gateway();
-    wait_events::<pb::NodeAccepted>(&rig, 5).await;
+    start_gateway(&mut rig).await;
 
     let events = install(&rig).await;
     let kinds: Vec<&str> = events.iter().map(|e| e.delivery.type_name.as_str()).collect();
@@ -676,11 +680,8 @@ async fn a_cluster_api_node_that_cannot_come_up_fails_with_what_cluster_api_and_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_api_site_whose_bootstrap_cluster_lacks_the_providers_is_refused_before_anything_is_written() {
     let mut rig = KubeSiteRig::start_capi_without_providers().await;
-    for (name, role, i, ip) in CAPI_HOSTS {
-        rig.create_host(name, role, &mac(i), ip).await;
-    }
-    rig.start_gateway();
-    wait_events::<pb::NodeAccepted>(&rig, 5).await;
+    create_hosts(&rig).await;
+    start_gateway(&mut rig).await;
     let events = install(&rig).await;
     let kinds: Vec<&str> = events.iter().map(|e| e.delivery.type_name.as_str()).collect();
     assert_eq!(kinds.last(), Some(&pb::SiteInstallFailed::TYPE), "{kinds:?}\n{}", rig.gateway_log());
