@@ -68,10 +68,12 @@ pub struct KubeArgs {
     /// when this is not given.
     #[arg(long, env = "LANDFALL_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// The namespace of the site's BareMetalHosts and BPA resources.
+    /// The namespace of the site's BareMetalHosts, and of its BPA or Cluster API resources.
     #[arg(long, env = "LANDFALL_NAMESPACE", default_value = "metal3")]
     pub namespace: String,
-    /// The BPA cluster's name (the Provisioning resource's name and `cluster` label) [default: the site id].
+    /// The cluster's name: the BPA's (its Provisioning resource's name and `cluster` label), or
+    /// the Cluster API `Cluster`'s (its kubeconfig the Secret `<cluster>-kubeconfig`) [default:
+    /// the site id].
     #[arg(long)]
     pub cluster: Option<String>,
     /// The BPA cluster's `owner` label.
@@ -104,7 +106,7 @@ pub struct KubeArgs {
     /// How long a host may take to provision before its job fails.
     #[arg(long, value_parser = parse_duration, default_value = "2h")]
     pub provision_timeout: std::time::Duration,
-    /// How long the BPA may take to build the cluster.
+    /// How long the BPA or Cluster API may take to build the cluster (or take it down).
     #[arg(long, value_parser = parse_duration, default_value = "3h")]
     pub install_timeout: std::time::Duration,
     /// How long a node's pods may take to leave it (evictions a disruption budget refuses are
