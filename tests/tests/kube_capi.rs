@@ -693,3 +693,28 @@ async fn a_cluster_api_site_whose_bootstrap_cluster_lacks_the_providers_is_refus
         assert!(host.spec.image.is_none(), "{name} was given an image");
     }
 }
+
+/// A node set that rolls with a surge needs a free host for its extra machine; without one at
+/// the site, its nodes fail at once with the reason, and nothing is changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_set_that_surges_without_a_free_host_is_refused_at_once() {
+    let rig = installed_site().await;
+    let res = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "cluster.x-k8s.io",
+        "v1beta2",
+        "MachineDeployment",
+    ));
+    let deployments: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(rig.client.clone(), landfall_tests::kube_site::NAMESPACE, &res);
+    let surge = serde_json::json!({"spec": {"rollout": {"strategy": {"rollingUpdate": {"maxSurge": 1}}}}});
+    deployments.patch("edge-k1-workers", &Default::default(), &kube::api::Patch::Merge(&surge)).await.unwrap();
+    let demo = producers::up::demo_packages();
+    let kubelet =
+        pb::Package { version: "1.29.3".into(), ..demo.iter().find(|p| p.name == "kubelet").unwrap().clone() };
+    let rollout = patch(&rig, kubelet, 1).await;
+    let failed: Vec<pb::NodePatchFailed> = of_type(&rollout);
+    assert!(!failed.is_empty(), "{}", rig.gateway_log());
+    assert!(failed[0].node.starts_with("w-") && failed[0].reason.contains("maxSurge 1"), "{failed:?}");
+    let md = capi_objects(&rig, "cluster.x-k8s.io", "MachineDeployment").await;
+    assert_eq!(md[0].data["spec"]["template"]["spec"]["version"], "v1.29.2", "the workers were not changed");
+}

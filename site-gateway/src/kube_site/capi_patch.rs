@@ -249,6 +249,17 @@ impl KubeSite {
         let mut intent = intent_of(&live, FIELD_MANAGER);
         let before = intent.clone();
         let package = &req.package;
+        // A surge claims a free host before a machine goes; landfall enrolls no spare host yet,
+        // so a set that surges would wait for one until the time-out: refused now, saying so.
+        let surge = live.data.pointer("/spec/rollout/strategy/rollingUpdate/maxSurge").and_then(Value::as_i64);
+        if surge.unwrap_or(0) > 0 && !self.free_host_for(req.node.role).await? {
+            return Err(BackendError::permanent_reason(format!(
+                "{kind} {} rolls with maxSurge {}: its new machine needs a free host labelled for its role, and the \
+                 site has none (landfall does not enroll spare hosts yet): roll with maxSurge 0",
+                set.name(),
+                surge.unwrap_or(0)
+            )));
+        }
         match package.kind {
             pb::PackageKind::OsImage => {
                 let reference = format!("{}/infrastructureRef/name", set.machine_spec());
@@ -276,6 +287,13 @@ impl KubeSite {
             info!(site = %self.cfg.site, set = set.name(), package = %package.reference().key(), "node set changed: Cluster API rolls its machines");
         }
         Ok(())
+    }
+
+    /// Whether an `available` host labelled for `role` is claimed by no machine.
+    async fn free_host_for(&self, role: Role) -> Result<bool, BackendError> {
+        let labelled = ListParams::default().labels(&format!("{}={}", super::marks::ROLE_LABEL, role.as_str()));
+        let hosts = self.hosts.list(&labelled).await.map_err(|e| kube_error("listing BareMetalHosts", e))?;
+        Ok(hosts.items.iter().any(|h| !h.claimed_by_machine() && h.state() == Some(ProvisioningState::Available)))
     }
 
     /// The template `current` with `package`'s image, applied under the name its content gives;
