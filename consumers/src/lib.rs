@@ -23,6 +23,7 @@ mod decision;
 pub mod distribution;
 pub mod failpoint;
 mod group_commit;
+pub mod helm;
 pub mod lease;
 pub mod lifecycle;
 pub mod links;

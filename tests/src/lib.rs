@@ -5,6 +5,7 @@ pub mod api;
 pub mod bpa_rest;
 pub mod cli;
 pub mod fleet;
+pub mod helm;
 pub mod intruder;
 pub mod kube;
 pub mod kube_site;

@@ -1,0 +1,222 @@
+//! Helm charts rendered at the hub with the real helm binary (v4): `helm template` of a chart
+//! archive for one release, with layers of values, the site's Kubernetes version and the API
+//! versions its cluster serves, CRDs included and test hooks left out. Nothing else of helm is
+//! used: no repository, no cluster connection, no state of its own (its config, cache and data
+//! directories are a temporary directory per render).
+//!
+//! What helm prints is split the way Helm installs it ([`Rendered`]): the CRDs first, then the
+//! `pre-install`/`pre-upgrade` hooks by weight, then the chart's objects, then the
+//! `post-install`/`post-upgrade` hooks by weight. A chart helm cannot render (a broken template,
+//! a required value missing, values its `values.schema.json` refuses, a Kubernetes version its
+//! `kubeVersion` excludes) is refused with helm's own message.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// How long one `helm` run may take.
+const HELM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why a chart was not rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum HelmError {
+    /// helm refused the chart or its values: its own message.
+    #[error("helm refused the chart: {0}")]
+    Refused(String),
+    /// helm could not be run at all.
+    #[error("running helm ({binary}): {reason}")]
+    NotRun { binary: String, reason: String },
+    /// helm printed what is not YAML manifests.
+    #[error("helm printed a document that is not a manifest: {0}")]
+    Output(String),
+}
+
+/// The helm binary landfall renders charts with.
+#[derive(Debug, Clone)]
+pub struct Helm {
+    binary: PathBuf,
+}
+
+/// One render: a chart archive for a release, with its values and the cluster it is for.
+#[derive(Debug, Clone)]
+pub struct Template<'a> {
+    /// The chart archive (`.tgz`).
+    pub chart: &'a Path,
+    pub release: &'a str,
+    pub namespace: &'a str,
+    /// Values, each layer over the ones before (the chart's own defaults under all of them).
+    pub values: &'a [Value],
+    /// `Capabilities.KubeVersion`: the site's Kubernetes version (`v1.29.2`).
+    pub kube_version: Option<&'a str>,
+    /// `Capabilities.APIVersions`: what the site's cluster serves (`group/version`, and
+    /// `group/version/Kind`).
+    pub api_versions: &'a [String],
+}
+
+/// A hook, and when Helm runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hook {
+    pub object: Value,
+    /// `helm.sh/hook-weight`: hooks run lightest first.
+    pub weight: i64,
+    /// `helm.sh/hook-delete-policy`: `before-hook-creation` (Helm's default), `hook-succeeded`,
+    /// `hook-failed`.
+    pub delete_policies: Vec<String>,
+}
+
+/// A chart rendered, in the order Helm installs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rendered {
+    /// CustomResourceDefinitions: applied first, and waited for until Established.
+    pub crds: Vec<Value>,
+    /// `pre-install` / `pre-upgrade` hooks, lightest first (equal weights in `Kind/name` order).
+    pub pre: Vec<Hook>,
+    /// The chart's objects.
+    pub objects: Vec<Value>,
+    /// `post-install` / `post-upgrade` hooks, lightest first.
+    pub post: Vec<Hook>,
+    /// Hooks for events landfall does not run (delete, rollback), named `Kind/name`.
+    pub unused_hooks: Vec<String>,
+}
+
+impl Helm {
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self { binary: binary.into() }
+    }
+
+    /// helm's version (`v4.1.4`).
+    ///
+    /// # Errors
+    /// When helm cannot be run.
+    pub async fn version(&self) -> Result<String, HelmError> {
+        let home = self.home()?;
+        let out = self.run(&home, &["version", "--template", "{{.Version}}"]).await?;
+        Ok(out.trim().to_string())
+    }
+
+    /// Renders `t` (see the module's comment).
+    ///
+    /// # Errors
+    /// [`HelmError::Refused`] with helm's message when it cannot render the chart with these
+    /// values for this cluster.
+    pub async fn template(&self, t: &Template<'_>) -> Result<Rendered, HelmError> {
+        let home = self.home()?;
+        let mut args: Vec<String> = vec![
+            "template".into(),
+            t.release.into(),
+            t.chart.display().to_string(),
+            "--namespace".into(),
+            t.namespace.into(),
+            "--include-crds".into(),
+            "--skip-tests".into(),
+        ];
+        if let Some(v) = t.kube_version {
+            args.extend(["--kube-version".into(), v.into()]);
+        }
+        for api in t.api_versions {
+            args.extend(["--api-versions".into(), api.clone()]);
+        }
+        for (i, layer) in t.values.iter().enumerate() {
+            // JSON is YAML: each layer a file, in order.
+            let path = home.path().join(format!("values-{i}.json"));
+            std::fs::write(&path, serde_json::to_vec(layer).unwrap_or_default())
+                .map_err(|e| self.not_run(format!("writing values: {e}")))?;
+            args.extend(["--values".into(), path.display().to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let text = self.run(&home, &args).await?;
+        split(&text)
+    }
+
+    fn home(&self) -> Result<tempfile::TempDir, HelmError> {
+        tempfile::Builder::new().prefix("landfall-helm-").tempdir().map_err(|e| self.not_run(e.to_string()))
+    }
+
+    fn not_run(&self, reason: String) -> HelmError {
+        HelmError::NotRun { binary: self.binary.display().to_string(), reason }
+    }
+
+    /// Runs helm with `args`, its state in `home`; what it printed.
+    async fn run(&self, home: &tempfile::TempDir, args: &[&str]) -> Result<String, HelmError> {
+        let dir = home.path();
+        let mut command = tokio::process::Command::new(&self.binary);
+        command
+            .args(args)
+            .env_clear()
+            .env("HOME", dir)
+            .env("HELM_CACHE_HOME", dir.join("cache"))
+            .env("HELM_CONFIG_HOME", dir.join("config"))
+            .env("HELM_DATA_HOME", dir.join("data"))
+            .env("KUBECONFIG", dir.join("no-cluster"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = command.spawn().map_err(|e| self.not_run(e.to_string()))?;
+        let out = match tokio::time::timeout(HELM_TIMEOUT, child.wait_with_output()).await {
+            Ok(out) => out.map_err(|e| self.not_run(e.to_string()))?,
+            Err(_) => return Err(self.not_run(format!("no answer within {HELM_TIMEOUT:?}"))),
+        };
+        if !out.status.success() {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.trim().trim_start_matches("Error: ").to_string();
+            return Err(HelmError::Refused(said));
+        }
+        String::from_utf8(out.stdout).map_err(|_| HelmError::Output("helm printed what is not UTF-8".into()))
+    }
+}
+
+/// helm's output split as Helm installs it.
+fn split(text: &str) -> Result<Rendered, HelmError> {
+    let mut out = Rendered::default();
+    for document in bus_schema::yaml::documents(text) {
+        let object: Value = document.and_then(|d| d.parse()).map_err(|e| HelmError::Output(e.to_string()))?;
+        if object.is_null() {
+            continue;
+        }
+        if !object.is_object() {
+            return Err(HelmError::Output(format!("not an object: {object}")));
+        }
+        let annotation = |key: &str| object.pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1")));
+        let text = |key: &str| annotation(key).and_then(Value::as_str).unwrap_or_default().to_string();
+        let events: Vec<String> =
+            text("helm.sh/hook").split(',').map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
+        if events.is_empty() {
+            if object["kind"] == "CustomResourceDefinition" {
+                out.crds.push(object);
+            } else {
+                out.objects.push(object);
+            }
+            continue;
+        }
+        let hook = Hook {
+            weight: text("helm.sh/hook-weight").parse().unwrap_or(0),
+            delete_policies: match text("helm.sh/hook-delete-policy") {
+                p if p.is_empty() => vec!["before-hook-creation".to_string()],
+                p => p.split(',').map(|p| p.trim().to_string()).collect(),
+            },
+            object,
+        };
+        let has = |names: &[&str]| events.iter().any(|e| names.contains(&e.as_str()));
+        match (has(&["pre-install", "pre-upgrade"]), has(&["post-install", "post-upgrade"])) {
+            (true, _) => out.pre.push(hook),
+            (false, true) => out.post.push(hook),
+            (false, false) => out.unused_hooks.push(kind_name(&hook.object)),
+        }
+    }
+    // Lightest first; equal weights in `Kind/name` order.
+    let order = |h: &Hook| (h.weight, kind_name(&h.object));
+    out.pre.sort_by_key(order);
+    out.post.sort_by_key(order);
+    Ok(out)
+}
+
+fn kind_name(object: &Value) -> String {
+    format!(
+        "{}/{}",
+        object["kind"].as_str().unwrap_or_default(),
+        object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default()
+    )
+}
