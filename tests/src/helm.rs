@@ -10,7 +10,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use tempfile::TempDir;
@@ -27,21 +27,10 @@ pub fn helm_bin() -> &'static Path {
 }
 
 fn resolve() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("LANDFALL_HELM").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(path));
+    match std::env::var_os("LANDFALL_HELM").filter(|p| !p.is_empty()) {
+        Some(path) => Ok(PathBuf::from(path)),
+        None => crate::procs::ensured(ENSURE_SCRIPT, &[], "no helm for the tests: set LANDFALL_HELM"),
     }
-    let output = Command::new("bash")
-        .arg(ENSURE_SCRIPT)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot run {ENSURE_SCRIPT}: {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let last = stdout.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
-    if !output.status.success() || last.is_empty() {
-        return Err(format!("{ENSURE_SCRIPT} failed ({}): no helm for the tests; set LANDFALL_HELM", output.status));
-    }
-    Ok(PathBuf::from(last))
 }
 
 /// A chart the test writes: `Chart.yaml` from its name and version, then its files.

@@ -411,24 +411,11 @@ pub fn kube_bin() -> &'static Path {
 fn resolve_bin() -> Result<PathBuf, String> {
     let dir = match std::env::var_os("LANDFALL_KUBE_BIN").filter(|p| !p.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => {
-            let output = Command::new("bash")
-                .arg(ENSURE_SCRIPT)
-                .stdin(Stdio::null())
-                .stderr(Stdio::inherit())
-                .output()
-                .map_err(|e| format!("cannot run {ENSURE_SCRIPT}: {e}"))?;
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            let last = stdout.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
-            if !output.status.success() || last.is_empty() {
-                return Err(format!(
-                    "{ENSURE_SCRIPT} failed ({}): no kube API server for the tests; set LANDFALL_KUBE_BIN \
-                     to a directory holding landfall-test-apiserver and etcd\n{stdout}",
-                    output.status
-                ));
-            }
-            PathBuf::from(last)
-        }
+        None => crate::procs::ensured(
+            ENSURE_SCRIPT,
+            &[],
+            "no kube API server for the tests; set LANDFALL_KUBE_BIN to a directory holding landfall-test-apiserver and etcd",
+        )?,
     };
     for binary in ["etcd", "landfall-test-apiserver"] {
         if !dir.join(binary).is_file() {

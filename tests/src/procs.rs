@@ -156,3 +156,24 @@ impl Drop for Service {
         self.kill();
     }
 }
+
+/// What `script` (one of `scripts/ensure-*`, run with `args`) prints on its last line: the path
+/// of what it made sure is there. `hint` says what to do when it fails, after its output.
+///
+/// # Errors
+/// When the script cannot run, fails, or prints nothing.
+pub fn ensured(script: &str, args: &[&str], hint: &str) -> Result<PathBuf, String> {
+    let output = std::process::Command::new("bash")
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {script}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    if !output.status.success() || last.is_empty() {
+        return Err(format!("{script} failed ({}); {hint}\n{stdout}", output.status));
+    }
+    Ok(PathBuf::from(last))
+}
