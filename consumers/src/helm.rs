@@ -168,6 +168,94 @@ impl Helm {
     }
 }
 
+/// What a chart does that a render at the hub does differently from a `helm install` at the
+/// site: named at registration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChartTraits {
+    /// Templates that call `lookup`, which finds nothing when rendering without a cluster.
+    pub lookup: Vec<String>,
+    /// Templates that make random values (`randAlphaNum`, `uuidv4`, `genCA`, …): a render is
+    /// kept, so a site gets the same values until its values or the chart change.
+    pub random: Vec<String>,
+}
+
+/// The template functions whose result differs from one render to the next.
+const RANDOM_FUNCTIONS: [&str; 12] = [
+    "randAlphaNum",
+    "randAlpha",
+    "randNumeric",
+    "randAscii",
+    "randInt",
+    "randBytes",
+    "uuidv4",
+    "shuffle",
+    "genCA",
+    "genPrivateKey",
+    "genSelfSignedCert",
+    "genSignedCert",
+];
+
+/// The [`ChartTraits`] of the chart archive at `archive` (its templates and its subcharts'),
+/// each template named by its path in the archive.
+///
+/// # Errors
+/// When the archive cannot be unpacked (with `tar`).
+pub async fn traits(archive: &Path) -> Result<ChartTraits, HelmError> {
+    let dir = tempfile::Builder::new()
+        .prefix("landfall-chart-")
+        .tempdir()
+        .map_err(|e| HelmError::Output(format!("a directory to unpack the chart: {e}")))?;
+    let out = tokio::process::Command::new("tar")
+        .arg("-xzf")
+        .arg(archive)
+        .arg("-C")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| HelmError::Output(format!("running tar: {e}")))?;
+    if !out.status.success() {
+        return Err(HelmError::Refused(format!(
+            "the chart archive cannot be unpacked: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let mut found = ChartTraits::default();
+    let mut pending = vec![dir.path().to_path_buf()];
+    let mut templates = Vec::new();
+    while let Some(path) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&path) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.components().any(|c| c.as_os_str() == "templates") {
+                templates.push(path);
+            }
+        }
+    }
+    templates.sort();
+    for path in templates {
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let name = path.strip_prefix(dir.path()).unwrap_or(&path).display().to_string();
+        let calls = |function: &str| {
+            text.match_indices(function).any(|(at, _)| {
+                let before = text[..at].chars().next_back();
+                let after = text[at + function.len()..].chars().next();
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+                    && after.is_some_and(|c| c.is_whitespace() || c == ')')
+            })
+        };
+        if calls("lookup") {
+            found.lookup.push(name.clone());
+        }
+        if RANDOM_FUNCTIONS.iter().any(|f| calls(f)) {
+            found.random.push(name);
+        }
+    }
+    Ok(found)
+}
+
 /// helm's output split as Helm installs it.
 fn split(text: &str) -> Result<Rendered, HelmError> {
     let mut out = Rendered::default();

@@ -3,7 +3,7 @@
 //! Kubernetes version and API-version capability), rendered for two sites with their own values
 //! and split in the order Helm installs them; bad charts and values refused with helm's reason.
 
-use consumers::helm::{Helm, HelmError, Rendered, Template};
+use consumers::helm::{ChartTraits, Helm, HelmError, Rendered, Template, traits};
 use landfall_tests::helm::{Chart, helm_bin};
 use serde_json::{Value, json};
 
@@ -218,4 +218,30 @@ async fn a_chart_helm_cannot_render_is_refused_with_helms_reason() {
     let reason = refused(render(&newer, json!({}), "v1.29.2", &[]).await);
     assert!(reason.contains("kubeVersion") || reason.contains("incompatible"), "{reason}");
     assert!(render(&newer, json!({}), "v1.30.1", &[]).await.is_ok());
+}
+
+/// A chart that calls `lookup` (which finds nothing without a cluster) or makes random values is
+/// named as such, template by template; one that does neither has no traits.
+#[tokio::test]
+async fn a_chart_that_looks_up_or_makes_random_values_is_named_as_such() {
+    assert_eq!(traits(addons("1.0.0").package().archive()).await.unwrap(), ChartTraits::default());
+    let chart = addons("1.1.0")
+        .file(
+            "templates/password.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: pw\nstringData:\n  pw: {{ randAlphaNum 16 }}\n",
+        )
+        .file(
+            "charts/sub/templates/existing.yaml",
+            "{{- $cm := (lookup \"v1\" \"ConfigMap\" \"apps\" \"x\") }}\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: seen\n",
+        )
+        // A value that only reads like one (`.Values.lookup`) is not a call.
+        .file("templates/named.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Values.lookup | default \"n\" }}\n")
+        .package();
+    let found = traits(chart.archive()).await.unwrap();
+    assert_eq!(found.lookup, ["edge-addons/charts/sub/templates/existing.yaml"]);
+    assert_eq!(found.random, ["edge-addons/templates/password.yaml"]);
+
+    let not_a_chart = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(not_a_chart.path(), b"not gzip").unwrap();
+    assert!(matches!(traits(not_a_chart.path()).await, Err(HelmError::Refused(_))));
 }
