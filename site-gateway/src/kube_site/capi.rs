@@ -34,6 +34,9 @@ pub const KINDS: [(&str, &[&str]); 4] = [
     (INFRASTRUCTURE_GROUP, &["Metal3Cluster", "Metal3Machine", "Metal3MachineTemplate", "Metal3DataTemplate"]),
 ];
 
+/// How long a complete answer of discovery is kept.
+const SERVED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What the bootstrap cluster serves of [`KINDS`] at [`VERSION`]: each kind's resource, and
 /// what it lacks (`group/version Kind`).
 #[derive(Debug, Clone, Default)]
@@ -60,12 +63,27 @@ impl Served {
 
 impl KubeSite {
     /// Asks the bootstrap cluster which of [`KINDS`] it serves at [`VERSION`] (one discovery
-    /// request per API group).
+    /// request per API group). An answer with nothing missing is kept for [`SERVED_FOR`]: jobs
+    /// ask for every host and every poll. One with something missing is never kept, so providers
+    /// installed meanwhile are seen at once.
     ///
     /// # Errors
     /// When the cluster cannot be asked (a group it does not serve is not an error: it is
     /// missing).
     pub async fn capi_served(&self) -> Result<Served, BackendError> {
+        if let Some((at, served)) = self.served.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+            && at.elapsed() < SERVED_FOR
+        {
+            return Ok(served.clone());
+        }
+        let served = self.ask_served().await?;
+        if served.missing.is_empty() {
+            *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::time::Instant::now(), served.clone()));
+        }
+        Ok(served)
+    }
+
+    async fn ask_served(&self) -> Result<Served, BackendError> {
         let mut served = Served::default();
         for (group, kinds) in KINDS {
             let group_version = format!("{group}/{VERSION}");

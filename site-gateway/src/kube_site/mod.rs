@@ -64,6 +64,9 @@ pub struct KubeSite {
     softwares: Api<DynamicObject>,
     cache: ArtifactCache,
     uploader: Option<BpaUploader>,
+    /// What discovery last found the bootstrap cluster serving of Cluster API, when it served
+    /// all of it, and when ([`capi::Served`]).
+    served: std::sync::Mutex<Option<(std::time::Instant, capi::Served)>>,
 }
 
 impl KubeSite {
@@ -83,6 +86,7 @@ impl KubeSite {
             cfg,
             cache,
             uploader,
+            served: std::sync::Mutex::new(None),
         })
     }
 
