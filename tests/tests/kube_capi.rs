@@ -654,7 +654,7 @@ async fn a_cluster_api_site_changes_node_by_node_and_is_decommissioned_through_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_api_node_that_cannot_come_up_fails_with_what_cluster_api_and_metal3_said() {
     let mut rig = KubeSiteRig::start_capi().await;
-    (rig.provision_timeout, rig.install_timeout) = ("15s".into(), "15s".into());
+    (rig.provision_timeout, rig.install_timeout) = ("30s".into(), "30s".into());
     create_hosts(&rig).await;
     rig.metal3.failing.lock().unwrap().insert("w-1".into(), "no disk matches the root device hints".into());
     // w-2's host is held by a machine of another cluster.
@@ -672,7 +672,7 @@ async fn a_cluster_api_node_that_cannot_come_up_fails_with_what_cluster_api_and_
     let reason = |node: &str| failed.results.iter().find(|r| r.node == node).unwrap().reason.clone();
     assert!(reason("w-1").contains("no disk matches the root device hints"), "{}", reason("w-1"));
     assert!(reason("w-2").contains("no available host matches the host selector"), "{}", reason("w-2"));
-    assert!(reason("w-2").contains("15s"), "{}", reason("w-2"));
+    assert!(reason("w-2").contains("30s"), "{}", reason("w-2"));
 }
 
 /// A bootstrap cluster that does not serve the Cluster API and CAPM3 kinds landfall writes: the

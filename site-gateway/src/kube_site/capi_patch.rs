@@ -142,6 +142,11 @@ impl KubeSite {
         if host.claimed_by_machine() {
             return Ok(true);
         }
+        // A host of a Cluster API site is claimed whenever it runs an OS: one provisioned and
+        // unclaimed is a BPA site's (asked without a discovery request).
+        if host.state() == Some(ProvisioningState::Provisioned) {
+            return Ok(false);
+        }
         let served = self.capi_served().await?;
         if served.refusal().is_some() {
             return Ok(false);
