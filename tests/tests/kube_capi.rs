@@ -722,3 +722,38 @@ async fn a_set_that_surges_without_a_free_host_is_refused_at_once() {
     let md = capi_objects(&rig, "cluster.x-k8s.io", "MachineDeployment").await;
     assert_eq!(md[0].data["spec"]["template"]["spec"]["version"], "v1.29.2", "the workers were not changed");
 }
+
+/// A node's removal whose gateway is killed while Cluster API takes its machine down is taken up
+/// by the next gateway and finished once: the worker group one smaller, not two, one machine
+/// deleted and none made, the host deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removal_cut_by_a_gateway_kill_is_taken_up_and_shrinks_its_set_once() {
+    use landfall_tests::kube_site::SITE;
+    let mut rig = installed_site().await;
+    let made_before = rig.capi.log().iter().filter(|l| l.starts_with('+')).count();
+    // w-1's host stays deprovisioning: its machine cannot be gone before the gateway is killed.
+    rig.metal3.hold("w-1", "deprovisioning");
+    let env = Envelope::root();
+    let cmd = pb::RemoveNode { site_id: SITE.into(), node: "w-1".into(), reason: "retired".into() };
+    rig.bus.publish_command(&cmd, &env).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !rig.capi.log().iter().any(|l| l.starts_with('-') && l.ends_with(" w-1")) {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}\n{}", rig.capi.log(), rig.gateway_log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rig.kill_gateway();
+    rig.start_gateway();
+    rig.metal3.release("w-1", "deprovisioning");
+
+    let ends = [pb::NodeLeft::TYPE, pb::LifecycleFailed::TYPE, pb::CommandRejected::TYPE];
+    let scope = names::scope_events(SITE);
+    let removed = fleet::collect(&rig.bus, scope, "removal", &env.id, &ends, Duration::from_secs(120)).await.events;
+    last_is::<pb::NodeLeft>(&rig, &removed);
+    let md = capi_objects(&rig, "cluster.x-k8s.io", "MachineDeployment").await;
+    assert_eq!(md[0].data["spec"]["replicas"], 1, "one smaller, once");
+    let log = rig.capi.log();
+    assert_eq!(log.iter().filter(|l| l.starts_with('-')).count(), 1, "{log:?}");
+    assert_eq!(log.iter().filter(|l| l.starts_with('+')).count(), made_before, "no machine made: {log:?}");
+    assert!(rig.hosts().get_opt("w-1").await.unwrap().is_none(), "w-1's host is deleted");
+    assert!(rig.hosts().get_opt("w-2").await.unwrap().is_some());
+}
