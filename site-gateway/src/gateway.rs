@@ -163,11 +163,8 @@ impl<B: SiteBackend> Gateway<B> {
         let image_name = req.package.key();
 
         // Every state the host passes through becomes an event, in order, while it provisions.
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let work = self.backend.provision_host(&req, tx);
-        let relay = self.relay_states(d, node.name.as_str(), &image_name, &mut rx);
-        let (result, relayed) = tokio::join!(work, relay);
-        relayed?;
+        let result =
+            self.with_states(d, node.name.as_str(), &image_name, |tx| self.backend.provision_host(&req, tx)).await?;
 
         let node_name = node.name.to_string();
         match result {
@@ -199,6 +196,24 @@ impl<B: SiteBackend> Gateway<B> {
                 self.publish(&evt, &d.envelope.derive("node_failed", Some(&node_name))).await
             }
         }
+    }
+
+    /// Runs `work`, which sends each Metal3 state host `node` passes, and publishes those states
+    /// meanwhile ([`Self::relay_states`]); what `work` returned.
+    async fn with_states<T, Fut>(
+        &self,
+        d: &Delivery,
+        node: &str,
+        image: &str,
+        work: impl FnOnce(mpsc::UnboundedSender<crate::backend::ProvisioningState>) -> Fut,
+    ) -> Result<T, HandlerError>
+    where
+        Fut: std::future::Future<Output = T>,
+    {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (result, relayed) = tokio::join!(work(tx), self.relay_states(d, node, image, &mut rx));
+        relayed?;
+        Ok(result)
     }
 
     /// Publishes each Metal3 state a host passes (from `states`, until the work sending them

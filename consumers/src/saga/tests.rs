@@ -69,6 +69,16 @@ fn apply(saga: &pb::InstallSaga, input: Input) -> pb::InstallSaga {
     }
 }
 
+/// `ClusterReady` of edge-1 with master n0 and `workers`, none failed.
+fn cluster_ready(workers: &[&str]) -> pb::ClusterReady {
+    pb::ClusterReady {
+        site_id: "edge-1".into(),
+        masters: vec!["n0".into()],
+        workers: workers.iter().map(|w| w.to_string()).collect(),
+        failed: vec![],
+    }
+}
+
 pub(crate) fn started(nodes: usize) -> pb::InstallSaga {
     let d = design(nodes);
     let saga = start(&Envelope::root(), &d, resolve(&d, &catalog()).unwrap(), 0);
@@ -109,13 +119,7 @@ fn happy_path_publishes_each_step_once() {
 
     // The kubeconfig may be stored before ClusterReady is processed: wait, don't drop it.
     assert_eq!(decide(&s, &Input::KubeconfigStored, &cause, 1), Decision::Wait);
-    let ready = pb::ClusterReady {
-        site_id: "edge-1".into(),
-        masters: vec!["n0".into()],
-        workers: vec!["n1".into(), "n2".into()],
-        failed: vec![],
-    };
-    let s = apply(&s, Input::ClusterReady(ready));
+    let s = apply(&s, Input::ClusterReady(cluster_ready(&["n1", "n2"])));
     let Decision::Apply(s) = decide(&s, &Input::KubeconfigStored, &cause, 1) else { panic!() };
     assert_eq!(s.outbox[0].message_type, pb::ApplyContainerPackages::TYPE);
     let s = pb::InstallSaga { outbox: vec![], ..*s };
@@ -168,13 +172,7 @@ fn a_cluster_api_site_gets_its_build_with_the_hosts_and_waits_for_them_before_it
     assert_eq!(s.phase, InstallPhase::InstallingBinaries as i32);
     assert!(s.outbox.is_empty(), "no second build: {:?}", s.outbox);
     assert_eq!(s.jobs.iter().filter(|j| j.kind == pb::InstallBinaries::KIND).count(), 1);
-    let ready = pb::ClusterReady {
-        site_id: "edge-1".into(),
-        masters: vec!["n0".into()],
-        workers: vec!["n1".into(), "n2".into()],
-        failed: vec![],
-    };
-    let s = apply(&s, Input::ClusterReady(ready));
+    let s = apply(&s, Input::ClusterReady(cluster_ready(&["n1", "n2"])));
     assert_eq!(s.phase, InstallPhase::CollectingKubeconfig as i32);
 }
 
@@ -207,13 +205,7 @@ fn a_failed_worker_gives_partial_success_naming_it() {
     let job = pb::InstallBinaries::decode(s.outbox[0].payload.as_slice()).unwrap();
     assert_eq!(job.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n0", "n1"]);
     let s = pb::InstallSaga { outbox: vec![], ..*s };
-    let ready = pb::ClusterReady {
-        site_id: "edge-1".into(),
-        masters: vec!["n0".into()],
-        workers: vec!["n1".into()],
-        failed: vec![],
-    };
-    let s = apply(&s, Input::ClusterReady(ready));
+    let s = apply(&s, Input::ClusterReady(cluster_ready(&["n1"])));
     let s = apply(&s, Input::KubeconfigStored);
     let Decision::Apply(s) = decide(&s, &Input::ContainersApplied, &Envelope::root(), 1) else { panic!() };
     let failed = pb::SiteInstallFailed::decode(s.outbox[0].payload.as_slice()).unwrap();

@@ -6,7 +6,6 @@ use bus_schema::domain::Role;
 use bus_schema::pb::{self, BusJob};
 use bus_schema::runtime::{Delivery, HandlerError};
 use futures::StreamExt;
-use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::Gateway;
@@ -77,11 +76,7 @@ impl<B: SiteBackend> Gateway<B> {
         };
         // A host Cluster API holds is freed through it first: its machine goes (and, for a node
         // leaving, its set shrinks); what is left to deprovision then is nothing.
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let work = self.backend.release_host(node, !job.keep_host, tx);
-        let relay = self.relay_states(d, node, "", &mut rx);
-        let (released, relayed) = tokio::join!(work, relay);
-        relayed?;
+        let released = self.with_states(d, node, "", |tx| self.backend.release_host(node, !job.keep_host, tx)).await?;
         if let Err(e) = released {
             return self.job_failed(d, kind, failed("releasing the machine of", e)?).await;
         }
@@ -117,12 +112,7 @@ impl<B: SiteBackend> Gateway<B> {
         node: &str,
         cleaning: pb::CleaningMode,
     ) -> Result<Result<bool, String>, HandlerError> {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let work = self.backend.deprovision_host(node, cleaning, tx);
-        let relay = self.relay_states(d, node, "", &mut rx);
-        let (result, relayed) = tokio::join!(work, relay);
-        relayed?;
-        match result {
+        match self.with_states(d, node, "", |tx| self.backend.deprovision_host(node, cleaning, tx)).await? {
             Ok(had) => Ok(Ok(had)),
             Err(e @ BackendError::Transient { .. }) => {
                 Err(HandlerError::transient(format!("deprovisioning {node}"), e))

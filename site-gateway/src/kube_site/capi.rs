@@ -110,6 +110,18 @@ impl KubeSite {
         Ok(served)
     }
 
+    /// What [`Self::capi_served`] found, when the bootstrap cluster serves every kind.
+    ///
+    /// # Errors
+    /// `Permanent` with [`Served::refusal`] when it lacks some.
+    pub(super) async fn served(&self) -> Result<Served, BackendError> {
+        let served = self.capi_served().await?;
+        match served.refusal() {
+            Some(refusal) => Err(BackendError::permanent_reason(refusal)),
+            None => Ok(served),
+        }
+    }
+
     /// Server-side applies `objects` (as [`crate::capi::render`] makes them) in their order,
     /// each in its own namespace with the gateway's field manager; the objects as the cluster
     /// stored them.
@@ -118,10 +130,7 @@ impl KubeSite {
     /// `Permanent` with the kinds missing when the cluster does not serve them (nothing is
     /// written then), or with the API server's reason when it refuses an object.
     pub async fn apply_capi(&self, objects: &[Value]) -> Result<Vec<DynamicObject>, BackendError> {
-        let served = self.capi_served().await?;
-        if let Some(refusal) = served.refusal() {
-            return Err(BackendError::permanent_reason(refusal));
-        }
+        let served = self.served().await?;
         self.capi_write(&served, objects).await
     }
 
@@ -159,20 +168,13 @@ impl KubeSite {
     /// # Errors
     /// When the bootstrap cluster does not serve the Cluster API kinds, or cannot be read.
     pub async fn capi_observed(&self, cluster: &str) -> Result<Observed, BackendError> {
-        let served = self.capi_served().await?;
-        if let Some(refusal) = served.refusal() {
-            return Err(BackendError::permanent_reason(refusal));
-        }
+        let served = self.served().await?;
         self.capi_read(&served, cluster).await
     }
 
     /// [`Self::capi_observed`] with what discovery found already (a poll asks it once).
     async fn capi_read(&self, served: &Served, cluster: &str) -> Result<Observed, BackendError> {
-        let ns = self.cfg.namespace.as_str();
-        let api = |group: &str, kind: &str| -> Api<DynamicObject> {
-            let resource = &served.resources[&(group.to_string(), kind.to_string())];
-            Api::namespaced_with(self.client(), ns, resource)
-        };
+        let api = |group: &str, kind: &str| self.capi_api(served, group, kind);
         let one = async |group: &str, kind: &str, name: &str| {
             let found =
                 api(group, kind).get_opt(name).await.map_err(|e| kube_error(&format!("reading {kind} {name}"), e))?;
@@ -238,10 +240,7 @@ impl KubeSite {
             .map_err(|e| BackendError::permanent("rendering the site's Cluster API objects", e))?;
         let version = kubernetes_version(&build.design, Role::Master)
             .map_err(|e| BackendError::permanent("rendering the site's Cluster API objects", e))?;
-        let served = self.capi_served().await?;
-        if let Some(refusal) = served.refusal() {
-            return Err(BackendError::permanent_reason(refusal));
-        }
+        let served = self.served().await?;
         self.capi_write(&served, &objects).await?;
         info!(site = %self.cfg.site, cluster = %settings.cluster, objects = objects.len(), %version, "Cluster API objects applied");
 

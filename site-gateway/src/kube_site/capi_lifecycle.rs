@@ -21,7 +21,7 @@ use tracing::info;
 
 use super::KubeSite;
 use super::capi::Served;
-use super::capi_patch::{DELETE_MACHINE, NodeSet};
+use super::capi_patch::NodeSet;
 use super::error::kube_error;
 use super::marks::{self, FIELD_MANAGER};
 use super::ownership::intent_of;
@@ -69,7 +69,7 @@ impl KubeSite {
                      number (etcd's quorum): add a master first, or remove two"
                 )));
             }
-            self.mark_machine(&machines, &machine_name).await?;
+            self.mark_machine(&served, &machine).await?;
             let unlabel = json!({"metadata": {"labels": {marks::ROLE_LABEL: null}}});
             let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
             self.hosts
@@ -94,16 +94,6 @@ impl KubeSite {
         let labelled = ListParams::default().labels(&format!("{}={role}", marks::ROLE_LABEL));
         let hosts = self.hosts.list(&labelled).await.map_err(|e| kube_error("listing BareMetalHosts", e))?;
         Ok(hosts.items.iter().filter(|h| h.name_any() != leaving && h.metadata.deletion_timestamp.is_none()).count())
-    }
-
-    async fn mark_machine(&self, machines: &Api<DynamicObject>, machine: &str) -> Result<(), BackendError> {
-        let body = json!({"metadata": {"annotations": {DELETE_MACHINE: "landfall"}}});
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        machines
-            .patch(machine, &params, &Patch::Merge(&body))
-            .await
-            .map_err(|e| kube_error(&format!("marking Machine {machine}"), e))?;
-        Ok(())
     }
 
     /// Sets the node set's `replicas` to `size`.
@@ -131,37 +121,12 @@ impl KubeSite {
         machine: &str,
         progress: &mpsc::UnboundedSender<ProvisioningState>,
     ) -> Result<(), BackendError> {
-        let relay = self.relay_host_states(name, progress);
-        let gone = async {
-            let deadline = tokio::time::Instant::now() + self.cfg.provision_timeout;
-            loop {
-                let found =
-                    machines.get_opt(machine).await.map_err(|e| kube_error(&format!("Machine {machine}"), e))?;
-                if found.is_none() {
-                    return Ok(());
-                }
-                if let Some(host) = self.host(name).await?
-                    && let Some((error_type, message)) = host.error()
-                {
-                    return Err(BackendError::HostFailed {
-                        host: name.to_string(),
-                        error_type: error_type.to_string(),
-                        message: message.to_string(),
-                    });
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(BackendError::permanent_reason(format!(
-                        "Cluster API did not delete Machine {machine} (host {name}) within {:?}",
-                        self.cfg.provision_timeout
-                    )));
-                }
-                tokio::time::sleep(self.cfg.poll.min(Duration::from_secs(2))).await;
-            }
+        let gone = async |_| {
+            let found = machines.get_opt(machine).await.map_err(|e| kube_error(&format!("Machine {machine}"), e))?;
+            Ok(found.is_none())
         };
-        tokio::select! {
-            result = gone => result,
-            () = relay => Ok(()),
-        }
+        let late = |_: Option<&_>| format!("Cluster API did not delete Machine {machine} (host {name})");
+        self.until_host(name, progress, gone, late).await
     }
 
     /// Deletes the site's `Cluster` and waits until Cluster API has taken it down, then deletes

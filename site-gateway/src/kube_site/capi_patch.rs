@@ -27,6 +27,7 @@ use tracing::info;
 
 use super::KubeSite;
 use super::capi::Served;
+use super::drain::{kubelet_version, readiness};
 use super::error::kube_error;
 use super::marks::FIELD_MANAGER;
 use super::metal3::BareMetalHost;
@@ -92,10 +93,6 @@ impl NodeSet {
 pub(super) fn through_cluster_api(package: &Package) -> bool {
     package.kind == pb::PackageKind::OsImage
         || (package.kind == pb::PackageKind::Binary && package.name.as_str() == "kubelet")
-}
-
-fn v(version: &str) -> String {
-    format!("v{}", version.trim_start_matches('v'))
 }
 
 impl KubeSite {
@@ -168,12 +165,15 @@ impl KubeSite {
                 host.state() == Some(ProvisioningState::Provisioned)
                     && host.provisioned_image().is_some_and(|i| i.url == wanted)
             }
-            _ => machine.data.pointer("/spec/version").and_then(Value::as_str) == Some(&v(package.version.as_str())),
+            _ => {
+                machine.data.pointer("/spec/version").and_then(Value::as_str)
+                    == Some(&kubelet_version(package.version.as_str()))
+            }
         };
         if !at || machine.data.pointer("/status/nodeRef/name").and_then(Value::as_str) != Some(name.as_str()) {
             return Ok(false);
         }
-        let want = (package.name.as_str() == "kubelet").then(|| v(package.version.as_str()));
+        let want = (package.name.as_str() == "kubelet").then(|| kubelet_version(package.version.as_str()));
         Ok(self.not_ready_at(&name, want.as_deref()).await?.is_none())
     }
 
@@ -182,22 +182,11 @@ impl KubeSite {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.application_cluster().await?);
         let node = nodes.get_opt(name).await.map_err(|e| kube_error(&format!("Node {name}"), e))?;
         let Some(node) = node else { return Ok(Some("not registered".into())) };
-        let status = node.status.unwrap_or_default();
-        let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
-        let kubelet = status.node_info.map(|i| i.kubelet_version).unwrap_or_default();
-        Ok(match (ready, version) {
-            (false, _) => Some("not Ready".into()),
-            (true, Some(v)) if kubelet != v => Some(format!("Ready at kubelet {kubelet}, not {v}")),
+        Ok(match (readiness(&node), version) {
+            ((false, _), _) => Some("not Ready".into()),
+            ((true, kubelet), Some(v)) if kubelet != v => Some(format!("Ready at kubelet {kubelet}, not {v}")),
             _ => None,
         })
-    }
-
-    pub(super) async fn served(&self) -> Result<Served, BackendError> {
-        let served = self.capi_served().await?;
-        match served.refusal() {
-            Some(refusal) => Err(BackendError::permanent_reason(refusal)),
-            None => Ok(served),
-        }
     }
 
     /// Patches a node whose host Cluster API claimed (see the module's comment).
@@ -236,7 +225,7 @@ impl KubeSite {
         if !self.capi_runs(host, package).await? {
             self.change_set(&served, &set, req).await?;
             if let Some(machine) = &machine {
-                self.replace_first(&served, machine).await?;
+                self.mark_machine(&served, machine).await?;
             }
             let progress = req.progress.clone().unwrap_or_else(|| mpsc::unbounded_channel().0);
             self.until_replaced(name, package, &progress).await?;
@@ -276,7 +265,7 @@ impl KubeSite {
             }
             _ => {
                 if let Some(version) = intent.pointer_mut(set.version_pointer()) {
-                    *version = json!(v(package.version.as_str()));
+                    *version = json!(kubelet_version(package.version.as_str()));
                 }
             }
         }
@@ -326,8 +315,9 @@ impl KubeSite {
         Ok(name)
     }
 
-    /// Marks the machine for Cluster API to replace before the set's others.
-    async fn replace_first(&self, served: &Served, machine: &DynamicObject) -> Result<(), BackendError> {
+    /// Marks `machine` `cluster.x-k8s.io/delete-machine`: Cluster API deletes it before its
+    /// set's others (a machine marked or being deleted already is left as it is).
+    pub(super) async fn mark_machine(&self, served: &Served, machine: &DynamicObject) -> Result<(), BackendError> {
         if machine.annotations().contains_key(DELETE_MACHINE) || machine.metadata.deletion_timestamp.is_some() {
             return Ok(());
         }
@@ -340,60 +330,55 @@ impl KubeSite {
         Ok(())
     }
 
-    /// Sends each new state host `name` passes on `progress`, from a watch, until dropped.
-    pub(super) async fn relay_host_states(&self, name: &str, progress: &mpsc::UnboundedSender<ProvisioningState>) {
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let mut updates = watcher(self.hosts.clone(), config).default_backoff().applied_objects().boxed();
-        let mut last = None;
-        while let Some(next) = updates.next().await {
-            let Ok(host) = next else { continue };
-            if let Some(s) = host.state().filter(|s| Some(*s) != last) {
-                last = Some(s);
-                let _ = progress.send(s);
-            }
-        }
-        std::future::pending::<()>().await
-    }
-
-    /// Waits until a machine up to date for `package` stands on host `name` with its Node Ready,
-    /// sending each state the host passes on `progress`.
+    /// Polls host `name` until `done` says so (given the host, `None` once it is gone), relaying
+    /// each state the host passes on `progress` from a watch (Cluster API's machines pass them
+    /// quickly).
     ///
     /// # Errors
-    /// `HostFailed` when Metal3 fails the host; `Permanent` when the provisioning time-out
-    /// passes, with what the host and its Node showed.
-    async fn until_replaced(
+    /// `HostFailed` when Metal3 fails the host; `Permanent` with `late`'s words (given the host
+    /// as last seen) when the provisioning time-out passes; what `done` returns.
+    pub(super) async fn until_host<F, Fut>(
         &self,
         name: &str,
-        package: &Package,
         progress: &mpsc::UnboundedSender<ProvisioningState>,
-    ) -> Result<(), BackendError> {
-        // Each state the host passes, from a watch: Cluster API's machines pass them quickly.
-        let relay = self.relay_host_states(name, progress);
-        let replaced = async {
+        done: F,
+        late: impl Fn(Option<&BareMetalHost>) -> String,
+    ) -> Result<(), BackendError>
+    where
+        F: Fn(Option<BareMetalHost>) -> Fut,
+        Fut: Future<Output = Result<bool, BackendError>>,
+    {
+        let relay = async {
+            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let mut updates = watcher(self.hosts.clone(), config).default_backoff().applied_objects().boxed();
+            let mut last = None;
+            while let Some(next) = updates.next().await {
+                let Ok(host) = next else { continue };
+                if let Some(s) = host.state().filter(|s| Some(*s) != last) {
+                    last = Some(s);
+                    let _ = progress.send(s);
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        let polled = async {
             let deadline = tokio::time::Instant::now() + self.cfg.provision_timeout;
             loop {
-                let Some(host) = self.host(name).await? else {
-                    return Err(BackendError::permanent_reason(format!("host {name} is gone")));
-                };
-                if let Some((error_type, message)) = host.error() {
+                let host = self.host(name).await?;
+                if let Some((error_type, message)) = host.as_ref().and_then(BareMetalHost::error) {
                     return Err(BackendError::HostFailed {
                         host: name.to_string(),
                         error_type: error_type.to_string(),
                         message: message.to_string(),
                     });
                 }
-                if self.capi_runs(&host, package).await? {
+                let said_late = late(host.as_ref());
+                if done(host).await? {
                     return Ok(());
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    let state = host.state().map_or("unknown".to_string(), |s| s.to_string());
-                    let claimed = match host.spec.consumer_ref.as_ref() {
-                        Some(c) => format!("claimed by {} {}", c.kind, c.name),
-                        None => "claimed by no machine".to_string(),
-                    };
                     return Err(BackendError::permanent_reason(format!(
-                        "Cluster API did not bring a machine at {} onto host {name} within {:?} (host {state}, {claimed})",
-                        package.reference().key(),
+                        "{said_late} within {:?}",
                         self.cfg.provision_timeout
                     )));
                 }
@@ -401,8 +386,38 @@ impl KubeSite {
             }
         };
         tokio::select! {
-            result = replaced => result,
+            result = polled => result,
             () = relay => Ok(()),
         }
+    }
+
+    /// Waits until a machine up to date for `package` stands on host `name` with its Node Ready,
+    /// sending each state the host passes on `progress`.
+    ///
+    /// # Errors
+    /// `HostFailed` when Metal3 fails the host; `Permanent` when the host is gone, or when the
+    /// provisioning time-out passes, with what the host showed.
+    async fn until_replaced(
+        &self,
+        name: &str,
+        package: &Package,
+        progress: &mpsc::UnboundedSender<ProvisioningState>,
+    ) -> Result<(), BackendError> {
+        let done = async |host: Option<BareMetalHost>| match host {
+            None => Err(BackendError::permanent_reason(format!("host {name} is gone"))),
+            Some(host) => self.capi_runs(&host, package).await,
+        };
+        let late = |host: Option<&BareMetalHost>| {
+            let state = host.and_then(BareMetalHost::state).map_or("unknown".to_string(), |s| s.to_string());
+            let claimed = match host.and_then(|h| h.spec.consumer_ref.as_ref()) {
+                Some(c) => format!("claimed by {} {}", c.kind, c.name),
+                None => "claimed by no machine".to_string(),
+            };
+            format!(
+                "Cluster API did not bring a machine at {} onto host {name} (host {state}, {claimed})",
+                package.reference().key()
+            )
+        };
+        self.until_host(name, progress, done, late).await
     }
 }

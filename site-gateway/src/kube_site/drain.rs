@@ -39,7 +39,7 @@ fn key(pod: &Pod) -> String {
 }
 
 /// `Ready` and the kubelet's version, as the node reports them.
-fn readiness(node: &Node) -> (bool, String) {
+pub(super) fn readiness(node: &Node) -> (bool, String) {
     let status = node.status.as_ref();
     let ready = status
         .and_then(|s| s.conditions.as_ref())
@@ -50,7 +50,7 @@ fn readiness(node: &Node) -> (bool, String) {
 }
 
 /// A version as a kubelet reports it: `v1.29.2` for the catalog's `1.29.2`.
-fn kubelet_version(version: &str) -> String {
+pub(super) fn kubelet_version(version: &str) -> String {
     if version.starts_with('v') { version.to_string() } else { format!("v{version}") }
 }
 

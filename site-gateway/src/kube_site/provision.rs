@@ -224,10 +224,8 @@ impl KubeSite {
         req: &HostRequest,
         progress: &mpsc::UnboundedSender<ProvisioningState>,
     ) -> Result<(), BackendError> {
-        if req.enroll_only
-            && let Some(refusal) = self.capi_served().await?.refusal()
-        {
-            return Err(BackendError::permanent_reason(refusal));
+        if req.enroll_only {
+            self.served().await?;
         }
         let name = req.node.name.as_str();
         let (mut intent, before) = self.prepare_host(req, progress).await?;
