@@ -114,7 +114,8 @@ impl Role {
                 &[names::OBSERVED_BUCKET, names::PACKAGES_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET]
             }
             Role::Kubeconfig => &[names::KUBECONFIGS_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET],
-            Role::Distribution => &[names::PACKAGES_BUCKET],
+            // The sites' designs: the values a chart is rendered with for each.
+            Role::Distribution => &[names::PACKAGES_BUCKET, names::SITES_BUCKET],
             Role::Operator | Role::Site(_) => &[],
         }
     }
@@ -131,8 +132,10 @@ impl Role {
             ],
             Role::Observer => &[(names::OBSERVED_BUCKET, ">")],
             Role::Kubeconfig => &[(names::KUBECONFIGS_BUCKET, ">")],
-            // It announces where the artifact store is, and writes nothing else.
-            Role::Distribution => &[(names::PACKAGES_BUCKET, keys::ARTIFACT_STORE)],
+            // It announces where the artifact store is, and keeps the charts it rendered for sites.
+            Role::Distribution => {
+                &[(names::PACKAGES_BUCKET, keys::ARTIFACT_STORE), (names::PACKAGES_BUCKET, "render.>")]
+            }
             Role::Api | Role::Operator | Role::Site(_) => &[],
         }
     }
@@ -245,7 +248,9 @@ impl Role {
                 p.allow_responses = true;
             }
             Role::Distribution => {
-                p.subscribe.extend([names::ARTIFACT_PLAN, names::ARTIFACT_CHUNK].map(names::svc_every_site));
+                p.subscribe.extend(
+                    [names::ARTIFACT_PLAN, names::ARTIFACT_CHUNK, names::CHART_RENDER].map(names::svc_every_site),
+                );
                 p.allow_responses = true;
             }
             _ => {}
@@ -620,7 +625,10 @@ mod tests {
                 Role::Kubeconfig,
                 vec!["$KV.landfall-kubeconfigs.kubeconfig.edge-01", "$KV.landfall-kubeconfigs.bmc.edge-01.m-1"],
             ),
-            (Role::Distribution, vec!["$KV.landfall-packages.artifact-store"]),
+            (
+                Role::Distribution,
+                vec!["$KV.landfall-packages.artifact-store", "$KV.landfall-packages.render.edge-01.cni.1"],
+            ),
         ];
         for (role, subjects) in &owned {
             for subject in subjects {

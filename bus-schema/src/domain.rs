@@ -405,6 +405,11 @@ pub struct SiteDesign {
     /// How the site's cluster is built (the BPA unless it says Cluster API).
     #[serde(default)]
     pub cluster: ClusterBuild,
+    /// The values this site gives each helm-chart package, by package name: layered over the
+    /// package's own when the hub renders the chart for the site (`'!key'` removes a key the
+    /// package sets).
+    #[serde(default)]
+    pub values: BTreeMap<String, serde_json::Value>,
 }
 
 impl SiteDesign {
@@ -443,6 +448,14 @@ impl SiteDesign {
                         format!("{} is listed twice", p.name),
                     ));
                 }
+            }
+        }
+        for (name, values) in &self.values {
+            if !values.is_object() {
+                return Err(InvalidField::new(format!("values.{name}"), "must be a mapping of the chart's values"));
+            }
+            if !self.all_packages().iter().any(|p| p.name.as_str() == name) {
+                return Err(InvalidField::new(format!("values.{name}"), format!("no node of the site runs {name}")));
             }
         }
         Ok(self)
@@ -488,7 +501,13 @@ impl TryFrom<pb::SiteDesign> for SiteDesign {
             packages.entry(role).or_default().extend(list);
         }
         let cluster = d.cluster.map(ClusterBuild::try_from).transpose()?.unwrap_or_default();
-        Self { site: d.site_id.try_into()?, labels: d.labels.into_iter().collect(), nodes, packages, cluster }
+        let mut values = BTreeMap::new();
+        for (name, text) in d.chart_values {
+            let value: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| InvalidField::new(format!("chart_values.{name}"), format!("not JSON: {e}")))?;
+            values.insert(name, value);
+        }
+        Self { site: d.site_id.try_into()?, labels: d.labels.into_iter().collect(), nodes, packages, cluster, values }
             .validate()
     }
 }
@@ -509,6 +528,7 @@ impl From<&SiteDesign> for pb::SiteDesign {
                 .collect(),
             // A BPA site's message stays as it was before there was a choice.
             cluster: (d.cluster != ClusterBuild::default()).then(|| pb::ClusterBuild::from(&d.cluster)),
+            chart_values: d.values.iter().map(|(name, v)| (name.clone(), v.to_string())).collect(),
         }
     }
 }
@@ -522,12 +542,49 @@ pub struct Package {
     pub sha256: Sha256,
     pub size: u64,
     pub object_key: String,
+    /// A helm-chart package's release and values; `None` for every other kind.
+    pub chart: Option<pb::HelmChart>,
+    /// A helm-chart package as a job carries it: its site's render stands in for the chart
+    /// (`sha256`, `size` and `object_key` are the render's), and this says what it was made of.
+    pub render: Option<pb::ChartRender>,
 }
 
 impl Package {
     /// Its name and version.
     pub fn reference(&self) -> PackageRef {
         PackageRef { name: self.name.clone(), version: self.version.clone() }
+    }
+
+    /// Whether it goes to the site's cluster as manifests (a container package or a chart).
+    pub fn is_manifests(&self) -> bool {
+        matches!(self.kind, pb::PackageKind::Container | pb::PackageKind::HelmChart)
+    }
+}
+
+/// Checks a helm-chart package's release: a release name and namespace as Kubernetes takes them.
+fn check_chart(kind: pb::PackageKind, chart: Option<pb::HelmChart>) -> Result<Option<pb::HelmChart>, InvalidField> {
+    match (kind, chart) {
+        (pb::PackageKind::HelmChart, None) => {
+            Err(InvalidField::new("chart", "a helm-chart package needs its release and namespace"))
+        }
+        (pb::PackageKind::HelmChart, Some(c)) => {
+            // Helm's own limit for a release name is 53 characters (its objects' names append to it).
+            if c.release.len() > 53 {
+                return Err(InvalidField::new("chart.release", "at most 53 characters, as Helm takes it"));
+            }
+            dns_label(&c.release).map_err(|r| InvalidField::new("chart.release", r))?;
+            dns_label(&c.namespace).map_err(|r| InvalidField::new("chart.namespace", r))?;
+            if !c.values.trim().is_empty() {
+                match crate::yaml::from_str::<serde_json::Value>(&c.values) {
+                    Ok(serde_json::Value::Object(_)) | Ok(serde_json::Value::Null) => {}
+                    Ok(_) => return Err(InvalidField::new("chart.values", "must be a YAML mapping")),
+                    Err(e) => return Err(InvalidField::new("chart.values", e.to_string())),
+                }
+            }
+            Ok(Some(c))
+        }
+        (_, Some(_)) => Err(InvalidField::new("chart", "only a helm-chart package has a release")),
+        (_, None) => Ok(None),
     }
 }
 
@@ -536,8 +593,11 @@ impl TryFrom<pb::Package> for Package {
     fn try_from(p: pb::Package) -> Result<Self, InvalidField> {
         let kind = match pb::PackageKind::try_from(p.kind) {
             Ok(k) if k != pb::PackageKind::Unspecified => k,
-            _ => return Err(InvalidField::new("kind", "must be os-image, binary or container")),
+            _ => return Err(InvalidField::new("kind", "must be os-image, binary, container or helm-chart")),
         };
+        if p.render.is_some() && kind != pb::PackageKind::HelmChart {
+            return Err(InvalidField::new("render", "only a helm-chart package is rendered"));
+        }
         Ok(Self {
             name: p.name.try_into()?,
             version: p.version.try_into()?,
@@ -545,6 +605,8 @@ impl TryFrom<pb::Package> for Package {
             sha256: p.sha256.try_into()?,
             size: p.size,
             object_key: p.object_key,
+            chart: check_chart(kind, p.chart)?,
+            render: p.render,
         })
     }
 }
@@ -558,6 +620,8 @@ impl From<&Package> for pb::Package {
             sha256: p.sha256.to_string(),
             size: p.size,
             object_key: p.object_key.clone(),
+            chart: p.chart.clone(),
+            render: p.render.clone(),
         }
     }
 }
@@ -569,7 +633,8 @@ impl std::str::FromStr for pb::PackageKind {
             "os-image" => Ok(Self::OsImage),
             "binary" => Ok(Self::Binary),
             "container" => Ok(Self::Container),
-            _ => Err(InvalidField::new("kind", format!("{s:?} is not os-image, binary or container"))),
+            "helm-chart" => Ok(Self::HelmChart),
+            _ => Err(InvalidField::new("kind", format!("{s:?} is not os-image, binary, container or helm-chart"))),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! - [`pb`]: the protobuf types of package `landfall.v1` (commands, jobs, events, state).
 //! - [`names`]: every subject, stream, consumer, KV bucket and header name. No other crate
 //!   writes one as a literal.
+//! - [`chart`]: a Helm chart's render as a site gets it (Helm's install order), and values merged.
 //! - [`cluster`]: how a site's cluster is built (the BPA or Cluster API) and Cluster API's rules.
 //! - [`domain`]: validated domain types and the `TryFrom` conversions at the protobuf edge.
 //! - [`ids`]: message ids, correlation and deterministic ids for derived messages.
@@ -17,6 +18,7 @@
 //! - [`runtime`] (feature `runtime`): the one bus runtime every service uses.
 
 pub mod access;
+pub mod chart;
 pub mod cluster;
 pub mod design;
 pub mod domain;

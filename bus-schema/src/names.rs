@@ -242,6 +242,11 @@ pub fn bmc_credentials_svc(site: &str) -> String {
     format!("landfall.svc.{site}.bmc_credentials")
 }
 
+/// A gateway's request for its site's render of a helm-chart package.
+pub fn chart_render_svc(site: &str) -> String {
+    format!("landfall.svc.{site}.{CHART_RENDER}")
+}
+
 /// One gateway service kind at every site, as the hub service subscribes to it.
 pub fn svc_every_site(kind: &str) -> String {
     format!("landfall.svc.*.{kind}")
@@ -260,6 +265,7 @@ pub const CUT_OFF_AFTER: Duration = Duration::from_secs(60);
 pub const ARTIFACT_PLAN: &str = "artifact_plan";
 pub const ARTIFACT_CHUNK: &str = "artifact_chunk";
 pub const BMC_CREDENTIALS: &str = "bmc_credentials";
+pub const CHART_RENDER: &str = "chart_render";
 
 /// The kinds of the operators' requests (`landfall.admin.<kind>`).
 pub const KUBECONFIG_GET: &str = "kubeconfig_get";
@@ -403,6 +409,19 @@ pub mod keys {
     /// Where the distribution service announces the artifact store it reads
     /// (`landfall-packages`; the URL without credentials).
     pub const ARTIFACT_STORE: &str = "artifact-store";
+
+    /// A site's render of a helm-chart package version from one set of inputs (chart, values,
+    /// helm, cluster: their digest) (`landfall-packages`): what the distribution service made
+    /// for it, and the only renders of that chart it serves the site. Never overwritten.
+    pub fn chart_render(site: &str, name: &str, version: &str, inputs_digest: &str) -> String {
+        format!("{RENDER_PREFIX}{site}.{}.{}.{}", escape(name), escape(version), escape(inputs_digest))
+    }
+    /// Every render of one site.
+    pub fn site_renders_prefix(site: &str) -> String {
+        format!("{RENDER_PREFIX}{site}.")
+    }
+    /// Every render key starts with this.
+    pub const RENDER_PREFIX: &str = "render.";
 
     /// Every observed-package key starts with this (`landfall-observed`).
     pub const OBSERVED_PREFIX: &str = "node.";

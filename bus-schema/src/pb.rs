@@ -98,6 +98,8 @@ bus_message!(
     ArtifactPlan,
     ChunkRequest,
     BmcCredentialsRequest,
+    ChartRenderRequest,
+    ChartRenderReply,
     KubeconfigGet,
     PutBmcCredentials,
     SecretStored,
@@ -374,6 +376,7 @@ impl PackageKind {
             PackageKind::OsImage => "os-image",
             PackageKind::Binary => "binary",
             PackageKind::Container => "container",
+            PackageKind::HelmChart => "helm-chart",
         }
     }
 }

@@ -362,6 +362,7 @@ mod tests {
                 pb::RolePackages { role: pb::Role::Worker as i32, packages: refs("1.29.2") },
             ],
             cluster: None,
+            chart_values: Default::default(),
         })
         .unwrap()
     }

@@ -234,6 +234,8 @@ rules! {
     Service ArtifactPlanRequest ["", names::ARTIFACT_PLAN] from SITE, sites ["site_id"];
     Service ChunkRequest ["", names::ARTIFACT_CHUNK] from SITE, sites ["site_id"];
     Service BmcCredentialsRequest ["", names::BMC_CREDENTIALS] from SITE, sites ["site_id"];
+    // An operator asks for a site's render as its gateway would (`landfall package render`).
+    Service ChartRenderRequest ["", names::CHART_RENDER] from &[Site, Operator], sites ["site_id"];
     Service SiteAlive ["", names::SITE_ALIVE] from SITE, sites ["site_id"];
 
     SiteRpc KubeconfigRequest ["", names::KUBECONFIG_RPC] from &[Kubeconfig, Operator], sites ["site_id"];

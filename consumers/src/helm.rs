@@ -55,35 +55,71 @@ pub struct Template<'a> {
     pub api_versions: &'a [String],
 }
 
-/// A hook, and when Helm runs it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Hook {
-    pub object: Value,
-    /// `helm.sh/hook-weight`: hooks run lightest first.
-    pub weight: i64,
-    /// `helm.sh/hook-delete-policy`: `before-hook-creation` (Helm's default), `hook-succeeded`,
-    /// `hook-failed`.
-    pub delete_policies: Vec<String>,
-}
+pub use bus_schema::chart::{Hook, Rendered};
 
-/// A chart rendered, in the order Helm installs it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Rendered {
-    /// CustomResourceDefinitions: applied first, and waited for until Established.
-    pub crds: Vec<Value>,
-    /// `pre-install` / `pre-upgrade` hooks, lightest first (equal weights in `Kind/name` order).
-    pub pre: Vec<Hook>,
-    /// The chart's objects.
-    pub objects: Vec<Value>,
-    /// `post-install` / `post-upgrade` hooks, lightest first.
-    pub post: Vec<Hook>,
-    /// Hooks for events landfall does not run (delete, rollback), named `Kind/name`.
-    pub unused_hooks: Vec<String>,
+/// The helm version `scripts/ensure-helm` pins, where it leaves the binary.
+pub const PINNED_VERSION: &str = "v4.1.4";
+
+/// A chart's name and version, as its `Chart.yaml` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChartMeta {
+    pub name: String,
+    pub version: String,
 }
 
 impl Helm {
     pub fn new(binary: impl Into<PathBuf>) -> Self {
         Self { binary: binary.into() }
+    }
+
+    /// The helm binary to use: `LANDFALL_HELM`, else the one `scripts/ensure-helm` left in the
+    /// cache (`$LANDFALL_CACHE` or `~/.cache/landfall`), else `helm` on the `PATH`.
+    ///
+    /// # Errors
+    /// When none is found: what to do about it.
+    pub fn locate() -> Result<Self, String> {
+        if let Some(path) = std::env::var_os("LANDFALL_HELM").filter(|p| !p.is_empty()) {
+            return Ok(Self::new(path));
+        }
+        let cache = std::env::var_os("LANDFALL_CACHE").map(PathBuf::from).or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|c| c.join("landfall"))
+        });
+        if let Some(bin) = cache.map(|c| c.join("helm").join(PINNED_VERSION).join("helm")).filter(|b| b.is_file()) {
+            return Ok(Self::new(bin));
+        }
+        let on_path = std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .map(|d| d.join("helm"))
+            .find(|b| b.is_file());
+        on_path.map(Self::new).ok_or_else(|| {
+            "no helm binary: helm-chart packages are rendered with helm v4; run scripts/ensure-helm (it fetches \
+             the pinned build into the cache) or set LANDFALL_HELM"
+                .to_string()
+        })
+    }
+
+    /// The binary's path.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// The name and version of the chart archive at `archive` (`helm show chart`).
+    ///
+    /// # Errors
+    /// [`HelmError::Refused`] with helm's message when it is not a chart.
+    pub async fn chart(&self, archive: &Path) -> Result<ChartMeta, HelmError> {
+        let home = self.home()?;
+        let text = self.run(&home, &["show", "chart", &archive.display().to_string()]).await?;
+        let chart: Value = bus_schema::yaml::from_str(&text).map_err(|e| HelmError::Output(e.to_string()))?;
+        let field = |k: &str| chart[k].as_str().map(str::to_string);
+        match (field("name"), field("version")) {
+            (Some(name), Some(version)) => Ok(ChartMeta { name, version }),
+            _ => Err(HelmError::Refused("Chart.yaml has no name or version".into())),
+        }
     }
 
     /// helm's version (`v4.1.4`).
@@ -127,7 +163,7 @@ impl Helm {
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let text = self.run(&home, &args).await?;
-        split(&text)
+        bus_schema::chart::split(&text).map_err(HelmError::Output)
     }
 
     fn home(&self) -> Result<tempfile::TempDir, HelmError> {
@@ -254,57 +290,4 @@ pub async fn traits(archive: &Path) -> Result<ChartTraits, HelmError> {
         }
     }
     Ok(found)
-}
-
-/// helm's output split as Helm installs it.
-fn split(text: &str) -> Result<Rendered, HelmError> {
-    let mut out = Rendered::default();
-    for document in bus_schema::yaml::documents(text) {
-        let object: Value = document.and_then(|d| d.parse()).map_err(|e| HelmError::Output(e.to_string()))?;
-        if object.is_null() {
-            continue;
-        }
-        if !object.is_object() {
-            return Err(HelmError::Output(format!("not an object: {object}")));
-        }
-        let annotation = |key: &str| object.pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1")));
-        let text = |key: &str| annotation(key).and_then(Value::as_str).unwrap_or_default().to_string();
-        let events: Vec<String> =
-            text("helm.sh/hook").split(',').map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
-        if events.is_empty() {
-            if object["kind"] == "CustomResourceDefinition" {
-                out.crds.push(object);
-            } else {
-                out.objects.push(object);
-            }
-            continue;
-        }
-        let hook = Hook {
-            weight: text("helm.sh/hook-weight").parse().unwrap_or(0),
-            delete_policies: match text("helm.sh/hook-delete-policy") {
-                p if p.is_empty() => vec!["before-hook-creation".to_string()],
-                p => p.split(',').map(|p| p.trim().to_string()).collect(),
-            },
-            object,
-        };
-        let has = |names: &[&str]| events.iter().any(|e| names.contains(&e.as_str()));
-        match (has(&["pre-install", "pre-upgrade"]), has(&["post-install", "post-upgrade"])) {
-            (true, _) => out.pre.push(hook),
-            (false, true) => out.post.push(hook),
-            (false, false) => out.unused_hooks.push(kind_name(&hook.object)),
-        }
-    }
-    // Lightest first; equal weights in `Kind/name` order.
-    let order = |h: &Hook| (h.weight, kind_name(&h.object));
-    out.pre.sort_by_key(order);
-    out.post.sort_by_key(order);
-    Ok(out)
-}
-
-fn kind_name(object: &Value) -> String {
-    format!(
-        "{}/{}",
-        object["kind"].as_str().unwrap_or_default(),
-        object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default()
-    )
 }

@@ -190,6 +190,7 @@ mod tests {
             nodes,
             packages: Default::default(),
             cluster: Default::default(),
+            values: Default::default(),
         }
     }
 

@@ -200,8 +200,11 @@ impl Observer {
             self.jobs.check(d, None, None).await?;
             let nodes: Vec<String> =
                 runtime::site_observed_nodes(&self.observed, &e.site_id).await?.into_iter().map(|n| n.node).collect();
-            let kind = pb::PackageKind::Container as i32;
-            let found: Vec<_> = e.packages.into_iter().map(|p| (p.name, p.version, kind)).collect();
+            let mut found = Vec::with_capacity(e.packages.len());
+            for p in e.packages {
+                let kind = self.kind_of(&p.name, &p.version).await?;
+                found.push((p.name, p.version, kind));
+            }
             self.record(d, &e.site_id, &nodes, &found).await
         } else if is(pb::NodeLeft::AGGREGATE, pb::NodeLeft::KIND) {
             // A node that left the site runs nothing of it any more.

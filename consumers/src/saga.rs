@@ -353,7 +353,10 @@ pub fn decide(saga: &pb::InstallSaga, input: &Input, cause: &Envelope, now_ms: i
             true
         }
         Input::KubeconfigStored => {
-            let containers = packages_of(&next, pb::PackageKind::Container);
+            // Container packages and helm charts (each rendered for the site by its gateway's
+            // request), in one job.
+            let mut containers = packages_of(&next, pb::PackageKind::Container);
+            containers.extend(packages_of(&next, pb::PackageKind::HelmChart));
             if containers.is_empty() {
                 finish(&mut next, cause, now_ms, None);
             } else {

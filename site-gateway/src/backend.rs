@@ -268,6 +268,15 @@ impl BackendError {
     }
 }
 
+/// What a site's cluster is, as a render of a chart needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterFacts {
+    /// `v1.29.2`.
+    pub kube_version: String,
+    /// `group/version` and `group/version/Kind` of everything it serves.
+    pub api_versions: Vec<String>,
+}
+
 /// A site's bare-metal and binary provisioning, as the gateway drives it.
 ///
 /// Every method is idempotent: asking for what is already so changes nothing and
@@ -382,6 +391,13 @@ pub trait SiteBackend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, BackendError>> + Send {
         let _ = (node, leaving, progress);
         async { Ok(false) }
+    }
+
+    /// What the site's cluster is, for the hub to render its helm charts for: its Kubernetes
+    /// version and the API versions it serves. Empty when there is no cluster yet (the hub then
+    /// renders for the design's Kubernetes version).
+    fn cluster_facts(&self) -> impl Future<Output = Result<ClusterFacts, BackendError>> + Send {
+        async { Ok(ClusterFacts::default()) }
     }
 
     /// Takes down a cluster a builder made (Cluster API: the `Cluster` deleted, waited for until

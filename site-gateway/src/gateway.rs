@@ -1,7 +1,8 @@
 //! Jobs in, events out (the hosts the site gains or loses are announced by `announce.rs`; a
 //! node patch, batch after batch, is `gateway/patch.rs`; a node or the whole site taken away,
-//! `gateway/lifecycle.rs`).
+//! `gateway/lifecycle.rs`; a helm chart turned into its site's render, `gateway/charts.rs`).
 
+mod charts;
 mod lifecycle;
 mod patch;
 
@@ -115,7 +116,11 @@ impl<B: SiteBackend> Gateway<B> {
         let job: pb::StageArtifacts = d.decode()?;
         self.check_site(&job)?;
         let artifacts = packages(job.artifacts)?;
-        match self.stage_into_cache(&artifacts).await {
+        let staged = match self.rendered(artifacts).await {
+            Ok(artifacts) => self.stage_into_cache(&artifacts).await,
+            Err(e) => Err(e),
+        };
+        match staged {
             Ok(s) => {
                 info!(
                     site = %self.site,
@@ -311,7 +316,16 @@ impl<B: SiteBackend> Gateway<B> {
         let job: pb::ApplyContainerPackages = d.decode()?;
         self.check_site(&job)?;
         let pkgs = packages(job.packages)?;
-        match self.backend.apply_container_packages(&pkgs).await {
+        // A chart's render is made now, for the cluster as it stands, and brought to the cache.
+        let applied = match self.rendered(pkgs.clone()).await {
+            Ok(rendered) if rendered != pkgs => match self.stage_into_cache(&rendered).await {
+                Ok(_) => self.backend.apply_container_packages(&rendered).await,
+                Err(e) => Err(e),
+            },
+            Ok(rendered) => self.backend.apply_container_packages(&rendered).await,
+            Err(e) => Err(e),
+        };
+        match applied {
             Ok(()) => {
                 let evt = pb::ContainerPackagesApplied {
                     site_id: self.site.to_string(),

@@ -76,7 +76,11 @@ func run(ctx context.Context, o *options.CustomResourceDefinitionsServerOptions)
 		openapi.GetOpenAPIDefinitionsWithoutDisabledFeatures(definitions),
 		openapinamer.NewDefinitionNamer(extensionsserver.Scheme, scheme.Scheme),
 	)
-	server, err := config.Complete().New(genericapiserver.NewEmptyDelegate())
+	completed := config.Complete()
+	// apiextensions-apiserver leaves the list of groups (/apis) to kube-apiserver's aggregator;
+	// standing alone, this server lists its own (what a gateway's discovery reads).
+	completed.GenericConfig.EnableDiscovery = true
+	server, err := completed.New(genericapiserver.NewEmptyDelegate())
 	if err != nil {
 		return err
 	}

@@ -62,6 +62,8 @@ pub fn kubelet(version: &str) -> pb::Package {
         sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
         size: 111_955_968,
         object_key: String::new(),
+        chart: None,
+        render: None,
     }
 }
 
@@ -618,6 +620,8 @@ impl Fleet {
             sha256: stored.sha256,
             size: stored.size,
             object_key: stored.object_key,
+            chart: None,
+            render: None,
         };
         let register = Envelope::root();
         let cmd = pb::RegisterPackage { package: Some(pkg.clone()), auto_rollout: None };

@@ -262,6 +262,7 @@ impl KubeSiteRig {
                 .map(|role| pb::RolePackages { role: role as i32, packages: set.clone() })
                 .collect(),
             cluster: None,
+            chart_values: Default::default(),
         };
         let design = if capi { capi_design(design) } else { design };
         SiteDesign::try_from(design.clone()).expect("a valid design");
@@ -280,6 +281,8 @@ impl KubeSiteRig {
             sha256: stored.sha256,
             size: stored.size,
             object_key: stored.object_key,
+            chart: None,
+            render: None,
         }
     }
 

@@ -35,6 +35,8 @@ fn artifact(name: &str, version: &str, kind: PackageKind, size: u64, seed: u8) -
         sha256: Sha256::hex(&sha2::Sha256::digest(&bytes)).try_into().unwrap(),
         size,
         object_key: String::new(),
+        chart: None,
+        render: None,
     };
     Artifact { _dir: dir, path, bytes, package }
 }

@@ -293,6 +293,8 @@ impl Client {
             sha256: stored.sha256,
             size: stored.size,
             object_key: stored.object_key,
+            chart: None,
+            render: None,
         };
         let cmd = pb::RegisterPackage { package: Some(package), auto_rollout: None };
         self.publish(&cmd, format!("RegisterPackage kubelet@{version}")).await

@@ -267,6 +267,8 @@ async fn a_package_not_in_the_store_or_catalog_is_refused_with_the_reason() {
         sha256: "c".repeat(64),
         size: 10,
         object_key: artifacts::object_key(&"c".repeat(64)),
+        chart: None,
+        render: None,
     };
     let register = Envelope::root();
     let cmd = pb::RegisterPackage { package: Some(ghost.clone()), auto_rollout: None };

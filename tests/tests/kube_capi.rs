@@ -57,6 +57,7 @@ fn design(kubelet: &str) -> SiteDesign {
             .map(|role| pb::RolePackages { role: role as i32, packages: refs.clone() })
             .to_vec(),
         cluster: Some(pb::ClusterBuild::from(&build.with_defaults(3))),
+        chart_values: Default::default(),
     };
     let design = SiteDesign::try_from(design).expect("a valid design");
     assert!(design.cluster_problems().is_empty(), "{:?}", design.cluster_problems());
@@ -72,6 +73,8 @@ fn catalog(r: &PackageRef) -> Option<Package> {
         sha256: format!("{:0>64}", r.version.as_str().replace('.', "")),
         size: 1,
         object_key: String::new(),
+        chart: None,
+        render: None,
     })
     .ok()
 }

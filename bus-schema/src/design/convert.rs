@@ -60,7 +60,8 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
         labels.insert("region".to_string(), region.clone());
     }
     let cluster = cluster_build(site, selection);
-    let design = SiteDesign { site: site.id.clone(), labels, nodes, packages, cluster };
+    let values = site.site.values.clone();
+    let design = SiteDesign { site: site.id.clone(), labels, nodes, packages, cluster, values };
     errors.into_result(design)?.validate().map_err(|e| vec![site.origin.error(e.field, e.reason)])
 }
 

@@ -94,6 +94,9 @@ pub struct Site {
     /// How the site's cluster is formed from its nodes.
     #[serde(default)]
     pub cluster: Option<ClusterSpec>,
+    /// The values the site gives each helm-chart package it runs, by package name.
+    #[serde(default)]
+    pub values: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// A network of the site.

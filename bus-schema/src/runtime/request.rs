@@ -75,7 +75,8 @@ fn site_reply(inbox_prefix: &str, site: &str, fresh_inbox: &str) -> String {
 fn answer(subject: &str, reply: async_nats::Message) -> Result<Reply, RequestError> {
     let h = reply.headers.unwrap_or_default();
     if let Some(reason) = h.get(headers::REPLY_ERROR) {
-        return Err(RequestError::Refused { subject: subject.to_string(), reason: reason.as_str().to_string() });
+        let reason = super::serve::reply_error_text(reason.as_str());
+        return Err(RequestError::Refused { subject: subject.to_string(), reason });
     }
     Ok((h, reply.payload))
 }

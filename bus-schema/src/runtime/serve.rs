@@ -20,10 +20,38 @@ use crate::names::headers;
 pub type Reply = (HeaderMap, Bytes);
 
 /// A failed request's answer: an empty body, and the reason in the `Landfall-Error` header.
+/// A header holds one line: a reason of several (helm's, for one) travels with each line break
+/// written `\n` (and `\` as `\\`), which [`reply_error_text`] reads back.
 pub fn error_reply(reason: &str) -> Reply {
+    let mut one_line = String::with_capacity(reason.len());
+    for c in reason.chars() {
+        match c {
+            '\\' => one_line.push_str("\\\\"),
+            '\n' => one_line.push_str("\\n"),
+            '\r' => {}
+            c => one_line.push(c),
+        }
+    }
     let mut h = HeaderMap::new();
-    h.insert(headers::REPLY_ERROR, reason);
+    h.insert(headers::REPLY_ERROR, one_line.as_str());
     (h, Bytes::new())
+}
+
+/// The reason an [`error_reply`] carries, its line breaks back.
+pub fn reply_error_text(header: &str) -> String {
+    let mut out = String::with_capacity(header.len());
+    let mut chars = header.chars();
+    while let Some(c) = chars.next() {
+        match (c, c == '\\') {
+            (_, true) => match chars.next() {
+                Some('n') => out.push('\n'),
+                Some(other) => out.push(other),
+                None => out.push('\\'),
+            },
+            (c, false) => out.push(c),
+        }
+    }
+    out
 }
 
 /// Answers the core requests on `subject` (a queue group `group` shared by the service's
@@ -85,4 +113,18 @@ where
     let _ = sub.unsubscribe().await;
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_of_several_lines_travels_in_one_header_and_comes_back_whole() {
+        let reason = "helm refused the chart: values don't meet the schema:\nc:\n- at '/size': minimum\\max\r\n";
+        let (h, _) = error_reply(reason);
+        let sent = h.get(headers::REPLY_ERROR).unwrap().as_str().to_string();
+        assert!(!sent.contains('\n') && !sent.contains('\r'), "{sent}");
+        assert_eq!(reply_error_text(&sent), reason.replace('\r', ""));
+    }
 }

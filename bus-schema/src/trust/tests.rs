@@ -54,6 +54,7 @@ fn every_kind_on_the_bus_has_a_row() {
         "RolloutStrategy",
         "RolloutSitePlan",
         "ArtifactPlan",
+        "ChartRenderReply",
         "ArtifactTransfer",
         "BmcCredentials",
         "SecretStored",

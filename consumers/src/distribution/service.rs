@@ -24,6 +24,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::artifacts::{self, ArtifactStore};
+use super::render::Renderer;
+use crate::helm::Helm;
 
 /// The chunk size gateways are told to ask for.
 pub const DEFAULT_CHUNK_SIZE: u32 = 960 * 1024;
@@ -31,6 +33,8 @@ pub const DEFAULT_CHUNK_SIZE: u32 = 960 * 1024;
 pub const MAX_CHUNK_SIZE: u32 = 960 * 1024;
 /// Requests answered at once by one replica.
 const CONCURRENCY: usize = 64;
+/// Renders made at once by one replica: each runs helm.
+const RENDER_CONCURRENCY: usize = 4;
 
 /// What the distribution service has done, for tests, benchmarks and metrics.
 #[derive(Debug, Default)]
@@ -50,6 +54,8 @@ pub struct DistributionConfig {
     /// as over a cut link, until it is set back to 0.
     pub cut_after_bytes: Arc<AtomicU64>,
     pub stats: Arc<DistributionStats>,
+    /// The helm binary charts are rendered with; `None`: [`Helm::locate`]'s.
+    pub helm: Option<std::path::PathBuf>,
 }
 
 impl Default for DistributionConfig {
@@ -59,6 +65,7 @@ impl Default for DistributionConfig {
             corrupt_chunks: Arc::new(AtomicU32::new(0)),
             cut_after_bytes: Arc::new(AtomicU64::new(0)),
             stats: Arc::new(DistributionStats::default()),
+            helm: None,
         }
     }
 }
@@ -67,6 +74,7 @@ struct Distribution {
     store: ArtifactStore,
     packages: Kv,
     config: DistributionConfig,
+    renderer: Renderer,
 }
 
 /// Runs the distribution service until `shutdown`, and announces `store`'s location in the
@@ -79,8 +87,19 @@ pub async fn run_distribution(
 ) -> anyhow::Result<()> {
     let packages = bus.kv(names::PACKAGES_BUCKET).await?;
     packages.put(keys::ARTIFACT_STORE, &pb::ArtifactStoreInfo { url: store.url().to_string() }).await?;
-    info!(store = %store.url(), "distribution service serving artifacts");
-    let service = Arc::new(Distribution { store, packages, config });
+    let helm = match &config.helm {
+        Some(path) => Ok(Helm::new(path)),
+        None => Helm::locate(),
+    };
+    match &helm {
+        Ok(h) => info!(store = %store.url(), helm = %h.binary().display(), "distribution service serving artifacts"),
+        Err(why) => {
+            warn!(store = %store.url(), "distribution service serving artifacts; helm charts cannot be rendered: {why}")
+        }
+    }
+    let sites = bus.kv(names::SITES_BUCKET).await?;
+    let renderer = Renderer { helm, store: store.clone(), packages: packages.clone(), sites };
+    let service = Arc::new(Distribution { store, packages, config, renderer });
     let plans = {
         let service = service.clone();
         runtime::serve_requests(
@@ -95,6 +114,20 @@ pub async fn run_distribution(
             },
         )
     };
+    let renders = {
+        let service = service.clone();
+        runtime::serve_requests(
+            &bus,
+            names::svc_every_site(names::CHART_RENDER),
+            names::DISTRIBUTION_GROUP,
+            RENDER_CONCURRENCY,
+            shutdown.clone(),
+            move |subject, payload| {
+                let service = service.clone();
+                async move { service.renderer.answer(&subject, &payload).await.unwrap_or_else(|e| error_reply(&e)) }
+            },
+        )
+    };
     let chunks = runtime::serve_requests(
         &bus,
         names::svc_every_site(names::ARTIFACT_CHUNK),
@@ -106,8 +139,9 @@ pub async fn run_distribution(
             async move { service.chunk(&subject, &payload).await.unwrap_or_else(|e| error_reply(&e)) }
         },
     );
-    let (plans, chunks) = tokio::join!(plans, chunks);
+    let (plans, renders, chunks) = tokio::join!(plans, renders, chunks);
     plans?;
+    renders?;
     chunks?;
     Ok(())
 }
@@ -128,8 +162,15 @@ impl Distribution {
             let key = keys::package(&wanted.name, &wanted.version);
             let cataloged = self.packages.get::<pb::Package>(&key).await.map_err(|e| e.to_string())?;
             let what = format!("{}@{}", wanted.name, wanted.version);
+            let site = trust::subject_site(subject).unwrap_or_default();
             match cataloged {
                 Some((p, _)) if p.sha256 == wanted.sha256 && p.object_key == wanted.object_key => {}
+                // A chart's render is sent to the site it was made for, and to no other.
+                Some((p, _)) if p.kind == pb::PackageKind::HelmChart as i32 => {
+                    if !self.renderer.is_render_of(site, wanted).await? {
+                        return Err(format!("{what} sha256:{} is not a render made for site {site}", wanted.sha256));
+                    }
+                }
                 Some(_) => return Err(format!("{what} is in the catalog with another digest or object key")),
                 None => return Err(format!("{what} is not in the catalog")),
             }

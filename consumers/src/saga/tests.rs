@@ -24,6 +24,8 @@ fn catalog() -> BTreeMap<String, Package> {
             sha256: sha(c).try_into().unwrap(),
             size: 10,
             object_key: format!("{n}/{v}"),
+            chart: None,
+            render: None,
         };
         (format!("{n}@{v}"), p)
     })
@@ -54,6 +56,7 @@ fn design(nodes: usize) -> SiteDesign {
             pb::RolePackages { role: pb::Role::Worker as i32, packages: set },
         ],
         cluster: None,
+        chart_values: Default::default(),
     })
     .unwrap()
 }

@@ -155,6 +155,8 @@ async fn run(url: &str, size: u64, store_args: &StoreArgs, scratch: &Path) -> an
         sha256: stored.sha256.clone(),
         size,
         object_key: stored.object_key.clone(),
+        chart: None,
+        render: None,
     };
     let mut events = bus.read_events(vec![names::EVENTS_ALL.to_string()], Default::default()).await?;
     let register = Envelope::root();

@@ -61,9 +61,22 @@ fn mib(bytes: u64) -> f64 {
 }
 
 pub async fn upload(url: &str, args: UploadArgs) -> anyhow::Result<ExitCode> {
-    let PackageIdArgs { name, version, kind, policy } = args.package;
+    let PackageIdArgs { name, version, kind, chart, policy } = args.package;
     let kind: pb::PackageKind = kind.parse()?;
     let policy = policy.policy()?;
+    let chart = match chart.release(kind, &name)? {
+        Some(release) => match super::chart::checked(&args.file, release).await {
+            Ok(checked) => Some(checked),
+            Err(e) => match super::chart::refusal(&e) {
+                Some(said) => {
+                    eprintln!("refused: helm cannot render {}: {said}", args.file.display());
+                    return Ok(ExitCode::from(EXIT_REJECTED));
+                }
+                None => return Err(e),
+            },
+        },
+        None => None,
+    };
     let file = tokio::fs::File::open(&args.file).await.with_context(|| format!("open {}", args.file.display()))?;
     let bus = connect(url).await?;
     let store = client_store(&bus, &args.store).await?;
@@ -110,6 +123,8 @@ pub async fn upload(url: &str, args: UploadArgs) -> anyhow::Result<ExitCode> {
         sha256: stored.sha256,
         size: stored.size,
         object_key: stored.object_key,
+        chart,
+        render: None,
     };
     Package::try_from(pkg.clone()).context("invalid package")?;
     let mut reader = bus.read_events(vec![names::scope_events(names::FLEET)], DeliverPolicy::New).await?;

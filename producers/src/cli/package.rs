@@ -61,9 +61,16 @@ pub async fn run(url: &str, cmd: PackageCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn register_package(url: &str, args: RegisterPackageArgs) -> anyhow::Result<ExitCode> {
-    let RegisterPackageArgs { package: PackageIdArgs { name, version, kind, policy }, sha256, size, object_key } = args;
+    let RegisterPackageArgs { package: PackageIdArgs { name, version, kind, chart, policy }, sha256, size, object_key } =
+        args;
     let kind: pb::PackageKind = kind.parse()?;
-    let pkg = pb::Package { name, version, kind: kind as i32, sha256, size, object_key };
+    if kind == pb::PackageKind::HelmChart {
+        anyhow::bail!(
+            "a helm-chart package is checked with helm from its archive: register it with `landfall package upload`"
+        );
+    }
+    let chart = chart.release(kind, &name)?;
+    let pkg = pb::Package { name, version, kind: kind as i32, sha256, size, object_key, chart, render: None };
     let checked = Package::try_from(pkg.clone()).context("invalid package")?;
     let policy = policy.policy()?;
     let bus = connect(url).await?;

@@ -20,11 +20,54 @@ pub struct PackageIdArgs {
     pub name: String,
     #[arg(long)]
     pub version: String,
-    /// os-image, binary or container.
+    /// os-image, binary, container or helm-chart.
     #[arg(long)]
     pub kind: String,
     #[command(flatten)]
+    pub chart: ChartArgs,
+    #[command(flatten)]
     pub policy: PolicyArgs,
+}
+
+/// A helm-chart package's release, and the values it brings over the chart's own.
+#[derive(Debug, Default, Args)]
+pub struct ChartArgs {
+    /// helm-chart: the Helm release's name [default: the package's name].
+    #[arg(long)]
+    pub release: Option<String>,
+    /// helm-chart: the namespace its namespaced objects go to.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// helm-chart: a YAML file of values over the chart's defaults (each site's design may
+    /// give its own on top).
+    #[arg(long, value_name = "FILE")]
+    pub values: Option<std::path::PathBuf>,
+}
+
+impl ChartArgs {
+    /// The chart's release for a package of `kind` named `name`: `None` for any other kind
+    /// (which takes none of these flags).
+    pub fn release(&self, kind: pb::PackageKind, name: &str) -> anyhow::Result<Option<pb::HelmChart>> {
+        if kind != pb::PackageKind::HelmChart {
+            if self.release.is_some() || self.namespace.is_some() || self.values.is_some() {
+                bail!("--release, --namespace and --values are for --kind helm-chart");
+            }
+            return Ok(None);
+        }
+        let Some(namespace) = self.namespace.clone() else {
+            bail!("a helm-chart package needs --namespace: where its release's objects go");
+        };
+        let values = match &self.values {
+            Some(path) => std::fs::read_to_string(path).map_err(|e| anyhow!("--values {}: {e}", path.display()))?,
+            None => String::new(),
+        };
+        Ok(Some(pb::HelmChart {
+            release: self.release.clone().unwrap_or_else(|| name.to_string()),
+            namespace,
+            values,
+            ..Default::default()
+        }))
+    }
 }
 
 /// A package name's auto-rollout policy, as `package register` and `package upload` set it.

@@ -49,6 +49,8 @@ pub fn demo_packages() -> Vec<pb::Package> {
                 sha256: bus_schema::domain::Sha256::hex(&digest),
                 size: *size,
                 object_key: String::new(),
+                chart: None,
+                render: None,
             }
         })
         .collect()
@@ -125,6 +127,7 @@ pub fn demo_site(index: usize, nodes: usize) -> SiteDesign {
             .map(|role| pb::RolePackages { role: role as i32, packages: set.clone() })
             .collect(),
         cluster: None,
+        chart_values: Default::default(),
     };
     SiteDesign::try_from(design).expect("the demo design is valid")
 }

@@ -95,6 +95,8 @@ mod tests {
             sha256: "0123456789abcdef".repeat(4),
             size,
             object_key: format!("{name}/{version}"),
+            chart: None,
+            render: None,
         }
     }
 

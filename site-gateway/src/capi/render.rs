@@ -384,6 +384,7 @@ mod tests {
                 .map(|role| pb::RolePackages { role: role as i32, packages: refs.clone() })
                 .to_vec(),
             cluster: Some(pb::ClusterBuild::from(&build.with_defaults(masters))),
+            chart_values: Default::default(),
         };
         SiteDesign::try_from(pb).unwrap()
     }
@@ -397,6 +398,8 @@ mod tests {
             sha256: format!("{:0>64}", r.version.as_str().replace('.', "")),
             size: 1,
             object_key: String::new(),
+            chart: None,
+            render: None,
         })
         .ok()
     }

@@ -60,12 +60,21 @@ impl<B: SiteBackend> Gateway<B> {
         }
         let masters: Vec<String> =
             nodes.iter().filter(|n| n.role == Role::Master).map(|n| n.name.to_string()).collect();
-        // The package (and an os-image's reinstalled binaries) must be in the site's cache
-        // first; a site that cannot get them fails every node with the reason.
+        // The package (a chart: its render for this site; and an os-image's reinstalled
+        // binaries) must be in the site's cache first; a site that cannot get them fails every
+        // node with the reason.
+        let (package, rendering) = match self.rendered(vec![package.clone()]).await {
+            Ok(mut rendered) => (rendered.remove(0), Ok(())),
+            Err(e) => (package, Err(e)),
+        };
         let mut needed = vec![package.clone()];
         needed.extend(reinstall.values().flatten().cloned());
-        let unstaged = match self.stage_into_cache(&needed).await {
-            Ok(_) => None,
+        let staged = match rendering {
+            Ok(()) => self.stage_into_cache(&needed).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        let unstaged = match staged {
+            Ok(()) => None,
             Err(e @ BackendError::Transient { .. }) => {
                 return Err(HandlerError::transient("staging the patch's artifacts", e));
             }

@@ -41,6 +41,9 @@ pub const VERSION_ANNOTATION: &str = "landfall.io/package-version";
 pub struct ManifestApplier {
     client: kube::Client,
     state_dir: PathBuf,
+    /// Where namespaced objects without a namespace go: a chart's release namespace, else the
+    /// client's default.
+    namespace: Option<String>,
     /// One apply per package at a time: each reads and writes the package's inventory.
     locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
@@ -68,7 +71,12 @@ impl ManifestApplier {
     /// `client`: the application cluster. `state_dir`: where the applier keeps each package's
     /// inventory (what it applied last), one JSON file per package name.
     pub fn new(client: kube::Client, state_dir: PathBuf) -> Self {
-        Self { client, state_dir, locks: Arc::default() }
+        Self { client, state_dir, namespace: None, locks: Arc::default() }
+    }
+
+    /// The same applier, putting namespaced objects without a namespace in `namespace`.
+    pub fn in_namespace(&self, namespace: &str) -> Self {
+        Self { namespace: Some(namespace.to_string()), ..self.clone() }
     }
 
     /// The cluster it applies to.
@@ -147,18 +155,88 @@ impl ManifestApplier {
             }
         }
 
-        summary.objects = targets
-            .iter()
-            .map(|t| super::workloads::Applied {
-                api_version: t.api_version.clone(),
-                kind: t.kind.clone(),
-                namespace: t.namespace.clone(),
-                name: t.name.clone(),
-            })
-            .collect();
+        summary.objects = targets.iter().map(ObjectRef::applied).collect();
         let applied = Inventory { version: version.to_owned(), objects: targets, pending: Vec::new() };
         self.write_inventory(name, &applied).await?;
         Ok(summary)
+    }
+
+    /// Server-side applies `manifests` as package `name`@`version` outside its inventory: a
+    /// chart's CRDs (which Helm never deletes) and hooks (which their delete policy deletes).
+    /// Labelled and annotated as the package's like the rest; never pruned. What was applied,
+    /// in order.
+    ///
+    /// # Errors
+    /// As [`ManifestApplier::apply`].
+    pub async fn apply_unlisted(
+        &self,
+        name: &str,
+        version: &str,
+        manifests: &[u8],
+    ) -> Result<Vec<super::workloads::Applied>, BackendError> {
+        check_package_name(name)?;
+        let manifests = parse_manifests(manifests)?;
+        let mut kinds = Kinds::new(&self.client);
+        let plan = self.plan(&mut kinds, name, version, manifests).await?;
+        let mut applied = Vec::with_capacity(plan.len());
+        for p in plan {
+            let id = p.target.id();
+            p.api(&self.client)
+                .patch(&p.target.name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&p.object))
+                .await
+                .map_err(|e| kube_error(&format!("apply {id} ({})", p.doc), e))?;
+            applied.push(p.target.applied());
+        }
+        Ok(applied)
+    }
+
+    /// Deletes one object (a hook) and waits until it is gone: a hook made again must not find
+    /// its old self terminating.
+    ///
+    /// # Errors
+    /// When the cluster refuses the deletion, or the object is still there after `timeout`.
+    pub async fn delete_and_wait(
+        &self,
+        object: &super::workloads::Applied,
+        timeout: std::time::Duration,
+    ) -> Result<(), BackendError> {
+        let id = object.id();
+        let mut kinds = Kinds::new(&self.client);
+        let Some((resource, scope)) = kinds.resolve(&gvk_of(&object.api_version, &object.kind)).await? else {
+            return Ok(());
+        };
+        let namespace = match scope {
+            Scope::Namespaced => Some(
+                object
+                    .namespace
+                    .clone()
+                    .or_else(|| self.namespace.clone())
+                    .unwrap_or_else(|| self.client.default_namespace().to_owned()),
+            ),
+            Scope::Cluster => None,
+        };
+        let api = api_for(&self.client, &resource, namespace.as_deref());
+        // Its pods go with a Job (foreground: the Job stays until they are gone).
+        let params = DeleteParams {
+            propagation_policy: Some(kube::api::PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        match api.delete(&object.name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(e) => return Err(kube_error(&format!("delete {id}"), e)),
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        while api.get_opt(&object.name).await.map_err(|e| kube_error(&format!("read {id}"), e))?.is_some() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BackendError::transient_reason(format!(
+                    "{id} is still there {timeout:?} after its deletion"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        debug!(object = %id, "deleted");
+        Ok(())
     }
 
     /// Resolves every manifest's resource and target before anything is applied, so an unknown
@@ -186,6 +264,7 @@ impl ManifestApplier {
                         .namespace
                         .take()
                         .filter(|ns| !ns.is_empty())
+                        .or_else(|| self.namespace.clone())
                         .unwrap_or_else(|| self.client.default_namespace().to_owned()),
                 ),
                 Scope::Cluster => None,
@@ -436,6 +515,10 @@ fn manifest(value: serde_json::Value, at: String, out: &mut Vec<Manifest>) -> Re
     Ok(())
 }
 
+fn gvk_of(api_version: &str, kind: &str) -> GroupVersionKind {
+    GroupVersion::from_str(api_version).unwrap_or_else(|_| GroupVersion::gv("", api_version)).with_kind(kind)
+}
+
 /// An object a package applied, as the inventory records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -462,9 +545,16 @@ impl ObjectRef {
     }
 
     fn gvk(&self) -> GroupVersionKind {
-        GroupVersion::from_str(&self.api_version)
-            .unwrap_or_else(|_| GroupVersion::gv("", &self.api_version))
-            .with_kind(&self.kind)
+        gvk_of(&self.api_version, &self.kind)
+    }
+
+    fn applied(&self) -> super::workloads::Applied {
+        super::workloads::Applied {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
     }
 
     /// The same object, whatever version of its kind's API names it: a manifest moving to a

@@ -55,7 +55,7 @@ impl ImageKind {
     pub fn of(kind: PackageKind) -> Self {
         match kind {
             PackageKind::OsImage => Self::Os,
-            PackageKind::Container => Self::Container,
+            PackageKind::Container | PackageKind::HelmChart => Self::Container,
             PackageKind::Binary | PackageKind::Unspecified => Self::Binary,
         }
     }
@@ -551,6 +551,8 @@ mod tests {
             sha256: "ab".repeat(32).try_into().unwrap(),
             size: 1,
             object_key: String::new(),
+            chart: None,
+            render: None,
         }
     }
 

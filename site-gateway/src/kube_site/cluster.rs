@@ -112,6 +112,9 @@ impl KubeSite {
                 e,
             )
         })?;
+        if package.kind == bus_schema::pb::PackageKind::HelmChart {
+            return self.apply_chart(applier, package, &manifests).await;
+        }
         let summary = applier.apply(package.name.as_str(), package.version.as_str(), &manifests).await?;
         // Applied is not done: its workloads must come up.
         super::workloads::wait_available(applier.client(), &summary.objects, self.cfg.workload_timeout, self.cfg.poll)

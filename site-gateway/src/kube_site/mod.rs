@@ -18,6 +18,7 @@ pub mod bpa_upload;
 pub mod capi;
 mod capi_lifecycle;
 mod capi_patch;
+mod chart;
 mod cluster;
 mod config;
 mod drain;
@@ -134,6 +135,10 @@ impl SiteBackend for KubeSite {
 
     async fn apply_container_packages(&self, packages: &[bus_schema::domain::Package]) -> Result<(), BackendError> {
         self.apply_containers(packages).await
+    }
+
+    async fn cluster_facts(&self) -> Result<crate::backend::ClusterFacts, BackendError> {
+        self.application_facts().await
     }
 
     async fn patch_node(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {

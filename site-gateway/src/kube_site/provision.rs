@@ -394,6 +394,8 @@ mod tests {
             sha256: "ab".repeat(32).try_into().unwrap(),
             size: 1,
             object_key: String::new(),
+            chart: None,
+            render: None,
         };
         let mut req = HostRequest::new(node, &package);
         req.bmc = bmc;

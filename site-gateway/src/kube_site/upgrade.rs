@@ -172,6 +172,8 @@ mod tests {
             sha256: "ab".repeat(32).try_into().unwrap(),
             size: 1,
             object_key: "k".into(),
+            chart: None,
+            render: None,
         }
     }
 

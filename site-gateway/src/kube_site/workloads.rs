@@ -1,6 +1,6 @@
 //! Whether a container package's workloads came up: a Deployment, DaemonSet or StatefulSet is
 //! available when its controller has seen its current spec and every replica is updated and
-//! available; a Job when it is complete. Applying the manifests is not enough: the package is
+//! available; a Job when it is complete; a chart's CustomResourceDefinition when established. Applying the manifests is not enough: the package is
 //! done when these say so, or fails when the time-out passes (naming what was not ready) or a
 //! Job fails.
 
@@ -38,6 +38,7 @@ impl Applied {
             ("apps/v1", "DaemonSet") => Some("daemonsets"),
             ("apps/v1", "StatefulSet") => Some("statefulsets"),
             ("batch/v1", "Job") => Some("jobs"),
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => Some("customresourcedefinitions"),
             _ => None,
         }
     }
@@ -105,6 +106,14 @@ pub fn readiness(kind: &str, object: &Value) -> Readiness {
             } else {
                 let completions = object["spec"]["completions"].as_i64().unwrap_or(1);
                 Readiness::Waiting(format!("{} of {completions} completed", int(&status["succeeded"])))
+            }
+        }
+        // A chart's CRD: its kind is served once the API server says it is established.
+        "CustomResourceDefinition" => {
+            if condition(status, "Established").is_some() {
+                Readiness::Available
+            } else {
+                Readiness::Waiting("not established yet".into())
             }
         }
         _ => Readiness::Available,
@@ -195,5 +204,9 @@ mod tests {
             Readiness::Failed("failed: BackoffLimitExceeded Job has reached the specified backoff limit".into())
         );
         assert_eq!(readiness("ConfigMap", &json!({})), Readiness::Available);
+        let crd = json!({"status": {"conditions": [{"type": "NamesAccepted", "status": "True"}]}});
+        assert_eq!(readiness("CustomResourceDefinition", &crd), Readiness::Waiting("not established yet".into()));
+        let crd = json!({"status": {"conditions": [{"type": "Established", "status": "True"}]}});
+        assert_eq!(readiness("CustomResourceDefinition", &crd), Readiness::Available);
     }
 }

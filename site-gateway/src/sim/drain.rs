@@ -23,7 +23,7 @@ impl SimSite {
             PackageKind::Binary => {
                 host.binaries.as_ref().and_then(|b| b.get(name)).is_some_and(|b| b.version == version)
             }
-            PackageKind::Container => st.containers.get(name).is_some_and(|v| v == version),
+            PackageKind::Container | PackageKind::HelmChart => st.containers.get(name).is_some_and(|v| v == version),
             PackageKind::Unspecified => false,
         }
     }

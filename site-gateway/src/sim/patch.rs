@@ -30,7 +30,7 @@ impl SimSite {
         let result = match req.package.kind {
             PackageKind::OsImage => self.patch_os(req).await,
             PackageKind::Binary => self.patch_binary(node, &req.package).await,
-            PackageKind::Container => self.patch_container(node, &req.package).await,
+            PackageKind::Container | PackageKind::HelmChart => self.patch_container(node, &req.package).await,
             PackageKind::Unspecified => {
                 Err(BackendError::permanent_reason(format!("{} has no kind", req.package.reference().key())))
             }
@@ -39,7 +39,7 @@ impl SimSite {
         match &result {
             // A binary's and an os-image's patch are counted with the change itself (see
             // `patch_binary`).
-            Ok(outcome) if outcome.changed && req.package.kind == PackageKind::Container => {
+            Ok(outcome) if outcome.changed && req.package.is_manifests() => {
                 st.count(|e| &mut e.patches, node);
                 debug!(site = %self.inner.site, node, package = %req.package.reference().key(), "patched");
             }

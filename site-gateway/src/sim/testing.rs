@@ -38,6 +38,8 @@ pub(super) fn versioned(name: &str, version: &str, kind: PackageKind, digit: cha
         sha256: digit.to_string().repeat(64).try_into().unwrap(),
         size: 1,
         object_key: format!("artifacts/{name}/{version}"),
+        chart: None,
+        render: None,
     }
 }
 

@@ -101,6 +101,7 @@ fn site(id: &str, nodes: usize) -> SiteDesign {
             pb::RolePackages { role: pb::Role::Worker as i32, packages: set },
         ],
         cluster: None,
+        chart_values: Default::default(),
     })
     .unwrap()
 }

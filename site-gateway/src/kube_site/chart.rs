@@ -1,0 +1,180 @@
+//! A helm chart's render for this site (made at the hub, `bus_schema::chart`), applied to the
+//! application cluster in the order Helm installs a chart:
+//!
+//! 1. the release's namespace, made when it is missing;
+//! 2. the CRDs, applied and waited for until Established (never pruned, as Helm never deletes
+//!    them);
+//! 3. the `pre-install`/`pre-upgrade` hooks, lightest first, each applied and waited for (a Job
+//!    until it completes), then deleted as its `helm.sh/hook-delete-policy` says
+//!    (`before-hook-creation`, Helm's default, deletes the previous run's object before it is
+//!    made again);
+//! 4. the chart's objects, through the package's inventory as any container package's (what the
+//!    previous version had and this one has not is pruned), and waited for until available;
+//! 5. the `post-install`/`post-upgrade` hooks, as the pre ones.
+//!
+//! A hook that fails fails the package there: nothing after it is applied.
+
+use bus_schema::chart::{self, Hook};
+use bus_schema::domain::Package;
+use serde_json::Value;
+use tracing::info;
+
+use super::KubeSite;
+use super::apply::ManifestApplier;
+use super::error::kube_error;
+use super::workloads::{Applied, wait_available};
+use crate::backend::{BackendError, ClusterFacts};
+
+/// Objects as manifests the applier reads (JSON is YAML).
+fn manifests<'a>(objects: impl IntoIterator<Item = &'a Value>) -> Vec<u8> {
+    let mut out = String::new();
+    for o in objects {
+        out.push_str("---\n");
+        out.push_str(&o.to_string());
+        out.push('\n');
+    }
+    out.into_bytes()
+}
+
+impl KubeSite {
+    /// Applies a chart's render (`rendered`: the manifests the cache holds) as Helm would
+    /// install or upgrade it (see the module's comment).
+    pub(super) async fn apply_chart(
+        &self,
+        applier: &ManifestApplier,
+        package: &Package,
+        rendered: &[u8],
+    ) -> Result<(), BackendError> {
+        let what = package.reference().key();
+        let failed = |e: BackendError| match e {
+            BackendError::Permanent { context, .. } => {
+                BackendError::permanent_reason(format!("helm chart {what}: {context}"))
+            }
+            e => e,
+        };
+        let Some(release) = &package.chart else {
+            return Err(BackendError::permanent_reason(format!("helm chart {what} has no release")));
+        };
+        let text = std::str::from_utf8(rendered)
+            .map_err(|e| BackendError::permanent(format!("helm chart {what}: the render is not text"), e))?;
+        let parts =
+            chart::split(text).map_err(|e| BackendError::permanent_reason(format!("helm chart {what}: {e}")))?;
+        let applier = applier.in_namespace(&release.namespace);
+        let (name, version) = (package.name.as_str(), package.version.as_str());
+
+        let namespace =
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": release.namespace}});
+        applier.apply_unlisted(name, version, &manifests([&namespace])).await.map_err(failed)?;
+        if !parts.crds.is_empty() {
+            let crds = applier.apply_unlisted(name, version, &manifests(&parts.crds)).await.map_err(failed)?;
+            self.wait(&applier, &crds).await.map_err(failed)?;
+        }
+        self.run_hooks(&applier, package, &parts.pre, "pre").await.map_err(failed)?;
+        let summary = applier.apply(name, version, &manifests(&parts.objects)).await.map_err(failed)?;
+        self.wait(&applier, &summary.objects).await.map_err(failed)?;
+        self.run_hooks(&applier, package, &parts.post, "post").await.map_err(failed)?;
+        info!(
+            site = %self.cfg.site,
+            package = %what,
+            crds = parts.crds.len(),
+            hooks = parts.pre.len() + parts.post.len(),
+            applied = summary.applied.len(),
+            unchanged = summary.unchanged.len(),
+            pruned = summary.pruned.len(),
+            "helm chart applied"
+        );
+        Ok(())
+    }
+
+    /// The application cluster's Kubernetes version and every API version and kind it serves
+    /// (discovery); nothing when there is no cluster yet.
+    pub(super) async fn application_facts(&self) -> Result<ClusterFacts, BackendError> {
+        let client = match self.application_cluster().await {
+            Ok(client) => client,
+            Err(BackendError::Transient { .. }) => return Ok(ClusterFacts::default()),
+            Err(e) => return Err(e),
+        };
+        // What a server does not serve (a 404: no `/version`, no legacy `/api`) is left out.
+        fn served<T>(found: Result<T, kube::Error>, what: &str) -> Result<Option<T>, BackendError> {
+            match found {
+                Ok(t) => Ok(Some(t)),
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 503 => Ok(None),
+                Err(e) => Err(kube_error(what, e)),
+            }
+        }
+        let version = served(client.apiserver_version().await, "the cluster's version")?;
+        let what = "the cluster's API discovery";
+        let mut group_versions: Vec<String> =
+            served(client.list_core_api_versions().await, what)?.map(|v| v.versions).unwrap_or_default();
+        for group in served(client.list_api_groups().await, what)?.map(|g| g.groups).unwrap_or_default() {
+            group_versions.extend(group.versions.into_iter().map(|v| v.group_version));
+        }
+        let mut api_versions = Vec::new();
+        for gv in group_versions {
+            let listed = match gv.contains('/') {
+                true => client.list_api_group_resources(&gv).await,
+                false => client.list_core_api_resources(&gv).await,
+            };
+            // A group version listed and not served (an aggregated API that is down): left out.
+            let Some(list) = served(listed, what)? else { continue };
+            let resources = list.resources;
+            for r in resources.iter().filter(|r| !r.name.contains('/')) {
+                api_versions.push(format!("{gv}/{}", r.kind));
+            }
+            api_versions.push(gv);
+        }
+        api_versions.sort();
+        api_versions.dedup();
+        // A server built without a release version (`v0.0.0-master…`) says nothing of it.
+        let kube_version = version.map(|v| v.git_version).filter(|v| !v.starts_with("v0.")).unwrap_or_default();
+        Ok(ClusterFacts { kube_version, api_versions })
+    }
+
+    async fn wait(&self, applier: &ManifestApplier, objects: &[Applied]) -> Result<(), BackendError> {
+        wait_available(applier.client(), objects, self.cfg.workload_timeout, self.cfg.poll).await
+    }
+
+    /// Runs hooks one after the other, lightest first; `when` (`pre`, `post`) for messages.
+    async fn run_hooks(
+        &self,
+        applier: &ManifestApplier,
+        package: &Package,
+        hooks: &[Hook],
+        when: &str,
+    ) -> Result<(), BackendError> {
+        let (name, version) = (package.name.as_str(), package.version.as_str());
+        for hook in hooks {
+            let id = chart::kind_name(&hook.object);
+            if hook.deleted_on("before-hook-creation") {
+                // The previous run's object goes first; there is none the first time.
+                let text = |p: &str| hook.object.pointer(p).and_then(Value::as_str).map(str::to_string);
+                let earlier = Applied {
+                    api_version: text("/apiVersion").unwrap_or_default(),
+                    kind: text("/kind").unwrap_or_default(),
+                    namespace: text("/metadata/namespace"),
+                    name: text("/metadata/name").unwrap_or_default(),
+                };
+                applier.delete_and_wait(&earlier, self.cfg.workload_timeout).await?;
+            }
+            let applied = applier.apply_unlisted(name, version, &manifests([&hook.object])).await?;
+            match self.wait(applier, &applied).await {
+                Ok(()) => {
+                    if hook.deleted_on("hook-succeeded") {
+                        for o in &applied {
+                            applier.delete_and_wait(o, self.cfg.workload_timeout).await?;
+                        }
+                    }
+                }
+                Err(e) => {
+                    if hook.deleted_on("hook-failed") {
+                        for o in &applied {
+                            applier.delete_and_wait(o, self.cfg.workload_timeout).await?;
+                        }
+                    }
+                    return Err(BackendError::permanent_reason(format!("{when} hook {id}: {}", e.reason())));
+                }
+            }
+        }
+        Ok(())
+    }
+}
