@@ -78,9 +78,22 @@ data:
   chart: {{ .Chart.Version | quote }}
 "#;
 
+/// Twelve ConfigMaps of 100 kB: a render larger than the bus's 1 MiB message.
+const BIG: &str = r#"{{- range $i := until 12 }}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ $.Release.Name }}-bulk-{{ $i }}
+data:
+  filler: {{ repeat 100000 "x" | quote }}
+{{- end }}
+"#;
+
 const SCHEMA: &str = r#"{"type": "object", "properties": {"size": {"type": "integer", "minimum": 1}}}"#;
 
-/// The chart at `version`; `with_gizmo`: its CRD's custom resource is a template of it.
+/// The chart at `version`; `with_gizmo`: its CRD's custom resource is a template of it (else
+/// its render is over 1 MiB).
 fn chart(version: &str, with_gizmo: bool) -> Chart {
     let chart = Chart::new("gizmo", version)
         .file("values.yaml", "greeting: hello\nsize: 1\nsite: {}\n")
@@ -89,7 +102,8 @@ fn chart(version: &str, with_gizmo: bool) -> Chart {
         .file("templates/config.yaml", CONFIG)
         .file("templates/pre.yaml", PRE_HOOK)
         .file("templates/post.yaml", POST_HOOK);
-    let chart = if with_gizmo { chart.file("templates/gizmo.yaml", GIZMO) } else { chart };
+    let chart =
+        if with_gizmo { chart.file("templates/gizmo.yaml", GIZMO) } else { chart.file("templates/big.yaml", BIG) };
     chart.package()
 }
 
@@ -219,16 +233,40 @@ async fn a_chart_is_installed_with_the_sites_values_and_upgraded_by_a_rollout() 
     assert!(render.helm_version.starts_with("v4."), "{render:?}");
     assert_eq!(serde_json::from_str::<serde_json::Value>(&render.values).unwrap()["site"]["name"], SITE);
 
-    // Version 2 drops the Gizmo: the rollout prunes it and the hooks run again.
+    // The operator prints what the site gets.
+    let out = landfall(&rig.nats.url(), &["package", "render", "gizmo", "--site", SITE]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("name: gizmo-config") && text(&out.stdout).contains(SITE),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stderr).contains(&entry.sha256), "{}", text(&out.stderr));
+
+    // Version 2 drops the Gizmo and brings twelve big ConfigMaps (a render over 1 MiB); the diff
+    // says so before the rollout, the rollout prunes the Gizmo and the hooks run again.
     let v2 = chart("2.0.0", false);
     let out = upload(&rig, v2.archive(), "2.0.0").await;
     assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let out = landfall(&rig.nats.url(), &["package", "diff", "gizmo", "--version", "2.0.0"]).await;
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}{}", text(&out.stderr));
+    assert!(said.contains("- Gizmo/gizmo-gizmo"), "{said}");
+    assert!(said.contains("+ ConfigMap/gizmo-bulk-11"), "{said}");
+    assert!(said.contains("~ ConfigMap/gizmo-config: data.chart"), "{said}");
     let rolled = roll_out(&rig, "2.0.0").await;
     assert_eq!(types(&rolled).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{}", rig.gateway_log());
     assert_eq!(data(&config(&rig, "gizmo-config").await.unwrap(), "chart"), "2.0.0");
     assert!(gizmos(&rig).get_opt("gizmo-gizmo").await.unwrap().is_none(), "v2 dropped the Gizmo: pruned");
     assert_eq!(data(&config(&rig, "gizmo-done").await.expect("the post hook"), "chart"), "2.0.0");
     assert!(config(&rig, "gizmo-prepare").await.is_none());
+    assert_eq!(
+        data(&config(&rig, "gizmo-bulk-11").await.expect("the render over 1 MiB applied"), "filler").len(),
+        100_000
+    );
+    let renders = packages.scan::<pb::Package>(&keys::site_renders_prefix(SITE)).await.unwrap();
+    let big = renders.iter().map(|(_, p, _)| p).find(|p| p.version == "2.0.0").expect("v2's render");
+    assert!(big.size > 1024 * 1024, "{} bytes", big.size);
 }
 
 /// What helm refuses is refused with its reason: a schema violation in the package's values at

@@ -147,7 +147,7 @@ impl Renderer {
     /// The Kubernetes version and API versions of the site's latest render.
     async fn last_reported(&self, site: &str) -> Result<(String, Vec<String>), String> {
         let renders =
-            self.packages.scan::<pb::Package>(&keys::site_renders_prefix(site)).await.map_err(|e| e.to_string())?;
+            self.packages.scan_few::<pb::Package>(&keys::site_renders_prefix(site)).await.map_err(|e| e.to_string())?;
         let latest = renders.into_iter().filter_map(|(_, p, _)| p.render).max_by_key(|r| r.rendered_at_ms);
         Ok(latest.map(|r| (r.kube_version, r.api_versions)).unwrap_or_default())
     }

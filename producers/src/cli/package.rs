@@ -33,6 +33,12 @@ pub enum PackageCommand {
     },
     /// Move every selected node that runs NAME to VERSION, site by site in waves.
     Patch(PatchArgs),
+    /// A helm-chart package rendered for one site, as its gateway gets it: the manifests in the
+    /// order they are applied (what they were made of on stderr).
+    Render(super::chart::RenderArgs),
+    /// What a helm-chart package's next version (or the sites' values as they are now) would
+    /// change at each site, object by object, before a rollout starts.
+    Diff(super::chart::DiffArgs),
 }
 
 #[derive(Debug, Args)]
@@ -57,6 +63,8 @@ pub async fn run(url: &str, cmd: PackageCommand) -> anyhow::Result<ExitCode> {
         PackageCommand::Register(args) => register_package(url, args).await,
         PackageCommand::List { output } => package_list(url, output).await,
         PackageCommand::Patch(args) => rollout::patch(url, &args).await,
+        PackageCommand::Render(args) => super::chart::render(url, &args).await,
+        PackageCommand::Diff(args) => super::chart::diff(url, &args).await,
     }
 }
 
