@@ -90,6 +90,18 @@ data:
 {{- end }}
 "#;
 
+/// A Job that version 3 brings, which the test fails.
+const MIGRATE: &str = r#"apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ .Release.Name }}-migrate
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: migrate, image: registry.local/migrate:3}]
+"#;
+
 const SCHEMA: &str = r#"{"type": "object", "properties": {"size": {"type": "integer", "minimum": 1}}}"#;
 
 /// The chart at `version`; `with_gizmo`: its CRD's custom resource is a template of it (else
@@ -267,6 +279,40 @@ async fn a_chart_is_installed_with_the_sites_values_and_upgraded_by_a_rollout() 
     let renders = packages.scan::<pb::Package>(&keys::site_renders_prefix(SITE)).await.unwrap();
     let big = renders.iter().map(|(_, p, _)| p).find(|p| p.version == "2.0.0").expect("v2's render");
     assert!(big.size > 1024 * 1024, "{} bytes", big.size);
+
+    // Version 3's Job fails (as its controller would say): the site goes back to version 2's
+    // manifests, the Job pruned, and the failure says so.
+    let v3 = chart("3.0.0", false).file("templates/migrate.yaml", MIGRATE).package();
+    let out = upload(&rig, v3.archive(), "3.0.0").await;
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(rig.client.clone(), RELEASE_NS);
+    let failing = tokio::spawn(async move {
+        loop {
+            if jobs.get_opt("gizmo-migrate").await.unwrap().is_some() {
+                let status = json!({"status": {"conditions": [{"type": "Failed", "status": "True",
+                    "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}});
+                jobs.patch_status("gizmo-migrate", &Default::default(), &kube::api::Patch::Merge(&status))
+                    .await
+                    .unwrap();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let rolled = roll_out(&rig, "3.0.0").await;
+    failing.await.unwrap();
+    assert_eq!(types(&rolled).last().map(String::as_str), Some(pb::RolloutHalted::TYPE), "{}", rig.gateway_log());
+    let failed: Vec<pb::NodePatchFailed> = rolled
+        .iter()
+        .filter(|e| e.delivery.type_name == pb::NodePatchFailed::TYPE)
+        .map(|e| e.delivery.decode().unwrap())
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].reason.contains("BackoffLimitExceeded"), "{}", failed[0].reason);
+    assert!(failed[0].reason.contains("went back to gizmo@2.0.0"), "{}", failed[0].reason);
+    assert_eq!(data(&config(&rig, "gizmo-config").await.unwrap(), "chart"), "2.0.0");
+    let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(rig.client.clone(), RELEASE_NS);
+    assert!(api.get_opt("gizmo-migrate").await.unwrap().is_none(), "the Job version 3 added is pruned");
 }
 
 /// What helm refuses is refused with its reason: a schema violation in the package's values at

@@ -12,7 +12,10 @@
 //!    previous version had and this one has not is pruned), and waited for until available;
 //! 5. the `post-install`/`post-upgrade` hooks, as the pre ones.
 //!
-//! A hook that fails fails the package there: nothing after it is applied.
+//! A hook that fails fails the package there: nothing after it is applied. Objects that do not
+//! come up (a workload not available, a Job failed), or a post hook that fails, send the release
+//! back to the render applied before (kept beside the package's inventory): its objects applied
+//! again and what the failed version added pruned, and the failure says so.
 
 use bus_schema::chart::{self, Hook};
 use bus_schema::domain::Package;
@@ -70,9 +73,27 @@ impl KubeSite {
             self.wait(&applier, &crds).await.map_err(failed)?;
         }
         self.run_hooks(&applier, package, &parts.pre, "pre").await.map_err(failed)?;
+        let before = self.kept_render(name).await;
         let summary = applier.apply(name, version, &manifests(&parts.objects)).await.map_err(failed)?;
-        self.wait(&applier, &summary.objects).await.map_err(failed)?;
-        self.run_hooks(&applier, package, &parts.post, "post").await.map_err(failed)?;
+        let up = match self.wait(&applier, &summary.objects).await {
+            Ok(()) => self.run_hooks(&applier, package, &parts.post, "post").await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = up {
+            return Err(match (e, before) {
+                (e @ BackendError::Transient { .. }, _) => e,
+                (e, Some((was, text))) if was != version => {
+                    let back = self.go_back(&applier, name, &was, &text).await;
+                    let said = match back {
+                        Ok(()) => format!("went back to {name}@{was}, as applied before"),
+                        Err(b) => format!("going back to {name}@{was} failed too: {}", b.reason()),
+                    };
+                    BackendError::permanent_reason(format!("helm chart {what}: {}; {said}", e.reason()))
+                }
+                (e, _) => failed(e),
+            });
+        }
+        self.keep_render(name, version, text).await?;
         info!(
             site = %self.cfg.site,
             package = %what,
@@ -128,6 +149,37 @@ impl KubeSite {
         // A server built without a release version (`v0.0.0-master…`) says nothing of it.
         let kube_version = version.map(|v| v.git_version).filter(|v| !v.starts_with("v0.")).unwrap_or_default();
         Ok(ClusterFacts { kube_version, api_versions })
+    }
+
+    /// Where the render applied last of package `name` is kept: `<version>\n<manifests>`.
+    fn kept_render_path(&self, name: &str) -> std::path::PathBuf {
+        self.cfg.state_dir.join("container-packages").join(format!("{name}.render"))
+    }
+
+    async fn kept_render(&self, name: &str) -> Option<(String, String)> {
+        let kept = tokio::fs::read_to_string(self.kept_render_path(name)).await.ok()?;
+        let (version, text) = kept.split_once('\n')?;
+        Some((version.to_string(), text.to_string()))
+    }
+
+    async fn keep_render(&self, name: &str, version: &str, text: &str) -> Result<(), BackendError> {
+        let kept = format!("{version}\n{text}");
+        super::cluster::write_atomically(&self.kept_render_path(name), kept.as_bytes()).await
+    }
+
+    /// The render applied before, applied again (no hooks): the objects the failed version
+    /// added are pruned by the package's inventory.
+    async fn go_back(
+        &self,
+        applier: &ManifestApplier,
+        name: &str,
+        version: &str,
+        text: &str,
+    ) -> Result<(), BackendError> {
+        let parts = chart::split(text).map_err(BackendError::permanent_reason)?;
+        let summary = applier.apply(name, version, &manifests(&parts.objects)).await?;
+        info!(site = %self.cfg.site, package = name, version, pruned = summary.pruned.len(), "helm chart gone back");
+        self.wait(applier, &summary.objects).await
     }
 
     async fn wait(&self, applier: &ManifestApplier, objects: &[Applied]) -> Result<(), BackendError> {
