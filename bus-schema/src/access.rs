@@ -129,6 +129,8 @@ impl Role {
                 (names::LEDGER_BUCKET, ">"),
                 (names::PACKAGES_BUCKET, "pkg.>"),
                 (names::PACKAGES_BUCKET, "policy.>"),
+                // A removed site's chart renders (the distribution service makes them).
+                (names::PACKAGES_BUCKET, "render.>"),
             ],
             Role::Observer => &[(names::OBSERVED_BUCKET, ">")],
             Role::Kubeconfig => &[(names::KUBECONFIGS_BUCKET, ">")],
@@ -625,10 +627,7 @@ mod tests {
                 Role::Kubeconfig,
                 vec!["$KV.landfall-kubeconfigs.kubeconfig.edge-01", "$KV.landfall-kubeconfigs.bmc.edge-01.m-1"],
             ),
-            (
-                Role::Distribution,
-                vec!["$KV.landfall-packages.artifact-store", "$KV.landfall-packages.render.edge-01.cni.1"],
-            ),
+            (Role::Distribution, vec!["$KV.landfall-packages.artifact-store"]),
         ];
         for (role, subjects) in &owned {
             for subject in subjects {
@@ -647,6 +646,11 @@ mod tests {
             !writes(Role::Distribution, "$KV.landfall-packages.pkg.kubelet.1"),
             "the catalog is the orchestrator's"
         );
+        // A site's chart renders: the distribution service makes them, the orchestrator purges
+        // them with the site; nobody else writes them.
+        let render = "$KV.landfall-packages.render.edge-01.cni.1.ab";
+        assert!(writes(Role::Distribution, render) && writes(Role::Orchestrator, render));
+        assert!(!writes(Role::Observer, render) && !writes(Role::Kubeconfig, render));
     }
 
     #[test]

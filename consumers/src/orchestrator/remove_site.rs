@@ -50,6 +50,11 @@ impl Orchestrator {
             n += u32::from(key != &keys::design_latest(site));
         }
         self.sites.purge(&keys::site(site)).await?;
+        // Its charts' renders were made of its values: they go with it (their bytes stay in the
+        // artifact store, content-addressed, as every artifact's do).
+        for (key, _, _) in self.packages.scan_few::<pb::Package>(&keys::site_renders_prefix(site)).await? {
+            self.packages.purge(&key).await?;
+        }
         Ok(n)
     }
 
