@@ -461,6 +461,20 @@ async fn artifact_chunk_naming_b(t: &Intruder, s: &Scene) -> Outcome {
     t.request(&names::artifact_chunk_svc(A), chunk_request(B, s)).await
 }
 
+/// B's render of a chart (made of B's values) asked on A's own subject.
+async fn chart_render_naming_b(t: &Intruder, _: &Scene) -> Outcome {
+    t.request(&names::chart_render_svc(A), render_request(B)).await
+}
+
+async fn chart_render_on_b_subject(t: &Intruder, _: &Scene) -> Outcome {
+    t.request(&names::chart_render_svc(B), render_request(B)).await
+}
+
+fn render_request(site: &str) -> Vec<u8> {
+    pb::ChartRenderRequest { site_id: site.into(), name: "cni".into(), version: "1".into(), ..Default::default() }
+        .encode_to_vec()
+}
+
 async fn artifact_plan_on_b_subject(t: &Intruder, s: &Scene) -> Outcome {
     t.request(&names::artifact_plan_svc(B), plan_request(B, s)).await
 }
@@ -814,6 +828,8 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         TrustTable: artifact_chunk_naming_b,
         Permission: artifact_plan_on_b_subject,
         Permission: artifact_chunk_on_b_subject,
+        TrustTable: chart_render_naming_b,
+        Permission: chart_render_on_b_subject,
 
         Permission: js_own_consumer_filtered_on_b_jobs,
         Permission: js_own_consumer_with_b_filter_in_subject,

@@ -16,6 +16,7 @@ use landfall_tests::cli::{landfall, text};
 use landfall_tests::fleet;
 use landfall_tests::helm::Chart;
 use landfall_tests::kube_site::{KubeSiteRig, SITE, mac};
+use prost::Message;
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -353,4 +354,19 @@ async fn what_helm_refuses_is_refused_with_its_reason_and_nothing_is_applied() {
         .collect();
     assert!(failed[0].reason.contains("site.name is required"), "{failed:?}");
     assert!(config(&rig, "gizmo-config").await.is_none(), "nothing of the chart applied");
+
+    // The site asks for the bytes of an object that is no render made for it, named as the
+    // chart: refused (a site gets its own renders only).
+    let (entry, _) = packages.get::<pb::Package>(&keys::package("edge-apps", "1.0.0")).await.unwrap().unwrap();
+    let forged = pb::Package {
+        name: "gizmo".into(),
+        version: "1.0.0".into(),
+        kind: pb::PackageKind::HelmChart as i32,
+        render: Some(pb::ChartRender { site_id: SITE.into(), inputs_digest: "0".repeat(64), ..Default::default() }),
+        ..entry
+    };
+    let plan = pb::ArtifactPlanRequest { site_id: SITE.into(), inventory: vec![], wanted: vec![forged] };
+    let asked = rig.bus.request(names::artifact_plan_svc(SITE), plan.encode_to_vec().into(), TIMEOUT).await;
+    let refused = asked.expect_err("a forged render is not sent");
+    assert!(refused.to_string().contains("is not a render made for site"), "{refused}");
 }
