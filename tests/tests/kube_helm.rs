@@ -370,3 +370,33 @@ async fn what_helm_refuses_is_refused_with_its_reason_and_nothing_is_applied() {
     let refused = asked.expect_err("a forged render is not sent");
     assert!(refused.to_string().contains("is not a render made for site"), "{refused}");
 }
+
+/// A chart that makes random values is named so at registration, and a site's render is made
+/// once per inputs and kept: rendered again, the site gets the same password; with other
+/// values, a new render (made once as well).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn random_values_are_rendered_once_per_site_and_values_and_kept() {
+    let mut rig = KubeSiteRig::start().await;
+    rig.start_gateway();
+    rig.create_host("m-1", "master", &mac(1), "10.1.0.11").await;
+    rig.wait_design(|n| n.len() == 1).await;
+    let secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: pw\nstringData:\n  pw: {{ randAlphaNum 24 | quote }}\n  tier: {{ .Values.tier | quote }}\n";
+    let random =
+        Chart::new("gizmo", "1.0.0").file("values.yaml", "tier: bronze\n").file("templates/pw.yaml", secret).package();
+    let out = upload(&rig, random.archive(), "1.0.0").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("makes random values"), "{}", text(&out.stderr));
+    design_with_chart(&rig, "1.0.0", json!({})).await;
+    let render = || async {
+        let out = landfall(&rig.nats.url(), &["package", "render", "gizmo", "--site", SITE]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let first = render().await;
+    assert!(first.contains("pw:"), "{first}");
+    assert_eq!(render().await, first, "the same inputs give the render kept");
+    design_with_chart(&rig, "1.0.0", json!({"tier": "gold"})).await;
+    let gold = render().await;
+    assert!(gold.contains("gold") && gold != first, "{gold}");
+    assert_eq!(render().await, gold);
+}
