@@ -194,6 +194,14 @@ pub fn events_of_kind(aggregate: &str, kind: &str) -> String {
 
 /// The kind of the kubeconfig collector's request to a site.
 pub const KUBECONFIG_RPC: &str = "kubeconfig";
+/// The kind of an operator's request that a site check its charts for drift now.
+pub const DRIFT_CHECK_RPC: &str = "drift_check";
+
+/// Request/reply to a site: check its charts' releases against their renders now.
+pub fn drift_check_rpc(site: &str) -> String {
+    format!("landfall.rpc.{site}.{DRIFT_CHECK_RPC}")
+}
+
 /// The kind of an operator's request that makes a host appear at a simulated site.
 pub const SIM_HOST_ARRIVAL_RPC: &str = "sim_host_arrival";
 

@@ -169,6 +169,9 @@ bus_message!(
     SiteCutOff,
     SiteLinkRestored,
     SiteDisagrees,
+    ChartDrifted,
+    DriftCheck,
+    DriftReport,
 );
 
 macro_rules! commands {
@@ -298,6 +301,7 @@ event!(
     NodePatchFailed => "node"."patch_failed",
     SitePatched => "rollout"."site_patched",
     SiteDisagrees => "site"."disagrees",
+    ChartDrifted => "site"."chart_drifted",
     BmcCredentialsStored => "node"."bmc_credentials_stored",
     SiteCutOff => "link"."cut_off",
     SiteLinkRestored => "link"."restored",

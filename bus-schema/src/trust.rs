@@ -213,6 +213,9 @@ rules! {
     Event NodePatchFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event SitePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event SiteDisagrees from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    // Unasked (the gateway's periodic check) or asked by an operator's DriftCheck: it answers
+    // no job and moves nothing at the hub.
+    Event ChartDrifted from SITE, sites ["site_id"];
 
     Event PackageRegistered from HUB, sites [];
     Event RolloutPlanned from HUB, sites [];
@@ -240,6 +243,7 @@ rules! {
 
     SiteRpc KubeconfigRequest ["", names::KUBECONFIG_RPC] from &[Kubeconfig, Operator], sites ["site_id"];
     SiteRpc SimulateHostArrival ["", names::SIM_HOST_ARRIVAL_RPC] from &[Operator], sites ["site_id"];
+    SiteRpc DriftCheck ["", names::DRIFT_CHECK_RPC] from &[Operator], sites ["site_id"];
 
     Admin KubeconfigGet ["", names::KUBECONFIG_GET] from &[Operator], sites [];
     Admin PutBmcCredentials ["", names::BMC_CREDENTIALS_PUT] from &[Operator], sites [];

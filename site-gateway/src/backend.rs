@@ -400,6 +400,18 @@ pub trait SiteBackend: Send + Sync + 'static {
         async { Ok(ClusterFacts::default()) }
     }
 
+    /// Checks each helm chart's release at the site against the render applied last: what is
+    /// missing or changed, one [`pb::ChartDrifted`] per chart (its `drifted` empty when none),
+    /// put back first where the package says so. None at a site that runs no charts.
+    fn check_drift(&self) -> impl Future<Output = Result<Vec<bus_schema::pb::ChartDrifted>, BackendError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// How often the gateway checks for drift by itself (`None`: only when asked).
+    fn drift_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Takes down a cluster a builder made (Cluster API: the `Cluster` deleted, waited for until
     /// Cluster API has deleted its machines and freed their hosts, then the rest landfall wrote
     /// for it). Returns what it deleted, as `kind/name`, sorted (empty when there was none).

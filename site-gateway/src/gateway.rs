@@ -1,8 +1,10 @@
 //! Jobs in, events out (the hosts the site gains or loses are announced by `announce.rs`; a
 //! node patch, batch after batch, is `gateway/patch.rs`; a node or the whole site taken away,
-//! `gateway/lifecycle.rs`; a helm chart turned into its site's render, `gateway/charts.rs`).
+//! `gateway/lifecycle.rs`; a helm chart turned into its site's render, `gateway/charts.rs`; its
+//! release checked for drift, `gateway/drift.rs`).
 
 mod charts;
+mod drift;
 mod lifecycle;
 mod patch;
 
@@ -507,7 +509,12 @@ pub async fn run_gateway<B: SiteBackend>(
     // A site may start while its link to the hub is down, or before the hub made its streams.
     if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_ok() {
         info!(%site, kept_at_site = at_leaf, "gateway running");
+        let drift_every = backend.drift_every();
         let rpc = tokio::spawn(serve_kubeconfig(site.clone(), bus.clone(), backend, shutdown.clone()));
+        let drift_rpc = tokio::spawn(drift::serve_drift_check(gateway.clone(), shutdown.clone()));
+        if let Some(every) = drift_every {
+            side.spawn(drift::watch_drift(gateway.clone(), every, shutdown.clone()));
+        }
         // Provisioning takes minutes; all of a site's hosts provision at once.
         let spec = ConsumerSpec::gateway(site.as_str());
         match at_leaf {
@@ -515,6 +522,7 @@ pub async fn run_gateway<B: SiteBackend>(
             false => runtime::consume(bus, spec, gateway, shutdown).await?,
         }
         rpc.await??;
+        drift_rpc.await??;
     }
     if let Some(kept) = kept {
         kept.await??;

@@ -123,7 +123,7 @@ fn chart(version: &str, with_gizmo: bool) -> Chart {
 /// `landfall package upload` of a chart archive as package `gizmo`, with the package's values
 /// (`greeting: from-the-package` unless `values` is given).
 async fn upload(rig: &KubeSiteRig, archive: &std::path::Path, version: &str) -> std::process::Output {
-    upload_with(rig, archive, version, "greeting: from-the-package\n").await
+    upload_with(rig, archive, version, "greeting: from-the-package\n", &[]).await
 }
 
 async fn upload_with(
@@ -131,13 +131,14 @@ async fn upload_with(
     archive: &std::path::Path,
     version: &str,
     values: &str,
+    more: &[&str],
 ) -> std::process::Output {
     let file = rig.dir.path().join(format!("package-values-{version}.yaml"));
     std::fs::write(&file, values).unwrap();
     let archive = archive.to_str().unwrap();
     let file = file.to_str().unwrap();
     let args = ["package", "upload", archive, "--name", "gizmo", "--version", version, "--kind", "helm-chart"];
-    let args = [&args[..], &["--namespace", RELEASE_NS, "--values", file]].concat();
+    let args = [&args[..], &["--namespace", RELEASE_NS, "--values", file], more].concat();
     landfall(&rig.nats.url(), &args).await
 }
 
@@ -206,7 +207,7 @@ async fn a_chart_is_installed_with_the_sites_values_and_upgraded_by_a_rollout() 
     rig.wait_design(|n| n.len() == 1).await;
 
     let v1 = chart("1.0.0", true);
-    let out = upload(&rig, v1.archive(), "1.0.0").await;
+    let out = upload_with(&rig, v1.archive(), "1.0.0", "greeting: from-the-package\n", &["--correct-drift"]).await;
     assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
     let packages = rig.bus.kv(names::PACKAGES_BUCKET).await.unwrap();
     let (entry, _) = packages.get::<pb::Package>(&keys::package("gizmo", "1.0.0")).await.unwrap().unwrap();
@@ -246,6 +247,26 @@ async fn a_chart_is_installed_with_the_sites_values_and_upgraded_by_a_rollout() 
     assert!(render.helm_version.starts_with("v4."), "{render:?}");
     assert_eq!(serde_json::from_str::<serde_json::Value>(&render.values).unwrap()["site"]["name"], SITE);
 
+    // Somebody edits the release's ConfigMap by hand and deletes its Gizmo: the drift check
+    // finds both and, as version 1 asks, puts them back.
+    let edit = json!({"data": {"greeting": "edited by hand"}});
+    let cms: Api<ConfigMap> = Api::namespaced(rig.client.clone(), RELEASE_NS);
+    let by_hand = kube::api::PatchParams { field_manager: Some("kubectl-edit".into()), ..Default::default() };
+    cms.patch("gizmo-config", &by_hand, &kube::api::Patch::Merge(&edit)).await.unwrap();
+    gizmos(&rig).delete("gizmo-gizmo", &Default::default()).await.unwrap();
+    let out = landfall(&rig.nats.url(), &["package", "drift", "--site", SITE]).await;
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}{}", text(&out.stderr));
+    assert!(said.contains("gizmo@1.0.0: drifted, put back"), "{said}");
+    assert!(said.contains("ConfigMap/gizmos/gizmo-config: data.greeting"), "{said}");
+    assert!(said.contains("Gizmo/gizmos/gizmo-gizmo: missing"), "{said}");
+    assert_eq!(data(&config(&rig, "gizmo-config").await.unwrap(), "greeting"), "from-the-package");
+    assert!(gizmos(&rig).get_opt("gizmo-gizmo").await.unwrap().is_some(), "the Gizmo is back");
+    let reported = rig.events::<pb::ChartDrifted>().await;
+    assert!(reported.iter().any(|r| r.corrected && r.drifted.len() == 2), "{reported:?}");
+    let out = landfall(&rig.nats.url(), &["package", "drift", "--site", SITE]).await;
+    assert!(out.status.success() && text(&out.stdout).contains("gizmo@1.0.0: as rendered"), "{}", text(&out.stdout));
+
     // The operator prints what the site gets.
     let out = landfall(&rig.nats.url(), &["package", "render", "gizmo", "--site", SITE]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -280,6 +301,16 @@ async fn a_chart_is_installed_with_the_sites_values_and_upgraded_by_a_rollout() 
     let renders = packages.scan::<pb::Package>(&keys::site_renders_prefix(SITE)).await.unwrap();
     let big = renders.iter().map(|(_, p, _)| p).find(|p| p.version == "2.0.0").expect("v2's render");
     assert!(big.size > 1024 * 1024, "{} bytes", big.size);
+
+    // Version 2 does not ask for drift to be put back: an edit is reported and left.
+    cms.patch("gizmo-config", &by_hand, &kube::api::Patch::Merge(&edit)).await.unwrap();
+    let out = landfall(&rig.nats.url(), &["package", "drift", "--site", SITE]).await;
+    let said = text(&out.stdout);
+    assert!(said.contains("gizmo@2.0.0: drifted, reported"), "{said}");
+    assert_eq!(data(&config(&rig, "gizmo-config").await.unwrap(), "greeting"), "edited by hand");
+    cms.patch("gizmo-config", &by_hand, &kube::api::Patch::Merge(&json!({"data": {"greeting": "from-the-package"}})))
+        .await
+        .unwrap();
 
     // Version 3's Job fails (as its controller would say): the site goes back to version 2's
     // manifests, the Job pruned, and the failure says so.
@@ -334,7 +365,7 @@ async fn what_helm_refuses_is_refused_with_its_reason_and_nothing_is_applied() {
     assert!(text(&out.stderr).contains("parse error"), "{}", text(&out.stderr));
 
     // A schema violation in the package's own values: refused at registration, with helm's words.
-    let out = upload_with(&rig, v1.archive(), "1.0.0", "size: 0\n").await;
+    let out = upload_with(&rig, v1.archive(), "1.0.0", "size: 0\n", &[]).await;
     assert_eq!(out.status.code(), Some(2), "{}{}", text(&out.stdout), text(&out.stderr));
     assert!(text(&out.stderr).contains("minimum"), "{}", text(&out.stderr));
     let packages = rig.bus.kv(names::PACKAGES_BUCKET).await.unwrap();

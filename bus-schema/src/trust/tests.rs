@@ -55,6 +55,7 @@ fn every_kind_on_the_bus_has_a_row() {
         "RolloutSitePlan",
         "ArtifactPlan",
         "ChartRenderReply",
+        "DriftReport",
         "ArtifactTransfer",
         "BmcCredentials",
         "SecretStored",

@@ -256,6 +256,46 @@ pub async fn diff(url: &str, args: &DiffArgs) -> anyhow::Result<ExitCode> {
     Ok(if changed_sites == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
+/// Asks the site's gateway to check its charts for drift now, and prints what it found. Exit 1
+/// when something drifted (put back or not).
+pub async fn drift(url: &str, site: &str) -> anyhow::Result<ExitCode> {
+    let site = SiteId::try_from(site)?;
+    let bus = connect(url).await?;
+    let req = pb::DriftCheck { site_id: site.to_string() };
+    let (_, body) = bus
+        .request_site(
+            site.as_str(),
+            names::drift_check_rpc(site.as_str()),
+            req.encode_to_vec().into(),
+            Duration::from_secs(120),
+        )
+        .await
+        .map_err(|e| anyhow!("site {site}'s gateway: {e}"))?;
+    let report = pb::DriftReport::decode(body).context("the gateway's answer")?;
+    if report.charts.is_empty() {
+        println!("{site} runs no helm chart");
+    }
+    let mut drifted = false;
+    for chart in &report.charts {
+        let what = chart.package.as_ref().map(|p| format!("{}@{}", p.name, p.version)).unwrap_or_default();
+        if chart.drifted.is_empty() {
+            println!("{site}: {what}: as rendered");
+            continue;
+        }
+        drifted = true;
+        let outcome = match (chart.corrected, chart.reason.as_str()) {
+            (true, _) => "put back".to_string(),
+            (false, "") => "reported (the package does not ask for it to be put back)".to_string(),
+            (false, why) => format!("not put back: {why}"),
+        };
+        println!("{site}: {what}: drifted, {outcome}");
+        for d in &chart.drifted {
+            println!("  {d}");
+        }
+    }
+    Ok(if drifted { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
 /// The render the site was last given of `name`@`version` (empty when it was given none).
 async fn kept_render(
     bus: &Bus,

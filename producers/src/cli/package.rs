@@ -39,6 +39,12 @@ pub enum PackageCommand {
     /// What a helm-chart package's next version (or the sites' values as they are now) would
     /// change at each site, object by object, before a rollout starts.
     Diff(super::chart::DiffArgs),
+    /// Whether a site's helm chart releases are as their renders say, checked by its gateway
+    /// now (and put back where a package says so).
+    Drift {
+        #[arg(long)]
+        site: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -65,6 +71,7 @@ pub async fn run(url: &str, cmd: PackageCommand) -> anyhow::Result<ExitCode> {
         PackageCommand::Patch(args) => rollout::patch(url, &args).await,
         PackageCommand::Render(args) => super::chart::render(url, &args).await,
         PackageCommand::Diff(args) => super::chart::diff(url, &args).await,
+        PackageCommand::Drift { site } => super::chart::drift(url, &site).await,
     }
 }
 

@@ -42,6 +42,11 @@ pub struct ChartArgs {
     /// give its own on top).
     #[arg(long, value_name = "FILE")]
     pub values: Option<std::path::PathBuf>,
+    /// helm-chart: each site's gateway puts back what drifted from the render (an object
+    /// deleted, a field changed by hand), taking the fields back; without it drift is reported
+    /// only.
+    #[arg(long)]
+    pub correct_drift: bool,
 }
 
 impl ChartArgs {
@@ -49,8 +54,8 @@ impl ChartArgs {
     /// (which takes none of these flags).
     pub fn release(&self, kind: pb::PackageKind, name: &str) -> anyhow::Result<Option<pb::HelmChart>> {
         if kind != pb::PackageKind::HelmChart {
-            if self.release.is_some() || self.namespace.is_some() || self.values.is_some() {
-                bail!("--release, --namespace and --values are for --kind helm-chart");
+            if self.release.is_some() || self.namespace.is_some() || self.values.is_some() || self.correct_drift {
+                bail!("--release, --namespace, --values and --correct-drift are for --kind helm-chart");
             }
             return Ok(None);
         }
@@ -65,6 +70,7 @@ impl ChartArgs {
             release: self.release.clone().unwrap_or_else(|| name.to_string()),
             namespace,
             values,
+            correct_drift: self.correct_drift,
             ..Default::default()
         }))
     }

@@ -121,6 +121,11 @@ pub struct KubeArgs {
     /// available, and its Jobs to complete, before the package fails naming what was not.
     #[arg(long, value_parser = parse_duration, default_value = "15m")]
     pub workload_timeout: std::time::Duration,
+    /// How often the site's helm chart releases are checked against their renders (what drifted
+    /// is reported, and put back where the package says so); 0: only when asked (`landfall
+    /// package drift`).
+    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    pub drift_every: std::time::Duration,
     /// What a drain does with pods no controller would bring back: refuse (fail the node, naming
     /// them) or evict (they are gone for good).
     #[arg(long, value_enum, default_value = "refuse")]
@@ -180,6 +185,7 @@ impl KubeArgs {
         cfg.drain_timeout = self.drain_timeout;
         cfg.ready_timeout = self.ready_timeout;
         cfg.workload_timeout = self.workload_timeout;
+        cfg.drift_every = (!self.drift_every.is_zero()).then_some(self.drift_every);
         cfg.upgrade_image = self.upgrade_image.clone();
         cfg.upgrade_namespace = self.upgrade_namespace.clone();
         cfg.upgrade_timeout = self.upgrade_timeout;

@@ -174,15 +174,68 @@ impl ManifestApplier {
         version: &str,
         manifests: &[u8],
     ) -> Result<Vec<super::workloads::Applied>, BackendError> {
+        self.apply_each(name, version, manifests, false).await
+    }
+
+    /// Puts `manifests` back as package `name`@`version` says them, taking back the fields
+    /// somebody else changed since (a forced server-side apply): drift a package asked to have
+    /// corrected. Outside the inventory, as [`ManifestApplier::apply_unlisted`].
+    ///
+    /// # Errors
+    /// As [`ManifestApplier::apply`].
+    pub async fn put_back(
+        &self,
+        name: &str,
+        version: &str,
+        manifests: &[u8],
+    ) -> Result<Vec<super::workloads::Applied>, BackendError> {
+        self.apply_each(name, version, manifests, true).await
+    }
+
+    /// Each object of `manifests` as applied (labelled and annotated as the package's, its
+    /// namespace filled in), and the object the cluster has there now, if any: what a drift
+    /// check compares.
+    ///
+    /// # Errors
+    /// When the manifests do not parse or the cluster cannot be read.
+    pub async fn live(
+        &self,
+        name: &str,
+        version: &str,
+        manifests: &[u8],
+    ) -> Result<Vec<(String, serde_json::Value, Option<serde_json::Value>)>, BackendError> {
+        check_package_name(name)?;
+        let manifests = parse_manifests(manifests)?;
+        let mut kinds = Kinds::new(&self.client);
+        let plan = self.plan(&mut kinds, name, version, manifests).await?;
+        let mut out = Vec::with_capacity(plan.len());
+        for p in plan {
+            let id = p.target.id();
+            let found =
+                p.api(&self.client).get_opt(&p.target.name).await.map_err(|e| kube_error(&format!("read {id}"), e))?;
+            let value = |o: &DynamicObject| serde_json::to_value(o).unwrap_or_default();
+            out.push((id, value(&p.object), found.as_ref().map(value)));
+        }
+        Ok(out)
+    }
+
+    async fn apply_each(
+        &self,
+        name: &str,
+        version: &str,
+        manifests: &[u8],
+        force: bool,
+    ) -> Result<Vec<super::workloads::Applied>, BackendError> {
         check_package_name(name)?;
         let manifests = parse_manifests(manifests)?;
         let mut kinds = Kinds::new(&self.client);
         let plan = self.plan(&mut kinds, name, version, manifests).await?;
         let mut applied = Vec::with_capacity(plan.len());
+        let params = if force { PatchParams::apply(FIELD_MANAGER).force() } else { PatchParams::apply(FIELD_MANAGER) };
         for p in plan {
             let id = p.target.id();
             p.api(&self.client)
-                .patch(&p.target.name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&p.object))
+                .patch(&p.target.name, &params, &Patch::Apply(&p.object))
                 .await
                 .map_err(|e| kube_error(&format!("apply {id} ({})", p.doc), e))?;
             applied.push(p.target.applied());

@@ -28,8 +28,28 @@ use super::error::kube_error;
 use super::workloads::{Applied, wait_available};
 use crate::backend::{BackendError, ClusterFacts};
 
+/// The extension of a kept render's file.
+pub(super) const KEPT_EXTENSION: &str = "render";
+
+/// The render applied last of a chart, kept at the site: what it goes back to when the next
+/// version fails, and what its drift is checked against.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct KeptRender {
+    pub version: String,
+    /// The release's namespace: where its namespaced objects without one are.
+    pub namespace: String,
+    /// Whether the package asked for what drifted to be put back.
+    pub correct_drift: bool,
+    pub manifests: String,
+}
+
+pub(super) async fn read_kept(path: &std::path::Path) -> Option<KeptRender> {
+    serde_json::from_slice(&tokio::fs::read(path).await.ok()?).ok()
+}
+
 /// Objects as manifests the applier reads (JSON is YAML).
-fn manifests<'a>(objects: impl IntoIterator<Item = &'a Value>) -> Vec<u8> {
+pub(super) fn manifests<'a>(objects: impl IntoIterator<Item = &'a Value>) -> Vec<u8> {
     let mut out = String::new();
     for o in objects {
         out.push_str("---\n");
@@ -93,7 +113,7 @@ impl KubeSite {
                 (e, _) => failed(e),
             });
         }
-        self.keep_render(name, version, text).await?;
+        self.keep_render(package, text).await?;
         info!(
             site = %self.cfg.site,
             package = %what,
@@ -151,20 +171,30 @@ impl KubeSite {
         Ok(ClusterFacts { kube_version, api_versions })
     }
 
-    /// Where the render applied last of package `name` is kept: `<version>\n<manifests>`.
+    /// Where the renders applied last are kept, one `<name>.render` per chart.
+    pub(super) fn kept_renders_dir(&self) -> std::path::PathBuf {
+        self.cfg.state_dir.join("container-packages")
+    }
+
     fn kept_render_path(&self, name: &str) -> std::path::PathBuf {
-        self.cfg.state_dir.join("container-packages").join(format!("{name}.render"))
+        self.kept_renders_dir().join(format!("{name}.{KEPT_EXTENSION}"))
     }
 
+    /// The render applied last of chart `name`: its version and manifests.
     async fn kept_render(&self, name: &str) -> Option<(String, String)> {
-        let kept = tokio::fs::read_to_string(self.kept_render_path(name)).await.ok()?;
-        let (version, text) = kept.split_once('\n')?;
-        Some((version.to_string(), text.to_string()))
+        let kept = read_kept(&self.kept_render_path(name)).await?;
+        Some((kept.version, kept.manifests))
     }
 
-    async fn keep_render(&self, name: &str, version: &str, text: &str) -> Result<(), BackendError> {
-        let kept = format!("{version}\n{text}");
-        super::cluster::write_atomically(&self.kept_render_path(name), kept.as_bytes()).await
+    async fn keep_render(&self, package: &Package, text: &str) -> Result<(), BackendError> {
+        let kept = KeptRender {
+            version: package.version.to_string(),
+            namespace: package.chart.as_ref().map(|c| c.namespace.clone()).unwrap_or_default(),
+            correct_drift: package.chart.as_ref().is_some_and(|c| c.correct_drift),
+            manifests: text.to_string(),
+        };
+        let bytes = serde_json::to_vec(&kept).map_err(|e| BackendError::permanent("keeping the render", e))?;
+        super::cluster::write_atomically(&self.kept_render_path(package.name.as_str()), &bytes).await
     }
 
     /// The render applied before, applied again (no hooks): the objects the failed version

@@ -64,6 +64,9 @@ pub struct KubeSiteConfig {
     /// How long a container package's Deployments, DaemonSets and StatefulSets may take to be
     /// available, and its Jobs to complete.
     pub workload_timeout: Duration,
+    /// How often the site's helm chart releases are checked against their renders (`None`:
+    /// only when an operator asks).
+    pub drift_every: Option<Duration>,
     /// How often a drain or a readiness wait looks again.
     pub poll: Duration,
     /// The image of the Job that installs a binary on one node (`sh`, `wget`, `sha256sum`,
@@ -97,6 +100,7 @@ impl KubeSiteConfig {
             ready_timeout: Duration::from_secs(15 * 60),
             unmanaged_pods: UnmanagedPods::Refuse,
             workload_timeout: Duration::from_secs(15 * 60),
+            drift_every: Some(Duration::from_secs(15 * 60)),
             poll: Duration::from_secs(2),
             upgrade_image: "docker.io/library/busybox:1.36".into(),
             upgrade_namespace: "kube-system".into(),

@@ -22,6 +22,7 @@ mod chart;
 mod cluster;
 mod config;
 mod drain;
+mod drift;
 mod error;
 mod host_setup;
 mod hosts;
@@ -139,6 +140,14 @@ impl SiteBackend for KubeSite {
 
     async fn cluster_facts(&self) -> Result<crate::backend::ClusterFacts, BackendError> {
         self.application_facts().await
+    }
+
+    async fn check_drift(&self) -> Result<Vec<bus_schema::pb::ChartDrifted>, BackendError> {
+        self.charts_drift().await
+    }
+
+    fn drift_every(&self) -> Option<std::time::Duration> {
+        self.cfg.drift_every
     }
 
     async fn patch_node(&self, req: &PatchRequest) -> Result<PatchOutcome, BackendError> {
