@@ -229,6 +229,16 @@ fn constrain(schemas: &mut Map<String, Value>) {
         &[1, 2, 3],
     );
     schemas[&format!("{PACKAGE}.Package")]["required"] = json!(["name", "version", "kind", "sha256"]);
+    // A helm chart is registered with `landfall package upload`, which checks it with helm; a
+    // render is what a job carries, never a registration. Chart values come in designs.
+    schemas[&format!("{PACKAGE}.Package")]["properties"]["chart"] =
+        json!({ "type": "null", "description": "Helm charts are registered with `landfall package upload`." });
+    schemas[&format!("{PACKAGE}.Package")]["properties"]["render"] =
+        json!({ "type": "null", "description": "Set on the packages of jobs only." });
+    schemas[&format!("{PACKAGE}.SiteDesign")]["properties"]["chart_values"] = json!({
+        "type": "object", "maxProperties": 0,
+        "description": "Helm chart values are given in design documents (ApplyDesign)."
+    });
     schemas[&format!("{PACKAGE}.PackageRef")]["required"] = json!(["name", "version"]);
     schemas[&format!("{PACKAGE}.SiteDesign")]["properties"]["nodes"]["minItems"] = json!(1);
     schemas[&format!("{PACKAGE}.SiteDesign")]["required"] = json!(["site_id", "nodes"]);

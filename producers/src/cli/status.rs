@@ -74,6 +74,7 @@ async fn site_status(
     let observed: Vec<&pb::NodeObserved> = observed.iter().filter(|o| o.site_id == site).collect();
     // One site's events are read for one site only: the fleet's listing stays a pass over KV.
     let disagreement = if one { disagrees(bus, site).await? } else { None };
+    let charts = if one { Some(charts_json(bus, site).await?) } else { None };
     Ok(Some(json!({
         "site": site,
         "design_revision": revision,
@@ -84,7 +85,36 @@ async fn site_status(
         "link": links.get(site).map(link_json),
         "attention": attention_json(site, links.contains_key(site), disagreement.as_deref()),
         "observed": observed_json(&design, &observed),
+        "charts": charts,
     })))
+}
+
+/// The helm charts rendered for the site: the latest render of each, and what it was made of.
+async fn charts_json(bus: &Bus, site: &str) -> anyhow::Result<serde_json::Value> {
+    let packages = bus.kv(names::PACKAGES_BUCKET).await?;
+    let mut latest: std::collections::BTreeMap<String, pb::Package> = Default::default();
+    for (_, p, _) in packages.scan_few::<pb::Package>(&keys::site_renders_prefix(site)).await? {
+        let at = |p: &pb::Package| p.render.as_ref().map_or(0, |r| r.rendered_at_ms);
+        if latest.get(&p.name).is_none_or(|l| at(l) < at(&p)) {
+            latest.insert(p.name.clone(), p);
+        }
+    }
+    Ok(latest
+        .values()
+        .map(|p| {
+            let r = p.render.clone().unwrap_or_default();
+            json!({
+                "name": p.name,
+                "version": p.version,
+                "chart_sha256": r.chart_sha256,
+                "values_digest": r.values_digest,
+                "helm_version": r.helm_version,
+                "kube_version": r.kube_version,
+                "render_sha256": p.sha256,
+                "rendered_at_ms": r.rendered_at_ms,
+            })
+        })
+        .collect())
 }
 
 /// Every node of the design with what last worked on it: the site's install, or the node's own
@@ -339,7 +369,29 @@ fn print_status(all: &[serde_json::Value], detail: bool) {
                 );
             }
             print_observed(&s["observed"]);
+            print_charts(&s["charts"]);
         }
+    }
+}
+
+fn print_charts(charts: &serde_json::Value) {
+    let charts = charts.as_array().map(Vec::as_slice).unwrap_or_default();
+    if charts.is_empty() {
+        return;
+    }
+    println!("  {:<16} {:<10} RENDERED FOR THE SITE (the latest)", "CHART", "VERSION");
+    for c in charts {
+        let short = |k: &str| c[k].as_str().unwrap_or("").chars().take(12).collect::<String>();
+        println!(
+            "  {:<16} {:<10} chart sha256:{}… values sha256:{}… helm {} Kubernetes {} render sha256:{}…",
+            c["name"].as_str().unwrap_or(""),
+            c["version"].as_str().unwrap_or(""),
+            short("chart_sha256"),
+            short("values_digest"),
+            c["helm_version"].as_str().unwrap_or(""),
+            c["kube_version"].as_str().filter(|v| !v.is_empty()).unwrap_or("(helm's default)"),
+            short("render_sha256"),
+        );
     }
 }
 
