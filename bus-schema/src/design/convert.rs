@@ -19,6 +19,8 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
     let selection_labels = selection.labels();
     let mut nodes = Vec::new();
     let mut packages: BTreeMap<Role, Vec<PackageRef>> = BTreeMap::new();
+    // A chart runs once per cluster: every node that runs it must give it the same values.
+    let mut values: BTreeMap<String, (&EffectiveNode, Option<serde_json::Value>)> = BTreeMap::new();
     for role in [Role::Master, Role::Worker] {
         let mut first: Option<&EffectiveNode> = None;
         for name in &selection.node_set(role).active {
@@ -42,6 +44,23 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
                 kernel_parameters: node.kernel_parameters.iter().map(|(k, v)| (k.clone(), v.value.clone())).collect(),
                 cleaning: node.cleaning.value().map_or(crate::pb::CleaningMode::Unspecified, |c| (*c).into()),
             });
+            for package in node.packages.keys() {
+                let own = node.values_of(package);
+                match values.get(package) {
+                    None => {
+                        values.insert(package.clone(), (node, own));
+                    }
+                    Some((other, theirs)) if *theirs != own => errors.push(node.origin.error(
+                        "packages",
+                        format!(
+                            "{package} runs once for the cluster, and {} gives it other values than {} (its host \
+                             profiles differ in them)",
+                            node.name, other.name
+                        ),
+                    )),
+                    Some(_) => {}
+                }
+            }
             match first {
                 None => {
                     first = Some(node);
@@ -60,7 +79,10 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
         labels.insert("region".to_string(), region.clone());
     }
     let cluster = cluster_build(site, selection);
-    let values = site.site.values.clone();
+    for package in site.site.values.keys().filter(|p| !values.contains_key(*p)) {
+        errors.push(site.origin.error(format!("values.{package}"), format!("no node of the cluster runs {package}")));
+    }
+    let values = values.into_iter().filter_map(|(package, (_, v))| Some((package, v?))).collect();
     let design = SiteDesign { site: site.id.clone(), labels, nodes, packages, cluster, values };
     errors.into_result(design)?.validate().map_err(|e| vec![site.origin.error(e.field, e.reason)])
 }
@@ -150,6 +172,42 @@ mod tests {
             got,
             ["Node/node-3 (site.yaml #10): packages: per-role package sets must agree for now, but node-3 \
                  (a worker) alone has kubelet@1.30.0 and node-2 alone has kubelet@1.29.1"]
+        );
+    }
+
+    #[test]
+    fn a_charts_values_come_from_the_profiles_then_the_site_and_every_node_must_agree() {
+        let valued = "---\nkind: HostProfile\nname: valued\nparent: worker\npackages:\n  - { name: kubelet, version: \
+                      1.29.1, values: { ipam: { size: 28 }, '!debug': ~ } }\n";
+        let text = design(
+            &site("{ count: 1 }", "{ count: 2 }"),
+            &[(1, "control", "r1"), (2, "valued", "r1"), (3, "valued", "r2")],
+        )
+        .replace(
+            "kind: Site\n",
+            "kind: Site\nvalues: { kubelet: { cluster: '${site.id}', ipam: { strict: true } } }\n",
+        ) + valued;
+        let site = resolved(&text);
+        let selection = select(&site, &Selection::default()).unwrap();
+        let errors = to_site_design(&site, &selection).unwrap_err();
+        let got: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        // The master has the site's values alone; each worker its profile's under them.
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(
+            got.iter().all(|e| e.contains("kubelet runs once for the cluster") && e.contains("than node-1")),
+            "{got:?}"
+        );
+
+        // The master runs kubelet too: with the same values everywhere, they are the site's.
+        let all_valued = text.replace("hostProfile: control", "hostProfile: valued-control")
+            + "---\nkind: HostProfile\nname: valued-control\nparent: control\npackages:\n  - { name: kubelet, version: \
+               1.29.1, values: { ipam: { size: 28 }, '!debug': ~ } }\n";
+        let site = resolved(&all_valued);
+        let selection = select(&site, &Selection::default()).unwrap();
+        let flat = to_site_design(&site, &selection).unwrap();
+        assert_eq!(
+            flat.values["kubelet"],
+            serde_json::json!({"cluster": "${site.id}", "ipam": {"size": 28, "strict": true}})
         );
     }
 }

@@ -261,7 +261,7 @@ pub struct HostProfile {
     pub labels: MapPatch,
     /// Packages, merged by name.
     #[serde(default)]
-    pub packages: ListPatch<PackageRef>,
+    pub packages: ListPatch<PackageEntry>,
     /// Kernel parameters, merged by key.
     #[serde(default)]
     pub kernel_parameters: MapPatch,
@@ -422,6 +422,31 @@ impl BondMode {
 pub struct Vlan {
     pub id: u16,
     pub parent: String,
+}
+
+/// A package a host profile names: which version, and for a helm chart the values this layer
+/// gives it (merged over what the profiles below gave, key by key; `'!key'` removes one).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackageEntry {
+    pub name: crate::domain::PackageName,
+    pub version: crate::domain::Version,
+    /// A helm chart's values, a mapping.
+    #[serde(default)]
+    pub values: Option<serde_json::Value>,
+}
+
+impl PackageEntry {
+    /// The package it names.
+    pub fn package_ref(&self) -> PackageRef {
+        PackageRef { name: self.name.clone(), version: self.version.clone() }
+    }
+}
+
+impl Named for PackageEntry {
+    fn name(&self) -> &str {
+        self.name.as_str()
+    }
 }
 
 impl Named for Interface {

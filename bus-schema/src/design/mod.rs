@@ -74,7 +74,7 @@ pub use apply::{Changes, Planned, changes, plan, selection_of};
 pub use convert::to_site_design;
 pub use document::{
     Address, Bmc, Body, ClusterSpec, Document, HardwareProfile, HostProfile, Interface, Kind, Network, Node,
-    NodeSetSpec, Origin, Parsed, Site, Storage, parse_documents,
+    NodeSetSpec, Origin, PackageEntry, Parsed, Site, Storage, parse_documents,
 };
 pub use error::DesignError;
 pub use inherit::{ListPatch, MapPatch, Named, ScalarPatch, Setting, Sourced};

@@ -10,8 +10,8 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use super::document::{
-    Body, Cleaning, Document, Entry, HardwareProfile, HostProfile, Interface, Kind, Network, Node, Origin, Parsed,
-    Site, Storage, entries,
+    Body, Cleaning, Document, Entry, HardwareProfile, HostProfile, Interface, Kind, Network, Node, Origin,
+    PackageEntry, Parsed, Site, Storage, entries,
 };
 use super::error::{DesignError, Errors};
 use super::inherit::{ListPatch, MapPatch, ScalarPatch, Setting, Sourced};
@@ -71,6 +71,9 @@ pub struct EffectiveNode {
     pub labels: BTreeMap<String, Sourced<String>>,
     /// Packages, by name.
     pub packages: BTreeMap<String, Sourced<PackageRef>>,
+    /// The values each helm-chart package is given, by package name: every layer that gave
+    /// some, bottom first (host profiles, then the Site document).
+    pub values: BTreeMap<String, Vec<Sourced<serde_json::Value>>>,
     /// Kernel parameters, by key; an empty value is a parameter without value.
     pub kernel_parameters: BTreeMap<String, Sourced<String>>,
     /// Network interfaces, by name.
@@ -127,6 +130,15 @@ impl EffectiveNode {
     /// The packages, by name, without their origins.
     pub fn package_refs(&self) -> Vec<PackageRef> {
         self.packages.values().map(|p| p.value.clone()).collect()
+    }
+
+    /// The values of package `name`, its layers merged as Helm merges values files (see
+    /// [`crate::chart::merge_values`]); `None` when no layer gives any.
+    pub fn values_of(&self, name: &str) -> Option<serde_json::Value> {
+        let layers = self.values.get(name).filter(|l| !l.is_empty())?;
+        Some(layers.iter().fold(serde_json::Value::Object(Default::default()), |below, layer| {
+            crate::chart::merge_values(&below, &layer.value)
+        }))
     }
 }
 
@@ -383,6 +395,18 @@ impl<'a> Index<'a> {
         if let Some(rack) = &node.rack {
             merged.labels.insert("rack".to_string(), Sourced::new(rack.clone(), origin.clone()));
         }
+        // The Site document's values go over the profiles' for every package the node runs.
+        if let Some((site, site_origin)) = &self.site {
+            for (package, values) in &site.values {
+                if merged.packages.contains_key(package) {
+                    merged
+                        .values
+                        .entry(package.clone())
+                        .or_default()
+                        .push(Sourced::new(values.clone(), site_origin.clone()));
+                }
+            }
+        }
 
         let chain: Vec<Origin> = layers.iter().map(|l| l.origin.clone()).collect();
         let facts = NodeFacts {
@@ -409,6 +433,7 @@ impl<'a> Index<'a> {
             rack: node.rack.clone(),
             labels: merged.labels,
             packages: merged.packages,
+            values: merged.values,
             kernel_parameters: merged.kernel_parameters,
             interfaces: merged.interfaces,
             storage: merged.storage,
@@ -459,7 +484,7 @@ struct Layer<'a> {
     origin: &'a Origin,
     role: Option<&'a ScalarPatch<Role>>,
     labels: &'a MapPatch,
-    packages: Option<&'a ListPatch<PackageRef>>,
+    packages: Option<&'a ListPatch<PackageEntry>>,
     kernel_parameters: Option<&'a MapPatch>,
     interfaces: Option<&'a ListPatch<Interface>>,
     storage: Option<&'a ListPatch<Storage>>,
@@ -513,6 +538,7 @@ struct Merged {
     role: Setting<Role>,
     labels: BTreeMap<String, Sourced<String>>,
     packages: BTreeMap<String, Sourced<PackageRef>>,
+    values: BTreeMap<String, Vec<Sourced<serde_json::Value>>>,
     kernel_parameters: BTreeMap<String, Sourced<String>>,
     interfaces: BTreeMap<String, Sourced<Interface>>,
     storage: BTreeMap<String, Sourced<Storage>>,
@@ -528,7 +554,19 @@ impl Merged {
         }
         layer.labels.apply(&mut self.labels, origin);
         if let Some(patch) = layer.packages {
-            patch.apply(&mut self.packages, origin);
+            // A package removed takes its values with it; one named again keeps the values
+            // given below it, and this layer's go over them.
+            for name in &patch.remove {
+                self.packages.remove(name);
+                self.values.remove(name);
+            }
+            for entry in &patch.set {
+                let name = entry.name.to_string();
+                self.packages.insert(name.clone(), Sourced::new(entry.package_ref(), origin.clone()));
+                if let Some(values) = &entry.values {
+                    self.values.entry(name).or_default().push(Sourced::new(values.clone(), origin.clone()));
+                }
+            }
         }
         if let Some(patch) = layer.kernel_parameters {
             patch.apply(&mut self.kernel_parameters, origin);
@@ -570,6 +608,9 @@ pub fn render_effective(node: &EffectiveNode) -> String {
     lines.extend(node.rack.as_ref().map(|r| (format!("rack = {r}"), own)));
     lines.extend(sourced_lines("labels", &node.labels, |v| shown(v)));
     lines.extend(sourced_lines("packages", &node.packages, |p| p.version.to_string()));
+    for (package, layers) in &node.values {
+        lines.extend(value_lines(package, layers));
+    }
     lines.extend(sourced_lines("kernelParameters", &node.kernel_parameters, |v| shown(v)));
     lines.extend(sourced_lines("interfaces", &node.interfaces, |i| shown(&i.to_string())));
     lines.extend(sourced_lines("storage", &node.storage, ToString::to_string));
@@ -612,6 +653,46 @@ fn sourced_lines<'a, T>(
     show: impl Fn(&T) -> String,
 ) -> Vec<(String, Option<&'a Origin>)> {
     entries.iter().map(|(key, s)| (format!("{field}.{key} = {}", show(&s.value)), Some(&s.origin))).collect()
+}
+
+/// A chart's values as the node's layers leave them, one leaf per line
+/// (`values.cni.ipam.blockSize = 26`), each with the layer that set it last.
+fn value_lines<'a>(package: &str, layers: &'a [Sourced<serde_json::Value>]) -> Vec<(String, Option<&'a Origin>)> {
+    let mut leaves: BTreeMap<String, (serde_json::Value, &'a Origin)> = BTreeMap::new();
+    for layer in layers {
+        let mut set = Vec::new();
+        flatten(&layer.value, "", &mut set);
+        for (path, value) in set {
+            // What is set or removed here replaces whatever lay above or below the path.
+            let under = format!("{path}.");
+            leaves.retain(|k, _| k != &path && !k.starts_with(&under) && !path.starts_with(&format!("{k}.")));
+            if let Some(value) = value {
+                leaves.insert(path, (value, &layer.origin));
+            }
+        }
+    }
+    leaves
+        .into_iter()
+        .map(|(path, (value, origin))| (format!("values.{package}.{path} = {value}"), Some(origin)))
+        .collect()
+}
+
+/// The leaves of one layer of values: `(path, Some(value))` set, `(path, None)` removed (`'!key'`
+/// or `~`).
+fn flatten(value: &serde_json::Value, at: &str, out: &mut Vec<(String, Option<serde_json::Value>)>) {
+    let Some(map) = value.as_object() else { return };
+    for (key, v) in map {
+        let (key, removed) = match key.strip_prefix('!') {
+            Some(k) => (k, true),
+            None => (key.as_str(), v.is_null()),
+        };
+        let path = if at.is_empty() { key.to_string() } else { format!("{at}.{key}") };
+        match (removed, v) {
+            (true, _) => out.push((path, None)),
+            (false, serde_json::Value::Object(inner)) if !inner.is_empty() => flatten(v, &path, out),
+            (false, v) => out.push((path, Some(v.clone()))),
+        }
+    }
 }
 
 /// A value as shown: the empty string quoted, so that it is visible.

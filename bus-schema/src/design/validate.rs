@@ -83,12 +83,22 @@ fn check_profiles<'a>(
     errors: &mut Errors,
 ) {
     for doc in docs {
-        let (interfaces, packages): (&[Interface], &[PackageRef]) = match &doc.body {
-            Body::HardwareProfile(hw) => (&hw.interfaces.set, &[]),
-            Body::HostProfile(host) => (&host.interfaces.set, &host.packages.set),
+        let (interfaces, packages): (&[Interface], Vec<PackageRef>) = match &doc.body {
+            Body::HardwareProfile(hw) => (&hw.interfaces.set, Vec::new()),
+            Body::HostProfile(host) => (
+                &host.interfaces.set,
+                host.packages.set.iter().map(super::document::PackageEntry::package_ref).collect(),
+            ),
             Body::Site(_) | Body::Node(_) => continue,
         };
         let origin = doc.origin();
+        if let Body::HostProfile(host) = &doc.body {
+            for entry in host.packages.set.iter().filter(|e| e.values.as_ref().is_some_and(|v| !v.is_object())) {
+                errors.push(
+                    origin.error(format!("packages[{}].values", entry.name), "must be a mapping of the chart's values"),
+                );
+            }
+        }
         if let Some(site) = site {
             for interface in interfaces {
                 if let Some(network) = &interface.network
@@ -123,8 +133,12 @@ fn check(site: Option<(&Origin, &Site)>, nodes: &[NodeFacts], nodes_unreadable: 
     check_unique_ips(nodes, errors);
 }
 
-/// Networks defined once; the cluster's API network known; at least one master wanted.
+/// Networks defined once; the cluster's API network known; at least one master wanted; chart
+/// values mappings.
 fn check_site(origin: &Origin, site: &Site, errors: &mut Errors) {
+    for package in site.values.iter().filter(|(_, v)| !v.is_object()).map(|(p, _)| p) {
+        errors.push(origin.error(format!("values.{package}"), "must be a mapping of the chart's values"));
+    }
     super::links::check_networks(origin, site, errors);
     let mut names = BTreeSet::new();
     for network in &site.networks {

@@ -307,7 +307,7 @@ fn all_packages(parsed: &Parsed) -> BTreeSet<PackageRef> {
     let mut refs = BTreeSet::new();
     for d in parsed.documents() {
         if let Body::HostProfile(h) = &d.body {
-            refs.extend(h.packages.set.iter().cloned());
+            refs.extend(h.packages.set.iter().map(bus_schema::design::PackageEntry::package_ref));
         }
     }
     refs
