@@ -236,6 +236,9 @@ pub enum Direction {
     Any,
     /// Only nodes at an older version: an upgrade never downgrades a node that is ahead.
     OnlyOlder,
+    /// Every node, those at the version too (a helm chart rendered again with its sites' values
+    /// as they are now).
+    Again,
 }
 
 /// Plans moving `name` to `version`: every node of the selected sites whose role's package set
@@ -273,7 +276,7 @@ pub fn plan_with(
             }
             match observed.get(&(site.site.to_string(), node.name.to_string())) {
                 None => not_installed += 1,
-                Some(Some(v)) if v == version.as_str() => at_target += 1,
+                Some(Some(v)) if v == version.as_str() && direction != Direction::Again => at_target += 1,
                 Some(Some(v))
                     if direction == Direction::OnlyOlder
                         && version_cmp(v, version.as_str()) == std::cmp::Ordering::Greater =>
@@ -401,6 +404,19 @@ mod tests {
         let st = strategy(Default::default());
         let p = plan_with(&name, &v, Direction::OnlyOlder, &Default::default(), &st, &sites, &obs).unwrap();
         assert_eq!((p.planned_nodes, p.nodes_at_target), (1, 1));
+    }
+
+    #[test]
+    fn again_plans_the_nodes_at_the_version_too_but_not_those_never_installed() {
+        let sites = vec![site("edge-01", &[], 3)];
+        let mut obs = observed_all(&sites, "1.30.0");
+        obs.remove(&("edge-01".into(), "node-3".into()));
+        let (name, v) = (PackageName::try_from("kubelet").unwrap(), Version::try_from("1.30.0").unwrap());
+        let st = strategy(Default::default());
+        let p = plan_with(&name, &v, Direction::Any, &Default::default(), &st, &sites, &obs).unwrap();
+        assert_eq!((p.planned_nodes, p.nodes_at_target, p.nodes_not_installed), (0, 2, 1));
+        let p = plan_with(&name, &v, Direction::Again, &Default::default(), &st, &sites, &obs).unwrap();
+        assert_eq!((p.planned_nodes, p.nodes_at_target, p.nodes_not_installed), (2, 0, 1));
     }
 
     #[test]

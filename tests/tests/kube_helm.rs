@@ -165,8 +165,13 @@ async fn install(rig: &KubeSiteRig) -> Vec<ReadEvent> {
 }
 
 async fn roll_out(rig: &KubeSiteRig, version: &str) -> Vec<ReadEvent> {
+    roll_out_with(rig, version, false).await
+}
+
+/// A rollout of `gizmo@version`; `again`: the nodes at the version too (new values).
+async fn roll_out_with(rig: &KubeSiteRig, version: &str, again: bool) -> Vec<ReadEvent> {
     let env = Envelope::root();
-    let cmd = pb::PatchPackage { name: "gizmo".into(), version: version.into(), ..Default::default() };
+    let cmd = pb::PatchPackage { name: "gizmo".into(), version: version.into(), again, ..Default::default() };
     rig.bus.publish_command(&cmd, &env).await.unwrap();
     let ends = [pb::RolloutCompleted::TYPE, pb::RolloutHalted::TYPE, pb::CommandRejected::TYPE];
     fleet::collect(&rig.bus, names::EVENTS_ALL.into(), "rollout", &env.id, &ends, TIMEOUT).await.events
@@ -308,9 +313,29 @@ async fn a_chart_is_installed_with_the_sites_values_and_upgraded_by_a_rollout() 
     let said = text(&out.stdout);
     assert!(said.contains("gizmo@2.0.0: drifted, reported"), "{said}");
     assert_eq!(data(&config(&rig, "gizmo-config").await.unwrap(), "greeting"), "edited by hand");
-    cms.patch("gizmo-config", &by_hand, &kube::api::Patch::Merge(&json!({"data": {"greeting": "from-the-package"}})))
-        .await
-        .unwrap();
+    // The hand's edit owns the field now: a forced apply only takes it back where a package asks
+    // (drift correction). It is deleted; the next rollout makes it again.
+    cms.delete("gizmo-config", &Default::default()).await.unwrap();
+
+    // New values in the site's design, rolled out at the same version: rendered again and applied.
+    design_with_chart(&rig, "2.0.0", json!({"site": {"name": "${site.id}"}, "greeting": "from-the-design"})).await;
+    let rolled = roll_out_with(&rig, "2.0.0", true).await;
+    assert_eq!(types(&rolled).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{}", rig.gateway_log());
+    assert_eq!(data(&config(&rig, "gizmo-config").await.unwrap(), "greeting"), "from-the-design");
+    let patched: Vec<pb::NodePatched> = rolled
+        .iter()
+        .filter(|e| e.delivery.type_name == pb::NodePatched::TYPE)
+        .map(|e| e.delivery.decode().unwrap())
+        .collect();
+    assert_eq!(patched.len(), 1, "{patched:?}");
+    // Nothing changed since: again, nothing is applied (the node counts as patched, unchanged).
+    let quiet = rig.client.clone();
+    let before =
+        Api::<ConfigMap>::namespaced(quiet, RELEASE_NS).get("gizmo-config").await.unwrap().metadata.resource_version;
+    let rolled = roll_out_with(&rig, "2.0.0", true).await;
+    assert_eq!(types(&rolled).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE));
+    let after = config(&rig, "gizmo-config").await.unwrap().metadata.resource_version;
+    assert_eq!(before, after, "an unchanged render is not applied again");
 
     // Version 3's Job fails (as its controller would say): the site goes back to version 2's
     // manifests, the Job pruned, and the failure says so.

@@ -132,6 +132,7 @@ impl Orchestrator {
             selector: auto.selector,
             strategy: auto.strategy,
             only_older: true,
+            again: false,
             trigger: format!("auto-rollout of {}@{}", entry.name, entry.version),
         };
         let env = d.envelope.derive("auto_rollout", None);

@@ -241,7 +241,17 @@ pub fn plan(
 ) -> Result<Planned, Refusal> {
     let id = &cause.id;
     let selector = cmd.selector.clone().unwrap_or_default();
-    let direction = if cmd.only_older { Direction::OnlyOlder } else { Direction::Any };
+    let direction = match (cmd.again, cmd.only_older) {
+        (true, true) => {
+            return Err(Refusal {
+                code: pb::RejectCode::Invalid,
+                reason: "again and only_older contradict each other: again patches the nodes at the version too".into(),
+            });
+        }
+        (true, false) => Direction::Again,
+        (false, true) => Direction::OnlyOlder,
+        (false, false) => Direction::Any,
+    };
     let planned = plan::plan_with(&req.name, &req.version, direction, &selector, &req.strategy, designs, observed)
         .map_err(|e| {
             let code =

@@ -36,8 +36,13 @@ pub struct PatchArgs {
     #[command(flatten)]
     pub rollout: RolloutArgs,
     /// Only nodes that run an older version: never downgrade a node that is ahead.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "again")]
     pub only_older: bool,
+    /// The nodes that run VERSION already too: a helm chart is rendered again with each site's
+    /// values as they are now and applied where the render changed (values changed in designs,
+    /// rolled out in waves like a new version).
+    #[arg(long)]
+    pub again: bool,
     /// Print the plan (waves, sites, nodes, from → to) and publish nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -148,7 +153,11 @@ pub async fn patch(url: &str, args: &PatchArgs) -> anyhow::Result<ExitCode> {
     let (strategy, checked) = args.rollout.strategy()?;
     let bus = connect(url).await?;
     if args.dry_run {
-        let direction = if args.only_older { Direction::OnlyOlder } else { Direction::Any };
+        let direction = match (args.again, args.only_older) {
+            (true, _) => Direction::Again,
+            (false, true) => Direction::OnlyOlder,
+            (false, false) => Direction::Any,
+        };
         return dry_run(&bus, &name, &version, direction, &selector, &checked, args.output).await;
     }
     // No catalog check here: a RegisterPackage published just before may not be handled yet,
@@ -167,6 +176,7 @@ pub async fn patch(url: &str, args: &PatchArgs) -> anyhow::Result<ExitCode> {
         strategy: Some(strategy),
         only_older: args.only_older,
         trigger: String::new(),
+        again: args.again,
     };
     let ack = bus.publish_command(&cmd, &env).await?;
     let dup = if ack.duplicate { " (duplicate id: already published)" } else { "" };

@@ -26,7 +26,7 @@ use super::KubeSite;
 use super::apply::ManifestApplier;
 use super::error::kube_error;
 use super::workloads::{Applied, wait_available};
-use crate::backend::{BackendError, ClusterFacts};
+use crate::backend::{BackendError, ClusterFacts, PatchOutcome};
 
 /// The extension of a kept render's file.
 pub(super) const KEPT_EXTENSION: &str = "render";
@@ -169,6 +169,33 @@ impl KubeSite {
         // A server built without a release version (`v0.0.0-master…`) says nothing of it.
         let kube_version = version.map(|v| v.git_version).filter(|v| !v.starts_with("v0.")).unwrap_or_default();
         Ok(ClusterFacts { kube_version, api_versions })
+    }
+
+    /// A node's part of a chart's rollout: the release goes to this render unless it stands
+    /// there already (same version, same manifests: another node of the site applied it, or
+    /// the values did not change). Rendered again at the same version, a changed render is
+    /// applied and counts as a change.
+    /// `from`: what the node was recorded running.
+    pub(super) async fn patch_chart(
+        &self,
+        node: &str,
+        package: &Package,
+        from: Option<String>,
+    ) -> Result<PatchOutcome, BackendError> {
+        let name = package.name.as_str();
+        let path = self.cache.path(&package.sha256.to_string());
+        let rendered = tokio::fs::read_to_string(&path).await.map_err(|e| {
+            BackendError::permanent(format!("helm chart {}: no render in the cache", package.reference().key()), e)
+        })?;
+        let before = self.kept_render(name).await;
+        let standing = before.is_some_and(|(v, text)| v == package.version.as_str() && text == rendered);
+        if !standing {
+            let applier = self.applier(self.application_cluster().await?);
+            self.apply_container(&applier, package).await?;
+        }
+        // The node runs the release as it stands, whoever applied it.
+        self.record_versions(node, super::cluster::versions(std::slice::from_ref(package))).await?;
+        Ok(PatchOutcome { from_version: from, changed: !standing })
     }
 
     /// Where the renders applied last are kept, one `<name>.render` per chart.

@@ -20,6 +20,9 @@ impl KubeSite {
             return Err(BackendError::permanent_reason(format!("node {name} has no BareMetalHost")));
         };
         let package = &req.package;
+        if package.kind == pb::PackageKind::HelmChart {
+            return self.patch_chart(name, package, Self::version_on(&host, package.name.as_str())).await;
+        }
         if self.patched_by_cluster_api(&host, package).await? {
             return self.patch_capi(req, &host).await;
         }
