@@ -8,6 +8,7 @@ use std::time::Duration;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::Envelope;
+use landfall_tests::api::{Api, VIEWER};
 use landfall_tests::cli::{landfall, text};
 use landfall_tests::fleet::{self, Fleet};
 use landfall_tests::helm::Chart;
@@ -95,10 +96,18 @@ async fn a_chart_registered_once_is_installed_with_each_sites_values_and_rolled_
         );
     }
 
-    // What was rendered for a site is in its status.
+    // What was rendered for a site is in its status, and in the API.
     let out = landfall(&server.url(), &["status", &fleet.site_id(1)]).await;
     let said = text(&out.stdout);
     assert!(said.contains("RENDERED FOR THE SITE") && said.contains("addons"), "{said}{}", text(&out.stderr));
+    let api = Api::start(&fleet.bus).await;
+    let (status, charts) = api.get(VIEWER, &format!("/v1/sites/{}/charts", fleet.site_id(1))).await;
+    assert_eq!(status, 200, "{charts}");
+    let catalog = fleet.bus.kv(names::PACKAGES_BUCKET).await.unwrap();
+    let (entry, _) = catalog.get::<pb::Package>(&keys::package("addons", "1.0.0")).await.unwrap().unwrap();
+    assert_eq!(charts[0]["name"], "addons");
+    assert_eq!(charts[0]["chart_sha256"], entry.sha256.as_str());
+    assert!(charts[0]["helm_version"].as_str().is_some_and(|v| v.starts_with("v4.")), "{charts}");
 
     // Version 2 to every site, the first as a canary of its own.
     upload(&server.url(), &chart("2.0.0"), "2.0.0").await;

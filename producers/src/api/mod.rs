@@ -54,6 +54,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/sites", get(sites))
         .route("/v1/sites/{site}", get(site))
         .route("/v1/sites/{site}/nodes", get(site_nodes))
+        .route("/v1/sites/{site}/charts", get(site_charts))
         .route("/v1/packages", get(packages))
         .route("/v1/rollouts", get(rollouts))
         .route("/v1/rollouts/{id}", get(rollout))
@@ -166,6 +167,17 @@ async fn site_nodes(State(s): State<ApiState>, Path(site): Path<String>) -> Resu
     let design =
         st.designs.get(&site).ok_or_else(|| ApiError::not_found(format!("site {site:?} is not registered")))?;
     Ok(axum::Json(Value::Array(views::site_nodes(&st, &site, design))))
+}
+
+/// The helm charts rendered for a site, from KV (the read model holds no renders).
+async fn site_charts(State(s): State<ApiState>, Path(site): Path<String>) -> Result<axum::Json<Value>, ApiError> {
+    if !s.model.read().designs.contains_key(&site) {
+        return Err(ApiError::not_found(format!("site {site:?} is not registered")));
+    }
+    match crate::views::charts::site_charts(&s.bus, &site).await {
+        Ok(charts) => Ok(axum::Json(charts)),
+        Err(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("{e:#}"))),
+    }
 }
 
 async fn packages(State(s): State<ApiState>) -> axum::Json<Value> {

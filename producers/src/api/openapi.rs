@@ -484,6 +484,10 @@ fn view_schemas() -> Map<String, Value> {
         })),
         "NodePackage": node_package,
         "Node": node,
+        "SiteChart": object(&["name", "version", "chart_sha256", "values_digest", "helm_version", "kube_version", "render_sha256", "rendered_at_ms"], json!({
+            "name": string(), "version": string(), "chart_sha256": string(), "values_digest": string(),
+            "helm_version": string(), "kube_version": string(), "render_sha256": string(), "rendered_at_ms": integer(),
+        })),
         "CatalogEntry": object(&["name", "version", "kind", "sha256", "size", "in_store", "auto_rollout"], json!({
             "name": string(), "version": string(), "kind": string(), "sha256": string(), "size": integer(),
             "in_store": { "type": "boolean" }, "auto_rollout": { "type": "boolean" },
@@ -601,6 +605,17 @@ pub fn document() -> Value {
                 "A site's nodes",
                 "Every node: Metal3 state, role, package versions (observed and desired).",
                 ok_json("The nodes.", json!({ "type": "array", "items": schema_ref("Node") })),
+                site_param.clone(),
+            );
+            g["get"]["responses"]["404"] = error_response("No such site.");
+            g
+        }),
+        ("/v1/sites/{site}/charts", {
+            let mut g = get(
+                "A site's helm charts",
+                "The latest render of each helm chart made for the site, and what it was made of: the chart \
+                 archive's and the values' sha256, the helm and Kubernetes versions.",
+                ok_json("The charts.", json!({ "type": "array", "items": schema_ref("SiteChart") })),
                 site_param,
             );
             g["get"]["responses"]["404"] = error_response("No such site.");

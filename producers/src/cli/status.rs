@@ -74,7 +74,7 @@ async fn site_status(
     let observed: Vec<&pb::NodeObserved> = observed.iter().filter(|o| o.site_id == site).collect();
     // One site's events are read for one site only: the fleet's listing stays a pass over KV.
     let disagreement = if one { disagrees(bus, site).await? } else { None };
-    let charts = if one { Some(charts_json(bus, site).await?) } else { None };
+    let charts = if one { Some(crate::views::charts::site_charts(bus, site).await?) } else { None };
     Ok(Some(json!({
         "site": site,
         "design_revision": revision,
@@ -87,34 +87,6 @@ async fn site_status(
         "observed": observed_json(&design, &observed),
         "charts": charts,
     })))
-}
-
-/// The helm charts rendered for the site: the latest render of each, and what it was made of.
-async fn charts_json(bus: &Bus, site: &str) -> anyhow::Result<serde_json::Value> {
-    let packages = bus.kv(names::PACKAGES_BUCKET).await?;
-    let mut latest: std::collections::BTreeMap<String, pb::Package> = Default::default();
-    for (_, p, _) in packages.scan_few::<pb::Package>(&keys::site_renders_prefix(site)).await? {
-        let at = |p: &pb::Package| p.render.as_ref().map_or(0, |r| r.rendered_at_ms);
-        if latest.get(&p.name).is_none_or(|l| at(l) < at(&p)) {
-            latest.insert(p.name.clone(), p);
-        }
-    }
-    Ok(latest
-        .values()
-        .map(|p| {
-            let r = p.render.clone().unwrap_or_default();
-            json!({
-                "name": p.name,
-                "version": p.version,
-                "chart_sha256": r.chart_sha256,
-                "values_digest": r.values_digest,
-                "helm_version": r.helm_version,
-                "kube_version": r.kube_version,
-                "render_sha256": p.sha256,
-                "rendered_at_ms": r.rendered_at_ms,
-            })
-        })
-        .collect())
 }
 
 /// Every node of the design with what last worked on it: the site's install, or the node's own
