@@ -1191,10 +1191,14 @@
     async function load() {
       const mine = ++seq;
       try {
-        const s = await api(`/v1/sites/${encodeURIComponent(site)}`);
+        const [s, charts] = await Promise.all([
+          api(`/v1/sites/${encodeURIComponent(site)}`),
+          api(`/v1/sites/${encodeURIComponent(site)}/charts`).catch(() => []),
+        ]);
         if (mine !== seq) return;
         detail = s;
         render(s);
+        if (charts.length) el.append(chartsCard(charts));
       } catch (e) {
         if (mine !== seq || e.status === 401) return;
         if (!detail) fill(el, h('nav', { class: 'crumbs' }, h('a', { href: '#/' }, 'Fleet')), errorBox(e));
@@ -1225,6 +1229,43 @@
       refreshSites: (sites) => (sites.has(site) ? load() : Promise.resolve()),
       unmount: () => stream && stream.stop(),
     };
+  }
+
+  // The helm charts rendered for a site: what each render was made of.
+  function chartsCard(charts) {
+    const short = (hex) => h('code', { title: hex }, `${hex.slice(0, 12)}…`);
+    return h(
+      'section',
+      { class: 'card', 'aria-labelledby': 'site-charts', id: 'charts' },
+      h('div', { class: 'card-head' }, h('h2', { id: 'site-charts' }, 'Helm charts'), h('span', { class: 'muted small' }, 'the latest render made for this site')),
+      h(
+        'div',
+        { class: 'table-wrap' },
+        h(
+          'table',
+          { class: 'table' },
+          h('caption', { class: 'sr-only' }, 'Helm charts rendered for this site'),
+          h('thead', {}, h('tr', {}, ['Chart', 'Version', 'Chart sha256', 'Values sha256', 'Helm', 'Kubernetes', 'Rendered'].map((t) => h('th', { scope: 'col' }, t)))),
+          h(
+            'tbody',
+            {},
+            charts.map((c) =>
+              h(
+                'tr',
+                { dataset: { chart: c.name } },
+                h('th', { scope: 'row' }, c.name),
+                h('td', {}, c.version),
+                h('td', {}, short(c.chart_sha256)),
+                h('td', {}, short(c.values_digest)),
+                h('td', {}, c.helm_version),
+                h('td', {}, c.kube_version || '—'),
+                h('td', {}, ago(new Date(c.rendered_at_ms).toISOString())),
+              ),
+            ),
+          ),
+        ),
+      ),
+    );
   }
 
   function factList(facts) {
