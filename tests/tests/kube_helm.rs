@@ -425,6 +425,14 @@ async fn what_helm_refuses_is_refused_with_its_reason_and_nothing_is_applied() {
     let asked = rig.bus.request(names::artifact_plan_svc(SITE), plan.encode_to_vec().into(), TIMEOUT).await;
     let refused = asked.expect_err("a forged render is not sent");
     assert!(refused.to_string().contains("is not a render made for site"), "{refused}");
+
+    // The archive in the store no longer has the sha256 it was registered with: no render.
+    let (chart, _) = packages.get::<pb::Package>(&keys::package("gizmo", "1.0.0")).await.unwrap().unwrap();
+    rig.store.put_raw(&chart.object_key, bytes::Bytes::from_static(b"not the chart")).await.unwrap();
+    design_with_chart(&rig, "1.0.0", json!({"site": {"name": "x"}})).await;
+    let out = landfall(&rig.nats.url(), &["package", "render", "gizmo", "--site", SITE]).await;
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("does not have the catalog's sha256"), "{}", text(&out.stderr));
 }
 
 /// A chart that makes random values is named so at registration, and a site's render is made
