@@ -463,4 +463,35 @@ async fn random_values_are_rendered_once_per_site_and_values_and_kept() {
     let gold = render().await;
     assert!(gold.contains("gold") && gold != first, "{gold}");
     assert_eq!(render().await, gold);
+
+    // A site asking again and again with other cluster facts (a stolen key, say) churns its own
+    // records: the newest 16 of the chart are kept, a bad request is refused.
+    for i in 0..20 {
+        let req = pb::ChartRenderRequest {
+            site_id: SITE.into(),
+            name: "gizmo".into(),
+            version: "1.0.0".into(),
+            kube_version: "v1.30.0".into(),
+            api_versions: vec![format!("example.com/v{i}")],
+        };
+        let subject = names::chart_render_svc(SITE);
+        rig.bus.request(subject, req.encode_to_vec().into(), TIMEOUT).await.expect("rendered");
+    }
+    let packages = rig.bus.kv(names::PACKAGES_BUCKET).await.unwrap();
+    let kept = packages.scan::<pb::Package>(&keys::site_renders_prefix(SITE)).await.unwrap();
+    assert_eq!(
+        kept.len(),
+        consumers::distribution::render::KEPT_RENDERS,
+        "{:?}",
+        kept.iter().map(|k| &k.0).collect::<Vec<_>>()
+    );
+    let huge = pb::ChartRenderRequest {
+        site_id: SITE.into(),
+        name: "gizmo".into(),
+        version: "1.0.0".into(),
+        api_versions: vec!["x".repeat(400)],
+        ..Default::default()
+    };
+    let refused = rig.bus.request(names::chart_render_svc(SITE), huge.encode_to_vec().into(), TIMEOUT).await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("API versions")));
 }

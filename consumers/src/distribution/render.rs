@@ -27,6 +27,12 @@ use super::artifacts::{ArtifactStore, sha256_hex};
 use crate::clock::now_ms;
 use crate::helm::{Helm, Template};
 
+/// How many renders of one chart are kept per site (the newest); older records are forgotten
+/// (their bytes stay in the store, content-addressed, as every artifact's).
+pub const KEPT_RENDERS: usize = 16;
+/// The most API versions a render request may name (a large cluster serves a few hundred).
+const MAX_API_VERSIONS: usize = 20_000;
+
 /// Renders charts for sites; see the module's comment.
 pub struct Renderer {
     /// The helm binary, or why there is none (said to every site that asks).
@@ -48,6 +54,14 @@ impl Renderer {
     /// The site's render of the package, made now or found made with the same inputs.
     pub async fn render(&self, req: &pb::ChartRenderRequest) -> Result<pb::Package, String> {
         let what = format!("{}@{}", req.name, req.version);
+        if req.kube_version.len() > 64
+            || req.api_versions.len() > MAX_API_VERSIONS
+            || req.api_versions.iter().any(|v| v.is_empty() || v.len() > 317)
+        {
+            return Err(format!(
+                "{what}: the cluster's facts are not a Kubernetes version and at most {MAX_API_VERSIONS} API versions"
+            ));
+        }
         let err = |e: bus_schema::runtime::BusError| e.to_string();
         let catalog = self.packages.get::<pb::Package>(&keys::package(&req.name, &req.version)).await.map_err(err)?;
         let Some((entry, _)) = catalog else { return Err(format!("{what} is not in the catalog")) };
@@ -141,7 +155,29 @@ impl Renderer {
             .await
             .map_err(err)?;
         info!(site = %req.site_id, package = %what, sha256 = %kept.sha256, bytes = kept.size, "chart rendered");
+        self.forget_old_renders(&req.site_id, &req.name, &key).await?;
         Ok(kept)
+    }
+
+    /// Keeps the site's [`KEPT_RENDERS`] latest records of chart `name` (never `made`, the one
+    /// just made): a site asking again and again with other cluster facts churns its own
+    /// records, not the bucket.
+    async fn forget_old_renders(&self, site: &str, name: &str, made: &str) -> Result<(), String> {
+        let err = |e: bus_schema::runtime::BusError| e.to_string();
+        let mut renders: Vec<(String, u64)> = self
+            .packages
+            .scan_few::<pb::Package>(&keys::site_renders_prefix(site))
+            .await
+            .map_err(err)?
+            .into_iter()
+            .filter(|(key, p, _)| p.name == name && key != made)
+            .map(|(key, p, _)| (key, p.render.map_or(0, |r| r.rendered_at_ms)))
+            .collect();
+        renders.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
+        for (key, _) in renders.into_iter().skip(KEPT_RENDERS - 1) {
+            self.packages.purge(&key).await.map_err(err)?;
+        }
+        Ok(())
     }
 
     /// The Kubernetes version and API versions of the site's latest render.
