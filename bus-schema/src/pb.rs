@@ -460,6 +460,7 @@ pub mod json {
         NodeStep => as_str_name,
         RejectCode => as_str_name,
         WaveTimeoutAction => as_str_name,
+        ApprovalGate => as_str_name,
         RolloutPhase => as_str_name,
         RolloutSiteState => as_str_name,
         LeaseHolder => as_str_name,

@@ -71,6 +71,8 @@ pub struct Strategy {
     pub failure_threshold: Amount,
     pub wave_timeout: Option<Duration>,
     pub on_wave_timeout: pb::WaveTimeoutAction,
+    /// Where the rollout waits for a person.
+    pub approval: pb::ApprovalGate,
 }
 
 impl Strategy {
@@ -107,7 +109,18 @@ impl TryFrom<&pb::RolloutStrategy> for Strategy {
                 ));
             }
         };
+        let approval = pb::ApprovalGate::try_from(s.approval).map_err(|_| {
+            InvalidField::new("strategy.approval", format!("{} is not after-canary or after-each-wave", s.approval))
+        })?;
+        let no_canary = matches!(&canary, Canary::Count(0));
+        if approval == pb::ApprovalGate::AfterCanary && no_canary {
+            return Err(InvalidField::new(
+                "strategy.approval",
+                "approval after the canary needs a canary (canary sites)",
+            ));
+        }
         Ok(Self {
+            approval,
             canary,
             max_concurrent_sites: s.max_concurrent_sites,
             max_unavailable: Amount::parse(&s.max_unavailable, "strategy.max_unavailable", Amount::Count(1))?,

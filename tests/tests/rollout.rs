@@ -120,6 +120,41 @@ async fn failures_past_the_threshold_halt_the_rollout_until_resumed() {
     fleet.stop().await;
 }
 
+/// A rollout with an approval gate stops after its canary, says what the canary showed, patches
+/// no other site until a person approves, then goes on to the end.
+#[tokio::test]
+async fn an_approval_gate_waits_after_the_canary_until_approved() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(3).nodes(2).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    let strategy =
+        pb::RolloutStrategy { canary_sites: 1, approval: pb::ApprovalGate::AfterCanary as i32, ..Default::default() };
+    let cmd = fleet.patch(patch("1.30.0", strategy)).await;
+    let run = fleet.wait_rollout_until(&cmd.id, &[pb::RolloutPaused::TYPE], ROLLOUT_TIMEOUT).await;
+    let paused = run.of_type::<pb::RolloutPaused>().pop().expect("paused at the gate");
+    assert!(
+        paused.reason.contains("after the canary") && paused.reason.contains("2 of 6 nodes patched"),
+        "{}",
+        paused.reason
+    );
+    let canary = run.of_type::<pb::RolloutPlanned>()[0].sites[0].site_id.clone();
+    let others: Vec<usize> = (0..3).filter(|i| fleet.site_id(*i) != canary).collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(others.iter().all(|i| fleet.backend(*i).effects().patches.is_empty()), "no site past the gate");
+
+    let out = landfall_tests::cli::landfall(&server.url(), &["rollout", "approve", &cmd.id]).await;
+    assert!(out.status.success(), "{}", landfall_tests::cli::text(&out.stderr));
+    let run = fleet.wait_rollout_until(&cmd.id, &[pb::RolloutCompleted::TYPE], ROLLOUT_TIMEOUT).await;
+    let done = completed(&run);
+    assert_eq!((done.patched, done.failed), (6, 0));
+    assert_patched_once(&fleet);
+    // Approving what waits for nothing is refused, with why.
+    let out = landfall_tests::cli::landfall(&server.url(), &["rollout", "approve", &cmd.id]).await;
+    assert!(!out.status.success());
+    fleet.stop().await;
+}
+
 #[tokio::test]
 async fn pause_stops_new_sites_and_cancel_ends_the_rollout() {
     let server = NatsServer::start();

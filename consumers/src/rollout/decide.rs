@@ -139,10 +139,40 @@ pub fn advance(r: &mut pb::Rollout, now_ms: i64) {
             push(r, &evt, &env);
             return;
         }
+        if awaits_approval(r) {
+            r.phase = pb::RolloutPhase::Paused as i32;
+            r.awaiting_approval = true;
+            let wave =
+                if r.wave == 0 && canary_first(r) { "the canary".to_string() } else { format!("wave {}", r.wave + 1) };
+            r.reason = format!(
+                "waiting for approval after {wave} (landfall rollout approve {}): {} of {} nodes patched, {} failed so far",
+                r.rollout_id, r.patched, r.planned_nodes, r.failed
+            );
+            let evt = pb::RolloutPaused { rollout_id: r.rollout_id.clone(), reason: r.reason.clone() };
+            let env = envelope(r).derive(&format!("awaiting_approval/{}", r.wave), None);
+            push(r, &evt, &env);
+            return;
+        }
         r.wave += 1;
         r.wave_started_unix_ms = now_ms;
         wave_started(r);
     }
+}
+
+/// Whether the rollout's first wave is its canary.
+fn canary_first(r: &pb::Rollout) -> bool {
+    r.strategy.as_ref().is_some_and(|s| s.canary_sites > 0)
+}
+
+/// Whether the wave that just ended (not the last) must be approved before the next starts.
+fn awaits_approval(r: &pb::Rollout) -> bool {
+    let gate = r.strategy.as_ref().map_or(pb::ApprovalGate::Unspecified, |s| s.approval());
+    let gated = match gate {
+        pb::ApprovalGate::Unspecified => false,
+        pb::ApprovalGate::AfterCanary => r.wave == 0 && canary_first(r),
+        pb::ApprovalGate::AfterEachWave => true,
+    };
+    gated && r.approved_waves <= r.wave
 }
 
 fn wave_started(r: &mut pb::Rollout) {
@@ -290,6 +320,7 @@ pub fn plan(
             failure_threshold: planned.failure_threshold,
             wave_timeout_seconds: strategy.wave_timeout.map_or(0, |t| t.as_secs() as u32),
             on_wave_timeout: strategy.on_wave_timeout as i32,
+            approval: strategy.approval as i32,
         }),
         phase: pb::RolloutPhase::Running as i32,
         sites: planned.sites.len() as u32,
@@ -369,6 +400,11 @@ pub fn resume(r: &pb::Rollout, cause: &Envelope, now: i64) -> Result<Option<pb::
             if phase(r) == pb::RolloutPhase::Halted {
                 // Its failure budget starts again from here.
                 next.failure_base = r.failed;
+            }
+            // Resuming a rollout at an approval gate approves the wave that ended.
+            if r.awaiting_approval {
+                next.approved_waves = r.wave + 1;
+                next.awaiting_approval = false;
             }
             next.phase = pb::RolloutPhase::Running as i32;
             next.reason.clear();

@@ -141,6 +141,18 @@ pub struct RolloutArgs {
     /// What a wave that runs out of time does [default: abort].
     #[arg(long, value_enum, requires = "wave_timeout")]
     pub on_wave_timeout: Option<OnWaveTimeout>,
+    /// Wait for a person (`landfall rollout approve ID`) after the canary, or after every wave
+    /// [default: never].
+    #[arg(long, value_enum)]
+    pub approval: Option<Approval>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Approval {
+    /// After the canary wave.
+    AfterCanary,
+    /// After every wave but the last.
+    AfterEachWave,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -183,6 +195,7 @@ fn flag_of(field: &str) -> &str {
         "max_unavailable" => "--max-unavailable",
         "failure_threshold" => "--failure-threshold",
         "on_wave_timeout" => "--on-wave-timeout",
+        "approval" => "--approval",
         "site_ids" | "selector.site_ids" => "--sites",
         other => other,
     }
@@ -205,6 +218,7 @@ impl RolloutArgs {
             && self.failure_threshold.is_none()
             && self.wave_timeout.is_none()
             && self.on_wave_timeout.is_none()
+            && self.approval.is_none()
     }
 
     /// The sites the flags select (every site when none is given).
@@ -249,6 +263,11 @@ impl RolloutArgs {
             failure_threshold: self.failure_threshold.clone().unwrap_or_default(),
             wave_timeout_seconds,
             on_wave_timeout: on_wave_timeout as i32,
+            approval: match self.approval {
+                None => pb::ApprovalGate::Unspecified,
+                Some(Approval::AfterCanary) => pb::ApprovalGate::AfterCanary,
+                Some(Approval::AfterEachWave) => pb::ApprovalGate::AfterEachWave,
+            } as i32,
         };
         let checked = Strategy::try_from(&s).map_err(invalid)?;
         Ok((s, checked))

@@ -82,6 +82,8 @@ pub enum RolloutCommand {
     },
     /// Go on with a paused or halted rollout (a halted one gets its failure budget again).
     Resume { id: String },
+    /// Let a rollout waiting at its approval gate (`--approval`) start its next wave.
+    Approve { id: String },
     /// End a rollout: no more sites start; sites already patching finish.
     Cancel {
         id: String,
@@ -97,6 +99,7 @@ pub async fn run(url: &str, cmd: RolloutCommand) -> anyhow::Result<ExitCode> {
         RolloutCommand::Show { id, output } => rollout_show(url, &id, output).await,
         RolloutCommand::Pause { id, reason } => control(url, &id, Control::Pause(reason)).await,
         RolloutCommand::Resume { id } => control(url, &id, Control::Resume).await,
+        RolloutCommand::Approve { id } => control(url, &id, Control::Approve).await,
         RolloutCommand::Cancel { id, reason } => control(url, &id, Control::Cancel(reason)).await,
     }
 }
@@ -304,6 +307,8 @@ async fn rollout_show(url: &str, id: &str, output: Format) -> anyhow::Result<Exi
 enum Control {
     Pause(String),
     Resume,
+    /// A resume of a rollout at its approval gate, refused for any other.
+    Approve,
     Cancel(String),
 }
 
@@ -314,8 +319,15 @@ async fn control(url: &str, id: &str, what: Control) -> anyhow::Result<ExitCode>
     let verb = match what {
         Control::Pause(_) => "pause",
         Control::Resume => "resume",
+        Control::Approve => "approve",
         Control::Cancel(_) => "cancel",
     };
+    if matches!(what, Control::Approve) && !r.awaiting_approval {
+        bail!(
+            "rollout {id} is not waiting for approval ({})",
+            if r.reason.is_empty() { "it has no gate waiting" } else { &r.reason }
+        );
+    }
     match phase_of(&r) {
         pb::RolloutPhase::Completed => bail!("rollout {id} has completed: there is nothing to {verb}"),
         pb::RolloutPhase::Cancelled => bail!("rollout {id} was cancelled: there is nothing to {verb}"),
@@ -324,7 +336,9 @@ async fn control(url: &str, id: &str, what: Control) -> anyhow::Result<ExitCode>
     let env = Envelope::root();
     let (type_name, subject) = match what {
         Control::Pause(reason) => publish(&bus, &pb::PauseRollout { rollout_id: id.clone(), reason }, &env).await?,
-        Control::Resume => publish(&bus, &pb::ResumeRollout { rollout_id: id.clone() }, &env).await?,
+        Control::Resume | Control::Approve => {
+            publish(&bus, &pb::ResumeRollout { rollout_id: id.clone() }, &env).await?
+        }
         Control::Cancel(reason) => publish(&bus, &pb::CancelRollout { rollout_id: id.clone(), reason }, &env).await?,
     };
     let short = type_name.rsplit('.').next().unwrap_or(type_name);

@@ -441,3 +441,49 @@ fn a_package_another_rollout_moves_is_refused_naming_it_and_one_that_ended_is_no
     let paused = not_moved_by_another(&req, &[rollout("r-2", "kubelet", pb::RolloutPhase::Paused)]).unwrap_err();
     assert!(paused.reason.starts_with("rollout r-2 is paused over kubelet"), "{}", paused.reason);
 }
+
+fn gated(wave_ends: &[u32], canary: u32, gate: pb::ApprovalGate) -> pb::Rollout {
+    let mut r = rollout(wave_ends, 0);
+    let s = r.strategy.as_mut().unwrap();
+    s.canary_sites = canary;
+    s.approval = gate as i32;
+    r
+}
+
+#[test]
+fn an_approval_gate_holds_the_rollout_after_its_canary_until_a_resume_approves() {
+    let env = Envelope::root();
+    let r = count_site(&gated(&[1, 3], 1, pb::ApprovalGate::AfterCanary), 0, 2, 0, &env, 10).unwrap();
+    assert_eq!((r.phase, r.wave, r.awaiting_approval), (pb::RolloutPhase::Paused as i32, 0, true));
+    assert!(r.reason.contains("after the canary") && r.reason.contains("2 of 6 nodes patched"), "{}", r.reason);
+    assert_eq!(kinds(&r), ["RolloutProgress", "RolloutPaused"], "no wave starts before the approval");
+    let approved = resume(&pb::Rollout { outbox: vec![], ..r }, &env, 11).unwrap().unwrap();
+    assert_eq!(
+        (approved.phase, approved.wave, approved.awaiting_approval),
+        (pb::RolloutPhase::Running as i32, 1, false)
+    );
+    assert_eq!(approved.approved_waves, 1);
+    assert!(kinds(&approved).contains(&"RolloutWaveStarted".to_string()), "{:?}", kinds(&approved));
+    // The last wave ends the rollout: no gate after it.
+    let r = count_site(&pb::Rollout { outbox: vec![], ..approved }, 1, 2, 0, &env, 12).unwrap();
+    let r = count_site(&pb::Rollout { outbox: vec![], ..r }, 2, 2, 0, &env, 13).unwrap();
+    assert_eq!(r.phase, pb::RolloutPhase::Completed as i32);
+}
+
+#[test]
+fn after_each_wave_gates_every_wave_but_the_last_and_a_plain_pause_approves_nothing() {
+    let env = Envelope::root();
+    let r = gated(&[1, 2, 3], 0, pb::ApprovalGate::AfterEachWave);
+    // Paused by an operator mid-wave and resumed: the gate at the wave's end still holds.
+    let paused = pause(&r, "", &env).unwrap().unwrap();
+    let r = resume(&pb::Rollout { outbox: vec![], ..paused }, &env, 1).unwrap().unwrap();
+    assert_eq!(r.approved_waves, 0);
+    let r = count_site(&pb::Rollout { outbox: vec![], ..r }, 0, 2, 0, &env, 2).unwrap();
+    assert!(r.awaiting_approval && r.reason.contains("after wave 1"), "{}", r.reason);
+    let r = resume(&pb::Rollout { outbox: vec![], ..r }, &env, 3).unwrap().unwrap();
+    let r = count_site(&pb::Rollout { outbox: vec![], ..r }, 1, 2, 0, &env, 4).unwrap();
+    assert!(r.awaiting_approval && r.reason.contains("after wave 2") && r.wave == 1, "{}", r.reason);
+    let r = resume(&pb::Rollout { outbox: vec![], ..r }, &env, 5).unwrap().unwrap();
+    let r = count_site(&pb::Rollout { outbox: vec![], ..r }, 2, 2, 0, &env, 6).unwrap();
+    assert_eq!(r.phase, pb::RolloutPhase::Completed as i32);
+}
