@@ -85,6 +85,7 @@ bus_message!(
     PauseRollout,
     ResumeRollout,
     CancelRollout,
+    RollbackRollout,
     ApplyDesign,
     StageArtifacts,
     ProvisionOs,
@@ -137,6 +138,8 @@ bus_message!(
     NodeUncordoned,
     NodePatched,
     NodePatchFailed,
+    NodeRolledBack,
+    NodeRollbackFailed,
     SitePatched,
     RolloutProgress,
     RolloutHalted,
@@ -205,6 +208,7 @@ commands!(
     PauseRollout => "pause_rollout", |_m| names::FLEET;
     ResumeRollout => "resume_rollout", |_m| names::FLEET;
     CancelRollout => "cancel_rollout", |_m| names::FLEET;
+    RollbackRollout => "rollback_rollout", |_m| names::FLEET;
 );
 
 macro_rules! job {
@@ -299,6 +303,8 @@ event!(
     NodeUncordoned => "node"."uncordoned",
     NodePatched => "node"."patched",
     NodePatchFailed => "node"."patch_failed",
+    NodeRolledBack => "node"."rolled_back",
+    NodeRollbackFailed => "node"."rollback_failed",
     SitePatched => "rollout"."site_patched",
     SiteDisagrees => "site"."disagrees",
     ChartDrifted => "site"."chart_drifted",
@@ -461,6 +467,7 @@ pub mod json {
         RejectCode => as_str_name,
         WaveTimeoutAction => as_str_name,
         ApprovalGate => as_str_name,
+        OnNodeFailure => as_str_name,
         RolloutPhase => as_str_name,
         RolloutSiteState => as_str_name,
         LeaseHolder => as_str_name,

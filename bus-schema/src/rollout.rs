@@ -73,6 +73,10 @@ pub struct Strategy {
     pub on_wave_timeout: pb::WaveTimeoutAction,
     /// Where the rollout waits for a person.
     pub approval: pb::ApprovalGate,
+    /// What a node whose patch fails becomes.
+    pub on_failure: pb::OnNodeFailure,
+    /// Whether crossing the failure threshold rolls the whole rollout back.
+    pub roll_back_on_halt: bool,
 }
 
 impl Strategy {
@@ -112,6 +116,16 @@ impl TryFrom<&pb::RolloutStrategy> for Strategy {
         let approval = pb::ApprovalGate::try_from(s.approval).map_err(|_| {
             InvalidField::new("strategy.approval", format!("{} is not after-canary or after-each-wave", s.approval))
         })?;
+        let on_failure = match pb::OnNodeFailure::try_from(s.on_failure) {
+            Ok(pb::OnNodeFailure::Unspecified) => pb::OnNodeFailure::Leave,
+            Ok(f) => f,
+            Err(_) => {
+                return Err(InvalidField::new(
+                    "strategy.on_failure",
+                    format!("{} is not leave or roll-back", s.on_failure),
+                ));
+            }
+        };
         let no_canary = matches!(&canary, Canary::Count(0));
         if approval == pb::ApprovalGate::AfterCanary && no_canary {
             return Err(InvalidField::new(
@@ -121,6 +135,8 @@ impl TryFrom<&pb::RolloutStrategy> for Strategy {
         }
         Ok(Self {
             approval,
+            on_failure,
+            roll_back_on_halt: s.roll_back_on_halt,
             canary,
             max_concurrent_sites: s.max_concurrent_sites,
             max_unavailable: Amount::parse(&s.max_unavailable, "strategy.max_unavailable", Amount::Count(1))?,
@@ -129,6 +145,12 @@ impl TryFrom<&pb::RolloutStrategy> for Strategy {
             on_wave_timeout,
         })
     }
+}
+
+/// The id of the rollout that undoes rollout `undone` (`RollbackRollout`): derived, so a
+/// rollout has one rollback whoever asks for it.
+pub fn rollback_id(undone: &str) -> String {
+    crate::ids::derived_id(undone, "rollback", None).to_string()
 }
 
 /// Which sites a selector picks: those named (all of them must exist), intersected with those

@@ -160,6 +160,8 @@ rules! {
     Command PauseRollout from PEOPLE, sites [];
     Command ResumeRollout from PEOPLE, sites [];
     Command CancelRollout from PEOPLE, sites [];
+    // From people, and from the orchestrator when a rollout that says so crosses its threshold.
+    Command RollbackRollout from &[Operator, Api, Orchestrator], sites [];
 
     Job StageArtifacts from HUB, sites ["site_id"];
     Job ProvisionOs from HUB, sites ["site_id"];
@@ -211,6 +213,8 @@ rules! {
     Event SiteTornDown from SITE, sites ["site_id"], answers [pb::TearDownSite::KIND];
     Event NodePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event NodePatchFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event NodeRolledBack from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event NodeRollbackFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event SitePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event SiteDisagrees from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     // Unasked (the gateway's periodic check) or asked by an operator's DriftCheck: it answers

@@ -55,6 +55,8 @@ mod tests {
         ("saga.rs", include_str!("saga.rs")),
         ("rollout/decide.rs", include_str!("rollout/decide.rs")),
         ("rollout/decide/tests.rs", include_str!("rollout/decide/tests.rs")),
+        ("rollout/decide/control.rs", include_str!("rollout/decide/control.rs")),
+        ("rollout/decide/rollback.rs", include_str!("rollout/decide/rollback.rs")),
         ("clock.rs", include_str!("clock.rs")),
     ];
 

@@ -557,6 +557,7 @@ fn finish(saga: &mut pb::InstallSaga, cause: &Envelope, now_ms: i64, failure: Op
                 outcome: if ok { pb::NodeOutcome::Succeeded } else { pb::NodeOutcome::Failed } as i32,
                 failed_step,
                 reason,
+                ..Default::default()
             }
         })
         .collect();

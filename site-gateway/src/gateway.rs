@@ -296,6 +296,7 @@ impl<B: SiteBackend> Gateway<B> {
                         outcome: pb::NodeOutcome::Failed as i32,
                         failed_step: pb::InstallBinaries::KIND.to_string(),
                         reason: reason.clone(),
+                        ..Default::default()
                     });
                 }
             }

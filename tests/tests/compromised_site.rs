@@ -276,6 +276,7 @@ async fn node_patched_for_b_node(t: &Intruder, s: &Scene) -> Outcome {
         rollout_id: s.r2.rollout_id.clone(),
         package: package_ref(&s.r2),
         from_version: "1.30.0".into(),
+        ..Default::default()
     };
     t.forge(&event_on::<pb::NodePatched>(A), &e, &answering(&s.r2.rollout_id, &patch_job_id(&s.r2, B))).await
 }
@@ -333,6 +334,7 @@ async fn node_patched_own_node_with_no_job(t: &Intruder, s: &Scene) -> Outcome {
         rollout_id: s.r2.rollout_id.clone(),
         package: package_ref(&s.r2),
         from_version: "1.30.0".into(),
+        ..Default::default()
     };
     t.forge(&e.subject(), &e, &answering(&s.r2.rollout_id, &Envelope::root().id)).await
 }
@@ -356,6 +358,7 @@ async fn node_patched_on_b_subject(t: &Intruder, s: &Scene) -> Outcome {
         rollout_id: s.r2.rollout_id.clone(),
         package: package_ref(&s.r2),
         from_version: "1.30.0".into(),
+        ..Default::default()
     };
     t.store(&e.subject(), &e, &Envelope::root()).await
 }

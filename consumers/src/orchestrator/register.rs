@@ -133,6 +133,7 @@ impl Orchestrator {
             strategy: auto.strategy,
             only_older: true,
             again: false,
+            ignore_windows: false,
             trigger: format!("auto-rollout of {}@{}", entry.name, entry.version),
         };
         let env = d.envelope.derive("auto_rollout", None);

@@ -77,6 +77,7 @@ impl Commands {
             pb::PauseRollout::KIND => self.0.rollouts.pause(d).await,
             pb::ResumeRollout::KIND => self.0.rollouts.resume(d).await,
             pb::CancelRollout::KIND => self.0.rollouts.cancel(d).await,
+            pb::RollbackRollout::KIND => self.0.rollouts.rollback(d).await,
             pb::NodeAdded::KIND => self.0.node_added(d).await,
             pb::NodeRemoved::KIND => self.0.node_removed(d).await,
             pb::RemoveSite::KIND => self.0.remove_site(d).await,

@@ -16,7 +16,11 @@ use bus_schema::rollout::{self as plan, Direction, ObservedVersions, Strategy};
 use crate::decision::{Refusal, outbox_entry};
 
 mod control;
+mod rollback;
 pub use control::{cancel, pause, resume};
+pub use rollback::{
+    Before, UndoneSite, mark_rolled_back, may_roll_back, rollback_id, rollback_plan, versions_to_go_back_to,
+};
 
 /// Sites per plan chunk: a chunk of 500 sites of 10 nodes is about 60 KB.
 pub const CHUNK_SIZE: u32 = 500;
@@ -102,6 +106,11 @@ fn check_halt(r: &mut pb::Rollout, cause: &Envelope) {
             wave: r.wave,
         };
         push(r, &evt, &cause.derive("rollout_halted", None));
+        if r.strategy.as_ref().is_some_and(|s| s.roll_back_on_halt) {
+            // Published with the halt, from the same outbox: a crash cannot keep one without the other.
+            let cmd = rollback::auto_rollback(r);
+            r.outbox.push(outbox_entry(pb::BusCommand::subject(&cmd), &cmd, &cause.derive("auto_rollback", None)));
+        }
     }
 }
 
@@ -305,6 +314,7 @@ pub fn plan(
                     nodes: s.nodes.iter().map(|n| n.spec.clone()).collect(),
                     from_versions: s.nodes.iter().map(|n| n.from_version.clone()).collect(),
                     canary: s.canary,
+                    to_versions: vec![],
                 })
                 .collect(),
         })
@@ -324,6 +334,8 @@ pub fn plan(
             wave_timeout_seconds: strategy.wave_timeout.map_or(0, |t| t.as_secs() as u32),
             on_wave_timeout: strategy.on_wave_timeout as i32,
             approval: strategy.approval as i32,
+            on_failure: strategy.on_failure as i32,
+            roll_back_on_halt: strategy.roll_back_on_halt,
         }),
         phase: pb::RolloutPhase::Running as i32,
         sites: planned.sites.len() as u32,
@@ -336,6 +348,8 @@ pub fn plan(
         trigger: if cmd.trigger.is_empty() { "operator".into() } else { cmd.trigger.clone() },
         traceparent: cause.traceparent.clone(),
         selector: Some(selector),
+        command_id: cause.id.clone(),
+        ignore_windows: cmd.ignore_windows,
         ..Default::default()
     };
     let evt = pb::RolloutPlanned {
@@ -348,6 +362,7 @@ pub fn plan(
         nodes_not_installed: planned.nodes_not_installed,
         trigger: r.trigger.clone(),
         failure_threshold: planned.failure_threshold,
+        ..Default::default()
     };
     push(&mut r, &evt, &cause.derive("rollout_planned", None));
     if r.sites > 0 {
@@ -365,6 +380,10 @@ pub struct Report {
     pub index: usize,
     pub patched: u32,
     pub failed: u32,
+    /// Nodes found at the version already.
+    pub unchanged: u32,
+    /// Failed nodes put back to what they ran, healthy again.
+    pub rolled_back: u32,
     pub cause: Envelope,
 }
 
@@ -380,8 +399,25 @@ pub struct SiteReport {
 }
 
 /// The site's record, its design's move and its count, from its gateway's `SitePatched`
-/// (delivered with envelope `cause`).
-pub fn site_report(e: &pb::SitePatched, cause: &Envelope, now: i64) -> SiteReport {
+/// (delivered with envelope `cause`) for the site `planned` of rollout `r`. A rollback's site
+/// design moves to the version its nodes went back to.
+pub fn site_report(
+    r: &pb::Rollout,
+    planned: &pb::RolloutPlanSite,
+    e: &pb::SitePatched,
+    cause: &Envelope,
+    now: i64,
+) -> SiteReport {
+    let design_to = match e.patched.first() {
+        None => None,
+        Some(_) if r.rollback_of.is_empty() => Some(e.package.clone().unwrap_or_default()),
+        Some(node) => planned
+            .nodes
+            .iter()
+            .position(|n| &n.name == node)
+            .and_then(|i| planned.to_versions.get(i))
+            .map(|v| pb::PackageRef { name: e.package.clone().unwrap_or_default().name, version: v.clone() }),
+    };
     SiteReport {
         record: pb::RolloutSite {
             rollout_id: e.rollout_id.clone(),
@@ -391,14 +427,17 @@ pub fn site_report(e: &pb::SitePatched, cause: &Envelope, now: i64) -> SiteRepor
             patched: e.patched.clone(),
             failed: e.failed.clone(),
             skipped: e.skipped.clone(),
+            unchanged: e.unchanged.clone(),
             updated_unix_ms: now,
             ..Default::default()
         },
-        design_to: (!e.patched.is_empty()).then(|| e.package.clone().unwrap_or_default()),
+        design_to,
         count: Report {
             index: e.plan_index as usize,
             patched: e.patched.len() as u32,
             failed: e.failed.len() as u32,
+            unchanged: e.unchanged.len() as u32,
+            rolled_back: e.failed.iter().filter(|f| f.rolled_back).count() as u32,
             cause: cause.clone(),
         },
     }
@@ -432,7 +471,7 @@ pub fn removed_site_report(r: &pb::Rollout, index: usize, site: &pb::RolloutPlan
         skipped: site.nodes.iter().map(|n| n.name.clone()).collect(),
         ..Default::default()
     };
-    site_report(&e, &envelope(r).derive("site_removed", Some(&site.site_id)), now)
+    site_report(r, site, &e, &envelope(r).derive("site_removed", Some(&site.site_id)), now)
 }
 
 /// The id of the `PatchNodes` job rollout `r` sends `site` (derived: the same every time).
@@ -467,7 +506,13 @@ pub fn check_report(
         ));
     }
     let job_nodes: std::collections::BTreeSet<&str> = planned.nodes.iter().map(|n| n.name.as_str()).collect();
-    let named = e.patched.iter().chain(&e.skipped).map(String::as_str).chain(e.failed.iter().map(|f| f.node.as_str()));
+    let named = e
+        .patched
+        .iter()
+        .chain(&e.skipped)
+        .chain(&e.unchanged)
+        .map(String::as_str)
+        .chain(e.failed.iter().map(|f| f.node.as_str()));
     for node in named {
         if !job_nodes.contains(node) {
             return Err(format!("node {node} was not in the job rollout {} sent site {}", r.rollout_id, e.site_id));
@@ -494,7 +539,7 @@ pub fn counted(r: &pb::Rollout, index: usize) -> bool {
     bit(&r.done, index)
 }
 
-/// Counts one site's report; `None` when it was counted already.
+/// Counts one site's report of `patched` and `failed` nodes; `None` when it was counted already.
 pub fn count_site(
     r: &pb::Rollout,
     index: usize,
@@ -503,15 +548,24 @@ pub fn count_site(
     cause: &Envelope,
     now_ms: i64,
 ) -> Option<pb::Rollout> {
+    let rep = Report { index, patched, failed, unchanged: 0, rolled_back: 0, cause: cause.clone() };
+    count(r, &rep, now_ms)
+}
+
+/// Counts one site's report; `None` when it was counted already.
+fn count(r: &pb::Rollout, rep: &Report, now_ms: i64) -> Option<pb::Rollout> {
+    let index = rep.index;
     if index >= r.sites as usize || bit(&r.done, index) {
         return None;
     }
     let mut next = r.clone();
     set_bit(&mut next.done, index);
     next.sites_done += 1;
-    next.patched += patched;
-    next.failed += failed;
-    check_halt(&mut next, cause);
+    next.patched += rep.patched;
+    next.failed += rep.failed;
+    next.unchanged += rep.unchanged;
+    next.rolled_back += rep.rolled_back;
+    check_halt(&mut next, &rep.cause);
     let step = (next.sites / PROGRESS_STEPS).max(1);
     let range = wave_range(&next, next.wave);
     let wave_over = count_bits(&next.done, range.clone()) == range.len();
@@ -527,7 +581,7 @@ pub fn count_reports(r: &pb::Rollout, reports: &[&Report], now: i64) -> Option<p
     let mut next: Option<pb::Rollout> = None;
     for rep in reports {
         let current = next.as_ref().unwrap_or(r);
-        if let Some(n) = count_site(current, rep.index, rep.patched, rep.failed, &rep.cause, now) {
+        if let Some(n) = count(current, rep, now) {
             next = Some(n);
         }
     }
@@ -570,14 +624,23 @@ pub fn reinstalls(r: &pb::Rollout) -> bool {
     r.entry.as_ref().is_some_and(|e| e.kind == pb::PackageKind::OsImage as i32)
 }
 
+/// Whether a failed node of the rollout is put back to what it ran: then its job carries each
+/// node's previous catalog entry (see [`patch_job`]).
+pub fn rolls_nodes_back(r: &pb::Rollout) -> bool {
+    r.strategy.as_ref().is_some_and(|s| s.on_failure == pb::OnNodeFailure::RollBack as i32)
+}
+
 /// The job that patches the site at plan `index`, with its envelope. `installed` holds the
 /// catalog entries each role of the site's design names, read when [`reinstalls`] says so: its
-/// binaries are reinstalled after the reimage.
+/// binaries are reinstalled after the reimage. `previous` holds the catalog entries of the
+/// versions the site's nodes ran (by version), read when [`rolls_nodes_back`] says so: a node
+/// that fails goes back to its own.
 pub fn patch_job(
     r: &pb::Rollout,
     index: usize,
     site: pb::RolloutPlanSite,
     installed: &[pb::RoleArtifacts],
+    previous: &std::collections::BTreeMap<String, pb::Package>,
 ) -> (pb::PatchNodes, Envelope) {
     let nodes = site.nodes.len() as u32;
     let max_unavailable = plan::Amount::parse(
@@ -596,6 +659,14 @@ pub fn patch_job(
         })
         .collect();
     let env = envelope(r).derive(pb::PatchNodes::KIND, Some(&site.site_id));
+    let on_failure = if rolls_nodes_back(r) { pb::OnNodeFailure::RollBack } else { pb::OnNodeFailure::Leave };
+    let previous = match on_failure {
+        pb::OnNodeFailure::RollBack => {
+            site.from_versions.iter().map(|v| previous.get(v).cloned().unwrap_or_default()).collect()
+        }
+        _ => Vec::new(),
+    };
+    let targets = rollback::targets(r, &site);
     let job = pb::PatchNodes {
         site_id: site.site_id,
         rollout_id: r.rollout_id.clone(),
@@ -605,6 +676,9 @@ pub fn patch_job(
         max_unavailable,
         max_failures: threshold(r).saturating_sub(failures_counted(r)),
         reinstall,
+        on_failure: on_failure as i32,
+        previous,
+        targets,
     };
     (job, env)
 }
@@ -692,6 +766,7 @@ impl WaveTimeout {
                         outcome: pb::NodeOutcome::Failed as i32,
                         failed_step: pb::PatchNodes::KIND.to_string(),
                         reason: reason.clone(),
+                        ..Default::default()
                     })
                     .collect(),
                 updated_unix_ms: now,

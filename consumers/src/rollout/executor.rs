@@ -20,6 +20,8 @@ use crate::decision::{self, Refusal};
 use crate::group_commit::GroupCommit;
 use crate::lease::{self, Acquired, Holder};
 
+mod undo;
+
 /// Sites of a wave started at once by one replica.
 const DISPATCH_PARALLEL: usize = 256;
 /// How soon a report that arrived before its job was marked sent is looked at again.
@@ -280,16 +282,44 @@ impl Rollouts {
                 return Ok(Started::Busy);
             }
         }
+        if !r.rollback_of.is_empty() && self.undone_job_out(r, &site).await? {
+            lease::release(&self.sagas, &site, Holder::Rollout(&r.rollout_id)).await?;
+            debug!(rollout = %r.rollout_id, %site, "the undone rollout's job is still out there; the site goes back after");
+            return Ok(Started::Busy);
+        }
         // Checked under the lease: a site's removal is refused while anyone holds it.
         if self.sites.get::<pb::SiteDesign>(&keys::site(&site)).await?.is_none() {
             lease::release(&self.sagas, &site, Holder::Rollout(&r.rollout_id)).await?;
             return Ok(Started::Removed(s));
         }
         let installed = if decide::reinstalls(r) { self.installed(&site).await? } else { vec![] };
+        let mut previous = std::collections::BTreeMap::new();
+        if decide::rolls_nodes_back(r) {
+            let name = r.package.as_ref().map(|p| p.name.as_str()).unwrap_or_default();
+            for v in &s.site.from_versions {
+                if !previous.contains_key(v)
+                    && let Some(entry) = self.catalog_entry(name, v).await?
+                {
+                    previous.insert(v.clone(), entry);
+                }
+            }
+        }
         let index = s.index;
-        let (job, env) = decide::patch_job(r, index, s.site, &installed);
+        let (job, env) = decide::patch_job(r, index, s.site, &installed, &previous);
         self.bus.publish_job(&job, &env).await?;
         Ok(Started::Sent(index))
+    }
+
+    /// Whether the job the rollout a rollback undoes sent `site` has not reported yet (its
+    /// record is missing, or says only that its wave timed out): the site goes back once that
+    /// job is over, never while it still moves the site forward. (Cancelling a rollout lets go
+    /// of its leases; this keeps the two jobs apart.)
+    async fn undone_job_out(&self, r: &pb::Rollout, site: &str) -> Result<bool, BusError> {
+        let key = keys::rollout_site(&r.rollback_of, site);
+        Ok(match self.sagas.get::<pb::RolloutSite>(&key).await? {
+            None => true,
+            Some((rec, _)) => rec.state == pb::RolloutSiteState::TimedOut as i32 && !rec.reported_late,
+        })
     }
 
     /// A site removed since the rollout was planned: no job; its nodes are counted skipped, so
@@ -407,7 +437,7 @@ impl Rollouts {
         }
         decide::check_report(&r, &planned, &e, &d.envelope)
             .map_err(|reason| HandlerError::reject(pb::RejectCode::Forbidden, reason))?;
-        let report = decide::site_report(&e, &d.envelope, now_ms());
+        let report = decide::site_report(&r, &planned, &e, &d.envelope, now_ms());
         if decide::counted(&r, report.count.index) {
             // Counted already: this report again, or the report of a site the wave's time-out
             // counted failed, which its record keeps now (the counts stay as they were).

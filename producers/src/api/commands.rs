@@ -148,6 +148,12 @@ impl Check for pb::CancelRollout {
     }
 }
 
+impl Check for pb::RollbackRollout {
+    fn check(&self) -> Result<(), String> {
+        rollout_id(&self.rollout_id)
+    }
+}
+
 /// A command the API publishes: its kind (the path), protobuf type and scope.
 pub struct Documented {
     pub kind: &'static str,
@@ -188,6 +194,7 @@ commands!(
     PauseRollout: false,
     ResumeRollout: false,
     CancelRollout: false,
+    RollbackRollout: false,
 );
 
 /// The command's envelope: its id from `Idempotency-Key` (else a new one), continuing the

@@ -242,7 +242,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
     schemas[&format!("{PACKAGE}.PackageRef")]["required"] = json!(["name", "version"]);
     schemas[&format!("{PACKAGE}.SiteDesign")]["properties"]["nodes"]["minItems"] = json!(1);
     schemas[&format!("{PACKAGE}.SiteDesign")]["required"] = json!(["site_id", "nodes"]);
-    let required: [(&str, &[&str]); 15] = [
+    let required: [(&str, &[&str]); 16] = [
         ("RegisterSite", &["design"]),
         ("ApplyDesign", &["site_id", "sources"]),
         ("InstallSite", &["site_id"]),
@@ -258,6 +258,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
         ("PauseRollout", &["rollout_id"]),
         ("ResumeRollout", &["rollout_id"]),
         ("CancelRollout", &["rollout_id"]),
+        ("RollbackRollout", &["rollout_id"]),
     ];
     for (message, fields) in required {
         let Some(schema) = schemas.get_mut(&format!("{PACKAGE}.{message}")) else { continue };

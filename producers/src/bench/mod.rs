@@ -314,6 +314,7 @@ pub(super) fn representative_payload() -> usize {
         rollout_id: uuid::Uuid::now_v7().to_string(),
         package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.30.0".into() }),
         from_version: "1.29.2".into(),
+        unchanged: false,
     };
     prost::Message::encoded_len(&evt)
 }

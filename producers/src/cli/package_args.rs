@@ -145,6 +145,22 @@ pub struct RolloutArgs {
     /// [default: never].
     #[arg(long, value_enum)]
     pub approval: Option<Approval>,
+    /// What a node whose patch fails its health check becomes [default: left as it is].
+    #[arg(long, value_enum)]
+    pub on_failure: Option<OnFailure>,
+    /// Once failures pass --failure-threshold, halt and roll the whole rollout back
+    /// (`landfall rollout rollback`) by itself.
+    #[arg(long)]
+    pub roll_back_on_halt: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnFailure {
+    /// Leave the node as the failed patch left it, for a person to look at.
+    Leave,
+    /// Put the node back to the version it ran (reinstalled, re-applied, or reimaged), then
+    /// check it healthy again.
+    RollBack,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -219,6 +235,8 @@ impl RolloutArgs {
             && self.wave_timeout.is_none()
             && self.on_wave_timeout.is_none()
             && self.approval.is_none()
+            && self.on_failure.is_none()
+            && !self.roll_back_on_halt
     }
 
     /// The sites the flags select (every site when none is given).
@@ -268,6 +286,12 @@ impl RolloutArgs {
                 Some(Approval::AfterCanary) => pb::ApprovalGate::AfterCanary,
                 Some(Approval::AfterEachWave) => pb::ApprovalGate::AfterEachWave,
             } as i32,
+            on_failure: match self.on_failure {
+                None => pb::OnNodeFailure::Unspecified,
+                Some(OnFailure::Leave) => pb::OnNodeFailure::Leave,
+                Some(OnFailure::RollBack) => pb::OnNodeFailure::RollBack,
+            } as i32,
+            roll_back_on_halt: self.roll_back_on_halt,
         };
         let checked = Strategy::try_from(&s).map_err(invalid)?;
         Ok((s, checked))

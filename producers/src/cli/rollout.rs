@@ -43,6 +43,10 @@ pub struct PatchArgs {
     /// rolled out in waves like a new version).
     #[arg(long)]
     pub again: bool,
+    /// Start sites' jobs outside their maintenance windows: an emergency (kept on the
+    /// rollout's record).
+    #[arg(long)]
+    pub ignore_windows: bool,
     /// Print the plan (waves, sites, nodes, from → to) and publish nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -90,6 +94,17 @@ pub enum RolloutCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Undo a rollout: every node it changed goes back to the version it ran, sites in the
+    /// reverse order of their waves, with the rollout's strategy. Prints the rollback's id (a
+    /// rollout of its own). A rollout is rolled back once.
+    Rollback {
+        id: String,
+        /// Cancel the rollout first when it is still running or paused.
+        #[arg(long)]
+        cancel: bool,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
 }
 
 /// Runs one `landfall rollout …` command.
@@ -101,6 +116,7 @@ pub async fn run(url: &str, cmd: RolloutCommand) -> anyhow::Result<ExitCode> {
         RolloutCommand::Resume { id } => control(url, &id, Control::Resume).await,
         RolloutCommand::Approve { id } => control(url, &id, Control::Approve).await,
         RolloutCommand::Cancel { id, reason } => control(url, &id, Control::Cancel(reason)).await,
+        RolloutCommand::Rollback { id, cancel, reason } => rollback(url, &id, cancel, reason).await,
     }
 }
 
@@ -180,6 +196,7 @@ pub async fn patch(url: &str, args: &PatchArgs) -> anyhow::Result<ExitCode> {
         only_older: args.only_older,
         trigger: String::new(),
         again: args.again,
+        ignore_windows: args.ignore_windows,
     };
     let ack = bus.publish_command(&cmd, &env).await?;
     let dup = if ack.duplicate { " (duplicate id: already published)" } else { "" };
@@ -343,6 +360,33 @@ async fn control(url: &str, id: &str, what: Control) -> anyhow::Result<ExitCode>
     };
     let short = type_name.rsplit('.').next().unwrap_or(type_name);
     println!("{short} {id} published on {subject} (id {})", env.id);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Publishes a `RollbackRollout`, after the checks the orchestrator makes that can be made
+/// here, and prints the rollback's id.
+async fn rollback(url: &str, id: &str, cancel: bool, reason: String) -> anyhow::Result<ExitCode> {
+    let id = rollout_id(id)?;
+    let bus = connect(url).await?;
+    let sagas = bus.kv(names::SAGAS_BUCKET).await?;
+    let r = get_rollout(&sagas, &id).await?;
+    if !r.rollback_of.is_empty() {
+        bail!("rollout {id} is the rollback of rollout {}: a rollback is not rolled back", r.rollback_of);
+    }
+    if !r.rolled_back_by.is_empty() {
+        bail!(
+            "rollout {id} was rolled back already by rollout {} (landfall rollout show {})",
+            r.rolled_back_by,
+            r.rolled_back_by
+        );
+    }
+    if matches!(phase_of(&r), pb::RolloutPhase::Running | pb::RolloutPhase::Paused) && !cancel {
+        bail!("rollout {id} is still under way: cancel it first (landfall rollout cancel {id}), or give --cancel");
+    }
+    let env = Envelope::root();
+    let (_, subject) = publish(&bus, &pb::RollbackRollout { rollout_id: id.clone(), cancel, reason }, &env).await?;
+    eprintln!("RollbackRollout {id} published on {subject} (id {}); the rollback's rollout id:", env.id);
+    println!("{}", bus_schema::rollout::rollback_id(&id));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -29,6 +29,28 @@ fn phase_label(r: &pb::Rollout) -> String {
     phase_of(r).as_str_name().trim_start_matches("ROLLOUT_PHASE_").to_lowercase()
 }
 
+/// What undoing has to do with the rollout, for people: a rollback `rolling back` or `rolled
+/// back`, a rollout `undone` by one; `None` for neither.
+fn undo_label(r: &pb::Rollout) -> Option<&'static str> {
+    match (r.rollback_of.is_empty(), phase_of(r)) {
+        (false, pb::RolloutPhase::Completed) => Some("rolled back"),
+        (false, _) => Some("rolling back"),
+        (true, _) if !r.rolled_back_by.is_empty() => Some("undone"),
+        _ => None,
+    }
+}
+
+/// The phase as `rollout show` and `rollout list` print it: with [`undo_label`].
+fn phase_text(r: &pb::Rollout) -> String {
+    let plain = matches!(phase_of(r), pb::RolloutPhase::Running | pb::RolloutPhase::Completed);
+    match undo_label(r) {
+        // A rollback running or done says so for its phase.
+        Some(u) if plain && !r.rollback_of.is_empty() => u.to_string(),
+        Some(u) => format!("{}, {u}", phase_label(r)),
+        None => phase_label(r),
+    }
+}
+
 /// `k/n` for the current wave (1-based), or `-` when the plan has no wave.
 fn wave_text(r: &pb::Rollout) -> String {
     let waves = r.wave_ends.len();
@@ -60,6 +82,12 @@ pub fn rollout_summary_json(r: &pb::Rollout) -> Value {
         "wave": (r.wave as usize + 1).min(r.wave_ends.len()),
         "waves": r.wave_ends.len(),
         "trigger": r.trigger,
+        "unchanged": r.unchanged,
+        "rolled_back": r.rolled_back,
+        "rollback_of": r.rollback_of,
+        "rolled_back_by": r.rolled_back_by,
+        "undo": undo_label(r),
+        "ignore_windows": r.ignore_windows,
         "started": rfc3339_ms(r.started_unix_ms),
         "finished": rfc3339_ms(r.finished_unix_ms),
         "started_unix_ms": r.started_unix_ms,
@@ -89,16 +117,16 @@ pub fn rollouts_text(rollouts: &[pb::Rollout]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<36}  {:<pw$}  {:<9}  {:>11}  {:>6}  {:>11}  {:>5}  {:<tw$}  STARTED",
+        "{:<36}  {:<pw$}  {:<16}  {:>11}  {:>6}  {:>11}  {:>5}  {:<tw$}  STARTED",
         "ID", "PACKAGE", "PHASE", "PATCHED", "FAILED", "SITES DONE", "WAVE", "TRIGGER"
     );
     for (r, pkg) in rollouts.iter().zip(&pkgs) {
         let _ = writeln!(
             out,
-            "{:<36}  {:<pw$}  {:<9}  {:>11}  {:>6}  {:>11}  {:>5}  {:<tw$}  {}",
+            "{:<36}  {:<pw$}  {:<16}  {:>11}  {:>6}  {:>11}  {:>5}  {:<tw$}  {}",
             r.rollout_id,
             pkg,
-            phase_label(r),
+            phase_text(r),
             format!("{}/{}", r.patched, r.planned_nodes),
             r.failed,
             format!("{}/{}", r.sites_done, r.sites),
@@ -121,9 +149,13 @@ pub enum NodeStatus {
     Patching,
     /// Patched, as many times as its site record lists it (once, unless something is wrong).
     Patched(usize),
+    /// Found at the version already: nothing was done to it.
+    Unchanged,
     Failed {
         step: String,
         reason: String,
+        /// What its rollback (the rollout's `on_failure`) came to; empty when not tried.
+        rollback: String,
     },
     /// Not started: its site's failures passed its budget.
     Skipped,
@@ -141,8 +173,12 @@ impl NodeStatus {
             Self::Patching => "patching".into(),
             Self::Patched(1) => "patched".into(),
             Self::Patched(n) => format!("patched {n} times"),
-            Self::Failed { step, reason } if step.is_empty() => format!("failed: {reason}"),
-            Self::Failed { step, reason } => format!("failed: {step}: {reason}"),
+            Self::Unchanged => "at the version already, left as it was".into(),
+            Self::Failed { step, reason, rollback } => {
+                let step = if step.is_empty() { String::new() } else { format!("{step}: ") };
+                let rollback = if rollback.is_empty() { String::new() } else { format!("; {rollback}") };
+                format!("failed: {step}{reason}{rollback}")
+            }
             Self::Skipped => "skipped".into(),
             Self::TimedOut => "timed out".into(),
             Self::Unreported => "not reported".into(),
@@ -155,6 +191,7 @@ impl NodeStatus {
             Self::NotStarted => "not_started",
             Self::Patching => "patching",
             Self::Patched(_) => "patched",
+            Self::Unchanged => "unchanged",
             Self::Failed { .. } => "failed",
             Self::Skipped => "skipped",
             Self::TimedOut => "timed_out",
@@ -168,7 +205,12 @@ pub struct NodeView {
     pub node: String,
     pub role: i32,
     pub from_version: String,
+    /// Where it goes: the rollout's version, or for a rollback what the node ran before.
+    pub to_version: String,
     pub status: NodeStatus,
+    /// What the rollback of this rollout did to the node, once one was asked for: `rolled
+    /// back`, `rollback failed`, `left as it was` (not changed), or `rolling back`.
+    pub undone: Option<&'static str>,
     /// What the node runs of the package now, as observed.
     pub observed: Option<String>,
     /// False for a node a site record mentions that the plan does not.
@@ -188,12 +230,30 @@ pub struct SiteView {
     pub nodes: Vec<NodeView>,
 }
 
-/// Every site of a rollout's plan, in plan order, and every node with what happened to it.
+/// What the rollback of a rollout did to its node `node` at `site`, from the rollback's site
+/// records (`undo`); `None` when the rollout was not rolled back.
+fn undone_status(undo: Option<&BTreeMap<String, pb::RolloutSite>>, site: &str, node: &str) -> Option<&'static str> {
+    let record = undo?.get(site)?;
+    let has = |l: &[String]| l.iter().any(|n| n == node);
+    Some(if has(&record.patched) {
+        "rolled back"
+    } else if record.failed.iter().any(|f| f.node == node) {
+        "rollback failed"
+    } else if has(&record.unchanged) || has(&record.skipped) {
+        "left as it was"
+    } else {
+        "rolling back"
+    })
+}
+
+/// Every site of a rollout's plan, in plan order, and every node with what happened to it;
+/// `undo` holds the site records of the rollback that undoes it, if any.
 pub fn rollout_sites(
     rollout: &pb::Rollout,
     plan: &[(u32, pb::RolloutPlanSite)],
     records: &BTreeMap<String, pb::RolloutSite>,
     observed: &BTreeMap<(String, String), String>,
+    undo: Option<&BTreeMap<String, pb::RolloutSite>>,
 ) -> Vec<SiteView> {
     let cancelled = phase_of(rollout) == pb::RolloutPhase::Cancelled;
     let never = if cancelled { NodeStatus::NotStarted } else { NodeStatus::Pending };
@@ -213,7 +273,11 @@ pub fn rollout_sites(
                 return NodeStatus::Patched(times);
             }
             if let Some(f) = r.failed.iter().find(|f| f.node == node) {
-                return NodeStatus::Failed { step: f.failed_step.clone(), reason: f.reason.clone() };
+                let (step, reason, rollback) = (f.failed_step.clone(), f.reason.clone(), f.rollback.clone());
+                return NodeStatus::Failed { step, reason, rollback };
+            }
+            if r.unchanged.iter().any(|n| n == node) {
+                return NodeStatus::Unchanged;
             }
             if r.skipped.iter().any(|n| n == node) {
                 return NodeStatus::Skipped;
@@ -233,7 +297,9 @@ pub fn rollout_sites(
                 node: n.name.clone(),
                 role: n.role,
                 from_version: ps.from_versions.get(i).cloned().unwrap_or_default(),
+                to_version: ps.to_versions.get(i).cloned().unwrap_or_else(|| package_of(rollout).1),
                 status: status_of(&n.name),
+                undone: undone_status(undo, &ps.site_id, &n.name),
                 observed: observed_of(&n.name),
                 planned: true,
             })
@@ -244,6 +310,7 @@ pub fn rollout_sites(
                 .patched
                 .iter()
                 .chain(&r.skipped)
+                .chain(&r.unchanged)
                 .map(String::as_str)
                 .chain(r.failed.iter().map(|f| f.node.as_str()))
                 .collect();
@@ -252,6 +319,8 @@ pub fn rollout_sites(
                     node: extra.to_string(),
                     role: 0,
                     from_version: String::new(),
+                    to_version: String::new(),
+                    undone: None,
                     status: status_of(extra),
                     observed: observed_of(extra),
                     planned: false,
@@ -290,6 +359,12 @@ fn strategy_text(s: &pb::ResolvedStrategy) -> String {
         n => format!("{n} node{} of a site at once", if n == "1" { "" } else { "s" }),
     });
     parts.push(format!("halts when more than {} fail", plural(s.failure_threshold, "node", "nodes")));
+    if s.roll_back_on_halt {
+        parts.push("then rolls itself back".into());
+    }
+    if s.on_failure == pb::OnNodeFailure::RollBack as i32 {
+        parts.push("a failed node is rolled back".into());
+    }
     if s.wave_timeout_seconds > 0 {
         let action = match pb::WaveTimeoutAction::try_from(s.on_wave_timeout) {
             Ok(pb::WaveTimeoutAction::Continue) => "continue",
@@ -309,7 +384,6 @@ pub fn rollout_show_json(r: &pb::Rollout, sites: &[SiteView]) -> Value {
         o.insert("timed_out_sites".into(), json!(r.timed_out_sites));
         o.insert("nodes".into(), json!(node_counts(sites)));
     }
-    let (_, version) = package_of(r);
     let sites: Vec<Value> = sites
         .iter()
         .map(|s| {
@@ -321,16 +395,18 @@ pub fn rollout_show_json(r: &pb::Rollout, sites: &[SiteView]) -> Value {
                         "node": n.node,
                         "role": role_label(n.role),
                         "from_version": n.from_version,
-                        "to_version": version,
+                        "to_version": n.to_version,
                         "status": n.status.key(),
+                        "undone": n.undone,
                         "observed_version": n.observed,
                         "planned": n.planned,
                     });
                     match &n.status {
                         NodeStatus::Patched(times) => v["times_patched"] = json!(times),
-                        NodeStatus::Failed { step, reason } => {
+                        NodeStatus::Failed { step, reason, rollback } => {
                             v["failed_step"] = json!(step);
                             v["reason"] = json!(reason);
+                            v["rollback"] = json!(rollback);
                         }
                         _ => {}
                     }
@@ -356,11 +432,20 @@ pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "rollout   {}", r.rollout_id);
     let _ = writeln!(out, "package   {name} → {version}");
-    let _ = writeln!(out, "phase     {}", phase_label(r));
+    let _ = writeln!(out, "phase     {}", phase_text(r));
     if !r.reason.is_empty() {
         let _ = writeln!(out, "reason    {}", r.reason);
     }
     let _ = writeln!(out, "trigger   {}", if r.trigger.is_empty() { "-" } else { r.trigger.as_str() });
+    if !r.rollback_of.is_empty() {
+        let _ = writeln!(out, "undoes    rollout {}: each node back to what it ran", r.rollback_of);
+    }
+    if !r.rolled_back_by.is_empty() {
+        let _ = writeln!(out, "undone by rollout {} (landfall rollout show {})", r.rolled_back_by, r.rolled_back_by);
+    }
+    if r.ignore_windows && r.rollback_of.is_empty() {
+        let _ = writeln!(out, "windows   ignored: sites started outside their maintenance windows");
+    }
     let finished = match r.finished_unix_ms {
         0 => String::new(),
         ms => format!(", finished {} (took {})", rfc3339_ms(ms), human_duration_ms(ms - r.started_unix_ms)),
@@ -368,10 +453,19 @@ pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
     let _ = writeln!(out, "started   {}{finished}", rfc3339_ms(r.started_unix_ms));
     let _ = writeln!(
         out,
-        "progress  {}/{} nodes patched, {} failed; {}/{} sites done; wave {}",
+        "progress  {}/{} nodes {}, {} failed{}{}; {}/{} sites done; wave {}",
         r.patched,
         r.planned_nodes,
+        if r.rollback_of.is_empty() { "patched" } else { "rolled back" },
         r.failed,
+        match r.rolled_back {
+            0 => String::new(),
+            n => format!(" ({n} of them rolled back, healthy again)"),
+        },
+        match r.unchanged {
+            0 => String::new(),
+            n => format!(", {n} at the version already"),
+        },
         r.sites_done,
         r.sites,
         wave_text(r)
@@ -397,11 +491,13 @@ pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
                 None => String::new(),
             };
             let unplanned = if n.planned { "" } else { "  (not in the plan)" };
+            let undone = n.undone.map(|u| format!("  [{u}]")).unwrap_or_default();
             let _ = writeln!(
                 out,
-                "    {:<width$}  {:<6}  {from} → {version}  {}{runs}{unplanned}",
+                "    {:<width$}  {:<6}  {from} → {}  {}{runs}{unplanned}{undone}",
                 n.node,
                 role_label(n.role),
+                n.to_version,
                 n.status.label()
             );
         }
@@ -409,7 +505,9 @@ pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
     let counts = node_counts(sites);
     let total: usize = sites.iter().map(|s| s.nodes.len()).sum();
     let mut parts = vec![format!("{total} in the plan")];
-    for key in ["patched", "failed", "skipped", "timed_out", "unreported", "patching", "pending", "not_started"] {
+    for key in
+        ["patched", "unchanged", "failed", "skipped", "timed_out", "unreported", "patching", "pending", "not_started"]
+    {
         if let Some(n) = counts.get(key) {
             parts.push(format!("{n} {}", key.replace('_', " ")));
         }
@@ -455,7 +553,18 @@ pub async fn rollout_detail(bus: &Bus, id: &str) -> anyhow::Result<Option<(pb::R
         .collect();
     let (name, _) = package_of(&r);
     let observed = observed_package(bus, &name).await?;
-    let sites = rollout_sites(&r, &plan, &records, &observed);
+    let undo = match r.rolled_back_by.as_str() {
+        "" => None,
+        by => Some(
+            sagas
+                .scan::<pb::RolloutSite>(&keys::rollout_sites_prefix(by))
+                .await?
+                .into_iter()
+                .map(|(_, s, _)| (s.site_id.clone(), s))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+    };
+    let sites = rollout_sites(&r, &plan, &records, &observed, undo.as_ref());
     Ok(Some((r, sites)))
 }
 
@@ -535,6 +644,7 @@ mod tests {
                     nodes: s.nodes.iter().map(|n| n.spec.clone()).collect(),
                     from_versions: s.nodes.iter().map(|n| n.from_version.clone()).collect(),
                     canary: s.canary,
+                    to_versions: vec![],
                 };
                 (i as u32, site)
             })
@@ -566,7 +676,7 @@ mod tests {
         .map(|r| (r.site_id.clone(), r))
         .collect();
         let observed = [(("edge-05".to_string(), "node-1".to_string()), "1.30.0".to_string())].into();
-        let sites = rollout_sites(&a_rollout(), &plan_sites(), &records, &observed);
+        let sites = rollout_sites(&a_rollout(), &plan_sites(), &records, &observed, None);
         let statuses: Vec<(&str, usize, &str, NodeStatus)> = sites
             .iter()
             .flat_map(|s| s.nodes.iter().map(move |n| (s.site.as_str(), s.wave, n.node.as_str(), n.status.clone())))
@@ -576,7 +686,12 @@ mod tests {
             [
                 ("edge-05", 0, "node-1", NodeStatus::Patched(1)),
                 ("edge-01", 1, "node-1", NodeStatus::Patching),
-                ("edge-01", 1, "node-2", NodeStatus::Failed { step: "patch".into(), reason: "disk full".into() }),
+                (
+                    "edge-01",
+                    1,
+                    "node-2",
+                    NodeStatus::Failed { step: "patch".into(), reason: "disk full".into(), rollback: String::new() }
+                ),
                 ("edge-02", 1, "node-1", NodeStatus::Pending),
             ]
         );
@@ -610,7 +725,7 @@ mod tests {
         .into_iter()
         .map(|r| (r.site_id.clone(), r))
         .collect();
-        let sites = rollout_sites(&a_rollout(), &plan_sites(), &records, &BTreeMap::new());
+        let sites = rollout_sites(&a_rollout(), &plan_sites(), &records, &BTreeMap::new(), None);
         assert_eq!(sites[0].nodes[0].status, NodeStatus::Patched(2));
         assert!(!sites[0].nodes[1].planned);
         let text = rollout_show_text(&a_rollout(), &sites);
@@ -622,7 +737,7 @@ mod tests {
     #[test]
     fn sites_of_a_cancelled_rollout_never_start() {
         let cancelled = pb::Rollout { phase: pb::RolloutPhase::Cancelled as i32, ..a_rollout() };
-        let sites = rollout_sites(&cancelled, &plan_sites(), &BTreeMap::new(), &BTreeMap::new());
+        let sites = rollout_sites(&cancelled, &plan_sites(), &BTreeMap::new(), &BTreeMap::new(), None);
         assert!(sites.iter().all(|s| s.state == "not_started"));
         assert!(sites.iter().flat_map(|s| &s.nodes).all(|n| n.status == NodeStatus::NotStarted));
         let text = rollout_show_text(&cancelled, &sites);

@@ -49,14 +49,14 @@ impl<B: SiteBackend> Gateway<B> {
             Ok(held) => {
                 if held == Cordon::Done {
                     let cordoned = |site_id, node| pb::NodeCordoned { site_id, node, ..Default::default() };
-                    self.node_step(d, "node_cordoned", node, cordoned).await?;
+                    self.node_step(&d.envelope, "node_cordoned", node, cordoned).await?;
                 }
                 match self.backend.drain(node).await {
                     Ok(pods) => evicted = pods,
                     Err(e) => {
                         let reason = failed("draining", e)?;
                         // The node stays as it was: schedulable again, in the cluster.
-                        self.lift_cordon(d, "", node).await?;
+                        self.lift_cordon(&d.envelope, "", node).await?;
                         return self.job_failed(d, kind, reason).await;
                     }
                 }

@@ -4,17 +4,21 @@
 //! happen. Nodes whose host the site does not have as the hub believes (none, or not
 //! provisioned) are left alone, skipped, and said (`SiteDisagrees`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bus_schema::domain::{NodeDesign, Package, Role};
-use bus_schema::pb::{self, BusJob};
+use bus_schema::pb;
 use bus_schema::runtime::{Delivery, HandlerError};
 use futures::future::join_all;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{Gateway, invalid, nodes, packages};
+use bus_schema::envelope::Envelope;
+use run::{End, PatchRun, RolledBack};
+
+mod run;
 use crate::backend::{BackendError, Cordon, PatchRequest, ProvisioningState, ProvisioningState as S, SiteBackend};
 
 /// How long a master waits for the site's other masters to be Ready before it is failed rather
@@ -28,13 +32,62 @@ fn disruptive(kind: pb::PackageKind) -> bool {
     matches!(kind, pb::PackageKind::OsImage | pb::PackageKind::Binary)
 }
 
+/// Who a node's patch is for: the rollout's move, or putting a failed node back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Patch,
+    /// Back to what it ran, after the patch to `failed` failed on it.
+    RollBack,
+}
+
+/// The job's packages per node: where each goes, and what it goes back to when it fails.
+struct PerNode {
+    targets: BTreeMap<String, Package>,
+    previous: BTreeMap<String, Package>,
+}
+
+impl PerNode {
+    /// Reads the job's `targets` and, with `on_failure` ROLL_BACK, `previous` (each in the order
+    /// of `nodes`; an entry with no name: nothing).
+    fn of(job: &pb::PatchNodes, nodes: &[NodeDesign]) -> Result<Self, HandlerError> {
+        let by_node = |list: &[pb::Package]| -> Result<BTreeMap<String, Package>, HandlerError> {
+            let mut out = BTreeMap::new();
+            for (node, p) in nodes.iter().zip(list) {
+                if !p.name.is_empty() {
+                    out.insert(node.name.to_string(), Package::try_from(p.clone()).map_err(invalid)?);
+                }
+            }
+            Ok(out)
+        };
+        let rolls_back = job.on_failure == pb::OnNodeFailure::RollBack as i32;
+        Ok(Self {
+            targets: by_node(&job.targets)?,
+            previous: if rolls_back { by_node(&job.previous)? } else { BTreeMap::new() },
+        })
+    }
+
+    /// Every package the job may put on a node, once each, `package` first.
+    fn all(&self, package: &Package) -> Vec<Package> {
+        let mut out = vec![package.clone()];
+        for p in self.targets.values().chain(self.previous.values()) {
+            if !out.iter().any(|o| o.reference() == p.reference()) {
+                out.push(p.clone());
+            }
+        }
+        out
+    }
+}
+
 impl<B: SiteBackend> Gateway<B> {
     /// Patches the job's nodes batch after batch, each batch's nodes at once; once more nodes
-    /// have failed than the job allows, the nodes not started yet are skipped.
+    /// have failed than the job allows, the nodes not started yet are skipped. A node that fails
+    /// is put back to what it ran when the job says so (`on_failure`).
     pub(super) async fn patch(&self, d: &Delivery) -> Result<(), HandlerError> {
         let job: pb::PatchNodes = d.decode()?;
         self.check_site(&job)?;
-        let package = Package::try_from(job.package.unwrap_or_default()).map_err(invalid)?;
+        let package = Package::try_from(job.package.clone().unwrap_or_default()).map_err(invalid)?;
+        let all_nodes = nodes(job.nodes.clone())?;
+        let per_node = PerNode::of(&job, &all_nodes)?;
         let reinstall = reinstall_by_role(job.reinstall)?;
         let site_patched = pb::SitePatched {
             site_id: self.site.to_string(),
@@ -43,7 +96,7 @@ impl<B: SiteBackend> Gateway<B> {
             package: Some(pb::PackageRef::from(&package.reference())),
             ..Default::default()
         };
-        let (nodes, found) = self.as_the_hub_believes(nodes(job.nodes)?, package.kind).await?;
+        let (nodes, found) = self.as_the_hub_believes(all_nodes, package.kind).await?;
         let mut site_patched = site_patched;
         if !found.is_empty() {
             site_patched.skipped = found.iter().map(|f| f.node.clone()).collect();
@@ -60,14 +113,15 @@ impl<B: SiteBackend> Gateway<B> {
         }
         let masters: Vec<String> =
             nodes.iter().filter(|n| n.role == Role::Master).map(|n| n.name.to_string()).collect();
-        // The package (a chart: its render for this site; and an os-image's reinstalled
+        // The packages (a chart: its render for this site; and an os-image's reinstalled
         // binaries) must be in the site's cache first; a site that cannot get them fails every
         // node with the reason.
-        let (package, rendering) = match self.rendered(vec![package.clone()]).await {
-            Ok(mut rendered) => (rendered.remove(0), Ok(())),
-            Err(e) => (package, Err(e)),
+        let wanted = per_node.all(&package);
+        let (rendered, rendering) = match self.rendered(wanted.clone()).await {
+            Ok(rendered) => (rendered, Ok(())),
+            Err(e) => (wanted, Err(e)),
         };
-        let mut needed = vec![package.clone()];
+        let mut needed = rendered.clone();
         needed.extend(reinstall.values().flatten().cloned());
         let staged = match rendering {
             Ok(()) => self.stage_into_cache(&needed).await.map(|_| ()),
@@ -80,6 +134,14 @@ impl<B: SiteBackend> Gateway<B> {
             }
             Err(e) => Some(e),
         };
+        let as_rendered = |p: &Package| rendered.iter().find(|r| r.reference() == p.reference()).cloned();
+        let request = |node: &NodeDesign, package: Package| PatchRequest {
+            node: node.clone(),
+            package,
+            reinstall: reinstall.get(&node.role).cloned().unwrap_or_default(),
+            progress: None,
+            max_unavailable: job.max_unavailable,
+        };
         let mut run = PatchRun::new(nodes, job.max_unavailable, job.max_failures, site_patched);
         loop {
             let batch = run.next_batch();
@@ -89,18 +151,24 @@ impl<B: SiteBackend> Gateway<B> {
             // Every node of the batch runs to its end even when another's error will NAK the
             // job: a reimage abandoned halfway would only be redone on the redelivery.
             let patches = batch.iter().map(|node| {
-                let reinstall = reinstall.get(&node.role).cloned().unwrap_or_default();
-                let req = PatchRequest {
-                    node: node.clone(),
-                    package: package.clone(),
-                    reinstall,
-                    progress: None,
-                    max_unavailable: job.max_unavailable,
-                };
-                self.patch_node(d, &job.rollout_id, req, &masters, unstaged.clone())
+                let name = node.name.as_str();
+                let to = per_node.targets.get(name).unwrap_or(&package);
+                let req = request(node, as_rendered(to).unwrap_or_else(|| to.clone()));
+                let back =
+                    per_node.previous.get(name).map(|p| request(node, as_rendered(p).unwrap_or_else(|| p.clone())));
+                let (env, rollout, masters, unstaged) = (&d.envelope, &job.rollout_id, &masters, unstaged.clone());
+                async move {
+                    let end = self.patch_node(env, rollout, req.clone(), masters, unstaged, Purpose::Patch).await?;
+                    match (end, back) {
+                        (NodeEnd::Failed { reason, tried: true }, Some(back)) => {
+                            self.roll_back(env, rollout, &req, back, masters, reason).await
+                        }
+                        (end, _) => Ok(end.into()),
+                    }
+                }
             });
-            for (node, failure) in batch.iter().zip(join_all(patches).await) {
-                run.record(node, failure?);
+            for (node, end) in batch.iter().zip(join_all(patches).await) {
+                run.record(node, end?);
             }
         }
         let done = run.finish();
@@ -109,11 +177,58 @@ impl<B: SiteBackend> Gateway<B> {
             rollout = %done.rollout_id,
             package = %package.reference().key(),
             patched = done.patched.len(),
+            unchanged = done.unchanged.len(),
             failed = done.failed.len(),
             skipped = done.skipped.len(),
             "site patched"
         );
         self.publish(&done, &d.envelope.derive("site_patched", None)).await
+    }
+
+    /// Puts a node whose patch (`failed`, for `reason`) failed back to what it ran (`back`), as
+    /// any patch is done (out of service, then seen healthy), each step an event of its own
+    /// (ids derived from the job's for the node's rollback), and says what became of it.
+    async fn roll_back(
+        &self,
+        env: &Envelope,
+        rollout_id: &str,
+        failed: &PatchRequest,
+        back: PatchRequest,
+        masters: &[String],
+        reason: String,
+    ) -> Result<End, HandlerError> {
+        let node = back.node.name.as_str();
+        let to = back.package.version.to_string();
+        info!(site = %self.site, node, rollout = rollout_id, to = %to, %reason, "rolling the node back");
+        let base = env.derive("rollback", Some(node));
+        let end = self.patch_node(&base, rollout_id, back.clone(), masters, None, Purpose::RollBack).await?;
+        let rollback = match end {
+            NodeEnd::Patched | NodeEnd::Unchanged => {
+                let evt = pb::NodeRolledBack {
+                    site_id: self.site.to_string(),
+                    node: node.to_string(),
+                    rollout_id: rollout_id.to_string(),
+                    package: Some(pb::PackageRef::from(&back.package.reference())),
+                    failed_version: failed.package.version.to_string(),
+                    reason: reason.clone(),
+                };
+                self.publish(&evt, &base.derive("node_rolled_back", Some(node))).await?;
+                RolledBack { text: format!("rolled back to {to}, healthy again"), healthy: true }
+            }
+            NodeEnd::Failed { reason: why, .. } => {
+                warn!(site = %self.site, node, %why, "the node's rollback failed");
+                let evt = pb::NodeRollbackFailed {
+                    site_id: self.site.to_string(),
+                    node: node.to_string(),
+                    rollout_id: rollout_id.to_string(),
+                    package: Some(pb::PackageRef::from(&back.package.reference())),
+                    reason: why.clone(),
+                };
+                self.publish(&evt, &base.derive("node_rollback_failed", Some(node))).await?;
+                RolledBack { text: format!("rollback to {to} failed: {why}"), healthy: false }
+            }
+        };
+        Ok(End::Failed { reason, rollback: Some(rollback) })
     }
 
     /// The job's nodes the site has as the hub believes, and how it found the others. Only a
@@ -151,12 +266,13 @@ impl<B: SiteBackend> Gateway<B> {
     /// it; an earlier attempt's cordon on it is lifted once it is seen Ready.
     async fn patch_node(
         &self,
-        d: &Delivery,
+        env: &Envelope,
         rollout_id: &str,
         req: PatchRequest,
         masters: &[String],
         unstaged: Option<BackendError>,
-    ) -> Result<Option<String>, HandlerError> {
+        purpose: Purpose,
+    ) -> Result<NodeEnd, HandlerError> {
         let node = req.node.name.as_str();
         let step = |what: &str, e: BackendError| match e {
             e @ BackendError::Transient { .. } => Err(HandlerError::transient(format!("{what} {node}"), e)),
@@ -166,7 +282,7 @@ impl<B: SiteBackend> Gateway<B> {
         if disruptive(req.package.kind) && unstaged.is_none() {
             let already = match self.backend.runs(node, &req.package).await {
                 Ok(already) => already,
-                Err(e) => return self.node_patch_failed(d, rollout_id, &req, step("looking at", e)?).await,
+                Err(e) => return self.not_started(env, rollout_id, &req, purpose, step("looking at", e)?).await,
             };
             // At the version already: a job come again after its gateway died. Its node was
             // taken out of service by the first attempt if landfall's cordon is on it; then it
@@ -174,20 +290,20 @@ impl<B: SiteBackend> Gateway<B> {
             if already {
                 registered = match self.backend.cordoned(node).await {
                     Ok(ours) => ours,
-                    Err(e) => return self.node_patch_failed(d, rollout_id, &req, step("looking at", e)?).await,
+                    Err(e) => return self.not_started(env, rollout_id, &req, purpose, step("looking at", e)?).await,
                 };
             } else {
                 if req.node.role == Role::Master
                     && let Some(reason) = self.wait_for_masters(node, masters).await?
                 {
-                    return self.node_patch_failed(d, rollout_id, &req, reason).await;
+                    return self.not_started(env, rollout_id, &req, purpose, reason).await;
                 }
                 match self.backend.cordon(node).await {
                     Ok(Cordon::NotInCluster) => {}
                     Ok(held) => {
                         registered = true;
                         if held == Cordon::Done {
-                            self.node_step(d, "node_cordoned", node, |site, node| pb::NodeCordoned {
+                            self.node_step(env, "node_cordoned", node, |site, node| pb::NodeCordoned {
                                 site_id: site,
                                 node,
                                 rollout_id: rollout_id.to_string(),
@@ -202,16 +318,16 @@ impl<B: SiteBackend> Gateway<B> {
                                     rollout_id: rollout_id.to_string(),
                                     evicted,
                                 };
-                                self.publish(&evt, &d.envelope.derive("node_drained", Some(node))).await?;
+                                self.publish(&evt, &env.derive("node_drained", Some(node))).await?;
                             }
                             Err(e) => {
                                 let reason = step("draining", e)?;
-                                self.lift_cordon(d, rollout_id, node).await?;
-                                return self.node_patch_failed(d, rollout_id, &req, reason).await;
+                                self.lift_cordon(env, rollout_id, node).await?;
+                                return self.not_started(env, rollout_id, &req, purpose, reason).await;
                             }
                         }
                     }
-                    Err(e) => return self.node_patch_failed(d, rollout_id, &req, step("cordoning", e)?).await,
+                    Err(e) => return self.not_started(env, rollout_id, &req, purpose, step("cordoning", e)?).await,
                 }
             }
         }
@@ -222,10 +338,12 @@ impl<B: SiteBackend> Gateway<B> {
             if registered && let Err(e) = self.backend.observe_patched(node, &req.package).await {
                 return Ok(Some(step("watching", e)?));
             }
-            self.lift_cordon(d, rollout_id, node).await?;
+            self.lift_cordon(env, rollout_id, node).await?;
             Ok::<_, HandlerError>(None)
         };
-        self.patch_and_report(d, rollout_id, req.clone(), unstaged, observed).await
+        // Found at the version with no cordon of landfall's on it: nobody of this job moved it.
+        let ours = registered;
+        self.patch_and_report(env, rollout_id, req.clone(), unstaged, observed, ours, purpose).await
     }
 
     /// Waits until every other master of the job is Ready: `Some(reason)` when the wait ends
@@ -257,10 +375,10 @@ impl<B: SiteBackend> Gateway<B> {
 
     /// Makes the node schedulable again when landfall had cordoned it, and says so (`rollout_id`
     /// empty for a node's removal or reprovision).
-    pub(super) async fn lift_cordon(&self, d: &Delivery, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
+    pub(super) async fn lift_cordon(&self, env: &Envelope, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
         match self.backend.uncordon(node).await {
             Ok(true) => {
-                self.node_step(d, "node_uncordoned", node, |site, node| pb::NodeUncordoned {
+                self.node_step(env, "node_uncordoned", node, |site, node| pb::NodeUncordoned {
                     site_id: site,
                     node,
                     rollout_id: rollout_id.to_string(),
@@ -278,47 +396,66 @@ impl<B: SiteBackend> Gateway<B> {
 
     pub(super) async fn node_step<E: bus_schema::BusEvent>(
         &self,
-        d: &Delivery,
+        env: &Envelope,
         name: &str,
         node: &str,
         make: impl FnOnce(String, String) -> E,
     ) -> Result<(), HandlerError> {
         let evt = make(self.site.to_string(), node.to_string());
-        self.publish(&evt, &d.envelope.derive(name, Some(node))).await
+        self.publish(&evt, &env.derive(name, Some(node))).await
     }
 
-    /// Publishes the node's failure.
-    async fn node_patch_failed(
+    /// A node failed before its patch started: nothing changed on it.
+    async fn not_started(
         &self,
-        d: &Delivery,
+        env: &Envelope,
         rollout_id: &str,
         req: &PatchRequest,
+        purpose: Purpose,
         reason: String,
-    ) -> Result<Option<String>, HandlerError> {
+    ) -> Result<NodeEnd, HandlerError> {
+        self.node_patch_failed(env, rollout_id, req, purpose, reason.clone()).await?;
+        Ok(NodeEnd::Failed { reason, tried: false })
+    }
+
+    /// Publishes the node's failure (a rollback's is said by [`Self::roll_back`]).
+    async fn node_patch_failed(
+        &self,
+        env: &Envelope,
+        rollout_id: &str,
+        req: &PatchRequest,
+        purpose: Purpose,
+        reason: String,
+    ) -> Result<(), HandlerError> {
         let node = req.node.name.as_str();
-        warn!(site = %self.site, node, %reason, "node patch failed");
+        warn!(site = %self.site, node, %reason, ?purpose, "node patch failed");
+        if purpose == Purpose::RollBack {
+            return Ok(());
+        }
         let evt = pb::NodePatchFailed {
             site_id: self.site.to_string(),
             node: node.to_string(),
             rollout_id: rollout_id.to_string(),
             package: Some(pb::PackageRef::from(&req.package.reference())),
-            reason: reason.clone(),
+            reason,
         };
-        self.publish(&evt, &d.envelope.derive("node_patch_failed", Some(node))).await?;
-        Ok(Some(reason))
+        self.publish(&evt, &env.derive("node_patch_failed", Some(node))).await
     }
 
     /// Runs the patch itself, relaying a reimage's Metal3 states, then `observed` (which says
     /// why the node was not seen at its new version, if it was not), and reports the node
     /// patched or failed.
+    #[allow(clippy::too_many_arguments)]
     async fn patch_and_report(
         &self,
-        d: &Delivery,
+        env: &Envelope,
         rollout_id: &str,
         req: PatchRequest,
         unstaged: Option<BackendError>,
         observed: impl Future<Output = Result<Option<String>, HandlerError>>,
-    ) -> Result<Option<String>, HandlerError> {
+        ours: bool,
+        purpose: Purpose,
+    ) -> Result<NodeEnd, HandlerError> {
         let node = req.node.name.as_str();
         let package = Some(pb::PackageRef::from(&req.package.reference()));
         // A reimage reports each state the host passes through, as a provisioning does.
@@ -345,7 +482,7 @@ impl<B: SiteBackend> Gateway<B> {
                 state: state.as_str().to_string(),
                 image: image_name.clone(),
             };
-            let env = d.envelope.derive(&format!("reimage_state/{}", state.as_str()), Some(node));
+            let env = env.derive(&format!("reimage_state/{}", state.as_str()), Some(node));
             async move { self.publish(&evt, &env).await }
         };
         let relay = async {
@@ -376,19 +513,51 @@ impl<B: SiteBackend> Gateway<B> {
         match result {
             Ok(outcome) => {
                 let (changed, from) = (outcome.changed, outcome.from_version.as_deref());
-                debug!(site = %self.site, node, changed, from, "node patched");
-                let evt = pb::NodePatched {
-                    site_id: self.site.to_string(),
-                    node: node.to_string(),
-                    rollout_id: rollout_id.to_string(),
-                    package,
-                    from_version: outcome.from_version.unwrap_or_default(),
-                };
-                self.publish(&evt, &d.envelope.derive("node_patched", Some(node))).await?;
-                Ok(None)
+                // At the version already, and not by an earlier attempt of this job (whose
+                // cordon would still be on it): nothing was done to it.
+                let unchanged = !changed && !ours;
+                debug!(site = %self.site, node, changed, unchanged, from, ?purpose, "node patched");
+                if purpose == Purpose::Patch {
+                    let evt = pb::NodePatched {
+                        site_id: self.site.to_string(),
+                        node: node.to_string(),
+                        rollout_id: rollout_id.to_string(),
+                        package,
+                        from_version: outcome.from_version.unwrap_or_default(),
+                        unchanged,
+                    };
+                    self.publish(&evt, &env.derive("node_patched", Some(node))).await?;
+                }
+                Ok(if unchanged { NodeEnd::Unchanged } else { NodeEnd::Patched })
             }
             Err(e @ BackendError::Transient { .. }) => Err(HandlerError::transient(format!("patching {node}"), e)),
-            Err(e) => self.node_patch_failed(d, rollout_id, &req, e.reason()).await,
+            Err(e) => {
+                let reason = e.reason();
+                self.node_patch_failed(env, rollout_id, &req, purpose, reason.clone()).await?;
+                Ok(NodeEnd::Failed { reason, tried: true })
+            }
+        }
+    }
+}
+
+/// What one patch of a node came to.
+#[derive(Debug)]
+enum NodeEnd {
+    Patched,
+    Unchanged,
+    /// `tried`: the patch itself ran (it may have changed the node), rather than a step before it.
+    Failed {
+        reason: String,
+        tried: bool,
+    },
+}
+
+impl From<NodeEnd> for End {
+    fn from(end: NodeEnd) -> End {
+        match end {
+            NodeEnd::Patched => End::Patched,
+            NodeEnd::Unchanged => End::Unchanged,
+            NodeEnd::Failed { reason, .. } => End::failed(reason),
         }
     }
 }
@@ -430,176 +599,4 @@ fn disagreement_reason(found: &[pb::HostFound]) -> String {
          state lost, or hosts changed by hand?): reinstall or reprovision them",
         each.join(", ")
     )
-}
-
-/// One site's part of a rollout, batch after batch: which nodes start next, and what became of
-/// each. Masters go first, each alone (one etcd member down at a time); workers follow in
-/// batches of `max_unavailable`. Kept apart from the I/O so its rules have plain tests.
-#[derive(Debug)]
-struct PatchRun {
-    pending: VecDeque<NodeDesign>,
-    /// Nodes patched at once: the job's `max_unavailable`, at least 1.
-    width: usize,
-    /// Failures the site may have and still start nodes.
-    max_failures: usize,
-    done: pb::SitePatched,
-}
-
-impl PatchRun {
-    fn new(nodes: Vec<NodeDesign>, max_unavailable: u32, max_failures: u32, done: pb::SitePatched) -> Self {
-        let width = usize::try_from(max_unavailable.max(1)).unwrap_or(usize::MAX);
-        let max_failures = usize::try_from(max_failures).unwrap_or(usize::MAX);
-        let (mut pending, workers): (VecDeque<_>, VecDeque<_>) =
-            nodes.into_iter().partition(|n| n.role == Role::Master);
-        pending.extend(workers);
-        Self { pending, width, max_failures, done }
-    }
-
-    /// The nodes to patch next, at once; empty when every node is done or skipped. Once more
-    /// nodes have failed than the budget allows, every node not started is skipped.
-    fn next_batch(&mut self) -> Vec<NodeDesign> {
-        if self.done.failed.len() > self.max_failures {
-            self.done.skipped.extend(self.pending.drain(..).map(|n| n.name.to_string()));
-        }
-        let width = match self.pending.front() {
-            Some(n) if n.role == Role::Master => 1,
-            _ => self.width,
-        };
-        let take = width.min(self.pending.len());
-        self.pending.drain(..take).collect()
-    }
-
-    /// Records a node's patch: `failure` is its reason when it failed.
-    fn record(&mut self, node: &NodeDesign, failure: Option<String>) {
-        match failure {
-            None => self.done.patched.push(node.name.to_string()),
-            Some(reason) => self.done.failed.push(pb::NodeResult {
-                node: node.name.to_string(),
-                role: pb::Role::from(node.role) as i32,
-                outcome: pb::NodeOutcome::Failed as i32,
-                failed_step: pb::PatchNodes::KIND.to_string(),
-                reason,
-            }),
-        }
-    }
-
-    fn finish(self) -> pb::SitePatched {
-        self.done
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn worker(name: &str) -> NodeDesign {
-        node(name, Role::Worker)
-    }
-
-    fn node(name: &str, role: Role) -> NodeDesign {
-        NodeDesign {
-            name: name.try_into().unwrap(),
-            role,
-            boot_mac: "52:54:00:00:01:01".to_string().try_into().unwrap(),
-            bmc_address: "ipmi://10.0.1.1".to_string().try_into().unwrap(),
-            labels: BTreeMap::new(),
-            network: None,
-            root_device: None,
-            kernel_parameters: Default::default(),
-            cleaning: Default::default(),
-        }
-    }
-
-    fn node_names(batch: &[NodeDesign]) -> Vec<&str> {
-        batch.iter().map(|n| n.name.as_str()).collect()
-    }
-
-    /// Every batch the run starts, each node of it patched, as `a,b`.
-    fn all_batches(run: &mut PatchRun) -> Vec<String> {
-        let mut batches = Vec::new();
-        loop {
-            let batch = run.next_batch();
-            if batch.is_empty() {
-                return batches;
-            }
-            batches.push(node_names(&batch).join(","));
-            batch.iter().for_each(|n| run.record(n, None));
-        }
-    }
-
-    fn run(nodes: &[&str], max_unavailable: u32, max_failures: u32) -> PatchRun {
-        let nodes = nodes.iter().map(|n| worker(n)).collect();
-        PatchRun::new(nodes, max_unavailable, max_failures, pb::SitePatched::default())
-    }
-
-    #[test]
-    fn a_host_missing_or_never_provisioned_is_unlike_what_the_hub_believes() {
-        use pb::PackageKind::{Binary, OsImage};
-        assert_eq!(unlike_the_hub(Binary, Some(S::Provisioned)), None);
-        assert_eq!(unlike_the_hub(Binary, None).as_deref(), Some(""));
-        assert_eq!(unlike_the_hub(Binary, Some(S::Preparing)).as_deref(), Some("preparing"));
-        assert_eq!(unlike_the_hub(Binary, Some(S::Available)).as_deref(), Some("available"));
-        // A reimage taken up: the old image coming off, none on, the new one going on.
-        for state in [S::Deprovisioning, S::Available, S::Provisioning, S::Provisioned] {
-            assert_eq!(unlike_the_hub(OsImage, Some(state)), None, "{state}");
-        }
-        assert_eq!(unlike_the_hub(OsImage, Some(S::Inspecting)).as_deref(), Some("inspecting"));
-        let found = [
-            pb::HostFound { node: "node-1".into(), state: "preparing".into() },
-            pb::HostFound { node: "node-2".into(), state: String::new() },
-        ];
-        let reason = disagreement_reason(&found);
-        assert!(reason.contains("node-1 is preparing, node-2 has no host"), "{reason}");
-    }
-
-    #[test]
-    fn nodes_patch_in_batches_of_max_unavailable_and_at_least_one() {
-        let mut run = run(&["a", "b", "c", "d", "e"], 2, 0);
-        assert_eq!(all_batches(&mut run), ["a,b", "c,d", "e"]);
-        assert_eq!(run.finish().patched, ["a", "b", "c", "d", "e"]);
-
-        let mut one_at_a_time = self::run(&["a", "b"], 0, 0);
-        assert_eq!(node_names(&one_at_a_time.next_batch()), ["a"]);
-    }
-
-    #[test]
-    fn masters_go_first_and_one_at_a_time_whatever_the_width() {
-        let nodes = vec![
-            worker("w1"),
-            node("m1", Role::Master),
-            worker("w2"),
-            node("m2", Role::Master),
-            worker("w3"),
-            node("m3", Role::Master),
-        ];
-        let mut run = PatchRun::new(nodes, 2, 0, pb::SitePatched::default());
-        assert_eq!(all_batches(&mut run), ["m1", "m2", "m3", "w1,w2", "w3"]);
-    }
-
-    #[test]
-    fn a_failed_master_past_the_budget_stops_the_rest() {
-        let nodes = vec![worker("w1"), node("m1", Role::Master), node("m2", Role::Master)];
-        let mut run = PatchRun::new(nodes, 3, 0, pb::SitePatched::default());
-        let first = run.next_batch();
-        run.record(&first[0], Some("not Ready".into()));
-        assert!(run.next_batch().is_empty());
-        assert_eq!(run.finish().skipped, ["m2", "w1"]);
-    }
-
-    #[test]
-    fn once_failures_pass_the_budget_the_nodes_not_started_are_skipped() {
-        let mut run = run(&["a", "b", "c", "d", "e"], 2, 1);
-        let first = run.next_batch();
-        run.record(&first[0], Some("boom".into()));
-        run.record(&first[1], None);
-        let second = run.next_batch();
-        assert_eq!(node_names(&second), ["c", "d"], "one failure is within a budget of one");
-        run.record(&second[0], Some("boom".into()));
-        run.record(&second[1], None);
-        assert!(run.next_batch().is_empty());
-        let done = run.finish();
-        assert_eq!((done.patched, done.skipped), (vec!["b".to_string(), "d".into()], vec!["e".to_string()]));
-        let failed: Vec<_> = done.failed.iter().map(|f| (f.node.as_str(), f.failed_step.as_str())).collect();
-        assert_eq!(failed, [("a", pb::PatchNodes::KIND), ("c", pb::PatchNodes::KIND)]);
-    }
 }

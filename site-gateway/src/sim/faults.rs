@@ -18,6 +18,10 @@ pub(super) struct Faults {
     pub(super) patch: BTreeSet<String>,
     /// A disruption budget allows none of the node's pods to go: every drain of it fails.
     pub(super) drain: BTreeSet<String>,
+    /// Package versions (`name@version`) that install but never come up healthy, on any node of
+    /// the site: a binary's or an image's node is never Ready at it, a container's workloads
+    /// never become available. A bad release, not a bad node: healing a node keeps them.
+    pub(super) bad_versions: BTreeSet<String>,
 }
 
 impl Faults {
@@ -28,6 +32,19 @@ impl Faults {
         self.patch.remove(node);
         self.drain.remove(node);
     }
+}
+
+/// Why a node at a bad version (see [`Faults::bad_versions`]) fails its health check, worded as
+/// the check that sees it.
+pub(super) fn unhealthy_at(node: &str, package: &Package) -> BackendError {
+    let key = package.reference().key();
+    BackendError::permanent_reason(match package.kind {
+        bus_schema::pb::PackageKind::Container | bus_schema::pb::PackageKind::HelmChart => format!(
+            "{key} applied, but its workloads did not become available on {node}: deployment has minimum \
+             availability false (pods in CrashLoopBackOff)"
+        ),
+        _ => format!("{node} did not become Ready at {key}: the kubelet reports NotReady (PLEG is not healthy)"),
+    })
 }
 
 /// A drain a disruption budget holds up until its time-out, worded as the Eviction API's refusal.

@@ -230,6 +230,23 @@ impl SimSite {
         self.inner.lock().faults.patch.insert(node.to_string());
     }
 
+    /// Whether `node` runs `package` at its version now (an image, a binary, or a container of
+    /// its cluster).
+    pub fn runs(&self, node: &str, package: &Package) -> bool {
+        self.runs_version(node, package)
+    }
+
+    /// Whether `node` is unschedulable now.
+    pub fn is_cordoned(&self, node: &str) -> bool {
+        self.inner.lock().cordoned.contains(node)
+    }
+
+    /// Makes `name@version` a bad release at this site: it installs, but no node is healthy at it
+    /// (see [`SimSite::observe_patched`](crate::SiteBackend::observe_patched)).
+    pub fn bad_version(&self, key: &str) {
+        self.inner.lock().faults.bad_versions.insert(key.to_string());
+    }
+
     /// Removes the failures injected for `node`.
     pub fn heal(&self, node: &str) {
         self.inner.lock().faults.heal(node);
@@ -285,9 +302,15 @@ impl SiteBackend for SimSite {
         Ok(self.not_ready_nodes(nodes))
     }
 
-    async fn observe_patched(&self, node: &str, _package: &Package) -> Result<(), BackendError> {
-        // The simulated node runs what its patch installed as soon as the patch returns.
-        self.inner.lock().provisioned(node).map(|_| ())
+    async fn observe_patched(&self, node: &str, package: &Package) -> Result<(), BackendError> {
+        // The simulated node runs what its patch installed as soon as the patch returns, and is
+        // Ready there unless the version is a bad one.
+        let st = self.inner.lock();
+        st.provisioned(node)?;
+        match st.faults.bad_versions.contains(&package.reference().key()) {
+            true => Err(faults::unhealthy_at(node, package)),
+            false => Ok(()),
+        }
     }
 
     async fn host_state(&self, node: &str) -> Result<Option<S>, BackendError> {

@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 
 use super::SimSite;
 use super::bpa::container;
-use super::faults::{binary_patch_failed, container_patch_denied, reimage_refused};
+use super::faults::{binary_patch_failed, container_patch_denied, reimage_refused, unhealthy_at};
 use super::state::{Binary, BinarySet, Image, State, binary_set};
 use super::timing::pause;
 use crate::backend::{BackendError, HostRequest, PatchOutcome, PatchRequest};
@@ -138,6 +138,8 @@ impl SimSite {
             let st = self.inner.lock();
             let from_version = st.containers.get(package.name.as_str()).cloned();
             if st.containers_applied(&[container(package)])? {
+                drop(st);
+                self.workloads_available(node, package)?;
                 return Ok(PatchOutcome { from_version, changed: false });
             }
             if st.faults.patch.contains(node) {
@@ -146,7 +148,16 @@ impl SimSite {
             from_version
         };
         let changed = self.apply_containers(std::slice::from_ref(package)).await?;
+        self.workloads_available(node, package)?;
         Ok(PatchOutcome { from_version, changed })
+    }
+
+    /// Whether the package's workloads come up at its version: not at a bad one.
+    fn workloads_available(&self, node: &str, package: &Package) -> Result<(), BackendError> {
+        match self.inner.lock().faults.bad_versions.contains(&package.reference().key()) {
+            true => Err(unhealthy_at(node, package)),
+            false => Ok(()),
+        }
     }
 }
 

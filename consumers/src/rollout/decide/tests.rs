@@ -216,12 +216,13 @@ fn a_site_report_is_recorded_and_counted_once() {
         failed: vec![node("n2")],
         ..Default::default()
     };
-    let rep = site_report(&e, &env, 42);
+    let (plain, site) = (pb::Rollout::default(), pb::RolloutPlanSite::default());
+    let rep = site_report(&plain, &site, &e, &env, 42);
     assert_eq!(rep.record.state, pb::RolloutSiteState::Done as i32);
     assert_eq!((rep.record.updated_unix_ms, rep.record.patched.len()), (42, 2));
     assert_eq!(rep.design_to.as_ref().map(|p| p.version.as_str()), Some("1.30.0"));
     assert_eq!((rep.count.index, rep.count.patched, rep.count.failed), (1, 2, 1));
-    let none_patched = site_report(&pb::SitePatched { patched: vec![], ..e }, &env, 42);
+    let none_patched = site_report(&plain, &site, &pb::SitePatched { patched: vec![], ..e }, &env, 42);
     assert_eq!(none_patched.design_to, None, "a site that patched nothing keeps its design");
 
     let r = rollout(&[3], 5);
@@ -266,7 +267,7 @@ fn sites_start_once_with_the_failure_budget_left() {
         role: pb::Role::Worker as i32,
         packages: vec![entry("ubuntu", pb::PackageKind::OsImage), entry("kubelet", pb::PackageKind::Binary)],
     }];
-    let (job, env) = patch_job(&r, 1, plan_site("edge-2", 4), &installed);
+    let (job, env) = patch_job(&r, 1, plan_site("edge-2", 4), &installed, &Default::default());
     assert_eq!((job.site_id.as_str(), job.plan_index, job.nodes.len()), ("edge-2", 1, 4));
     assert_eq!((job.max_unavailable, job.max_failures), (2, 3));
     assert_eq!(job.reinstall[0].packages.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["kubelet"]);
@@ -324,7 +325,7 @@ fn a_report_after_the_wave_timed_out_lands_in_the_sites_record_and_leaves_the_co
         package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.31.0".into() }),
         ..Default::default()
     };
-    let report = site_report(&report, &Envelope::root(), 90_000);
+    let report = site_report(&pb::Rollout::default(), &plan_site("edge-1", 2), &report, &Envelope::root(), 90_000);
     let late = late_record(&held, &report).expect("a timed-out site's report is recorded");
     assert!(late.reported_late);
     assert_eq!(late.state, pb::RolloutSiteState::TimedOut as i32, "it still counted as timed out");
@@ -356,7 +357,7 @@ fn a_site_report_counts_only_as_the_answer_to_the_job_that_site_was_sent() {
     r.entry = Some(pb::Package { name: "kubelet".into(), version: "1.31.0".into(), ..Default::default() });
     assert!(mark_dispatched(&mut r, &[1]));
     let planned = plan_site("edge-2", 2);
-    let (job, job_env) = patch_job(&r, 1, planned.clone(), &[]);
+    let (job, job_env) = patch_job(&r, 1, planned.clone(), &[], &Default::default());
     let honest = pb::SitePatched {
         site_id: "edge-2".into(),
         rollout_id: "r1".into(),
@@ -365,6 +366,7 @@ fn a_site_report_counts_only_as_the_answer_to_the_job_that_site_was_sent() {
         failed: vec![pb::NodeResult { node: "n1".into(), ..Default::default() }],
         skipped: vec![],
         package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.31.0".into() }),
+        unchanged: vec![],
     };
     let cause = job_env.derive("site_patched", None);
     assert_eq!(job.plan_index, 1);

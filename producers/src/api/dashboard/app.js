@@ -393,17 +393,25 @@
       case 'LifecycleFailed':
         return `${e.operation}${e.node ? ` of ${e.node}` : ''}: ${e.reason}`;
       case 'NodePatched':
-        return `${e.node}: ${e.from_version} → ${pkg(e.package)}`;
+        return e.unchanged ? `${e.node}: at ${pkg(e.package)} already, left as it was` : `${e.node}: ${e.from_version} → ${pkg(e.package)}`;
+      case 'NodeRolledBack':
+        return `${e.node}: rolled back from ${e.failed_version} to ${pkg(e.package)}, healthy again (${e.reason})`;
+      case 'NodeRollbackFailed':
+        return `${e.node}: rollback to ${pkg(e.package)} failed: ${e.reason}`;
       case 'NodePatchFailed':
         return `${e.node}: ${pkg(e.package)}: ${e.reason}`;
       case 'SitePatched': {
         const skipped = (e.skipped || []).length;
-        return `${(e.patched || []).length} patched, ${(e.failed || []).length} failed${skipped ? `, ${skipped} left aside` : ''}`;
+        const unchanged = (e.unchanged || []).length;
+        const back = (e.failed || []).filter((f) => f.rolled_back).length;
+        return `${(e.patched || []).length} patched, ${(e.failed || []).length} failed${back ? ` (${back} rolled back)` : ''}${unchanged ? `, ${unchanged} at the version already` : ''}${skipped ? `, ${skipped} left aside` : ''}`;
       }
       case 'SiteDisagrees':
         return e.reason || '';
       case 'RolloutPlanned':
-        return `${pkg(e.package)} to ${e.planned_nodes} nodes in ${e.waves} waves`;
+        return e.rollback_of
+          ? `rollback of ${e.rollback_of}: ${e.planned_nodes} nodes back from ${pkg(e.package)} in ${e.waves} waves`
+          : `${pkg(e.package)} to ${e.planned_nodes} nodes in ${e.waves} waves`;
       case 'RolloutWaveStarted':
         return `wave ${(e.wave || 0) + 1}${(e.site_ids || []).length ? `: ${plural(e.site_ids.length, 'site')}` : ''}${e.canary ? ' (canary)' : ''}`;
       case 'ContainerPackagesApplied':
@@ -1269,7 +1277,7 @@
   }
 
   function factList(facts) {
-    return h('dl', { class: 'facts' }, facts.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
+    return h('dl', { class: 'facts' }, facts.filter(Boolean).map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
   }
 
   // ------------------------------------------------ rollouts
@@ -1413,6 +1421,10 @@
               ['Wave', `${r.wave} of ${r.waves}`],
               ['Node status', nodeCounts.length ? h('span', {}, nodeCounts.map(([k, v]) => h('span', { class: 'pill' }, `${label(k)} ${num(v)}`))) : '—'],
               ['Trigger', r.trigger || '—'],
+              r.rollback_of ? ['Undoes', h('a', { href: `#/rollouts/${r.rollback_of}`, id: 'rollout-undoes' }, shortId(r.rollback_of))] : null,
+              r.rolled_back_by ? ['Undone by', h('a', { href: `#/rollouts/${r.rolled_back_by}`, id: 'rollout-undone-by' }, shortId(r.rolled_back_by))] : null,
+              r.rolled_back ? ['Rolled back', `${plural(r.rolled_back, 'failed node')} put back, healthy again`] : null,
+              r.unchanged ? ['Left as they were', `${plural(r.unchanged, 'node')} at the version already`] : null,
               ['Started', ago(r.started)],
               ['Finished', r.finished ? ago(r.finished) : '—'],
             ]),
@@ -1461,10 +1473,11 @@
                         (s.nodes || []).map((n) =>
                           h(
                             'span',
-                            { class: `chip node-${n.status}`, title: n.reason ? `${n.node}: ${n.reason}` : `${n.node}: ${n.from_version} → ${n.to_version} (${n.status})` },
+                            { class: `chip node-${n.status}`, title: n.reason ? `${n.node}: ${n.reason}${n.rollback ? `; ${n.rollback}` : ''}` : `${n.node}: ${n.from_version} → ${n.to_version} (${n.status})` },
                             h('span', { class: 'chip-name' }, n.node),
                             ' ',
                             label(n.status),
+                            n.undone ? h('span', { class: 'pill', dataset: { undone: n.undone } }, n.undone) : null,
                           ),
                         ),
                       ),
