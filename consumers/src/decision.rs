@@ -57,6 +57,7 @@ mod tests {
         ("rollout/decide/tests.rs", include_str!("rollout/decide/tests.rs")),
         ("rollout/decide/control.rs", include_str!("rollout/decide/control.rs")),
         ("rollout/decide/rollback.rs", include_str!("rollout/decide/rollback.rs")),
+        ("rollout/decide/timeout.rs", include_str!("rollout/decide/timeout.rs")),
         ("clock.rs", include_str!("clock.rs")),
     ];
 

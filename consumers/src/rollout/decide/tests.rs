@@ -1,5 +1,7 @@
 //! Plain, fast tests of the rollout decisions: each calls a pure function of `decide` directly.
 
+use std::collections::HashMap;
+
 use super::*;
 
 fn rollout(wave_ends: &[u32], threshold: u32) -> pb::Rollout {
