@@ -444,6 +444,10 @@ pub fn node_steps(events: &[ReadEvent]) -> Vec<String> {
                 t if t == pb::NodeUncordoned::TYPE => (d.decode::<pb::NodeUncordoned>().ok()?.node, "uncordoned"),
                 t if t == pb::NodePatched::TYPE => (d.decode::<pb::NodePatched>().ok()?.node, "patched"),
                 t if t == pb::NodePatchFailed::TYPE => (d.decode::<pb::NodePatchFailed>().ok()?.node, "failed"),
+                t if t == pb::NodeRolledBack::TYPE => (d.decode::<pb::NodeRolledBack>().ok()?.node, "rolled back"),
+                t if t == pb::NodeRollbackFailed::TYPE => {
+                    (d.decode::<pb::NodeRollbackFailed>().ok()?.node, "rollback failed")
+                }
                 _ => return None,
             };
             Some(format!("{node} {step}"))

@@ -31,6 +31,8 @@ use super::{NAMESPACE, SITE};
 pub struct KubeletKnobs {
     /// Nodes whose kubelet reports `Ready: False`.
     pub not_ready: Arc<Mutex<BTreeSet<String>>>,
+    /// Kubelet versions that never come up `Ready` (a bad release), on any node.
+    pub bad_versions: Arc<Mutex<BTreeSet<String>>>,
     /// Each node's `spec.unschedulable`, every time it changed: (node, unschedulable), in order.
     pub cordons: Arc<Mutex<Vec<(String, bool)>>>,
     /// Each node's kubelet version, every time it changed: (node, version), in order.
@@ -47,6 +49,11 @@ impl KubeletKnobs {
         } else {
             set.insert(node.to_string());
         }
+    }
+
+    /// Makes kubelet `version` a bad release: a node that runs it is not `Ready`.
+    pub fn bad_version(&self, version: &str) {
+        self.bad_versions.lock().unwrap().insert(version.to_string());
     }
 
     pub fn cordons(&self) -> Vec<(String, bool)> {
@@ -133,7 +140,8 @@ pub(super) async fn kubelets(client: kube::Client, knobs: KubeletKnobs, shutdown
                         k.running.remove(&name);
                         continue;
                     }
-                    let ready = !knobs.not_ready.lock().unwrap().contains(&name);
+                    let bad = k.running.get(&name).is_some_and(|v| knobs.bad_versions.lock().unwrap().contains(v));
+                    let ready = !knobs.not_ready.lock().unwrap().contains(&name) && !bad;
                     let node = match nodes.get_opt(&name).await {
                         Ok(Some(node)) => node,
                         Ok(None) if k.registered.contains(&name) => continue,
