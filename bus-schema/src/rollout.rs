@@ -379,6 +379,7 @@ mod tests {
             ],
             cluster: None,
             chart_values: Default::default(),
+            maintenance_windows: Vec::new(),
         })
         .unwrap()
     }

@@ -165,6 +165,14 @@ impl Window {
         self.cron.can_match()
     }
 
+    /// Refuses a window that never opens ([`Window::opens_ever`]).
+    ///
+    /// # Errors
+    /// The cron expression never matches a day (field `cron`).
+    pub fn check_opens(&self) -> Result<(), InvalidField> {
+        if self.opens_ever() { Ok(()) } else { Err(never_opens(&self.text)) }
+    }
+
     /// Whether changes may start at `at_ms`: it lies within `[start, start + duration)` of some
     /// start the expression gives.
     pub fn open_at(&self, at_ms: i64) -> bool {
@@ -266,7 +274,14 @@ impl fmt::Debug for Window {
 /// `"0 22 * * *" in Europe/Berlin for 4h`.
 impl fmt::Display for Window {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} in {} for {}", self.text, self.zone_name, format_duration(self.duration_seconds))
+        self.spec().fmt(f)
+    }
+}
+
+/// `"0 22 * * *" in Europe/Berlin for 4h`, as written.
+impl fmt::Display for WindowSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} in {} for {}", self.cron, self.time_zone, self.duration)
     }
 }
 

@@ -83,7 +83,8 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
         errors.push(site.origin.error(format!("values.{package}"), format!("no node of the cluster runs {package}")));
     }
     let values = values.into_iter().filter_map(|(package, (_, v))| Some((package, v?))).collect();
-    let design = SiteDesign { site: site.id.clone(), labels, nodes, packages, cluster, values };
+    let design =
+        SiteDesign { site: site.id.clone(), labels, nodes, packages, cluster, values, maintenance_windows: Vec::new() };
     errors.into_result(design)?.validate().map_err(|e| vec![site.origin.error(e.field, e.reason)])
 }
 
