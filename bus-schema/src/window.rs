@@ -325,7 +325,8 @@ pub fn parse_duration(text: &str) -> Result<u32, InvalidField> {
             return Err(refuse("needs a unit after each number: d, h, m or s"));
         };
         let Some(index) = "dhms".find(unit) else {
-            return Err(refuse(&format!("has the unit {unit:?}, which is not d, h, m or s")));
+            let why = format!("has {unit:?} where a unit belongs: d, h, m or s (e.g. {number}h)");
+            return Err(InvalidField::new("duration", format!("{text:?} {why}")));
         };
         if last_unit.is_some_and(|last| index <= last) {
             return Err(refuse("must give each unit once, the largest first"));

@@ -66,6 +66,7 @@ pub mod origin;
 pub mod resolve;
 pub mod select;
 pub mod validate;
+mod windows;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -79,7 +80,7 @@ pub use document::{
 pub use error::DesignError;
 pub use inherit::{ListPatch, MapPatch, Named, ScalarPatch, Setting, Sourced};
 pub use net::Cidr;
-pub use resolve::{EffectiveNode, ResolvedSite, render_effective, resolve, resolve_parsed};
+pub use resolve::{EffectiveNode, ResolvedSite, render_effective, render_effective_at, resolve, resolve_parsed};
 pub use select::{
     API_PORT, Backend, Inventory, InventoryHost, NodeSet, Placement, ROLE_LABEL, STANDBY_LABEL, Selection,
     Unschedulable, select,

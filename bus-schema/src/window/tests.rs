@@ -86,7 +86,7 @@ fn zone_and_duration_errors() {
         ("Etc/Unknown", "1h", r#"timeZone: "Etc/Unknown" is not an IANA time zone"#),
         ("UTC", "45s", "duration: 45s is shorter than a window may be (1m)"),
         ("UTC", "8d", "duration: 8d is longer than a window may be (7d)"),
-        ("UTC", "4 hours", r#"duration: "4 hours" has the unit ' '"#),
+        ("UTC", "4 hours", r#"duration: "4 hours" has ' ' where a unit belongs: d, h, m or s (e.g. 4h)"#),
         ("UTC", "90", r#"duration: "90" needs a unit after each number"#),
         ("UTC", "30m2h", r#"duration: "30m2h" must give each unit once, the largest first"#),
         ("UTC", "2h2h", r#"duration: "2h2h" must give each unit once"#),
