@@ -181,7 +181,7 @@ impl Window {
         let since = at_ms.saturating_sub(i64::from(self.duration_seconds) * 1000);
         let (Some(from), Some(to)) = (self.civil_at(since), self.civil_at(at_ms)) else { return false };
         // A start at or before `at` has a wall-clock time before `at`'s, but for the hour the
-        // clock passes twice: a day more is plenty.
+        // clock passes twice: looking two days past it is plenty.
         self.starts(from, to.next_day().next_day()).find(|&start| start > since).is_some_and(|start| start <= at_ms)
     }
 

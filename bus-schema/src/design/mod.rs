@@ -54,6 +54,7 @@
 //! profile < the node. A scalar in a later layer overrides, `'!'` clears it; lists (packages,
 //! interfaces, storage, by name) and maps (labels, kernel parameters, by key) merge, an entry
 //! of the same name replacing the inherited one, and `'!name'` removes an inherited entry.
+//! Maintenance windows are one list replaced whole; the Site document's go over the profiles'.
 
 pub mod apply;
 pub mod convert;

@@ -85,7 +85,7 @@ mod tests {
 
     const NIGHTLY: &str = "[{ cron: '0 22 * * *', timeZone: Europe/Berlin, duration: 4h }]";
 
-    /// The fixture design with `windows` on the `base` profile and `worker_windows` on `worker`.
+    /// The fixture design with windows `base` on the `base` profile, and `worker` on `worker`.
     fn with_windows(base: &str, worker: Option<&str>) -> String {
         let text = design(
             &site("{ count: 1 }", "{ count: 2 }"),
