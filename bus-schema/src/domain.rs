@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 pub use crate::cluster::{ApiEndpoint, Builder, ClusterBuild, NodeSetRollout};
 use crate::pb;
+pub use crate::window::Window;
 
 /// Why a value was refused. The message names the field and the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -392,6 +393,7 @@ impl From<&NodeDesign> for pb::NodeSpec {
 /// packages:
 ///   master: [{ name: ubuntu, version: "22.04" }, { name: kubelet, version: "1.29.1" }]
 ///   worker: [{ name: ubuntu, version: "22.04" }, { name: kubelet, version: "1.29.1" }]
+/// maintenanceWindows: [{ cron: "0 22 * * *", timeZone: Europe/Berlin, duration: 4h }]
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -410,6 +412,9 @@ pub struct SiteDesign {
     /// package sets).
     #[serde(default)]
     pub values: BTreeMap<String, serde_json::Value>,
+    /// When changes may start at the site; none: at any time.
+    #[serde(default, rename = "maintenanceWindows")]
+    pub maintenance_windows: Vec<Window>,
 }
 
 impl SiteDesign {
@@ -457,6 +462,9 @@ impl SiteDesign {
             if !self.all_packages().iter().any(|p| p.name.as_str() == name) {
                 return Err(InvalidField::new(format!("values.{name}"), format!("no node of the site runs {name}")));
             }
+        }
+        for (i, window) in self.maintenance_windows.iter().enumerate() {
+            window.check_opens().map_err(|e| e.within(&format!("maintenanceWindows[{i}]")))?;
         }
         Ok(self)
     }
@@ -507,8 +515,31 @@ impl TryFrom<pb::SiteDesign> for SiteDesign {
                 .map_err(|e| InvalidField::new(format!("chart_values.{name}"), format!("not JSON: {e}")))?;
             values.insert(name, value);
         }
-        Self { site: d.site_id.try_into()?, labels: d.labels.into_iter().collect(), nodes, packages, cluster, values }
-            .validate()
+        let maintenance_windows = d
+            .maintenance_windows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                Window::from_seconds(&w.cron, &w.time_zone, w.duration_seconds).map_err(|e| {
+                    let field = match e.field.as_str() {
+                        "timeZone" => "time_zone",
+                        "duration" => "duration_seconds",
+                        other => other,
+                    };
+                    InvalidField::new(format!("maintenance_windows[{i}].{field}"), e.reason)
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Self {
+            site: d.site_id.try_into()?,
+            labels: d.labels.into_iter().collect(),
+            nodes,
+            packages,
+            cluster,
+            values,
+            maintenance_windows,
+        }
+        .validate()
     }
 }
 
@@ -529,6 +560,17 @@ impl From<&SiteDesign> for pb::SiteDesign {
             // A BPA site's message stays as it was before there was a choice.
             cluster: (d.cluster != ClusterBuild::default()).then(|| pb::ClusterBuild::from(&d.cluster)),
             chart_values: d.values.iter().map(|(name, v)| (name.clone(), v.to_string())).collect(),
+            maintenance_windows: d.maintenance_windows.iter().map(pb::MaintenanceWindow::from).collect(),
+        }
+    }
+}
+
+impl From<&Window> for pb::MaintenanceWindow {
+    fn from(w: &Window) -> Self {
+        Self {
+            cron: w.cron().to_string(),
+            time_zone: w.time_zone().to_string(),
+            duration_seconds: w.duration_seconds(),
         }
     }
 }
@@ -652,6 +694,7 @@ nodes:
 packages:
   master: [{ name: ubuntu, version: "22.04" }, { name: kubelet, version: "1.29.1+k3s1" }]
   worker: [{ name: ubuntu, version: "22.04" }]
+maintenanceWindows: [{ cron: "0 22 * * *", timeZone: Europe/Berlin, duration: 4h }]
 "#;
 
     fn parse(yaml: &str) -> Result<SiteDesign, String> {
@@ -663,6 +706,7 @@ packages:
         let d = parse(SITE).unwrap();
         assert_eq!(d.nodes[1].boot_mac.as_str(), "52:54:00:00:01:02");
         assert_eq!(d.all_packages().len(), 2);
+        assert_eq!(d.maintenance_windows[0].to_string(), r#""0 22 * * *" in Europe/Berlin for 4h"#);
         let back = SiteDesign::try_from(pb::SiteDesign::from(&d)).unwrap();
         assert_eq!(back, d);
     }
@@ -680,6 +724,19 @@ packages:
             (SITE.replace("\"22.04\" }]\n", "\"22 04\" }]\n"), "version"),
             (SITE.replace("role: master", "role: boss"), "role"),
             (SITE.replace("\"1.29.1+k3s1\" }", "\"1.29.1+k3s1\", kind: binary }"), "unknown field `kind`"),
+            (
+                SITE.replace("0 22 * * *", "0 25 * * *"),
+                r#"maintenanceWindows[0]: cron: field "hour" value 25 is out of 0-23"#,
+            ),
+            (
+                SITE.replace("Europe/Berlin", "Europe/Bern1"),
+                r#"maintenanceWindows[0]: timeZone: "Europe/Bern1" is not"#,
+            ),
+            (SITE.replace("duration: 4h", "duration: 45s"), "maintenanceWindows[0]: duration: 45s is shorter"),
+            (
+                SITE.replace("0 22 * * *", "0 0 30 2 *"),
+                "maintenanceWindows[0].cron: \"0 0 30 2 *\" never matches a day",
+            ),
         ] {
             let err = parse(&bad).expect_err(field);
             assert!(err.contains(field), "{err} should mention {field}");
@@ -692,5 +749,17 @@ packages:
         p.nodes[0].role = 0;
         let err = SiteDesign::try_from(p).unwrap_err();
         assert_eq!(err.field, "nodes[0].role");
+    }
+
+    #[test]
+    fn protobuf_windows_are_checked_with_the_field_named() {
+        let mut p = pb::SiteDesign::from(&parse(SITE).unwrap());
+        assert_eq!(p.maintenance_windows[0].duration_seconds, 14_400);
+        p.maintenance_windows[0].duration_seconds = 30;
+        let err = SiteDesign::try_from(p.clone()).unwrap_err();
+        assert_eq!(err.field, "maintenance_windows[0].duration_seconds");
+        p.maintenance_windows[0].duration_seconds = 60;
+        p.maintenance_windows[0].time_zone = "Nowhere".into();
+        assert_eq!(SiteDesign::try_from(p).unwrap_err().field, "maintenance_windows[0].time_zone");
     }
 }

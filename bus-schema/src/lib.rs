@@ -13,6 +13,8 @@
 //! - [`design`]: site design documents (profiles, inheritance, validation, node selection).
 //! - [`retention`]: what landfall keeps and for how long ([`retention::StorePolicy`]).
 //! - [`rollout`]: rollout planning (which nodes a `PatchPackage` touches, canaries, waves).
+//! - [`window`]: maintenance windows (cron, time zone, duration): when changes may start at a
+//!   site.
 //! - [`yaml`]: reading YAML that people write, under one set of rules, with errors that name
 //!   the field, line and column.
 //! - [`runtime`] (feature `runtime`): the one bus runtime every service uses.
@@ -31,6 +33,7 @@ pub mod pb;
 pub mod retention;
 pub mod rollout;
 pub mod trust;
+pub mod window;
 pub mod yaml;
 
 #[cfg(feature = "runtime")]

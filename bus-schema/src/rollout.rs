@@ -401,6 +401,7 @@ mod tests {
             ],
             cluster: None,
             chart_values: Default::default(),
+            maintenance_windows: Vec::new(),
         })
         .unwrap()
     }

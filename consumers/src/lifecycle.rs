@@ -191,6 +191,7 @@ mod tests {
             packages: Default::default(),
             cluster: Default::default(),
             values: Default::default(),
+            maintenance_windows: Vec::new(),
         }
     }
 

@@ -263,6 +263,7 @@ impl KubeSiteRig {
                 .collect(),
             cluster: None,
             chart_values: Default::default(),
+            maintenance_windows: Vec::new(),
         };
         let design = if capi { capi_design(design) } else { design };
         SiteDesign::try_from(design.clone()).expect("a valid design");

@@ -448,13 +448,22 @@ fn every_example_in_the_design_docs_is_what_landfall_does() {
                 }
             }
             ("show", true) => {
-                let node = ex.marker.split_whitespace().nth(1).unwrap_or("");
+                // `show NODE`, or `show NODE at TIME` for the maintenance windows read at TIME.
+                let mut words = ex.marker.split_whitespace().skip(1);
+                let node = words.next().unwrap_or("");
+                let at = match (words.next(), words.next()) {
+                    (Some("at"), Some(time)) => Some(bus_schema::window::parse_instant(time).unwrap()),
+                    _ => None,
+                };
                 let mut parsed = Parsed::default();
                 parsed.read(&ex.yaml, "site.yaml");
                 match (check_documents(&sources), design::resolve_parsed(&parsed)) {
                     (Err(e), _) => Some(e),
                     (_, Err(e)) => Some(format!("{e:?}")),
-                    (Ok(_), Ok(site)) => match site.node(node).map(design::render_effective) {
+                    (Ok(_), Ok(site)) => match site.node(node).map(|n| match at {
+                        Some(at) => design::render_effective_at(n, at),
+                        None => design::render_effective(n),
+                    }) {
                         None => Some(format!("no node {node}")),
                         Some(shown) if Some(&shown) != ex.expected.as_ref() => {
                             Some(format!("design show prints:\n{shown}"))

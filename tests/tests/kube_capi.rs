@@ -58,6 +58,7 @@ fn design(kubelet: &str) -> SiteDesign {
             .to_vec(),
         cluster: Some(pb::ClusterBuild::from(&build.with_defaults(3))),
         chart_values: Default::default(),
+        maintenance_windows: Vec::new(),
     };
     let design = SiteDesign::try_from(design).expect("a valid design");
     assert!(design.cluster_problems().is_empty(), "{:?}", design.cluster_problems());

@@ -145,6 +145,9 @@ pub fn changes(before: Option<&pb::SiteDesign>, after: &pb::SiteDesign) -> Chang
         if sets(b) != sets(after) {
             out.site_fields.push("packages");
         }
+        if b.maintenance_windows != after.maintenance_windows {
+            out.site_fields.push("maintenanceWindows");
+        }
     }
     out
 }
@@ -186,6 +189,14 @@ mod tests {
         let again = plan(&site, &source(text), &catalog, Some(&rev)).expect("valid");
         assert!(again.same_as(&rev));
         assert!(changes(rev.effective.as_ref(), &again.effective).is_empty());
+
+        let windowed = text.replace(
+            "kind: Site\n",
+            "kind: Site\nmaintenanceWindows: [{ cron: '0 22 * * *', timeZone: UTC, duration: 4h }]\n",
+        );
+        let planned = plan(&site, &source(&windowed), &catalog, Some(&rev)).expect("valid");
+        assert!(!planned.same_as(&rev));
+        assert_eq!(changes(rev.effective.as_ref(), &planned.effective).site_fields, ["maintenanceWindows"]);
     }
 
     #[test]

@@ -13,7 +13,9 @@ use crate::domain::{ClusterBuild, NodeDesign, PackageRef, Role, SiteDesign};
 /// with its node set's role, boot MAC, BMC address, and labels: its effective labels (`rack`
 /// among them) and the selection's labels. Per role, the packages are those of the role's
 /// nodes, which must agree for now: a node whose package set differs from the first node of
-/// its role is an error. The site's labels gain `region` when the site names one.
+/// its role is an error. The site's labels gain `region` when the site names one. The site's
+/// maintenance windows are those of its active nodes, which must agree (the Site document's, when
+/// it gives any, hold for every node).
 pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<SiteDesign, Vec<DesignError>> {
     let mut errors = Errors::default();
     let selection_labels = selection.labels();
@@ -21,6 +23,7 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
     let mut packages: BTreeMap<Role, Vec<PackageRef>> = BTreeMap::new();
     // A chart runs once per cluster: every node that runs it must give it the same values.
     let mut values: BTreeMap<String, (&EffectiveNode, Option<serde_json::Value>)> = BTreeMap::new();
+    let mut cluster_nodes: Vec<&EffectiveNode> = Vec::new();
     for role in [Role::Master, Role::Worker] {
         let mut first: Option<&EffectiveNode> = None;
         for name in &selection.node_set(role).active {
@@ -31,6 +34,7 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
                 );
                 continue;
             };
+            cluster_nodes.push(node);
             let mut labels = node.label_values();
             labels.extend(selection_labels.get(name).cloned().unwrap_or_default());
             nodes.push(NodeDesign {
@@ -83,7 +87,8 @@ pub fn to_site_design(site: &ResolvedSite, selection: &Selection) -> Result<Site
         errors.push(site.origin.error(format!("values.{package}"), format!("no node of the cluster runs {package}")));
     }
     let values = values.into_iter().filter_map(|(package, (_, v))| Some((package, v?))).collect();
-    let design = SiteDesign { site: site.id.clone(), labels, nodes, packages, cluster, values };
+    let maintenance_windows = super::windows::of_cluster(&cluster_nodes, &mut errors);
+    let design = SiteDesign { site: site.id.clone(), labels, nodes, packages, cluster, values, maintenance_windows };
     errors.into_result(design)?.validate().map_err(|e| vec![site.origin.error(e.field, e.reason)])
 }
 

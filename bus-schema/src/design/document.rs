@@ -21,6 +21,7 @@ use super::inherit::{ListPatch, MapPatch, Named, ScalarPatch, text_map};
 use super::net::Cidr;
 pub use super::origin::{Kind, Origin};
 use crate::domain::{PackageRef, Role};
+use crate::window::WindowSpec;
 use crate::yaml;
 
 /// One parsed document, with where it was read from.
@@ -97,6 +98,10 @@ pub struct Site {
     /// The values the site gives each helm-chart package it runs, by package name.
     #[serde(default)]
     pub values: std::collections::BTreeMap<String, serde_json::Value>,
+    /// When changes may start at the site; when it gives none, the host profiles of the
+    /// cluster's nodes decide.
+    #[serde(default)]
+    pub maintenance_windows: Vec<WindowSpec>,
 }
 
 /// A network of the site.
@@ -274,6 +279,10 @@ pub struct HostProfile {
     /// How Metal3 cleans the disks when the OS comes off.
     #[serde(default)]
     pub cleaning: Option<ScalarPatch<Cleaning>>,
+    /// When changes may start at the site, replacing the parent's list whole (`[]`: at any
+    /// time); absent: inherited.
+    #[serde(default)]
+    pub maintenance_windows: Option<Vec<WindowSpec>>,
 }
 
 /// Metal3's `automatedCleaningMode`, as a design writes it.

@@ -54,6 +54,7 @@
 //! profile < the node. A scalar in a later layer overrides, `'!'` clears it; lists (packages,
 //! interfaces, storage, by name) and maps (labels, kernel parameters, by key) merge, an entry
 //! of the same name replacing the inherited one, and `'!name'` removes an inherited entry.
+//! Maintenance windows are one list replaced whole; the Site document's go over the profiles'.
 
 pub mod apply;
 pub mod convert;
@@ -66,6 +67,7 @@ pub mod origin;
 pub mod resolve;
 pub mod select;
 pub mod validate;
+mod windows;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -79,7 +81,7 @@ pub use document::{
 pub use error::DesignError;
 pub use inherit::{ListPatch, MapPatch, Named, ScalarPatch, Setting, Sourced};
 pub use net::Cidr;
-pub use resolve::{EffectiveNode, ResolvedSite, render_effective, resolve, resolve_parsed};
+pub use resolve::{EffectiveNode, ResolvedSite, render_effective, render_effective_at, resolve, resolve_parsed};
 pub use select::{
     API_PORT, Backend, Inventory, InventoryHost, NodeSet, Placement, ROLE_LABEL, STANDBY_LABEL, Selection,
     Unschedulable, select,

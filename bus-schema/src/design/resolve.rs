@@ -16,6 +16,7 @@ use super::document::{
 use super::error::{DesignError, Errors};
 use super::inherit::{ListPatch, MapPatch, ScalarPatch, Setting, Sourced};
 use crate::domain::{BmcAddress, InvalidField, MacAddress, NodeName, PackageRef, Role, SiteId};
+use crate::window::WindowSpec;
 
 /// A site whose nodes are resolved: every node's effective configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +83,9 @@ pub struct EffectiveNode {
     pub storage: BTreeMap<String, Sourced<Storage>>,
     /// How Metal3 cleans the disks when the OS comes off.
     pub cleaning: Setting<Cleaning>,
+    /// When changes may start at the site, as written: the Site document's when it gives any,
+    /// else those of the leaf-most host profile that gives a list. `None`: no layer does.
+    pub maintenance_windows: Option<Sourced<Vec<WindowSpec>>>,
     /// The node's address on each network, by network name.
     pub addresses: BTreeMap<String, IpAddr>,
 }
@@ -395,8 +399,12 @@ impl<'a> Index<'a> {
         if let Some(rack) = &node.rack {
             merged.labels.insert("rack".to_string(), Sourced::new(rack.clone(), origin.clone()));
         }
-        // The Site document's values go over the profiles' for every package the node runs.
+        // The Site document's values go over the profiles' for every package the node runs, and
+        // its maintenance windows, when it gives any, over theirs.
         if let Some((site, site_origin)) = &self.site {
+            if !site.maintenance_windows.is_empty() {
+                merged.maintenance_windows = Some(Sourced::new(site.maintenance_windows.clone(), site_origin.clone()));
+            }
             for (package, values) in &site.values {
                 if merged.packages.contains_key(package) {
                     merged
@@ -438,6 +446,7 @@ impl<'a> Index<'a> {
             interfaces: merged.interfaces,
             storage: merged.storage,
             cleaning: merged.cleaning,
+            maintenance_windows: merged.maintenance_windows,
             addresses,
         };
         (facts, Some(effective))
@@ -489,6 +498,7 @@ struct Layer<'a> {
     interfaces: Option<&'a ListPatch<Interface>>,
     storage: Option<&'a ListPatch<Storage>>,
     cleaning: Option<&'a ScalarPatch<Cleaning>>,
+    maintenance_windows: Option<&'a Vec<WindowSpec>>,
 }
 
 impl<'a> Layer<'a> {
@@ -502,6 +512,7 @@ impl<'a> Layer<'a> {
             interfaces: Some(&hw.interfaces),
             storage: Some(&hw.storage),
             cleaning: None,
+            maintenance_windows: None,
         }
     }
 
@@ -515,6 +526,7 @@ impl<'a> Layer<'a> {
             interfaces: Some(&host.interfaces),
             storage: Some(&host.storage),
             cleaning: host.cleaning.as_ref(),
+            maintenance_windows: host.maintenance_windows.as_ref(),
         }
     }
 
@@ -528,6 +540,7 @@ impl<'a> Layer<'a> {
             interfaces: None,
             storage: None,
             cleaning: None,
+            maintenance_windows: None,
         }
     }
 }
@@ -543,6 +556,7 @@ struct Merged {
     interfaces: BTreeMap<String, Sourced<Interface>>,
     storage: BTreeMap<String, Sourced<Storage>>,
     cleaning: Setting<Cleaning>,
+    maintenance_windows: Option<Sourced<Vec<WindowSpec>>>,
 }
 
 impl Merged {
@@ -580,6 +594,10 @@ impl Merged {
         if let Some(patch) = layer.cleaning {
             patch.apply(&mut self.cleaning, origin);
         }
+        // A list replaces the one inherited whole.
+        if let Some(windows) = layer.maintenance_windows {
+            self.maintenance_windows = Some(Sourced::new(windows.clone(), origin.clone()));
+        }
     }
 }
 
@@ -591,6 +609,16 @@ impl Merged {
 /// kernelParameters.isolcpus = 2-7    (from HostProfile/control)
 /// ```
 pub fn render_effective(node: &EffectiveNode) -> String {
+    render(node, None)
+}
+
+/// [`render_effective`], with each maintenance window's next opening after `now_ms` (in UTC and
+/// in the window's zone) and whether it is open then.
+pub fn render_effective_at(node: &EffectiveNode, now_ms: i64) -> String {
+    render(node, Some(now_ms))
+}
+
+fn render(node: &EffectiveNode, now_ms: Option<i64>) -> String {
     let own = Some(&node.origin);
     let mut lines: Vec<(String, Option<&Origin>)> = vec![
         (format!("name = {}", node.name), own),
@@ -615,6 +643,7 @@ pub fn render_effective(node: &EffectiveNode) -> String {
     lines.extend(sourced_lines("interfaces", &node.interfaces, |i| shown(&i.to_string())));
     lines.extend(sourced_lines("storage", &node.storage, ToString::to_string));
     lines.extend(node.addresses.iter().map(|(network, ip)| (format!("addressing.{network} = {ip}"), own)));
+    lines.extend(super::windows::lines(node, now_ms));
 
     let width =
         lines.iter().filter(|(_, origin)| origin.is_some()).map(|(text, _)| text.chars().count()).max().unwrap_or(0);

@@ -14,6 +14,7 @@
 //!   bond, carrying no network itself), VLANs from 1 to 4094 on an interface of the node, at most
 //!   one default route per node (`links.rs`);
 //! - kernel parameters a kernel command line takes as they are (no blanks, quotes or `$`);
+//! - maintenance windows that read (cron, time zone, duration) and open some day;
 //! - only packages the catalog holds, at the versions it holds.
 //!
 //! Profiles are checked as written (their interfaces' networks, their packages), so a profile
@@ -93,6 +94,9 @@ fn check_profiles<'a>(
         };
         let origin = doc.origin();
         if let Body::HostProfile(host) = &doc.body {
+            if let Some(windows) = &host.maintenance_windows {
+                super::windows::check(&origin, windows, errors);
+            }
             for entry in host.packages.set.iter().filter(|e| e.values.as_ref().is_some_and(|v| !v.is_object())) {
                 errors.push(
                     origin.error(format!("packages[{}].values", entry.name), "must be a mapping of the chart's values"),
@@ -140,6 +144,7 @@ fn check_site(origin: &Origin, site: &Site, errors: &mut Errors) {
         errors.push(origin.error(format!("values.{package}"), "must be a mapping of the chart's values"));
     }
     super::links::check_networks(origin, site, errors);
+    super::windows::check(origin, &site.maintenance_windows, errors);
     let mut names = BTreeSet::new();
     for network in &site.networks {
         if !names.insert(network.name.as_str()) {

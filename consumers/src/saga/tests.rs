@@ -57,6 +57,7 @@ fn design(nodes: usize) -> SiteDesign {
         ],
         cluster: None,
         chart_values: Default::default(),
+        maintenance_windows: Vec::new(),
     })
     .unwrap()
 }

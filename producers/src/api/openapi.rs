@@ -185,7 +185,10 @@ fn constrain(schemas: &mut Map<String, Value>) {
     let bond_mode = json!({ "enum": bond_modes });
     let vlan_id = json!({ "maximum": 4094 });
     let device = json!({ "pattern": "^(/dev/.+)?$" });
-    let fields: [(&str, &str, &Value); 19] = [
+    let window_duration = json!({
+        "minimum": bus_schema::window::MIN_DURATION_SECONDS, "maximum": bus_schema::window::MAX_DURATION_SECONDS,
+    });
+    let fields: [(&str, &str, &Value); 21] = [
         ("NodeInterface", "name", &nonempty),
         ("NodeInterface", "bond_mode", &bond_mode),
         ("NodeInterface", "vlan_id", &vlan_id),
@@ -205,6 +208,8 @@ fn constrain(schemas: &mut Map<String, Value>) {
         ("Package", "sha256", &sha256),
         ("PatchPackage", "name", &name),
         ("PatchPackage", "version", &version),
+        ("MaintenanceWindow", "duration_seconds", &window_duration),
+        ("MaintenanceWindow", "time_zone", &nonempty),
     ];
     for (message, field, extra) in fields {
         if let Some(Value::Object(p)) =
@@ -242,7 +247,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
     schemas[&format!("{PACKAGE}.PackageRef")]["required"] = json!(["name", "version"]);
     schemas[&format!("{PACKAGE}.SiteDesign")]["properties"]["nodes"]["minItems"] = json!(1);
     schemas[&format!("{PACKAGE}.SiteDesign")]["required"] = json!(["site_id", "nodes"]);
-    let required: [(&str, &[&str]); 16] = [
+    let required: [(&str, &[&str]); 17] = [
         ("RegisterSite", &["design"]),
         ("ApplyDesign", &["site_id", "sources"]),
         ("InstallSite", &["site_id"]),
@@ -259,6 +264,7 @@ fn constrain(schemas: &mut Map<String, Value>) {
         ("ResumeRollout", &["rollout_id"]),
         ("CancelRollout", &["rollout_id"]),
         ("RollbackRollout", &["rollout_id"]),
+        ("MaintenanceWindow", &["cron", "time_zone", "duration_seconds"]),
     ];
     for (message, fields) in required {
         let Some(schema) = schemas.get_mut(&format!("{PACKAGE}.{message}")) else { continue };
@@ -755,6 +761,11 @@ mod tests {
         assert_eq!(node["role"]["oneOf"][1]["enum"], json!([1, 2]), "a node is a master or a worker");
         let result = &doc["components"]["schemas"]["landfall.v1.NodeResult"]["properties"];
         assert_eq!(result["role"]["$ref"], "#/components/schemas/landfall.v1.Role");
+        let window = &doc["components"]["schemas"]["landfall.v1.MaintenanceWindow"];
+        assert_eq!(window["properties"]["duration_seconds"]["minimum"], 60, "a window lasts a minute at least");
+        assert_eq!(window["properties"]["duration_seconds"]["maximum"], 604_800, "and seven days at most");
+        let site = &doc["components"]["schemas"]["landfall.v1.SiteDesign"]["properties"];
+        assert_eq!(site["maintenance_windows"]["items"]["$ref"], "#/components/schemas/landfall.v1.MaintenanceWindow");
         let role = &doc["components"]["schemas"]["landfall.v1.Role"];
         assert!(role["oneOf"][0]["enum"].as_array().unwrap().contains(&json!("master")));
     }

@@ -44,12 +44,16 @@ pub enum DesignCommand {
         #[command(flatten)]
         render: super::render::RenderArgs,
     },
-    /// A node as resolved through its profiles, with where each value came from.
+    /// A node as resolved through its profiles, with where each value came from, and the next
+    /// opening of each maintenance window.
     Show {
         node: String,
         /// Show the resolved values (the only view there is, for now).
         #[arg(long, default_value_t = true)]
         effective: bool,
+        /// The time the maintenance windows are read at, e.g. 2025-03-29T12:00:00Z [default: now].
+        #[arg(long, value_name = "TIME", value_parser = parse_instant)]
+        at: Option<i64>,
         #[command(flatten)]
         files: Files,
     },
@@ -69,6 +73,11 @@ pub struct ApplyArgs {
     /// Apply only over this revision (0: the site has none yet) instead of the latest read now.
     #[arg(long, value_name = "REVISION")]
     pub expect_revision: Option<u64>,
+}
+
+/// An instant in RFC 3339, in milliseconds (`--at`).
+fn parse_instant(text: &str) -> Result<i64, String> {
+    bus_schema::window::parse_instant(text).map_err(|e| e.reason)
 }
 
 /// Reads the files (directories: their YAML files, sorted) as design sources.
@@ -185,7 +194,7 @@ fn print_errors(errors: &[String]) {
 pub async fn run(url: &str, cmd: DesignCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         DesignCommand::Init(args) => init::run(&args),
-        DesignCommand::Show { node, files, .. } => show(&files, &node),
+        DesignCommand::Show { node, files, at, .. } => show(&files, &node, at),
         DesignCommand::Validate(files) => validate(url, &files).await,
         DesignCommand::Diff(files) => diff(url, &files).await,
         DesignCommand::Apply(args) => apply(url, &args).await,
@@ -253,7 +262,7 @@ async fn render_design(url: &str, files: &Files, args: &super::render::RenderArg
     super::render::effective(&bus, planned.effective, args).await
 }
 
-fn show(files: &Files, node: &str) -> anyhow::Result<ExitCode> {
+fn show(files: &Files, node: &str, at: Option<i64>) -> anyhow::Result<ExitCode> {
     let sources = read_sources(&files.paths)?;
     let resolved = match design::resolve_parsed(&parse(&sources)) {
         Ok(resolved) => resolved,
@@ -263,7 +272,11 @@ fn show(files: &Files, node: &str) -> anyhow::Result<ExitCode> {
         }
     };
     let Some(n) = resolved.node(node) else { bail!("no node {node} in the design") };
-    print!("{}", design::render_effective(n));
+    let now = at.unwrap_or_else(|| {
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+    });
+    print!("{}", design::render_effective_at(n, now));
     Ok(ExitCode::SUCCESS)
 }
 

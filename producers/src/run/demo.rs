@@ -128,6 +128,7 @@ pub fn demo_site(index: usize, nodes: usize) -> SiteDesign {
             .collect(),
         cluster: None,
         chart_values: Default::default(),
+        maintenance_windows: Vec::new(),
     };
     SiteDesign::try_from(design).expect("the demo design is valid")
 }

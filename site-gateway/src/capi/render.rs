@@ -385,6 +385,7 @@ mod tests {
                 .to_vec(),
             cluster: Some(pb::ClusterBuild::from(&build.with_defaults(masters))),
             chart_values: Default::default(),
+            maintenance_windows: Vec::new(),
         };
         SiteDesign::try_from(pb).unwrap()
     }

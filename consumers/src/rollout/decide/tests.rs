@@ -104,6 +104,7 @@ fn site(id: &str, nodes: usize) -> SiteDesign {
         ],
         cluster: None,
         chart_values: Default::default(),
+        maintenance_windows: Vec::new(),
     })
     .unwrap()
 }
