@@ -58,6 +58,7 @@ mod tests {
         ("rollout/decide/control.rs", include_str!("rollout/decide/control.rs")),
         ("rollout/decide/rollback.rs", include_str!("rollout/decide/rollback.rs")),
         ("rollout/decide/timeout.rs", include_str!("rollout/decide/timeout.rs")),
+        ("rollout/decide/window.rs", include_str!("rollout/decide/window.rs")),
         ("clock.rs", include_str!("clock.rs")),
     ];
 

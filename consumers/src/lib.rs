@@ -18,6 +18,7 @@
 mod active;
 mod answers;
 mod clock;
+pub use clock::WindowClock;
 pub mod compaction;
 mod decision;
 pub mod distribution;

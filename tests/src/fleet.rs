@@ -155,6 +155,7 @@ pub struct FleetBuilder {
     duplicate_window: Option<Duration>,
     alive_every: Duration,
     cut_off_after: Duration,
+    window_clock: consumers::WindowClock,
 }
 
 /// How each role connects, when the fleet runs under a deployment's users.
@@ -246,6 +247,12 @@ impl FleetBuilder {
         self
     }
 
+    /// The clock the orchestrators read sites' maintenance windows at (default: the wall's).
+    pub fn window_clock(mut self, clock: consumers::WindowClock) -> Self {
+        self.window_clock = clock;
+        self
+    }
+
     /// Site `site` (0-based) fails to provision the OS of `host`.
     pub fn failing_host(mut self, site: usize, host: &str) -> Self {
         self.failing_hosts.push((site, host.to_string()));
@@ -276,7 +283,12 @@ impl FleetBuilder {
         for i in 0..self.orchestrators {
             let name = format!("landfall-test-orchestrator-{i}");
             let replica = Bus::connect_with(&self.url, &name, &access(&Role::Orchestrator)).await.expect("connect");
-            tasks.spawn(consumers::run_orchestrator(replica, self.policy, shutdown.clone()));
+            let options = consumers::OrchestratorOptions {
+                policy: self.policy,
+                window_clock: self.window_clock.clone(),
+                ..Default::default()
+            };
+            tasks.spawn(consumers::run_orchestrator_with(replica, options, shutdown.clone()));
         }
         if self.observer {
             let observer = connect(Role::Observer, "landfall-test-observer").await;
@@ -516,6 +528,7 @@ impl Fleet {
             duplicate_window: None,
             alive_every: bus_schema::names::ALIVE_EVERY,
             cut_off_after: bus_schema::names::CUT_OFF_AFTER,
+            window_clock: consumers::WindowClock::wall(),
         }
     }
 

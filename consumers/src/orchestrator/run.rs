@@ -129,11 +129,17 @@ pub struct OrchestratorOptions {
     pub max_attempts: Option<u32>,
     /// What is kept, and for how long.
     pub policy: StorePolicy,
+    /// The time sites' maintenance windows are read at (the wall clock's, unless simulated).
+    pub window_clock: crate::WindowClock,
 }
 
 impl Default for OrchestratorOptions {
     fn default() -> Self {
-        Self { max_attempts: Some(runtime::DEFAULT_MAX_ATTEMPTS), policy: StorePolicy::default() }
+        Self {
+            max_attempts: Some(runtime::DEFAULT_MAX_ATTEMPTS),
+            policy: StorePolicy::default(),
+            window_clock: crate::WindowClock::wall(),
+        }
     }
 }
 
@@ -148,7 +154,9 @@ pub async fn run_orchestrator_with(
     options: OrchestratorOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let orchestrator = Arc::new(Orchestrator::new(bus.clone(), options.policy.validate()?).await?);
+    let mut orchestrator = Orchestrator::new(bus.clone(), options.policy.validate()?).await?;
+    orchestrator.rollouts.set_window_clock(options.window_clock);
+    let orchestrator = Arc::new(orchestrator);
     super::install::zero_saga_counters();
     info!(replica = %orchestrator.ledger.replica, "orchestrator starting (the ledger names this replica)");
     match orchestrator.recover().await {

@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use super::decide::{self, Report};
 use crate::active;
-use crate::clock::now_ms;
+use crate::clock::{WindowClock, now_ms};
 use crate::decision::{self, Refusal};
 use crate::group_commit::GroupCommit;
 use crate::lease::{self, Acquired, Holder};
@@ -26,6 +26,10 @@ mod undo;
 const DISPATCH_PARALLEL: usize = 256;
 /// How soon a report that arrived before its job was marked sent is looked at again.
 const REPORT_BEFORE_MARK_RETRY: Duration = Duration::from_millis(250);
+
+/// How long a site found outside its windows is not looked at again (on the window clock),
+/// unless its next window opens sooner: a design's windows changed meanwhile are seen then.
+const WINDOW_RECHECK_MS: i64 = 60_000;
 
 /// How often every replica looks at the rollouts under way.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -70,6 +74,11 @@ pub struct Rollouts {
     /// Rollouts this process is starting sites of: one dispatch at a time per rollout, or
     /// every settle during a long dispatch would start the same sites again.
     dispatching: Mutex<HashSet<String>>,
+    /// The time sites' maintenance windows are read at.
+    windows: WindowClock,
+    /// Sites found outside their windows, by (rollout, site): not looked at again before the
+    /// first time (window clock), and the opening their waiting record says.
+    closed: Mutex<HashMap<(String, String), (i64, i64)>>,
 }
 
 /// Whether the write that counts a batch of reports went in; its failure is shared by every
@@ -104,7 +113,14 @@ impl Rollouts {
             catalog: Mutex::default(),
             counting: GroupCommit::default(),
             dispatching: Mutex::default(),
+            windows: WindowClock::wall(),
+            closed: Mutex::default(),
         })
+    }
+
+    /// Reads sites' maintenance windows at `clock`'s time rather than the wall clock's.
+    pub fn set_window_clock(&mut self, clock: WindowClock) {
+        self.windows = clock;
     }
 
     async fn catalog_entry(&self, name: &str, version: &str) -> Result<Option<pb::Package>, BusError> {
@@ -275,6 +291,9 @@ impl Rollouts {
     /// [`Started::Removed`] (lease given back, no job) for a site removed since the plan.
     async fn start_site(&self, r: &pb::Rollout, s: Start) -> Result<Started, BusError> {
         let site = s.site.site_id.clone();
+        if self.waits_for_window(r, &s).await? {
+            return Ok(Started::Busy);
+        }
         match lease::acquire(&self.sagas, &site, Holder::Rollout(&r.rollout_id)).await? {
             Acquired::Yes => {}
             Acquired::Busy(why) => {
@@ -308,6 +327,40 @@ impl Rollouts {
         let (job, env) = decide::patch_job(r, index, s.site, &installed, &previous);
         self.bus.publish_job(&job, &env).await?;
         Ok(Started::Sent(index))
+    }
+
+    /// Whether the site of `s` is outside its maintenance windows (it takes no lease and gets no
+    /// job then): its record says it waits, and until when, once per opening.
+    async fn waits_for_window(&self, r: &pb::Rollout, s: &Start) -> Result<bool, BusError> {
+        if r.ignore_windows {
+            return Ok(false);
+        }
+        let site = &s.site.site_id;
+        let key = (r.rollout_id.clone(), site.clone());
+        let now = self.windows.now_ms();
+        let cached = self.closed.lock().expect("closed lock").get(&key).copied();
+        if cached.is_some_and(|(until, _)| until > now) {
+            return Ok(true);
+        }
+        // A site removed meanwhile is found so under the lease.
+        let Some((design, _)) = self.sites.get::<pb::SiteDesign>(&keys::site(site)).await? else { return Ok(false) };
+        match decide::gate(r, &design.maintenance_windows, now) {
+            decide::Gate::Open => {
+                self.closed.lock().expect("closed lock").remove(&key);
+                Ok(false)
+            }
+            decide::Gate::Closed { opens } => {
+                let said = opens.unwrap_or_default();
+                if cached.is_none_or(|(_, written)| written != said) {
+                    info!(rollout = %r.rollout_id, %site, opens = ?opens, "the site waits for its maintenance window");
+                    let record = decide::waiting_record(r, s.index, site, opens, now_ms());
+                    self.sagas.put(&keys::rollout_site(&r.rollout_id, site), &record).await?;
+                }
+                let until = opens.unwrap_or(i64::MAX).min(now.saturating_add(WINDOW_RECHECK_MS));
+                self.closed.lock().expect("closed lock").insert(key, (until, said));
+                Ok(true)
+            }
+        }
     }
 
     /// Whether the job the rollout a rollback undoes sent `site` has not reported yet (its
@@ -574,9 +627,7 @@ impl Rollouts {
                 active::clear(&self.sagas, &keys::active_rollout(&r.rollout_id)).await?;
                 continue;
             }
-            if decide::wave_timed_out(&r, now_ms()) {
-                self.time_out_wave(&r.rollout_id).await?;
-            } else {
+            if !(decide::wave_timed_out(&r, now_ms()) && self.time_out_wave(&r.rollout_id).await?) {
                 self.settle(r, rev).await?;
             }
         }
@@ -585,23 +636,36 @@ impl Rollouts {
 
     /// The current wave ran out of time: abort the rollout, or count the sites that did not
     /// report as failed (each of their planned nodes) and go on.
-    async fn time_out_wave(&self, rollout_id: &str) -> Result<(), HandlerError> {
-        let Some((r, _)) = self.sagas.get::<pb::Rollout>(&keys::rollout(rollout_id)).await? else { return Ok(()) };
+    /// Whether it did: sites waiting for their windows are not counted, and a wave whose only
+    /// silent sites wait for theirs goes on waiting.
+    async fn time_out_wave(&self, rollout_id: &str) -> Result<bool, HandlerError> {
+        let Some((r, _)) = self.sagas.get::<pb::Rollout>(&keys::rollout(rollout_id)).await? else { return Ok(true) };
         let now = now_ms();
         if !decide::wave_timed_out(&r, now) {
-            return Ok(());
+            return Ok(true);
         }
         let mut late = Vec::new();
         // The silent sites the hub counts cut off, and since when: their records say so.
         let mut cut_off = std::collections::HashMap::new();
         for i in decide::silent_sites(&r) {
             let site = self.plan_site(&r, i).await?;
+            // A site waiting for its window has not started: the wave's clock is not its own.
+            if !decide::dispatched(&r, i)
+                && let Some((rec, _)) =
+                    self.sagas.get::<pb::RolloutSite>(&keys::rollout_site(rollout_id, &site.site_id)).await?
+                && rec.state == pb::RolloutSiteState::WaitingWindow as i32
+            {
+                continue;
+            }
             if let Some((link, _)) = self.observed.get::<pb::SiteLink>(&keys::link(&site.site_id)).await?
                 && link.state == pb::LinkState::CutOff as i32
             {
                 cut_off.insert(site.site_id.clone(), link.since_unix_ms);
             }
             late.push((i, site));
+        }
+        if late.is_empty() {
+            return Ok(false);
         }
         let timeout = decide::wave_timeout(&r, late);
         // Each silent site says why it counts as failed, in its record, and lets go of its lease.
@@ -613,6 +677,6 @@ impl Rollouts {
         if applied && timeout.goes_on() {
             warn!(rollout = %rollout_id, why = %timeout.why, "wave timed out; going on");
         }
-        Ok(())
+        Ok(true)
     }
 }

@@ -147,6 +147,8 @@ pub enum NodeStatus {
     NotStarted,
     /// Its site is patching and has not reported this node yet.
     Patching,
+    /// Its site's maintenance windows are closed: not before `opens` (ms; 0: none ever opens).
+    WaitingForWindow(i64),
     /// Patched, as many times as its site record lists it (once, unless something is wrong).
     Patched(usize),
     /// Found at the version already: nothing was done to it.
@@ -171,6 +173,10 @@ impl NodeStatus {
             Self::Pending => "pending".into(),
             Self::NotStarted => "not started".into(),
             Self::Patching => "patching".into(),
+            Self::WaitingForWindow(0) => "waiting: no maintenance window of the site ever opens".into(),
+            Self::WaitingForWindow(ms) => {
+                format!("waiting for the site's maintenance window (opens {})", rfc3339_ms(*ms))
+            }
             Self::Patched(1) => "patched".into(),
             Self::Patched(n) => format!("patched {n} times"),
             Self::Unchanged => "at the version already, left as it was".into(),
@@ -190,6 +196,7 @@ impl NodeStatus {
             Self::Pending => "pending",
             Self::NotStarted => "not_started",
             Self::Patching => "patching",
+            Self::WaitingForWindow(_) => "waiting_window",
             Self::Patched(_) => "patched",
             Self::Unchanged => "unchanged",
             Self::Failed { .. } => "failed",
@@ -260,7 +267,12 @@ pub fn rollout_sites(
     let mut out = Vec::with_capacity(plan.len());
     for (index, ps) in plan {
         let wave = rollout.wave_ends.iter().position(|&end| *index < end).unwrap_or(rollout.wave_ends.len());
-        let record = records.get(&ps.site_id);
+        // A site that waited for its window keeps that record until it reports.
+        let started = consumers::rollout::decide::dispatched(rollout, *index as usize);
+        let record =
+            records.get(&ps.site_id).filter(|r| !(started && r.state == pb::RolloutSiteState::WaitingWindow as i32));
+        let patching = pb::RolloutSite { state: pb::RolloutSiteState::Patching as i32, ..Default::default() };
+        let record = record.or(started.then_some(&patching));
         let state = match record.map(|r| pb::RolloutSiteState::try_from(r.state)) {
             None => never.key().to_string(),
             Some(Ok(s)) => s.as_str_name().trim_start_matches("ROLLOUT_SITE_STATE_").to_lowercase(),
@@ -285,6 +297,7 @@ pub fn rollout_sites(
             match pb::RolloutSiteState::try_from(r.state) {
                 Ok(pb::RolloutSiteState::Done) => NodeStatus::Unreported,
                 Ok(pb::RolloutSiteState::TimedOut) => NodeStatus::TimedOut,
+                Ok(pb::RolloutSiteState::WaitingWindow) => NodeStatus::WaitingForWindow(r.window_opens_unix_ms),
                 _ => NodeStatus::Patching,
             }
         };
