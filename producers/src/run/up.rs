@@ -78,6 +78,11 @@ pub struct UpArgs {
     /// version). May be given again.
     #[arg(long, value_name = "SITE/NODE", value_parser = parse_site_host)]
     pub block_drain: Vec<(String, String)>,
+    /// SITE/NAME@VERSION: a bad release at this site: it installs, but no node comes up
+    /// healthy at it (a kubelet never Ready, a container's workloads never available), to see a
+    /// rollout's failed nodes rolled back (--on-failure roll-back). May be given again.
+    #[arg(long, value_name = "SITE/NAME@VERSION", value_parser = parse_site_host)]
+    pub bad_version: Vec<(String, String)>,
     /// Where artifacts are kept (default: the data directory's `artifacts`).
     #[command(flatten)]
     pub store: StoreArgs,
@@ -169,6 +174,17 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
             );
         }
     }
+    for (site, release) in &args.bad_version {
+        anyhow::ensure!(
+            designs.iter().any(|d| d.site.as_str() == site),
+            "--bad-version {site}/{release}: landfall up has no such site (edge-01 is the first)"
+        );
+        let (name, version) = release.split_once('@').unwrap_or_default();
+        anyhow::ensure!(
+            !name.is_empty() && !version.is_empty(),
+            "--bad-version {site}/{release}: give the release as NAME@VERSION, e.g. edge-01/kubelet@1.29.3"
+        );
+    }
     let shutdown = shutdown_on_signal();
     // Before any service starts, so what they count from the start (counters at 0) is kept.
     let metrics = telemetry::prometheus()?;
@@ -227,6 +243,9 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         }
         for (_, node) in args.block_drain.iter().filter(|(site, _)| site == d.site.as_str()) {
             backend.block_drain(node);
+        }
+        for (_, release) in args.bad_version.iter().filter(|(site, _)| site == d.site.as_str()) {
+            backend.bad_version(release);
         }
         gateways.start(&d.site, &backend, &mut services, &shutdown);
         sims.push(backend);
