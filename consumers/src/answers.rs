@@ -89,7 +89,7 @@ impl Jobs {
         }
         let entry = r.entry.clone().unwrap_or_default();
         if let Some(p) = package
-            && (p.name.as_str(), p.version.as_str()) != (entry.name.as_str(), entry.version.as_str())
+            && !decide::names_package(&r, p)
         {
             return Err(forbidden(format!(
                 "rollout {} patches {}@{}, not {}@{}",

@@ -184,6 +184,13 @@ impl Observer {
             self.jobs.check(d, Some(&e.node), Some(&p)).await?;
             let kind = self.kind_of(&p.name, &p.version).await?;
             self.record(d, &e.site_id, &[e.node], &[(p.name, p.version, kind)]).await
+        } else if is(pb::NodeRolledBack::AGGREGATE, pb::NodeRolledBack::KIND) {
+            // A failed node put back runs what it ran before again.
+            let e: pb::NodeRolledBack = d.decode()?;
+            let p = e.package.unwrap_or_default();
+            self.jobs.check(d, Some(&e.node), Some(&p)).await?;
+            let kind = self.kind_of(&p.name, &p.version).await?;
+            self.record(d, &e.site_id, &[e.node], &[(p.name, p.version, kind)]).await
         } else if is(pb::NodeReady::AGGREGATE, pb::NodeReady::KIND) {
             // A node that joined runs its role's whole set, the cluster's container packages included.
             let e: pb::NodeReady = d.decode()?;

@@ -353,6 +353,14 @@ pub fn plan(
         selector: Some(selector),
         command_id: cause.id.clone(),
         ignore_windows: cmd.ignore_windows,
+        previous_versions: planned
+            .sites
+            .iter()
+            .flat_map(|s| s.nodes.iter().map(|n| n.from_version.clone()))
+            .filter(|v| !v.is_empty())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect(),
         ..Default::default()
     };
     let evt = pb::RolloutPlanned {
@@ -625,6 +633,17 @@ pub fn mark_dispatched(r: &mut pb::Rollout, started: &[usize]) -> bool {
 /// Whether a site's job reinstalls its binaries: an os-image patch reimages its nodes.
 pub fn reinstalls(r: &pb::Rollout) -> bool {
     r.entry.as_ref().is_some_and(|e| e.kind == pb::PackageKind::OsImage as i32)
+}
+
+/// Whether `package` is one a site's report of rollout `r` may name: the rollout's, a version a
+/// rollback sends nodes back to, or one its plan found on its nodes (where a failed node is put
+/// back).
+pub fn names_package(r: &pb::Rollout, package: &pb::PackageRef) -> bool {
+    let entry = r.entry.as_ref();
+    entry.is_some_and(|e| e.name == package.name)
+        && (entry.is_some_and(|e| e.version == package.version)
+            || r.targets.iter().any(|t| t.version == package.version)
+            || r.previous_versions.contains(&package.version))
 }
 
 /// Whether a failed node of the rollout is put back to what it ran: then its job carries each

@@ -240,7 +240,7 @@ pub struct SiteView {
 /// What the rollback of a rollout did to its node `node` at `site`, from the rollback's site
 /// records (`undo`); `None` when the rollout was not rolled back.
 fn undone_status(undo: Option<&BTreeMap<String, pb::RolloutSite>>, site: &str, node: &str) -> Option<&'static str> {
-    let record = undo?.get(site)?;
+    let Some(record) = undo?.get(site) else { return Some("rolling back") };
     let has = |l: &[String]| l.iter().any(|n| n == node);
     Some(if has(&record.patched) {
         "rolled back"
@@ -311,8 +311,21 @@ pub fn rollout_sites(
                 role: n.role,
                 from_version: ps.from_versions.get(i).cloned().unwrap_or_default(),
                 to_version: ps.to_versions.get(i).cloned().unwrap_or_else(|| package_of(rollout).1),
+                undone: match status_of(&n.name) {
+                    // Only what the rollout changed (or may have) is undone; a failed node its
+                    // own on_failure put back is back already.
+                    NodeStatus::Failed { .. }
+                        if record.is_some_and(|r| r.failed.iter().any(|f| f.node == n.name && f.rolled_back)) =>
+                    {
+                        None
+                    }
+                    NodeStatus::Patched(_)
+                    | NodeStatus::Failed { .. }
+                    | NodeStatus::Patching
+                    | NodeStatus::TimedOut => undone_status(undo, &ps.site_id, &n.name),
+                    _ => None,
+                },
                 status: status_of(&n.name),
-                undone: undone_status(undo, &ps.site_id, &n.name),
                 observed: observed_of(&n.name),
                 planned: true,
             })
@@ -444,7 +457,15 @@ pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
     let (name, version) = package_of(r);
     let mut out = String::new();
     let _ = writeln!(out, "rollout   {}", r.rollout_id);
-    let _ = writeln!(out, "package   {name} → {version}");
+    match r.rollback_of.as_str() {
+        "" => {
+            let _ = writeln!(out, "package   {name} → {version}");
+        }
+        _ => {
+            let back: Vec<&str> = r.targets.iter().map(|t| t.version.as_str()).collect();
+            let _ = writeln!(out, "package   {name} {version} → back to {}", back.join(", "));
+        }
+    }
     let _ = writeln!(out, "phase     {}", phase_text(r));
     if !r.reason.is_empty() {
         let _ = writeln!(out, "reason    {}", r.reason);
@@ -505,13 +526,16 @@ pub fn rollout_show_text(r: &pb::Rollout, sites: &[SiteView]) -> String {
             };
             let unplanned = if n.planned { "" } else { "  (not in the plan)" };
             let undone = n.undone.map(|u| format!("  [{u}]")).unwrap_or_default();
+            let status = match (&n.status, r.rollback_of.is_empty()) {
+                (NodeStatus::Patched(1), false) => "rolled back".to_string(),
+                (status, _) => status.label(),
+            };
             let _ = writeln!(
                 out,
-                "    {:<width$}  {:<6}  {from} → {}  {}{runs}{unplanned}{undone}",
+                "    {:<width$}  {:<6}  {from} → {}  {status}{runs}{unplanned}{undone}",
                 n.node,
                 role_label(n.role),
                 n.to_version,
-                n.status.label()
             );
         }
     }
@@ -624,170 +648,4 @@ pub async fn observed_package(bus: &Bus, name: &str) -> anyhow::Result<BTreeMap<
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::a_plan;
-
-    fn a_rollout() -> pb::Rollout {
-        pb::Rollout {
-            rollout_id: "0190".into(),
-            package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.30.0".into() }),
-            phase: pb::RolloutPhase::Running as i32,
-            sites: 3,
-            planned_nodes: 4,
-            wave_ends: vec![1, 3],
-            wave: 1,
-            patched: 2,
-            failed: 1,
-            sites_done: 1,
-            trigger: "operator".into(),
-            started_unix_ms: 1_700_000_000_000,
-            ..Default::default()
-        }
-    }
-
-    fn plan_sites() -> Vec<(u32, pb::RolloutPlanSite)> {
-        a_plan()
-            .sites
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let site = pb::RolloutPlanSite {
-                    site_id: s.site.clone(),
-                    nodes: s.nodes.iter().map(|n| n.spec.clone()).collect(),
-                    from_versions: s.nodes.iter().map(|n| n.from_version.clone()).collect(),
-                    canary: s.canary,
-                    to_versions: vec![],
-                };
-                (i as u32, site)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn show_tells_every_node_once_with_what_happened() {
-        let records: BTreeMap<String, pb::RolloutSite> = [
-            pb::RolloutSite {
-                site_id: "edge-05".into(),
-                state: pb::RolloutSiteState::Done as i32,
-                patched: vec!["node-1".into()],
-                ..Default::default()
-            },
-            pb::RolloutSite {
-                site_id: "edge-01".into(),
-                state: pb::RolloutSiteState::Patching as i32,
-                failed: vec![pb::NodeResult {
-                    node: "node-2".into(),
-                    failed_step: "patch".into(),
-                    reason: "disk full".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-        ]
-        .into_iter()
-        .map(|r| (r.site_id.clone(), r))
-        .collect();
-        let observed = [(("edge-05".to_string(), "node-1".to_string()), "1.30.0".to_string())].into();
-        let sites = rollout_sites(&a_rollout(), &plan_sites(), &records, &observed, None);
-        let statuses: Vec<(&str, usize, &str, NodeStatus)> = sites
-            .iter()
-            .flat_map(|s| s.nodes.iter().map(move |n| (s.site.as_str(), s.wave, n.node.as_str(), n.status.clone())))
-            .collect();
-        assert_eq!(
-            statuses,
-            [
-                ("edge-05", 0, "node-1", NodeStatus::Patched(1)),
-                ("edge-01", 1, "node-1", NodeStatus::Patching),
-                (
-                    "edge-01",
-                    1,
-                    "node-2",
-                    NodeStatus::Failed { step: "patch".into(), reason: "disk full".into(), rollback: String::new() }
-                ),
-                ("edge-02", 1, "node-1", NodeStatus::Pending),
-            ]
-        );
-        assert_eq!(sites[2].state, "pending");
-        assert_eq!(sites[0].nodes[0].observed.as_deref(), Some("1.30.0"));
-        let text = rollout_show_text(&a_rollout(), &sites);
-        assert!(text.contains("phase     running"), "{text}");
-        assert!(text.contains("wave 2/2"), "{text}");
-        assert!(text.contains("\nwave 1 (canary)\n  edge-05 (canary): done, 1 node\n"), "{text}");
-        assert!(text.contains("node-1  worker  1.29.2 → 1.30.0  patched  (runs 1.30.0)"), "{text}");
-        assert!(text.contains("node-2  worker  (none) → 1.30.0  failed: patch: disk full"), "{text}");
-        assert!(text.contains("  edge-02: pending, 1 node\n    node-1  worker  1.28.0 → 1.30.0  pending"), "{text}");
-        assert!(text.contains("nodes     4 in the plan, 1 patched, 1 failed, 1 patching, 1 pending"), "{text}");
-        assert!(text.contains("every patched node was patched once"), "{text}");
-        let json = rollout_show_json(&a_rollout(), &sites);
-        assert_eq!(json["rollout"]["phase"], "running");
-        assert_eq!(json["rollout"]["nodes"]["pending"], 1);
-        assert_eq!(json["sites"][0]["nodes"][0]["times_patched"], 1);
-        assert_eq!(json["sites"][1]["nodes"][1]["reason"], "disk full");
-        assert_eq!(json["sites"][2]["state"], "pending");
-    }
-
-    #[test]
-    fn show_flags_a_node_patched_twice_or_not_planned() {
-        let records: BTreeMap<String, pb::RolloutSite> = [pb::RolloutSite {
-            site_id: "edge-05".into(),
-            state: pb::RolloutSiteState::Done as i32,
-            patched: vec!["node-1".into(), "node-1".into(), "node-9".into()],
-            ..Default::default()
-        }]
-        .into_iter()
-        .map(|r| (r.site_id.clone(), r))
-        .collect();
-        let sites = rollout_sites(&a_rollout(), &plan_sites(), &records, &BTreeMap::new(), None);
-        assert_eq!(sites[0].nodes[0].status, NodeStatus::Patched(2));
-        assert!(!sites[0].nodes[1].planned);
-        let text = rollout_show_text(&a_rollout(), &sites);
-        assert!(text.contains("patched 2 times"), "{text}");
-        assert!(text.contains("(not in the plan)"), "{text}");
-        assert!(text.contains("1 patched more than once!"), "{text}");
-    }
-
-    #[test]
-    fn sites_of_a_cancelled_rollout_never_start() {
-        let cancelled = pb::Rollout { phase: pb::RolloutPhase::Cancelled as i32, ..a_rollout() };
-        let sites = rollout_sites(&cancelled, &plan_sites(), &BTreeMap::new(), &BTreeMap::new(), None);
-        assert!(sites.iter().all(|s| s.state == "not_started"));
-        assert!(sites.iter().flat_map(|s| &s.nodes).all(|n| n.status == NodeStatus::NotStarted));
-        let text = rollout_show_text(&cancelled, &sites);
-        assert!(text.contains("edge-02: not started, 1 node"), "{text}");
-        assert!(text.contains("nodes     4 in the plan, 4 not started\n"), "{text}");
-        let s = pb::ResolvedStrategy { max_unavailable: "25%".into(), failure_threshold: 1, ..Default::default() };
-        assert_eq!(
-            strategy_text(&s),
-            "every site at once, 25% of a site's nodes at once, halts when more than 1 node fail"
-        );
-        let s = pb::ResolvedStrategy { canary_sites: 2, max_concurrent_sites: 5, wave_timeout_seconds: 600, ..s };
-        assert!(strategy_text(&s).starts_with("2 canary sites first, 5 sites at once"), "{}", strategy_text(&s));
-        assert!(strategy_text(&s).ends_with("wave timeout 10m00s (abort)"), "{}", strategy_text(&s));
-    }
-
-    #[test]
-    fn rollouts_list_newest_first() {
-        let mut all = vec![
-            pb::Rollout { rollout_id: "a".into(), started_unix_ms: 1, ..a_rollout() },
-            pb::Rollout { rollout_id: "b".into(), started_unix_ms: 3, ..a_rollout() },
-            pb::Rollout { rollout_id: "c".into(), started_unix_ms: 2, wave_ends: vec![], ..a_rollout() },
-        ];
-        sort_newest_first(&mut all);
-        assert_eq!(all.iter().map(|r| r.rollout_id.as_str()).collect::<Vec<_>>(), ["b", "c", "a"]);
-        let text = rollouts_text(&all);
-        let row = text.lines().nth(1).unwrap();
-        assert!(row.starts_with("b ") && row.contains("kubelet@1.30.0") && row.contains("2/4"), "{row}");
-        assert!(text.lines().nth(2).unwrap().contains("  -  "), "no waves: {text}");
-        let json = rollout_summary_json(&all[0]);
-        assert_eq!((json["wave"].as_u64(), json["waves"].as_u64()), (Some(2), Some(2)));
-        assert!(rollouts_text(&[]).starts_with("no rollouts"));
-    }
-
-    #[test]
-    fn rollout_ids_must_be_uuids() {
-        assert!(rollout_id("nope").unwrap_err().to_string().contains("not a rollout id"));
-        let id = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
-        assert_eq!(rollout_id(&format!(" {id} ")).unwrap(), id);
-    }
-}
+mod tests;
