@@ -339,6 +339,21 @@ async fn node_patched_own_node_with_no_job(t: &Intruder, s: &Scene) -> Outcome {
     t.forge(&e.subject(), &e, &answering(&s.r2.rollout_id, &Envelope::root().id)).await
 }
 
+/// A node of its own claimed put back to a version, answering a job no rollout sent A: the
+/// observer refuses to record it.
+async fn node_rolled_back_own_node_with_no_job(t: &Intruder, s: &Scene) -> Outcome {
+    let r = &s.r1;
+    let e = pb::NodeRolledBack {
+        site_id: A.into(),
+        node: "node-1".into(),
+        rollout_id: r.rollout_id.clone(),
+        package: Some(pb::PackageRef { name: "kubelet".into(), version: "0.0.1-forged".into() }),
+        failed_version: "1.30.0".into(),
+        reason: "forged".into(),
+    };
+    t.forge(&e.subject(), &e, &answering(&r.rollout_id, &patch_job_id(r, A))).await
+}
+
 async fn node_os_provisioned_with_no_job_sent(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::NodeOsProvisioned { site_id: A.into(), node: "node-1".into(), image: "ubuntu".into() };
     t.forge(&e.subject(), &e, &answering(&s.a_install, &Envelope::root().id)).await
@@ -814,6 +829,7 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         SagaJob: node_failed_in_b_saga,
         SagaJob: node_os_provisioned_with_no_job_sent,
         ObserverJob: node_patched_own_node_with_no_job,
+        ObserverJob: node_rolled_back_own_node_with_no_job,
         Permission: artifacts_staged_on_b_subject,
         Permission: node_patched_on_b_subject,
         Permission: site_installed_on_own_scope,
