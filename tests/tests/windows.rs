@@ -1,7 +1,7 @@
 //! Maintenance windows through the real bus, orchestrator and simulated gateways, on a
 //! time-scaled window clock (an hour a second): two sites in two time zones in one rollout, the
-//! one whose night comes later waiting for it with no lease and no job, then patched; an
-//! emergency rollout that ignores windows.
+//! one whose night comes later waiting for it with no lease and no job (its downloads staged
+//! meanwhile), then patched; an emergency rollout that ignores windows.
 
 use std::time::Duration;
 
@@ -61,6 +61,11 @@ async fn each_site_starts_inside_its_own_window_and_the_later_one_waits() {
     assert_eq!(waiting.window_opens_unix_ms, parse_instant("2026-11-28T06:00:00Z").unwrap());
     assert!(sagas.get::<pb::SiteLease>(&keys::site_lease(&la)).await.unwrap().is_none(), "no lease while it waits");
     assert!(fleet.backend(1).effects().patches.is_empty());
+    // Its downloads need no window: its cache is filled while it waits.
+    let staged = fleet.wait_for(pb::ArtifactsStaged::filter(), &cmd.id, Duration::from_secs(5)).await;
+    let staged = staged.expect("staged ahead of the window").delivery.decode::<pb::ArtifactsStaged>().unwrap();
+    assert_eq!(staged.site_id, la);
+    assert!(fleet.backend(1).effects().patches.is_empty(), "staged, not patched");
     let out = landfall_tests::cli::landfall(&server.url(), &["rollout", "show", &cmd.id]).await;
     let shown = landfall_tests::cli::text(&out.stdout);
     assert!(shown.contains("waiting for the site's maintenance window (opens 2026-11-28T06:00:00"), "{shown}");

@@ -23,7 +23,7 @@ pub use rollback::{
     Before, UndoneSite, mark_rolled_back, may_roll_back, rollback_id, rollback_plan, versions_to_go_back_to,
 };
 pub use timeout::{WaveTimeout, silent_sites, wave_timed_out, wave_timeout};
-pub use window::{Gate, gate, waiting_record};
+pub use window::{Gate, gate, stage_ahead, waiting_record};
 
 /// Sites per plan chunk: a chunk of 500 sites of 10 nodes is about 60 KB.
 pub const CHUNK_SIZE: u32 = 500;

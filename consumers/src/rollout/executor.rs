@@ -355,6 +355,12 @@ impl Rollouts {
                     info!(rollout = %r.rollout_id, %site, opens = ?opens, "the site waits for its maintenance window");
                     let record = decide::waiting_record(r, s.index, site, opens, now_ms());
                     self.sagas.put(&keys::rollout_site(&r.rollout_id, site), &record).await?;
+                    // Downloads may run outside the window: the job finds them cached.
+                    if cached.is_none()
+                        && let Some((job, env)) = decide::stage_ahead(r, site)
+                    {
+                        self.bus.publish_job(&job, &env).await?;
+                    }
                 }
                 let until = opens.unwrap_or(i64::MAX).min(now.saturating_add(WINDOW_RECHECK_MS));
                 self.closed.lock().expect("closed lock").insert(key, (until, said));

@@ -1,8 +1,11 @@
 //! Maintenance windows, as the rollout decider reads them: whether a site's job may start now,
 //! and the record of a site that waits for its window.
 
+use bus_schema::envelope::Envelope;
 use bus_schema::pb;
 use bus_schema::window::{self, Window};
+
+use super::envelope;
 
 /// Whether a site's job may start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +45,25 @@ pub fn waiting_record(r: &pb::Rollout, index: usize, site: &str, opens: Option<i
     }
 }
 
+/// The job that fills the cache of a site waiting for its window with what its job will need
+/// (the rollout's package, a rollback's versions), so the download runs outside the window and
+/// the change inside it starts from the site's cache. A chart is left out: its render is made
+/// for the site when its job asks.
+pub fn stage_ahead(r: &pb::Rollout, site: &str) -> Option<(pb::StageArtifacts, Envelope)> {
+    let artifacts: Vec<pb::Package> = r
+        .entry
+        .iter()
+        .chain(&r.targets)
+        .filter(|p| p.kind != pb::PackageKind::HelmChart as i32 && !p.sha256.is_empty())
+        .cloned()
+        .collect();
+    if artifacts.is_empty() {
+        return None;
+    }
+    let env = envelope(r).derive("stage_ahead", Some(site));
+    Some((pb::StageArtifacts { site_id: site.to_string(), artifacts }, env))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +94,10 @@ mod tests {
         let emergency = pb::Rollout { ignore_windows: true, ..r.clone() };
         assert_eq!(gate(&emergency, &nightly("America/Los_Angeles"), NOW), Gate::Open);
         assert_eq!(gate(&r, &windows(&[("0 0 30 2 *", "UTC", 3600)]), NOW), Gate::Closed { opens: None });
+        let kubelet = pb::Package { name: "kubelet".into(), sha256: "ab".repeat(32), ..Default::default() };
+        let (stage, _) = stage_ahead(&pb::Rollout { entry: Some(kubelet), ..r.clone() }, "edge-7").unwrap();
+        assert_eq!((stage.site_id.as_str(), stage.artifacts.len()), ("edge-7", 1));
+        assert!(stage_ahead(&r, "edge-7").is_none(), "nothing to fetch");
         let record = waiting_record(&r, 3, "edge-7", Some(opens), NOW);
         assert_eq!((record.state, record.window_opens_unix_ms), (pb::RolloutSiteState::WaitingWindow as i32, opens));
     }
