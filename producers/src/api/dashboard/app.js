@@ -1388,6 +1388,19 @@
       if (r.phase === 'running') out.push(act('pause_rollout', 'Pause', `Pause rollout ${shortId(r.id)}`));
       if (r.phase === 'paused' || r.phase === 'halted') out.push(act('resume_rollout', 'Resume', `Resume rollout ${shortId(r.id)}`));
       if (r.phase === 'running' || r.phase === 'paused' || r.phase === 'halted') out.push(act('cancel_rollout', 'Cancel', `Cancel rollout ${shortId(r.id)}`));
+      // Undoing: a rollout not a rollback and not undone yet; one under way is cancelled first.
+      if (!r.rollback_of && !r.rolled_back_by) {
+        const underWay = r.phase === 'running' || r.phase === 'paused';
+        out.push(
+          h('button', { type: 'button', class: 'btn btn-small', dataset: { action: 'rollback_rollout' }, onclick: async (ev) => {
+            ev.currentTarget.disabled = true;
+            const body = { rollout_id: r.id, cancel: underWay, reason: `${auth.who.name}, from the dashboard` };
+            await command('rollback_rollout', body, `Roll back rollout ${shortId(r.id)}`);
+            stale.rollouts = true;
+            scheduleFlush();
+          } }, underWay ? 'Cancel and roll back' : 'Roll back'),
+        );
+      }
       return h('div', { class: 'actions' }, out);
     }
 
