@@ -7,7 +7,7 @@ use std::time::Duration;
 use bus_schema::domain::{NodeDesign, Role};
 use bus_schema::names;
 use bus_schema::names::keys;
-use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::pb::{self, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{self, Envelope};
 use landfall_tests::fleet::{Fleet, RolloutRun, kubelet, node_steps};
 use landfall_tests::nats::NatsServer;
@@ -480,8 +480,14 @@ async fn a_node_patched_but_left_cordoned_by_an_earlier_attempt_is_given_back_no
     let package = bus_schema::domain::Package::try_from(kubelet("1.30.0")).unwrap();
     let req = PatchRequest { node, package, reinstall: Vec::new(), progress: None, max_unavailable: 1 };
     assert!(site.patch_node(&req).await.unwrap().changed);
+    // ... having noted, as a gateway does before it changes anything, that its job moves node-2.
+    let cmd = Envelope::root();
+    let job = bus_schema::ids::derived_id(&cmd.id, pb::PatchNodes::KIND, Some(&fleet.site_id(0)));
+    let record = fleet.cache(0).dir().join("jobs").join(job.to_string());
+    std::fs::create_dir_all(record.parent().unwrap()).unwrap();
+    std::fs::write(&record, "node-2\n").unwrap();
 
-    let cmd = fleet.patch(patch("1.30.0", pb::RolloutStrategy::default())).await;
+    fleet.bus.publish_command(&patch("1.30.0", pb::RolloutStrategy::default()), &cmd).await.unwrap();
     let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
     let of_node_2 = |kind: &str| {
         run.events
@@ -502,5 +508,6 @@ async fn a_node_patched_but_left_cordoned_by_an_earlier_attempt_is_given_back_no
     assert!(!site.cordoned("node-2").await.unwrap());
     assert_eq!(completed(&run).patched, 2);
     assert_eq!(site.effects().patches.get("node-2"), Some(&1), "patched once, by the earlier attempt");
+    assert!(!record.exists(), "the job's record goes with its report");
     fleet.stop().await;
 }

@@ -4,7 +4,7 @@
 //! happen. Nodes whose host the site does not have as the hub believes (none, or not
 //! provisioned) are left alone, skipped, and said (`SiteDisagrees`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bus_schema::domain::{NodeDesign, Package, Role};
@@ -16,8 +16,10 @@ use tracing::{debug, info, warn};
 
 use super::{Gateway, invalid, nodes, packages};
 use bus_schema::envelope::Envelope;
+use moved::Moved;
 use run::{End, PatchRun, RolledBack};
 
+mod moved;
 mod run;
 use crate::backend::{BackendError, Cordon, PatchRequest, ProvisioningState, ProvisioningState as S, SiteBackend};
 
@@ -35,7 +37,8 @@ fn disruptive(kind: pb::PackageKind) -> bool {
 /// Who a node's patch is for: the rollout's move, or putting a failed node back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Purpose {
-    Patch,
+    /// `found_at`: the node ran the version before the job came (see `found_at_version`).
+    Patch { found_at: bool },
     /// Back to what it ran, after the patch to `failed` failed on it.
     RollBack,
 }
@@ -142,6 +145,7 @@ impl<B: SiteBackend> Gateway<B> {
             progress: None,
             max_unavailable: job.max_unavailable,
         };
+        let (moved, found_at) = self.found_at_version(&d.envelope.id, &nodes, &package, &per_node).await?;
         let mut run = PatchRun::new(nodes, job.max_unavailable, job.max_failures, site_patched);
         loop {
             let batch = run.next_batch();
@@ -157,8 +161,9 @@ impl<B: SiteBackend> Gateway<B> {
                 let back =
                     per_node.previous.get(name).map(|p| request(node, as_rendered(p).unwrap_or_else(|| p.clone())));
                 let (env, rollout, masters, unstaged) = (&d.envelope, &job.rollout_id, &masters, unstaged.clone());
+                let purpose = Purpose::Patch { found_at: found_at.contains(name) };
                 async move {
-                    let end = self.patch_node(env, rollout, req.clone(), masters, unstaged, Purpose::Patch).await?;
+                    let end = self.patch_node(env, rollout, req.clone(), masters, unstaged, purpose).await?;
                     match (end, back) {
                         (NodeEnd::Failed { reason, tried: true }, Some(back)) => {
                             self.roll_back(env, rollout, &req, back, masters, reason).await
@@ -182,7 +187,49 @@ impl<B: SiteBackend> Gateway<B> {
             skipped = done.skipped.len(),
             "site patched"
         );
-        self.publish(&done, &d.envelope.derive("site_patched", None)).await
+        self.publish(&done, &d.envelope.derive("site_patched", None)).await?;
+        if let Err(e) = moved.forget() {
+            warn!(site = %self.site, error = %e, "cannot remove the job's record of moved nodes");
+        }
+        Ok(())
+    }
+
+    /// The job's record of the nodes it sets out to move, with every node not at its version
+    /// (or moved by an earlier delivery) in it, on disk before anything changes; and the nodes
+    /// at their version before the job came, which are left and reported unchanged. A chart is
+    /// never found so: its render, not its version, says whether it changes.
+    async fn found_at_version(
+        &self,
+        job_id: &str,
+        nodes: &[NodeDesign],
+        package: &Package,
+        per_node: &PerNode,
+    ) -> Result<(Moved, BTreeSet<String>), HandlerError> {
+        let record = |e: std::io::Error| HandlerError::transient("keeping the job's record of moved nodes", e);
+        let mut moved = Moved::open(self.cache.dir(), job_id).map_err(record)?;
+        let (mut found_at, mut to_move) = (BTreeSet::new(), Vec::new());
+        for node in nodes {
+            let name = node.name.as_str();
+            let target = per_node.targets.get(name).unwrap_or(package);
+            let at = match target.kind {
+                pb::PackageKind::HelmChart => false,
+                _ => match self.backend.runs(name, target).await {
+                    Ok(at) => at,
+                    Err(e @ BackendError::Transient { .. }) => {
+                        return Err(HandlerError::transient(format!("looking at {name}"), e));
+                    }
+                    // Its patch finds the same, and says so.
+                    Err(_) => false,
+                },
+            };
+            if at && !moved.has(name) {
+                found_at.insert(name.to_string());
+            } else {
+                to_move.push(name.to_string());
+            }
+        }
+        moved.record(&to_move).map_err(record)?;
+        Ok((moved, found_at))
     }
 
     /// Puts a node whose patch (`failed`, for `reason`) failed back to what it ran (`back`), as
@@ -341,9 +388,7 @@ impl<B: SiteBackend> Gateway<B> {
             self.lift_cordon(env, rollout_id, node).await?;
             Ok::<_, HandlerError>(None)
         };
-        // Found at the version with no cordon of landfall's on it: nobody of this job moved it.
-        let ours = registered;
-        self.patch_and_report(env, rollout_id, req.clone(), unstaged, observed, ours, purpose).await
+        self.patch_and_report(env, rollout_id, req.clone(), unstaged, observed, purpose).await
     }
 
     /// Waits until every other master of the job is Ready: `Some(reason)` when the wait ends
@@ -445,7 +490,6 @@ impl<B: SiteBackend> Gateway<B> {
     /// Runs the patch itself, relaying a reimage's Metal3 states, then `observed` (which says
     /// why the node was not seen at its new version, if it was not), and reports the node
     /// patched or failed.
-    #[allow(clippy::too_many_arguments)]
     async fn patch_and_report(
         &self,
         env: &Envelope,
@@ -453,7 +497,6 @@ impl<B: SiteBackend> Gateway<B> {
         req: PatchRequest,
         unstaged: Option<BackendError>,
         observed: impl Future<Output = Result<Option<String>, HandlerError>>,
-        ours: bool,
         purpose: Purpose,
     ) -> Result<NodeEnd, HandlerError> {
         let node = req.node.name.as_str();
@@ -513,11 +556,10 @@ impl<B: SiteBackend> Gateway<B> {
         match result {
             Ok(outcome) => {
                 let (changed, from) = (outcome.changed, outcome.from_version.as_deref());
-                // At the version already, and not by an earlier attempt of this job (whose
-                // cordon would still be on it): nothing was done to it.
-                let unchanged = !changed && !ours;
+                // At the version before the job came, and nothing done now either.
+                let unchanged = !changed && matches!(purpose, Purpose::Patch { found_at: true });
                 debug!(site = %self.site, node, changed, unchanged, from, ?purpose, "node patched");
-                if purpose == Purpose::Patch {
+                if purpose != Purpose::RollBack {
                     let evt = pb::NodePatched {
                         site_id: self.site.to_string(),
                         node: node.to_string(),
