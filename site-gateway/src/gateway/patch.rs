@@ -510,6 +510,8 @@ impl<B: SiteBackend> Gateway<B> {
             drop(tx);
         }
         let image_name = req.package.reference().key();
+        // A patch whose artifacts never reached the site changed nothing there.
+        let tried = unstaged.is_none();
         let work = async {
             let result = match unstaged {
                 Some(e) => Err(BackendError::permanent("artifact not staged", e)),
@@ -576,7 +578,7 @@ impl<B: SiteBackend> Gateway<B> {
             Err(e) => {
                 let reason = e.reason();
                 self.node_patch_failed(env, rollout_id, &req, purpose, reason.clone()).await?;
-                Ok(NodeEnd::Failed { reason, tried: true })
+                Ok(NodeEnd::Failed { reason, tried })
             }
         }
     }
