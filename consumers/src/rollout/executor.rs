@@ -239,6 +239,7 @@ impl Rollouts {
             self.dispatch(r).await?;
         } else if decide::is_terminal(&r) {
             active::clear(&self.sagas, &keys::active_rollout(&r.rollout_id)).await?;
+            self.closed.lock().expect("closed lock").retain(|(id, _), _| id != &r.rollout_id);
         }
         Ok(())
     }
