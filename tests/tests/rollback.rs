@@ -271,3 +271,49 @@ async fn a_rollback_survives_a_killed_orchestrator_and_finishes_once() {
     orch.kill().await.unwrap();
     fleet.stop().await;
 }
+
+/// An OS image that boots but whose node never comes up Ready is taken off again: the node is
+/// reimaged back to the image it ran (its binaries installed again), each Metal3 state of both
+/// reimages reported, and it is healthy again.
+#[tokio::test]
+async fn a_bad_os_image_is_reimaged_back_on_its_node() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(2).start().await;
+    fleet.install_all().await;
+    let old = producers::up::demo_packages().into_iter().find(|p| p.kind == pb::PackageKind::OsImage as i32).unwrap();
+    let new = pb::Package { version: "24.04".into(), sha256: "cd".repeat(32), ..old.clone() };
+    register(&fleet, new.clone()).await;
+    fleet.backend(0).bad_version(&format!("{}@24.04", new.name));
+    let strategy = pb::RolloutStrategy {
+        failure_threshold: "100%".into(),
+        on_failure: pb::OnNodeFailure::RollBack as i32,
+        ..Default::default()
+    };
+    let cmd = pb::PatchPackage {
+        name: new.name.clone(),
+        version: "24.04".into(),
+        strategy: Some(strategy),
+        ..Default::default()
+    };
+    let cmd = fleet.patch(cmd).await;
+    let run = fleet.wait_rollout(&cmd.id, TIMEOUT).await;
+    let done = run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("completed: {:?}", run.kinds()));
+    assert_eq!((done.patched, done.failed), (0, 2));
+    let back = run.of_type::<pb::NodeRolledBack>();
+    assert_eq!(back.len(), 2, "{:?}", run.kinds());
+    assert!(back.iter().all(|b| b.package.as_ref().is_some_and(|p| p.version == old.version)), "{back:?}");
+    // Each node reimaged twice: onto the bad image, and back.
+    let provisioned: Vec<String> = run
+        .of_type::<pb::NodeOsProvisioning>()
+        .into_iter()
+        .filter(|e| e.state == "provisioned")
+        .map(|e| format!("{} {}", e.node, e.image))
+        .collect();
+    assert_eq!(provisioned.len(), 4, "{provisioned:?}");
+    let old_image: bus_schema::domain::Package = old.clone().try_into().unwrap();
+    for node in ["node-1", "node-2"] {
+        assert!(fleet.backend(0).runs(node, &old_image), "{node} runs {} again", old.version);
+        assert!(!fleet.backend(0).is_cordoned(node), "{node} is in service again");
+    }
+    fleet.stop().await;
+}
