@@ -371,13 +371,16 @@ impl Rollouts {
     }
 
     /// Whether the job the rollout a rollback undoes sent `site` has not reported yet (its
-    /// record is missing, or says only that its wave timed out): the site goes back once that
+    /// record is missing, or says only that the site waited for its window or that its wave
+    /// timed out): the site goes back once that
     /// job is over, never while it still moves the site forward. (Cancelling a rollout lets go
     /// of its leases; this keeps the two jobs apart.)
     async fn undone_job_out(&self, r: &pb::Rollout, site: &str) -> Result<bool, BusError> {
         let key = keys::rollout_site(&r.rollback_of, site);
         Ok(match self.sagas.get::<pb::RolloutSite>(&key).await? {
             None => true,
+            // Waited for its window, then sent its job: no report yet.
+            Some((rec, _)) if rec.state == pb::RolloutSiteState::WaitingWindow as i32 => true,
             Some((rec, _)) => rec.state == pb::RolloutSiteState::TimedOut as i32 && !rec.reported_late,
         })
     }

@@ -94,7 +94,9 @@ pub struct UndoneSite {
 /// `on_failure` are not touched.
 fn changed_nodes(site: &UndoneSite) -> (Vec<(pb::NodeSpec, String)>, u32) {
     let planned = &site.planned;
-    let changed: Option<BTreeSet<&str>> = site.record.as_ref().map(|rec| {
+    // A record that says only that the site waited for its window says nothing of its job.
+    let reported = site.record.as_ref().filter(|rec| rec.state != pb::RolloutSiteState::WaitingWindow as i32);
+    let changed: Option<BTreeSet<&str>> = reported.map(|rec| {
         rec.patched
             .iter()
             .map(String::as_str)

@@ -125,8 +125,11 @@ fn a_rollback_moves_back_only_the_nodes_the_rollout_changed_last_sites_first() {
         },
         // One failed and left as it was (it may have changed).
         UndoneSite { planned: planned("edge-3", &["1.29.9"]), record: Some(record(&[], &[("n0", false)], &[], &[])) },
-        // Its job is out, no report yet: every node may have changed.
-        UndoneSite { planned: planned("edge-4", &["1.28.0", "1.29.9"]), record: None },
+        // Its job is out, no report yet (it waited for its window first): every node may have changed.
+        UndoneSite {
+            planned: planned("edge-4", &["1.28.0", "1.29.9"]),
+            record: Some(pb::RolloutSite { state: pb::RolloutSiteState::WaitingWindow as i32, ..Default::default() }),
+        },
     ];
     assert_eq!(
         versions_to_go_back_to(&sites).into_iter().collect::<Vec<_>>(),
