@@ -430,6 +430,16 @@ impl KubeSiteRig {
         set_status(&self.hosts(), name, status("available", Some(hardware), None)).await;
     }
 
+    /// Installs [`SITE`] through the bus (an `InstallSite`) and returns every event of the
+    /// install, in order, up to its end (installed, failed or refused), waiting up to `timeout`.
+    pub async fn install(&self, timeout: Duration) -> Vec<ReadEvent> {
+        let env = Envelope::root();
+        self.bus.publish_command(&pb::InstallSite { site_id: SITE.into(), design_revision: 0 }, &env).await.unwrap();
+        let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
+        let scope = bus_schema::names::scope_events(SITE);
+        crate::fleet::collect(&self.bus, scope, "install", &env.id, &ends, timeout).await.events
+    }
+
     /// Waits for an event of `filter` correlated with `correlation`.
     pub async fn wait_for(&self, filter: String, correlation: &str) -> Option<ReadEvent> {
         crate::fleet::wait_for(&self.bus, filter, correlation, Duration::from_secs(30)).await

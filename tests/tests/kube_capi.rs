@@ -312,12 +312,7 @@ async fn wait_events<M: pb::BusMessage + prost::Message + Default>(rig: &KubeSit
 
 /// Installs the rig's site; every event of the install, in order, up to its end.
 async fn install(rig: &KubeSiteRig) -> Vec<ReadEvent> {
-    let env = Envelope::root();
-    let cmd = pb::InstallSite { site_id: landfall_tests::kube_site::SITE.into(), design_revision: 0 };
-    rig.bus.publish_command(&cmd, &env).await.unwrap();
-    let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
-    let scope = names::scope_events(landfall_tests::kube_site::SITE);
-    fleet::collect(&rig.bus, scope, "install", &env.id, &ends, Duration::from_secs(120)).await.events
+    rig.install(Duration::from_secs(120)).await
 }
 
 fn of_type<M: pb::BusMessage>(events: &[ReadEvent]) -> Vec<M> {

@@ -21,10 +21,7 @@ const INSTALL_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Installs the site and returns every event of the install, in order, up to its end.
 async fn install(rig: &KubeSiteRig) -> Vec<ReadEvent> {
-    let env = Envelope::root();
-    rig.bus.publish_command(&pb::InstallSite { site_id: SITE.into(), design_revision: 0 }, &env).await.unwrap();
-    let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
-    fleet::collect(&rig.bus, names::scope_events(SITE), "install", &env.id, &ends, INSTALL_TIMEOUT).await.events
+    rig.install(INSTALL_TIMEOUT).await
 }
 
 /// Registers `package` and rolls every node of the site to it; the rollout's events.

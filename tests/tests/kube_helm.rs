@@ -158,10 +158,7 @@ async fn design_with_chart(rig: &KubeSiteRig, version: &str, values: serde_json:
 }
 
 async fn install(rig: &KubeSiteRig) -> Vec<ReadEvent> {
-    let env = Envelope::root();
-    rig.bus.publish_command(&pb::InstallSite { site_id: SITE.into(), design_revision: 0 }, &env).await.unwrap();
-    let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
-    fleet::collect(&rig.bus, names::scope_events(SITE), "install", &env.id, &ends, TIMEOUT).await.events
+    rig.install(TIMEOUT).await
 }
 
 async fn roll_out(rig: &KubeSiteRig, version: &str) -> Vec<ReadEvent> {

@@ -10,16 +10,13 @@ use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Envelope, ReadEvent};
 use kube::api::Api;
 use landfall_tests::fleet::{self, node_steps};
-use landfall_tests::kube_site::{APPS, KubeSiteRig, SITE, mac, widget_manifests};
+use landfall_tests::kube_site::{APPS, KubeSiteRig, mac, widget_manifests};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
 async fn install(rig: &KubeSiteRig) -> Vec<ReadEvent> {
-    let env = Envelope::root();
-    rig.bus.publish_command(&pb::InstallSite { site_id: SITE.into(), design_revision: 0 }, &env).await.unwrap();
-    let ends = [pb::SiteInstalled::TYPE, pb::SiteInstallFailed::TYPE, pb::CommandRejected::TYPE];
-    fleet::collect(&rig.bus, names::scope_events(SITE), "install", &env.id, &ends, TIMEOUT).await.events
+    rig.install(TIMEOUT).await
 }
 
 /// Registers `package` and rolls it out with failed nodes rolled back; the rollout's events.
