@@ -10,6 +10,7 @@ fn main() {
         "proto/landfall/v1/events.proto",
         "proto/landfall/v1/state.proto",
         "proto/landfall/v1/services.proto",
+        "proto/landfall/v1/identity.proto",
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");

@@ -61,6 +61,9 @@ pub enum Role {
     Api,
     /// People and their tools: the CLI and `landfall up`; every landfall subject.
     Operator,
+    /// The identity service: sites' enrollment and credentials, and the NATS server's auth
+    /// callout, which lets sites in.
+    Identity,
     /// One site: its gateway, and its leaf node's link to the hub.
     Site(String),
 }
@@ -75,13 +78,22 @@ impl Role {
             Role::Distribution => "distribution".into(),
             Role::Api => "api".into(),
             Role::Operator => "operator".into(),
+            Role::Identity => "identity".into(),
             Role::Site(site) => format!("site-{site}"),
         }
     }
 
     /// The hub services, each a user of its own.
-    pub fn services() -> [Role; 6] {
-        [Role::Orchestrator, Role::Observer, Role::Kubeconfig, Role::Distribution, Role::Api, Role::Operator]
+    pub fn services() -> [Role; 7] {
+        [
+            Role::Orchestrator,
+            Role::Observer,
+            Role::Kubeconfig,
+            Role::Distribution,
+            Role::Api,
+            Role::Operator,
+            Role::Identity,
+        ]
     }
 
     /// The durable consumers a hub service owns, as (stream, name).
@@ -94,7 +106,7 @@ impl Role {
             ],
             Role::Observer => &[(names::EVENTS_STREAM, names::OBSERVER_EVENTS)],
             Role::Kubeconfig => &[(names::EVENTS_STREAM, names::KUBECONFIG_EVENTS)],
-            Role::Distribution | Role::Api | Role::Operator | Role::Site(_) => &[],
+            Role::Distribution | Role::Api | Role::Operator | Role::Identity | Role::Site(_) => &[],
         }
     }
 
@@ -116,6 +128,8 @@ impl Role {
             Role::Kubeconfig => &[names::KUBECONFIGS_BUCKET, names::SAGAS_BUCKET, names::SITES_BUCKET],
             // The sites' designs: the values a chart is rendered with for each.
             Role::Distribution => &[names::PACKAGES_BUCKET, names::SITES_BUCKET],
+            // Whether a site asking to join is registered.
+            Role::Identity => &[names::IDENTITY_BUCKET, names::SITES_BUCKET],
             Role::Operator | Role::Site(_) => &[],
         }
     }
@@ -138,6 +152,7 @@ impl Role {
             Role::Distribution => {
                 &[(names::PACKAGES_BUCKET, keys::ARTIFACT_STORE), (names::PACKAGES_BUCKET, "render.>")]
             }
+            Role::Identity => &[(names::IDENTITY_BUCKET, ">")],
             Role::Api | Role::Operator | Role::Site(_) => &[],
         }
     }
@@ -255,6 +270,10 @@ impl Role {
                 );
                 p.allow_responses = true;
             }
+            Role::Identity => {
+                p.subscribe.extend([names::AUTH_CALLOUT.to_string(), names::IDENTITY_ALL.to_string()]);
+                p.allow_responses = true;
+            }
             _ => {}
         }
         p
@@ -272,6 +291,7 @@ impl Role {
             Role::Api => Party::Api,
             Role::Operator => Party::Operator,
             Role::Site(_) => Party::Site,
+            Role::Identity => return None,
         })
     }
 }
@@ -375,6 +395,34 @@ fn getter(stream: &str) -> Vec<String> {
         js_api(&format!("DIRECT.GET.{stream}")),
         js_api(&format!("DIRECT.GET.{stream}.>")),
     ]
+}
+
+/// What a site's link key may do once the identity service let it in: the site's permissions
+/// ([`Role::Site`]), with replies to `identity_key`'s inbox (the site's inbox whichever link
+/// key it connects with), and asking for new link credentials.
+pub fn site_link(site: &str, identity_key: &str, requesters: &[String]) -> Permissions {
+    let mut p = Role::Site(site.to_string()).permissions(identity_key, requesters);
+    p.publish.push(names::identity_renew(site));
+    p
+}
+
+/// What a site's identity key may do on its own connection: ask for new link credentials (a
+/// site cut off past its link credentials' expiry), nothing else.
+pub fn site_renewal(site: &str, identity_key: &str) -> Permissions {
+    Permissions {
+        publish: vec![names::identity_renew(site)],
+        subscribe: vec![format!("{}.>", inbox(identity_key))],
+        ..Default::default()
+    }
+}
+
+/// What a bootstrap credential lets a gateway holding `key` do: ask to join, nothing else.
+pub fn enrollment(key: &str) -> Permissions {
+    Permissions {
+        publish: vec![names::identity_enroll(key)],
+        subscribe: vec![format!("{}.>", inbox(key))],
+        ..Default::default()
+    }
 }
 
 fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Permissions {

@@ -17,6 +17,7 @@
 //!   site.
 //! - [`yaml`]: reading YAML that people write, under one set of rules, with errors that name
 //!   the field, line and column.
+//! - [`credentials`] (feature `runtime`): site credentials and the NATS auth callout protocol.
 //! - [`runtime`] (feature `runtime`): the one bus runtime every service uses.
 
 pub mod access;
@@ -36,6 +37,8 @@ pub mod trust;
 pub mod window;
 pub mod yaml;
 
+#[cfg(feature = "runtime")]
+pub mod credentials;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 

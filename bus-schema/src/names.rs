@@ -124,8 +124,39 @@ pub const LEDGER_BUCKET: &str = "landfall-ledger";
 pub fn kv_stream(bucket: &str) -> String {
     format!("KV_{bucket}")
 }
-pub const ALL_BUCKETS: [&str; 6] =
-    [SITES_BUCKET, PACKAGES_BUCKET, OBSERVED_BUCKET, SAGAS_BUCKET, KUBECONFIGS_BUCKET, LEDGER_BUCKET];
+/// Sites' identities, enrollments and the keys they connect with (the identity service's).
+pub const IDENTITY_BUCKET: &str = "landfall-identity";
+pub const ALL_BUCKETS: [&str; 7] =
+    [SITES_BUCKET, PACKAGES_BUCKET, OBSERVED_BUCKET, SAGAS_BUCKET, KUBECONFIGS_BUCKET, LEDGER_BUCKET, IDENTITY_BUCKET];
+
+/// Where the NATS server asks who a connecting client is (its auth callout): the identity
+/// service answers. Only the server publishes here.
+pub const AUTH_CALLOUT: &str = "$SYS.REQ.USER.AUTH";
+
+/// Where a NATS server takes a request to close one of its connections (system account).
+pub fn server_kick(server_id: &str) -> String {
+    format!("$SYS.REQ.SERVER.{server_id}.KICK")
+}
+
+/// Every identity subject.
+pub const IDENTITY_ALL: &str = "landfall.identity.>";
+
+/// A gateway's request to join, connected with a bootstrap credential and the identity key
+/// `key` (which the server checked the gateway holds).
+pub fn identity_enroll(key: &str) -> String {
+    format!("landfall.identity.enroll.{key}")
+}
+
+/// A site's request for new link credentials.
+pub fn identity_renew(site: &str) -> String {
+    format!("landfall.identity.renew.{site}")
+}
+
+/// Operators' requests to the identity service (`IdentityAdmin`).
+pub const IDENTITY_ADMIN: &str = "landfall.identity.admin";
+
+/// The identity service's queue group.
+pub const IDENTITY_GROUP: &str = "landfall-identity";
 
 /// Durable consumer names.
 pub const ORCHESTRATOR_COMMANDS: &str = "orchestrator-commands";
@@ -361,6 +392,18 @@ pub mod keys {
         // KV keys allow [-/_=.a-zA-Z0-9]; versions such as 1.29.1+k3s1 need escaping.
         format!("{PACKAGE_PREFIX}{}.{}", escape(name), escape(version))
     }
+    /// A site's enrolled identity (`landfall-identity`).
+    pub fn identity_site(site: &str) -> String {
+        format!("site.{site}")
+    }
+    /// Every site identity's key starts with this.
+    pub const IDENTITY_SITE_PREFIX: &str = "site.";
+    /// A gateway's request to join, by its identity key (`landfall-identity`).
+    pub fn enrollment(key: &str) -> String {
+        format!("enroll.{key}")
+    }
+    /// Every enrollment's key starts with this.
+    pub const ENROLLMENT_PREFIX: &str = "enroll.";
     /// The ledger's record of a command (`landfall-ledger`).
     pub fn command(command_id: &str) -> String {
         format!("cmd.{command_id}")

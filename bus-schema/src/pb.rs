@@ -476,6 +476,7 @@ pub mod json {
         LifecyclePhase => as_str_name,
         LinkState => as_str_name,
         ClusterBuilder => label,
+        EnrollmentState => as_str_name,
     );
 
     /// Writes an enum field by name (a number no value has, as the number).

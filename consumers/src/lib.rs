@@ -25,6 +25,7 @@ pub mod distribution;
 pub mod failpoint;
 mod group_commit;
 pub mod helm;
+pub mod identity;
 pub mod lease;
 pub mod lifecycle;
 pub mod links;

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod cache;
 pub mod capi;
 pub mod credentials;
+pub mod enrollment;
 pub mod eviction;
 pub mod gateway;
 pub mod inbox;

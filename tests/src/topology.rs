@@ -127,6 +127,22 @@ impl Deployment {
     /// `leaf_via[i]` (a proxy standing in for the network between them), which the hub
     /// announces to them, as a hub behind a NAT or a load balancer does (`--leaf-advertise`).
     pub fn generate_with(sites: &[&str], hubs: usize, tls: Option<&TlsFiles>, leaf_via: &[u16]) -> Deployment {
+        Deployment::generate_args(sites, hubs, tls, leaf_via, &[])
+    }
+
+    /// [`Deployment::generate`] with sites that join by enrollment (`--site-auth enroll`): the
+    /// hub lets them in through the identity service's auth callout.
+    pub fn generate_enrolled(sites: &[&str], hubs: usize) -> Deployment {
+        Deployment::generate_args(sites, hubs, None, &[], &["--site-auth", "enroll"])
+    }
+
+    fn generate_args(
+        sites: &[&str],
+        hubs: usize,
+        tls: Option<&TlsFiles>,
+        leaf_via: &[u16],
+        extra: &[&str],
+    ) -> Deployment {
         let dir = tempfile::Builder::new().prefix("landfall-deploy-").tempdir().expect("a temporary directory");
         let ports: Vec<HubPorts> = (0..hubs)
             .map(|_| HubPorts { client: free_port(), cluster: free_port(), leaf: free_port(), http: free_port() })
@@ -138,7 +154,10 @@ impl Deployment {
             .arg(dir.path().join("nats"))
             .arg("--store-dir")
             .arg(dir.path().join("store"))
-            .args(["--site-listen", &format!("127.0.0.1:{site_port}")]);
+            .args(["--site-listen", &format!("127.0.0.1:{site_port}")])
+            .args(extra)
+            .arg("--site-creds")
+            .arg(dir.path().join("link.creds"));
         for p in &ports {
             cmd.args(["--hub", &format!("127.0.0.1:{}:{}:{}:{}", p.client, p.cluster, p.leaf, p.http)]);
         }
@@ -222,6 +241,53 @@ pub async fn connect_when_ready(url: &str, name: &str, access: &Access) -> Bus {
             Err(e) => panic!("JetStream did not answer within 30 s: {e}"),
         }
     }
+}
+
+/// A plain NATS client presenting `credential` with `key`'s proof, as a site's gateway does
+/// when the hub lets sites in through its identity service; every error the server sends it.
+pub async fn raw_client_presenting(
+    url: &str,
+    credential: &str,
+    key: Arc<nkeys::KeyPair>,
+) -> (async_nats::Client, ServerErrors) {
+    let errors = ServerErrors::default();
+    let seen = errors.clone();
+    let client = presenting(credential, key)
+        .event_callback(move |event| {
+            let seen = seen.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    seen.lock().unwrap().push(e.to_string());
+                }
+            }
+        })
+        .connect(url.split(',').collect::<Vec<_>>())
+        .await
+        .expect("connect presenting the credential");
+    (client, errors)
+}
+
+/// One attempt to connect presenting `credential` with `key`'s proof.
+///
+/// # Errors
+/// The server refused the connection.
+pub async fn try_connect_presenting(
+    url: &str,
+    credential: &str,
+    key: Arc<nkeys::KeyPair>,
+) -> Result<async_nats::Client, async_nats::ConnectError> {
+    presenting(credential, key).connect(url.split(',').collect::<Vec<_>>()).await
+}
+
+fn presenting(credential: &str, key: Arc<nkeys::KeyPair>) -> async_nats::ConnectOptions {
+    let credential = credential.to_string();
+    let inbox = bus_schema::access::inbox(&key.public_key());
+    async_nats::ConnectOptions::with_auth_callback(move |nonce| {
+        let (credential, key) = (credential.clone(), key.clone());
+        async move { bus_schema::credentials::auth(&credential, &key, &nonce) }
+    })
+    .custom_inbox_prefix(inbox)
+    .max_reconnects(None)
 }
 
 /// Every error the server sent one raw client (permission violations among them), in order.

@@ -24,6 +24,20 @@ pub struct Access {
     /// The JetStream domain to use: a site gateway connected to its site's leaf node names the
     /// hub's domain, so its consumer and its events are the hub's.
     pub js_domain: Option<String>,
+    /// A credential and the key that proves it, asked for at each connection (a site's link or
+    /// identity credential, which its gateway renews): replaces `nkey_seed`.
+    pub presented: Option<std::sync::Arc<dyn Presented>>,
+}
+
+/// What a connection presents when the hub's identity service lets it in: asked at every
+/// (re)connection, so renewed credentials are used from the next one on.
+pub trait Presented: Send + Sync + 'static {
+    /// The credential, and the key that signs the server's nonce; `None` when there is none
+    /// yet (the connection then fails and is tried again).
+    fn present(&self) -> Option<(String, std::sync::Arc<nkeys::KeyPair>)>;
+    /// The key whose inbox replies come to (the site's identity key, the same whatever link
+    /// key it connects with).
+    fn inbox_key(&self) -> String;
 }
 
 impl std::fmt::Debug for Access {
@@ -143,12 +157,30 @@ impl Bus {
 
     async fn connect_inner(url: &str, name: &str, patient: bool, access: &Access) -> Result<Self, BusError> {
         let bad = |reason: String| BusError::Connect { url: url.to_string(), source: reason.into() };
-        let mut options = async_nats::ConnectOptions::new().name(name);
+        let mut options = match &access.presented {
+            Some(presented) => {
+                let presented = presented.clone();
+                async_nats::ConnectOptions::with_auth_callback(move |nonce| {
+                    let presented = presented.clone();
+                    async move {
+                        let (jwt, key) = presented.present().ok_or_else(|| {
+                            async_nats::AuthError::new("no credential to present: not enrolled, or expired")
+                        })?;
+                        crate::credentials::auth(&jwt, &key, &nonce)
+                    }
+                })
+                .name(name)
+            }
+            None => async_nats::ConnectOptions::new().name(name),
+        };
         if patient {
             options = options.retry_on_initial_connect();
         }
         let mut inbox_prefix = crate::access::INBOX_PREFIX.to_string();
-        if let Some(key) = access.public_key().map_err(bad)? {
+        if let Some(presented) = &access.presented {
+            inbox_prefix = crate::access::inbox(&presented.inbox_key());
+            options = options.custom_inbox_prefix(inbox_prefix.clone());
+        } else if let Some(key) = access.public_key().map_err(bad)? {
             inbox_prefix = crate::access::inbox(&key);
             options =
                 options.nkey(access.nkey_seed.clone().unwrap_or_default()).custom_inbox_prefix(inbox_prefix.clone());

@@ -524,6 +524,8 @@ impl Hub {
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
+            site_auth: None,
+            site_creds: root.join("link.creds"),
         };
         let http = args.hubs[0].rsplit(':').next().unwrap_or_default().parse::<u16>()?;
         // A key per site is seconds of CPU at thousands of sites: off the runtime, so a signal

@@ -54,6 +54,24 @@ pub enum SiteCommand {
         #[command(flatten)]
         render: super::render::RenderArgs,
     },
+    /// A bootstrap credential: lets a new gateway ask to join (and nothing else) until it
+    /// expires. Needs `landfall serve identity` and a hub made with `--site-auth enroll`.
+    Bootstrap(super::identity::BootstrapArgs),
+    /// The gateways' requests to join, with what each reported about its machine.
+    Enrollments {
+        /// Decided ones too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Approve a gateway's request to join: it becomes the site's identity and gets credentials.
+    Approve(super::identity::DecideArgs),
+    /// Deny a gateway's request to join.
+    Deny(super::identity::DecideArgs),
+    /// Revoke a site's identity: its open connections (gateway and leaf node) are closed on
+    /// every hub server within seconds, and none of its keys connects again.
+    Revoke(super::identity::RevokeArgs),
+    /// Every site's identity: its key, its link credentials' expiry, whether it is revoked.
+    Identities,
 }
 
 #[derive(Debug, Args)]
@@ -95,6 +113,12 @@ pub async fn run(url: &str, cmd: SiteCommand) -> anyhow::Result<ExitCode> {
         SiteCommand::Remove(args) => remove_site(url, &args).await,
         SiteCommand::Decommission(args) => super::lifecycle::decommission_site(url, &args).await,
         SiteCommand::Render { site, render } => super::render::site(url, &site, &render).await,
+        SiteCommand::Bootstrap(args) => super::identity::bootstrap(url, &args).await,
+        SiteCommand::Enrollments { all } => super::identity::enrollments(url, all).await,
+        SiteCommand::Approve(args) => super::identity::decide(url, &args, true).await,
+        SiteCommand::Deny(args) => super::identity::decide(url, &args, false).await,
+        SiteCommand::Revoke(args) => super::identity::revoke(url, &args).await,
+        SiteCommand::Identities => super::identity::identities(url).await,
     }
 }
 

@@ -35,6 +35,9 @@ pub enum ServeCommand {
     Distribution(StoreArgs),
     /// The HTTP API and dashboard: commands as JSON, read models, events as Server-Sent Events.
     Api(crate::api::ApiArgs),
+    /// The identity service: lets sites in (the hub's auth callout, with `deploy nats-config
+    /// --site-auth enroll`), takes their requests to join, renews and revokes their credentials.
+    Identity(super::identity::IdentityArgs),
     /// A site gateway: over a simulated site built from the site's registered design
     /// (`--backend sim`), or over the site's Metal3 and BPA (`--backend kube`).
     Gateway(Box<GatewayArgs>),
@@ -92,6 +95,10 @@ pub async fn run(args: ServeArgs, url: &str) -> anyhow::Result<ExitCode> {
             consumers::run_distribution(bus, store, Default::default(), shutdown).await?;
         }
         ServeCommand::Gateway(args) => gateway(*args, url, shutdown).await?,
+        ServeCommand::Identity(args) => {
+            let bus = connect_service(url, "landfall-identity", keeping, false).await?;
+            super::identity::serve(&args, bus, url, shutdown).await?;
+        }
         ServeCommand::Api(args) => {
             let tokens = match &args.tokens {
                 Some(path) => crate::api::auth::Tokens::from_file(path)?,

@@ -1,0 +1,181 @@
+//! The NATS server's auth callout: who a connection that is not a hub service is, decided
+//! from the credential it presents and the key it proves it holds.
+//!
+//! - a bootstrap credential, with the key the gateway made: it may ask to join
+//!   ([`access::enrollment`]) until the credential expires;
+//! - a site's identity credential: it may ask for new link credentials ([`access::site_renewal`]);
+//! - a site's link credential, for a key the site still holds: the site's permissions
+//!   ([`access::site_link`]) until the link key expires.
+//!
+//! Everything else is refused with the reason, which the server logs. A site let in is
+//! recorded (server and connection id) in the same compare-and-set that finds it not revoked,
+//! so a revocation finds every connection it must close.
+
+use bus_schema::access::{self, Permissions};
+use bus_schema::credentials::{self, AuthRequest, Kind};
+use bus_schema::names::keys;
+use bus_schema::pb;
+use bus_schema::runtime::Update;
+
+use super::{IdentityService, now_ms};
+
+/// How many connections of a site are remembered for a revocation to close.
+const CONNECTIONS_KEPT: usize = 8;
+
+/// Who the connection is, for the answer.
+pub(super) struct LetIn {
+    pub name: String,
+    pub permissions: Permissions,
+    /// Unix seconds.
+    pub exp: Option<i64>,
+}
+
+impl IdentityService {
+    /// The answer to one callout request: the signed response, letting in or refusing.
+    pub(super) async fn callout(&self, payload: &[u8]) -> Option<Vec<u8>> {
+        let request = match credentials::decode_auth_request(payload) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "an auth callout request that does not decode: not answered");
+                return None;
+            }
+        };
+        let now = now_ms() / 1000;
+        let answer = match self.admission(&request).await {
+            Ok(ok) => credentials::authorized(&request, &self.settings.issuer, &ok.name, &ok.permissions, now, ok.exp),
+            Err(why) => {
+                tracing::info!(
+                    client = request.client_info.id,
+                    host = %request.client_info.host,
+                    kind = %request.client_info.kind,
+                    reason = %why,
+                    "connection refused"
+                );
+                metrics::counter!("landfall_identity_refused_total").increment(1);
+                credentials::refused(&request, &self.settings.issuer, now, &why)
+            }
+        };
+        answer.map_err(|e| tracing::warn!(error = %e, "cannot sign the callout's answer")).ok()
+    }
+
+    async fn admission(&self, request: &AuthRequest) -> Result<LetIn, String> {
+        let opts = &request.connect_opts;
+        if opts.credential().is_empty() {
+            return Err("no landfall credential presented".into());
+        }
+        let now_s = now_ms() / 1000;
+        let credential = credentials::verify(opts.credential(), &self.settings.issuer.public_key(), now_s)
+            .map_err(|e| format!("credential refused: {e}"))?;
+        let key = match credential.landfall.kind {
+            Kind::Bootstrap => opts.nkey.clone(),
+            Kind::Identity | Kind::Link => credential.sub.clone(),
+        };
+        if key.is_empty() || (!opts.nkey.is_empty() && opts.nkey != key) {
+            return Err("the connection's key is not the credential's".into());
+        }
+        if !credentials::nonce_signed_by(&key, &request.client_info.nonce, &opts.sig) {
+            return Err("the connection did not prove it holds the credential's key".into());
+        }
+        let site = credential.landfall.site.clone();
+        match credential.landfall.kind {
+            Kind::Bootstrap => {
+                self.note_bootstrap(&key, &site, &credential.jti).await?;
+                Ok(LetIn {
+                    name: format!("enroll-{}", credentials::fingerprint(&key)),
+                    permissions: access::enrollment(&key),
+                    exp: credential.exp,
+                })
+            }
+            Kind::Identity | Kind::Link => {
+                let seen = pb::ConnectionSeen {
+                    server_id: request.server_id.id.clone(),
+                    client_id: request.client_info.id,
+                    kind: request.client_info.kind.clone(),
+                    at_unix_ms: now_ms(),
+                    key: key.clone(),
+                };
+                let record = self.admit(&site, credential.landfall.kind, &key, seen).await?;
+                Ok(match credential.landfall.kind {
+                    Kind::Identity => LetIn {
+                        name: format!("site-{site}-renewal"),
+                        permissions: access::site_renewal(&site, &record.identity_key),
+                        exp: None,
+                    },
+                    _ => {
+                        let until = record.links.iter().find(|l| l.key == key).map(|l| l.expires_unix_ms / 1000);
+                        LetIn {
+                            name: format!("site-{site}"),
+                            permissions: access::site_link(&site, &record.identity_key, &self.settings.requesters),
+                            exp: [credential.exp, until].into_iter().flatten().min(),
+                        }
+                    }
+                })
+            }
+        }
+    }
+
+    /// The site's record, its connection `seen` added, when `key` may connect as `kind`.
+    async fn admit(
+        &self,
+        site: &str,
+        kind: Kind,
+        key: &str,
+        seen: pb::ConnectionSeen,
+    ) -> Result<pb::SiteIdentity, String> {
+        let now = now_ms();
+        self.store
+            .update_with(&keys::identity_site(site), |r: Option<&pb::SiteIdentity>| {
+                let Some(r) = r else { return Update::Abort(Err(format!("site {site} is not enrolled"))) };
+                if r.revoked {
+                    return Update::Abort(Err(format!("site {site} is revoked")));
+                }
+                let allowed = match kind {
+                    Kind::Identity => r.identity_key == key,
+                    _ => r.links.iter().any(|l| l.key == key && l.expires_unix_ms > now),
+                };
+                if !allowed {
+                    return Update::Abort(Err(format!("the key is not one site {site} may connect with")));
+                }
+                let mut next = r.clone();
+                next.connections.push(seen.clone());
+                let extra = next.connections.len().saturating_sub(CONNECTIONS_KEPT);
+                next.connections.drain(..extra);
+                Update::Put(next.clone(), Ok(next))
+            })
+            .await
+            .map_err(|e| format!("the identity store failed: {e}"))?
+    }
+
+    /// Notes which bootstrap credential (and site, if it names one) a key asked to join with.
+    async fn note_bootstrap(&self, key: &str, site: &str, bootstrap_id: &str) -> Result<(), String> {
+        let now = now_ms();
+        self.store
+            .update_with(&keys::enrollment(key), |r: Option<&pb::Enrollment>| match r {
+                Some(e) if e.bootstrap_id == bootstrap_id || e.state != pb::EnrollmentState::Pending as i32 => {
+                    Update::Keep(())
+                }
+                Some(e) => Update::Put(
+                    pb::Enrollment {
+                        bootstrap_id: bootstrap_id.to_string(),
+                        bootstrap_site: site.to_string(),
+                        ..e.clone()
+                    },
+                    (),
+                ),
+                None => Update::Put(
+                    pb::Enrollment {
+                        identity_key: key.to_string(),
+                        site_id: site.to_string(),
+                        bootstrap_site: site.to_string(),
+                        fingerprint: credentials::fingerprint(key),
+                        bootstrap_id: bootstrap_id.to_string(),
+                        requested_unix_ms: now,
+                        ..Default::default()
+                    },
+                    (),
+                ),
+            })
+            .await
+            .map_err(|e| format!("the identity store failed: {e}"))
+    }
+}
