@@ -10,6 +10,7 @@ pub mod capi;
 pub mod credentials;
 pub mod eviction;
 pub mod gateway;
+pub mod identity;
 pub mod inbox;
 pub mod kube_site;
 pub mod outbox;
