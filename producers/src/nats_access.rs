@@ -58,6 +58,12 @@ pub fn init(args: &NatsAccessArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sets this process's NATS access to `access` (once, at start): the gateway's, with the key
+/// of its identity.
+pub fn set(access: Access) {
+    let _ = ACCESS.set(access);
+}
+
 /// This process's NATS access: anonymous until [`init`].
 pub fn get() -> &'static Access {
     static ANONYMOUS: OnceLock<Access> = OnceLock::new();

@@ -11,6 +11,7 @@ pub mod credentials;
 pub mod enrollment;
 pub mod eviction;
 pub mod gateway;
+pub mod identity;
 pub mod inbox;
 pub mod kube_site;
 pub mod outbox;

@@ -14,6 +14,7 @@ pub mod procs;
 pub mod s3;
 pub mod secrets;
 pub mod site_state;
+pub mod swtpm;
 pub mod topology;
 pub mod up;
 

@@ -11,11 +11,12 @@ use bus_schema::domain::{SiteDesign, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb;
 use bus_schema::runtime::Bus;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use site_gateway::kube_site::{KubeSite, KubeSiteConfig, KubeconfigSource, UserData};
 use site_gateway::sim::{SimConfig, SimSite};
 use tokio_util::sync::CancellationToken;
 
+use super::gateway_identity::{self, IdentityArgs, IdentityCommand};
 use super::service::{block_on, shutdown_on_signal};
 use super::telemetry;
 use crate::flags::parse_duration;
@@ -250,24 +251,42 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
 /// gateway` runs), for a site's bootstrap machine or a pod there.
 #[derive(Debug, Parser)]
 #[command(name = "landfall-gateway", version, about = "One site's gateway: the site's jobs in, its events out.")]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct GatewayCli {
+    #[command(subcommand)]
+    pub command: Option<GatewayCommand>,
     /// NATS server (the hub, or the site's leaf node).
     #[arg(long, env = "NATS_URL", default_value = DEFAULT_NATS_URL)]
     pub nats_url: String,
     #[command(flatten)]
     pub nats: nats_access::NatsAccessArgs,
     #[command(flatten)]
+    pub identity: IdentityArgs,
+    #[command(flatten)]
     pub gateway: GatewayArgs,
     #[command(flatten)]
     pub telemetry: telemetry::TelemetryArgs,
 }
 
+/// What `landfall-gateway` does besides running the gateway.
+#[derive(Debug, clap::Subcommand)]
+pub enum GatewayCommand {
+    /// The gateway's identity: the key pair it connects to NATS with, sealed to the machine's TPM.
+    #[command(subcommand)]
+    Identity(IdentityCommand),
+}
+
 /// The `landfall-gateway` program.
 pub fn main() -> ExitCode {
-    let cli = GatewayCli::parse();
+    // A subcommand is parsed on its own: the gateway's required flags are not its.
+    let matches = GatewayCli::command().get_matches();
+    if let Some(("identity", identity)) = matches.subcommand() {
+        return gateway_identity::run(IdentityCommand::from_arg_matches(identity).unwrap_or_else(|e| e.exit()));
+    }
+    let cli = GatewayCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     telemetry::init_logs(cli.telemetry.log_format, "info,async_nats=warn");
     block_on(async move {
-        nats_access::init(&cli.nats)?;
+        nats_access::set(gateway_identity::access(&cli.nats, &cli.identity)?);
         let telemetry = telemetry::start(&cli.telemetry).await?;
         let result = gateway(cli.gateway, &cli.nats_url, shutdown_on_signal()).await;
         telemetry.finish().await;
@@ -317,12 +336,35 @@ async fn sim_design(
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
     use super::*;
 
     #[test]
     fn cli_is_well_formed() {
         GatewayCli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_identity_commands_need_no_site_and_the_gateway_does() {
+        let matches = GatewayCli::command()
+            .try_get_matches_from(["landfall-gateway", "identity", "show", "--identity-dir", "/id", "--tpm", "none"])
+            .unwrap();
+        let (name, sub) = matches.subcommand().unwrap();
+        assert_eq!(name, "identity");
+        match IdentityCommand::from_arg_matches(sub).unwrap() {
+            IdentityCommand::Show(args) => {
+                assert_eq!(args.identity_dir, std::path::Path::new("/id"));
+                assert_eq!(args.tpm, site_gateway::identity::TpmChoice::None);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(GatewayCli::try_parse_from(["landfall-gateway"]).is_err());
+        assert!(GatewayCli::try_parse_from(["landfall-gateway", "--site", "s", "identity", "show"]).is_err());
+        let cli = GatewayCli::try_parse_from(["landfall-gateway", "--site", "s", "--identity-dir", "/id"]).unwrap();
+        assert_eq!(cli.gateway.site, "s");
+        assert_eq!(cli.identity.identity_dir.as_deref(), Some(std::path::Path::new("/id")));
+        assert_eq!(cli.identity.tpm, site_gateway::identity::TpmChoice::Auto);
+        // One key or the other, not both.
+        let both = ["landfall-gateway", "--site", "s", "--identity-dir", "/id", "--nats-nkey-file", "/k"];
+        assert!(GatewayCli::try_parse_from(both).is_err());
     }
 }

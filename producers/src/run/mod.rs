@@ -4,6 +4,7 @@
 pub mod demo;
 pub mod embedded;
 pub mod gateway;
+pub mod gateway_identity;
 pub mod identity;
 pub mod otlp;
 pub mod serve;
