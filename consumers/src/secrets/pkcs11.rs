@@ -244,7 +244,9 @@ impl TokenKek {
                 slot = Some(s);
                 break;
             }
-            found.push(format!("{label:?}"));
+            if !label.is_empty() {
+                found.push(format!("{label:?}"));
+            }
         }
         let Some(slot) = slot else {
             let found = if found.is_empty() { "none".into() } else { found.join(", ") };
