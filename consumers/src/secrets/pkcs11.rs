@@ -431,17 +431,18 @@ pub fn open_ring(config: &TokenKey, ring: &Path) -> Result<KeyRing, SecretError>
     KeyRing::from_wrapped_file(ring, Box::new(TokenKek::open(config)?))
 }
 
-/// Makes the key-encryption key on the token and a new ring file of one data key wrapped under
-/// it: once, for a hub that has neither.
+/// Makes the key-encryption key on the token and a new ring file wrapped under it, of the keys of
+/// `import` (a hub's plain key ring, so what they sealed still opens) or else of one new data
+/// key: once, for a hub that has neither.
 ///
 /// # Errors
 /// [`HsmError::RingExists`] when the ring file exists (checked first, so nothing is made);
 /// [`HsmError::KeyExists`] when the token holds a key of that label.
-pub fn init_ring(config: &TokenKey, ring: &Path) -> Result<KeyRing, SecretError> {
+pub fn init_ring(config: &TokenKey, ring: &Path, import: Option<&KeyRing>) -> Result<KeyRing, SecretError> {
     if ring.exists() {
         return Err(HsmError::RingExists { path: ring.into() }.into());
     }
-    KeyRing::create_wrapped(ring, Box::new(TokenKek::create(config)?))
+    KeyRing::create_wrapped(ring, Box::new(TokenKek::create(config)?), import)
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ fn records_seal_and_open_with_a_ring_whose_file_holds_no_usable_key() {
     in_own_softhsm("records_seal_and_open_with_a_ring_whose_file_holds_no_usable_key", &[("hub", PIN)], |dir| {
         let config = token(dir, "hub", PIN);
         let path = dir.join("ring.wrapped");
-        let ring = init_ring(&config, &path).unwrap();
+        let ring = init_ring(&config, &path, None).unwrap();
         let (id, key) = ring.current();
         let kubeconfig = seal(&ring, &kubeconfig_purpose("edge-01"), b"apiVersion: v1\nkind: Config\n").unwrap();
         let bmc = seal(&ring, &bmc_purpose("edge-01", "node-1"), b"admin:s3cret").unwrap();
@@ -112,9 +112,9 @@ fn records_seal_and_open_with_a_ring_whose_file_holds_no_usable_key() {
         .unwrap();
 
         // hsm-init is once: an existing ring, or an existing key of that label, is refused.
-        let err = init_ring(&config, &path).unwrap_err().to_string();
+        let err = init_ring(&config, &path, None).unwrap_err().to_string();
         assert!(err.contains("exists already"), "{err}");
-        let err = init_ring(&config, &dir.join("other.wrapped")).unwrap_err().to_string();
+        let err = init_ring(&config, &dir.join("other.wrapped"), None).unwrap_err().to_string();
         assert!(err.contains("already holds a key labelled \"landfall-kek\""), "{err}");
         assert!(!dir.join("other.wrapped").exists());
     });
@@ -125,7 +125,7 @@ fn rotate_retire_and_reload_keep_the_keys_wrapped() {
     in_own_softhsm("rotate_retire_and_reload_keep_the_keys_wrapped", &[("hub", PIN)], |dir| {
         let config = token(dir, "hub", PIN);
         let path = dir.join("ring.wrapped");
-        let ring = init_ring(&config, &path).unwrap();
+        let ring = init_ring(&config, &path, None).unwrap();
         let elsewhere = open_ring(&config, &path).unwrap();
         let (old, old_key) = ring.current();
         let before = seal(&ring, "p", b"before").unwrap();
@@ -161,7 +161,7 @@ fn another_tokens_key_of_the_same_label_does_not_open_the_ring() {
         let hub = token(dir, "hub", PIN);
         let other = token(dir, "other", "5678-other");
         let path = dir.join("ring.wrapped");
-        init_ring(&hub, &path).unwrap();
+        init_ring(&hub, &path, None).unwrap();
         TokenKek::create(&other).unwrap();
 
         let err = open_ring(&other, &path).unwrap_err();
@@ -197,7 +197,7 @@ fn a_wrong_pin_a_missing_key_token_module_or_ring_are_clear_errors() {
         let err = open_err(&config);
         assert!(err.contains("holds no key labelled \"landfall-kek\": make it once with"), "{err}");
         std::fs::remove_file(&path).unwrap();
-        init_ring(&config, &path).unwrap();
+        init_ring(&config, &path, None).unwrap();
 
         let wrong = token(dir, "hub-wrong", "not-the-pin");
         let err = open_err(&TokenKey { token_label: "hub".into(), ..wrong });
@@ -230,5 +230,24 @@ fn a_wrong_pin_a_missing_key_token_module_or_ring_are_clear_errors() {
         std::fs::write(&path, format!("{}\n", "ab".repeat(32))).unwrap();
         let err = open_err(&config);
         assert!(err.contains("is not a wrapped key ring"), "{err}");
+    });
+}
+
+#[test]
+fn a_plain_key_ring_moves_into_the_token_and_what_it_sealed_still_opens() {
+    in_own_softhsm("a_plain_key_ring_moves_into_the_token_and_what_it_sealed_still_opens", &[("hub", PIN)], |dir| {
+        let config = token(dir, "hub", PIN);
+        let plain_path = dir.join("secret.key");
+        let plain = KeyRing::load_or_create(&plain_path, &Default::default()).unwrap();
+        plain.rotate().unwrap();
+        let sealed = seal(&plain, &kubeconfig_purpose("edge-01"), b"kind: Config").unwrap();
+        let (_, newest) = plain.current();
+
+        let path = dir.join("ring.wrapped");
+        let ring = init_ring(&config, &path, Some(&plain)).unwrap();
+        assert_eq!(ring.key_ids(), plain.key_ids(), "the same keys, in the same order");
+        let reopened = open_ring(&config, &path).unwrap();
+        assert_eq!(open(&reopened, &kubeconfig_purpose("edge-01"), &sealed).unwrap().as_slice(), b"kind: Config");
+        assert!(!holds(&std::fs::read(&path).unwrap(), &newest), "the imported key is in the ring file");
     });
 }

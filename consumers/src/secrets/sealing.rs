@@ -311,16 +311,20 @@ impl KeyRing {
         Self::from_file_with(path, Some(wrap))
     }
 
-    /// Writes a new ring file (mode 0600, refused if it exists) of one fresh random key wrapped
-    /// by `wrap`, and returns the ring.
+    /// Writes a new ring file (mode 0600, refused if it exists) wrapped by `wrap`, of the keys of
+    /// `import` (in order: records sealed under them still open) or else one fresh random key,
+    /// and returns the ring.
     ///
     /// # Errors
     /// [`SecretError::WriteKey`] (e.g. the file exists); errors of `wrap`.
-    pub fn create_wrapped(path: &Path, wrap: Box<dyn KeyWrap>) -> Result<Self, SecretError> {
-        let key = DataKey::new(random::<32>()?);
-        let text = render_keys(std::slice::from_ref(&key), Some(wrap.as_ref()))?;
+    pub fn create_wrapped(path: &Path, wrap: Box<dyn KeyWrap>, import: Option<&KeyRing>) -> Result<Self, SecretError> {
+        let keys = match import {
+            Some(ring) => ring.lock_read().keys.clone(),
+            None => vec![DataKey::new(random::<32>()?)],
+        };
+        let text = render_keys(&keys, Some(wrap.as_ref()))?;
         write_new_private(path, &text).map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
-        info!(path = %path.display(), key_id = %key.id, wrapped_by = %wrap.describe(), "wrapped data key created");
+        info!(path = %path.display(), key_id = %keys[0].id, wrapped_by = %wrap.describe(), "wrapped key ring created");
         Self::from_wrapped_file(path, wrap)
     }
 

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use consumers::secrets::KeyProvider;
 use consumers::secrets::pkcs11::{self, DEFAULT_KEY_LABEL, PIN_ENV, PinSource, TokenKey};
+use consumers::secrets::{KeyProvider, KeyRing};
 
 /// Which PKCS#11 token holds the key-encryption key. The PIN is read from a file or from
 /// `LANDFALL_PKCS11_PIN`, never from the command line.
@@ -70,6 +70,11 @@ pub struct HsmInitArgs {
     /// token's key it opens nothing.
     #[arg(long, env = "LANDFALL_SECRET_KEY_FILE", value_name = "PATH")]
     pub secret_key_file: PathBuf,
+    /// The hub's plain key file (64-hex-digit keys) so far: its keys go into the new ring,
+    /// wrapped, so the records sealed under them still open. Once the service runs on the new
+    /// ring, destroy the plain file.
+    #[arg(long, value_name = "PATH")]
+    pub import_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub pkcs11: Pkcs11Args,
 }
@@ -79,13 +84,14 @@ pub fn run(cmd: SecretsCommand) -> anyhow::Result<ExitCode> {
     let Some(token) = args.pkcs11.token()? else {
         anyhow::bail!("hsm-init needs --pkcs11-module and --pkcs11-token (and the PIN: --pkcs11-pin-file or {PIN_ENV})")
     };
-    let ring = pkcs11::init_ring(&token, &args.secret_key_file)?;
+    let import = args.import_key_file.as_deref().map(KeyRing::from_file).transpose()?;
+    let ring = pkcs11::init_ring(&token, &args.secret_key_file, import.as_ref())?;
     println!(
-        "key-encryption key {:?} made in PKCS#11 token {:?}; key ring {} holds data key {} wrapped under it",
+        "key-encryption key {:?} made in PKCS#11 token {:?}; key ring {} holds data key(s) {} wrapped under it",
         token.key_label,
         token.token_label,
         args.secret_key_file.display(),
-        ring.current().0
+        ring.key_ids().join(", ")
     );
     Ok(ExitCode::SUCCESS)
 }
