@@ -25,16 +25,15 @@ use landfall_tests::secrets::{
 const PIN: &str = "hub-user-pin-4711";
 const OTHER_PIN: &str = "other-user-pin-0815";
 
-/// `landfall ARGS` to its end, with the SoftHSM2's configuration and `env` in its environment.
+/// `landfall ARGS` to its end, with the SoftHSM2's configuration and `env` in its environment
+/// (and no PKCS#11 setting of this process's).
 async fn landfall(hsm: &SoftHsm, args: &[&str], env: &[(&str, &str)]) -> Output {
     let (conf_var, conf) = hsm.conf_env();
-    let run = tokio::process::Command::new(landfall_tests::cli::binary())
-        .args(args)
-        .env(conf_var, conf)
-        .env_remove("LANDFALL_PKCS11_PIN")
-        .envs(env.iter().copied())
-        .kill_on_drop(true)
-        .output();
+    let mut cmd = tokio::process::Command::new(landfall_tests::cli::binary());
+    for (var, _) in std::env::vars_os().filter(|(v, _)| v.to_string_lossy().starts_with("LANDFALL_PKCS11_")) {
+        cmd.env_remove(var);
+    }
+    let run = cmd.args(args).env(conf_var, conf).envs(env.iter().copied()).kill_on_drop(true).output();
     tokio::time::timeout(Duration::from_secs(60), run).await.expect("landfall ends").expect("run landfall")
 }
 
