@@ -5,10 +5,12 @@
 //! not extractable, so its value never leaves the token. The token wraps and unwraps the data
 //! keys itself, with `C_Encrypt`/`C_Decrypt` under `CKM_AES_GCM` (a fresh random 96-bit IV per
 //! key, a 128-bit tag, and associated data naming the KEK): the tag makes a key wrapped under
-//! another KEK, or an altered line, fail to open instead of opening to garbage. `CKM_AES_GCM`
-//! rather than `C_WrapKey`: the data keys never have to become objects of the token, the KEK
-//! needs only `CKA_ENCRYPT`/`CKA_DECRYPT`, and SoftHSM2 (like most tokens) does AES-GCM
-//! encryption, but wraps only with the unauthenticated-by-context AES key wrap.
+//! another KEK, or an altered line, fail to open instead of opening to garbage. Encryption
+//! rather than `C_WrapKey`/`C_UnwrapKey`: those wrap only keys that are objects of the token, so
+//! each data key would have to be imported as an extractable object and unwrapped into one
+//! whose value is then read out again; SoftHSM2 wraps with AES key wrap (RFC 3394/5649), which
+//! binds no associated data. `CKM_AES_GCM` encryption is there in SoftHSM2 and most HSMs, and the
+//! KEK then needs only `CKA_ENCRYPT`/`CKA_DECRYPT`.
 //!
 //! A ring file reads:
 //!
