@@ -96,6 +96,10 @@ pub enum Command {
     /// drives the BMC.
     #[command(subcommand)]
     Bmc(cli::secrets::BmcCommand),
+    /// The data key ring of the secrets service: `secrets hsm-init` makes its key-encryption key
+    /// in a PKCS#11 token (an HSM) and a ring of data keys wrapped under it.
+    #[command(subcommand)]
+    Secrets(cli::hsm::SecretsCommand),
     /// Run one service in this process (for deployments that run services apart).
     Serve(serve::ServeArgs),
     /// Deployment files: `deploy nats-config` writes the hub's and every site's NATS
@@ -152,6 +156,7 @@ async fn command(cli: Cli, url: String) -> anyhow::Result<ExitCode> {
         Command::Status(args) => cli::status::run(&url, &args).await,
         Command::Kubeconfig(cmd) => cli::secrets::kubeconfig(&url, cmd).await,
         Command::Bmc(cmd) => cli::secrets::bmc(&url, cmd).await,
+        Command::Secrets(cmd) => cli::hsm::run(cmd),
         Command::Bench(cmd) => bench::run(cmd, cli.nats_url.clone()).await,
         Command::Deploy(cmd) => deploy::run(cmd),
         Command::Completions { shell } => {

@@ -152,6 +152,7 @@ pub struct FleetBuilder {
     access: Option<AccessFor>,
     gateways: bool,
     observer: bool,
+    secrets: bool,
     duplicate_window: Option<Duration>,
     alive_every: Duration,
     cut_off_after: Duration,
@@ -233,6 +234,14 @@ impl FleetBuilder {
         self
     }
 
+    /// Run no kubeconfig collector and secrets service in this process (the test runs its own,
+    /// e.g. `landfall serve kubeconfig` over another key ring); the fleet's `keys` then seal
+    /// nothing the bus holds.
+    pub fn without_secrets(mut self) -> Self {
+        self.secrets = false;
+        self
+    }
+
     /// Run `n` orchestrator replicas, each with its own connection, sharing the durable consumers.
     pub fn orchestrators(mut self, n: usize) -> Self {
         self.orchestrators = n;
@@ -297,8 +306,10 @@ impl FleetBuilder {
         let dir = tempfile::tempdir().expect("a temporary directory");
         // The kubeconfig collector and the secrets service, under a key file in `dir`.
         let key_ring = crate::secrets::test_key_ring(dir.path());
-        let secrets = connect(Role::Kubeconfig, "landfall-test-kubeconfig").await;
-        tasks.spawn(consumers::secrets_service::run_secrets(secrets, key_ring.clone(), shutdown.clone()));
+        if self.secrets {
+            let secrets = connect(Role::Kubeconfig, "landfall-test-kubeconfig").await;
+            tasks.spawn(consumers::secrets_service::run_secrets(secrets, key_ring.clone(), shutdown.clone()));
+        }
         let keys: Arc<dyn KeyProvider> = key_ring;
         let store = match &self.store {
             Some((location, s3)) => ArtifactStore::open(location, s3),
@@ -525,6 +536,7 @@ impl Fleet {
             access: None,
             gateways: true,
             observer: true,
+            secrets: true,
             duplicate_window: None,
             alive_every: bus_schema::names::ALIVE_EVERY,
             cut_off_after: bus_schema::names::CUT_OFF_AFTER,

@@ -30,6 +30,12 @@ const CLEARED_ENV: &[&str] = &[
     "OTEL_EXPORTER_OTLP_PROTOCOL",
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
     "OTEL_SDK_DISABLED",
+    "LANDFALL_PKCS11_MODULE",
+    "LANDFALL_PKCS11_TOKEN",
+    "LANDFALL_PKCS11_PIN_FILE",
+    "LANDFALL_PKCS11_PIN",
+    "LANDFALL_PKCS11_KEY_LABEL",
+    "SOFTHSM2_CONF",
 ];
 
 /// A `landfall` process with its command line, so it can be started again after a kill.

@@ -1,6 +1,8 @@
 //! Secrets: sealed at rest, opened only by the services that hold the key ring.
 //!
 //! - [`sealing`]: XChaCha20-Poly1305 under a key from a [`KeyProvider`] (a [`KeyRing`]);
+//! - [`pkcs11`]: a key ring whose keys are wrapped under a key-encryption key in a PKCS#11 token
+//!   ([`softhsm`]: a SoftHSM2 of one's own, for its tests);
 //! - [`records`]: the sealed records (what each is bound to, the keys they need) and the key
 //!   check both services run before they start;
 //! - [`kubeconfig`]: the kubeconfig collector (on `ClusterReady`, ask the gateway, seal, store);
@@ -16,9 +18,11 @@ use bus_schema::runtime::Bus;
 use tokio_util::sync::CancellationToken;
 
 pub mod kubeconfig;
+pub mod pkcs11;
 pub mod records;
 pub mod sealing;
 pub mod service;
+pub mod softhsm;
 
 pub use sealing::{ALGORITHM, KeyProvider, KeyRing, SecretError, StaticKey, open, seal};
 

@@ -11,6 +11,7 @@ use bus_schema::names::{self, keys};
 use bus_schema::pb;
 use bus_schema::runtime::{Bus, BusError, Kv};
 
+use super::pkcs11::TokenKey;
 use super::sealing::{KeyProvider, KeyRing, SecretError};
 
 /// What a site's sealed kubeconfig is bound to.
@@ -80,6 +81,9 @@ pub enum KeySource {
     /// One key, as hex, from `from` (an environment variable): it opens and seals, but does
     /// not rotate.
     Hex { hex: String, from: String },
+    /// A ring file (made by `landfall secrets hsm-init`) whose keys are wrapped under a
+    /// key-encryption key in a PKCS#11 token.
+    Pkcs11 { token: TokenKey, ring_file: PathBuf },
 }
 
 /// How many sealed records each key id sealed.
@@ -135,7 +139,7 @@ pub async fn open_key_ring(bus: &Bus, source: KeySource) -> Result<Arc<KeyRing>,
     let sealed = sealed_key_ids(&store).await?;
     let ring = match source {
         KeySource::CreateFile(path) => KeyRing::load_or_create(&path, &sealed)?,
-        KeySource::File(path) if !path.exists() && !sealed.is_empty() => {
+        KeySource::File(path) | KeySource::Pkcs11 { ring_file: path, .. } if !path.exists() && !sealed.is_empty() => {
             return Err(SecretError::NoKeyFile {
                 path,
                 records: sealed.values().sum(),
@@ -145,6 +149,7 @@ pub async fn open_key_ring(bus: &Bus, source: KeySource) -> Result<Arc<KeyRing>,
         }
         KeySource::File(path) => KeyRing::from_file(&path)?,
         KeySource::Hex { hex, from } => KeyRing::from_hex(&hex, &from)?,
+        KeySource::Pkcs11 { token, ring_file } => super::pkcs11::open_ring(&token, &ring_file)?,
     };
     let missing = missing(&sealed, &ring);
     if !missing.is_empty() {

@@ -7,7 +7,9 @@
 //! A [`KeyRing`] reads a key file of one or more keys, one per line (64 hex digits, `#`
 //! comments allowed): the first seals, the others only open. Rotation adds a key in front and,
 //! once every record is sealed again, retires the others. No key, and nothing that holds one,
-//! is ever printed: `Debug` shows key ids only.
+//! is ever printed: `Debug` shows key ids only. A ring file may instead hold its keys wrapped
+//! under a key-encryption key kept elsewhere (a [`KeyWrap`], e.g. a PKCS#11 token: see
+//! [`super::pkcs11`]); the keys are opened into memory when the file is read.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -65,6 +67,20 @@ pub enum SecretError {
     Seal,
     #[error("the operating system's random source failed")]
     Random,
+    /// The token that holds the key-encryption key of a wrapped ring.
+    #[error(transparent)]
+    Hsm(Box<super::pkcs11::HsmError>),
+}
+
+/// How a ring file holds its keys when not as hex: wrapped under a key-encryption key that never
+/// leaves where it is kept, which wraps and unwraps them.
+pub trait KeyWrap: Send + Sync + 'static {
+    /// The data keys of a ring file's text, in order.
+    fn unwrap_keys(&self, text: &str, from: &str) -> Result<Vec<Zeroizing<[u8; 32]>>, SecretError>;
+    /// A ring file's text holding `keys` wrapped, in order.
+    fn wrap_keys(&self, keys: &[&[u8; 32]]) -> Result<String, SecretError>;
+    /// What holds the key-encryption key, for messages.
+    fn describe(&self) -> String;
 }
 
 /// Where data keys come from. A file or the environment now; a KMS or a TPM-sealed key fits
@@ -194,6 +210,8 @@ pub struct KeyRing {
     loaded: RwLock<Loaded>,
     /// Held while the file is rewritten, so two rotations in one process do not interleave.
     writing: Mutex<()>,
+    /// What wraps the file's keys; none for a file of hex keys.
+    wrap: Option<Box<dyn KeyWrap>>,
 }
 
 enum Origin {
@@ -235,15 +253,20 @@ impl fmt::Debug for KeyRing {
     }
 }
 
-/// The keys of a key file's text, in order, without repeats.
-fn parse_keys(text: &str, from: &str) -> Result<Vec<DataKey>, SecretError> {
+/// The keys of a key file's text, in order, without repeats: hex, or opened by `wrap`.
+fn parse_keys(text: &str, from: &str, wrap: Option<&dyn KeyWrap>) -> Result<Vec<DataKey>, SecretError> {
+    let found = match wrap {
+        Some(wrap) => wrap.unwrap_keys(text, from)?.iter().map(|k| DataKey::new(**k)).collect(),
+        None => text
+            .lines()
+            .enumerate()
+            .map(|(n, line)| (n, line.trim()))
+            .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
+            .map(|(n, line)| DataKey::from_hex(line, &format!("{from} line {}", n + 1)))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
     let mut keys: Vec<DataKey> = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let key = DataKey::from_hex(line, &format!("{from} line {}", n + 1))?;
+    for key in found {
         if !keys.iter().any(|k| k.id == key.id) {
             keys.push(key);
         }
@@ -254,8 +277,11 @@ fn parse_keys(text: &str, from: &str) -> Result<Vec<DataKey>, SecretError> {
     Ok(keys)
 }
 
-/// A key file's text: the keys, first the one that seals.
-fn render_keys(keys: &[DataKey]) -> String {
+/// A key file's text: the keys, first the one that seals; wrapped by `wrap` when there is one.
+fn render_keys(keys: &[DataKey], wrap: Option<&dyn KeyWrap>) -> Result<Zeroizing<String>, SecretError> {
+    if let Some(wrap) = wrap {
+        return wrap.wrap_keys(&keys.iter().map(|k| &k.key).collect::<Vec<_>>()).map(Zeroizing::new);
+    }
     let mut text = String::from(
         "# landfall data keys, 64 hex digits each: the first seals, the others only open.\n\
          # Rotate with `landfall kubeconfig rotate-key`; do not edit while a rotation runs.\n",
@@ -264,7 +290,7 @@ fn render_keys(keys: &[DataKey]) -> String {
         text.push_str(&k.hex());
         text.push('\n');
     }
-    text
+    Ok(Zeroizing::new(text))
 }
 
 impl KeyRing {
@@ -273,8 +299,39 @@ impl KeyRing {
     /// # Errors
     /// When the file cannot be read, or a line is not a key, or it holds none.
     pub fn from_file(path: &Path) -> Result<Self, SecretError> {
-        let loaded = Self::read(path)?;
-        Ok(Self { origin: Origin::File(path.to_path_buf()), loaded: RwLock::new(loaded), writing: Mutex::new(()) })
+        Self::from_file_with(path, None)
+    }
+
+    /// Reads a ring file whose keys `wrap` wraps: they are opened (by `wrap`) into memory now
+    /// and whenever the file is read again, and written wrapped by rotation.
+    ///
+    /// # Errors
+    /// As [`KeyRing::from_file`], and when `wrap` does not open a key.
+    pub fn from_wrapped_file(path: &Path, wrap: Box<dyn KeyWrap>) -> Result<Self, SecretError> {
+        Self::from_file_with(path, Some(wrap))
+    }
+
+    /// Writes a new ring file (mode 0600, refused if it exists) wrapped by `wrap`, of the keys of
+    /// `import` (in order: records sealed under them still open) or else one fresh random key,
+    /// and returns the ring.
+    ///
+    /// # Errors
+    /// [`SecretError::WriteKey`] (e.g. the file exists); errors of `wrap`.
+    pub fn create_wrapped(path: &Path, wrap: Box<dyn KeyWrap>, import: Option<&KeyRing>) -> Result<Self, SecretError> {
+        let keys = match import {
+            Some(ring) => ring.lock_read().keys.clone(),
+            None => vec![DataKey::new(random::<32>()?)],
+        };
+        let text = render_keys(&keys, Some(wrap.as_ref()))?;
+        write_new_private(path, &text).map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
+        info!(path = %path.display(), key_id = %keys[0].id, wrapped_by = %wrap.describe(), "wrapped key ring created");
+        Self::from_wrapped_file(path, wrap)
+    }
+
+    fn from_file_with(path: &Path, wrap: Option<Box<dyn KeyWrap>>) -> Result<Self, SecretError> {
+        let loaded = Self::read(path, wrap.as_deref())?;
+        let origin = Origin::File(path.to_path_buf());
+        Ok(Self { origin, loaded: RwLock::new(loaded), writing: Mutex::new(()), wrap })
     }
 
     /// A ring of one key given as hex (e.g. from an environment variable). It cannot rotate.
@@ -284,6 +341,7 @@ impl KeyRing {
             origin: Origin::Fixed(from.to_string()),
             loaded: RwLock::new(Loaded { keys: vec![key], stamp: None }),
             writing: Mutex::new(()),
+            wrap: None,
         })
     }
 
@@ -304,7 +362,7 @@ impl KeyRing {
                 });
             }
             let key = DataKey::new(random::<32>()?);
-            match write_new_private(path, &render_keys(std::slice::from_ref(&key))) {
+            match write_new_private(path, &render_keys(std::slice::from_ref(&key), None)?) {
                 Ok(()) => info!(path = %path.display(), key_id = %key.id, "data key created"),
                 // Another process created it first: use theirs.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -314,10 +372,10 @@ impl KeyRing {
         Self::from_file(path)
     }
 
-    fn read(path: &Path) -> Result<Loaded, SecretError> {
+    fn read(path: &Path, wrap: Option<&dyn KeyWrap>) -> Result<Loaded, SecretError> {
         let stamp = FileStamp::of(path);
         let text = read_private(path)?;
-        Ok(Loaded { keys: parse_keys(&text, &path.display().to_string())?, stamp })
+        Ok(Loaded { keys: parse_keys(&text, &path.display().to_string(), wrap)?, stamp })
     }
 
     /// The key file, when the ring has one.
@@ -348,7 +406,7 @@ impl KeyRing {
     /// When the file cannot be read or parsed; the ring keeps what it held.
     pub fn reload(&self) -> Result<(), SecretError> {
         let Origin::File(path) = &self.origin else { return Ok(()) };
-        let loaded = Self::read(path)?;
+        let loaded = Self::read(path, self.wrap.as_deref())?;
         *self.loaded.write().unwrap_or_else(PoisonError::into_inner) = loaded;
         Ok(())
     }
@@ -381,11 +439,11 @@ impl KeyRing {
     pub fn rotate(&self) -> Result<String, SecretError> {
         let path = self.file_for_rotation()?;
         let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut loaded = Self::read(path)?;
+        let mut loaded = Self::read(path, self.wrap.as_deref())?;
         let key = DataKey::new(random::<32>()?);
         let id = key.id.clone();
         loaded.keys.insert(0, key);
-        write_atomic(path, &render_keys(&loaded.keys))
+        write_atomic(path, &render_keys(&loaded.keys, self.wrap.as_deref())?)
             .map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
         loaded.stamp = FileStamp::of(path);
         *self.loaded.write().unwrap_or_else(PoisonError::into_inner) = loaded;
@@ -401,7 +459,7 @@ impl KeyRing {
     pub fn retire(&self, current: &str) -> Result<Vec<String>, SecretError> {
         let path = self.file_for_rotation()?;
         let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut loaded = Self::read(path)?;
+        let mut loaded = Self::read(path, self.wrap.as_deref())?;
         if loaded.keys[0].id != current {
             return Err(SecretError::RotatedElsewhere {
                 path: path.into(),
@@ -411,7 +469,7 @@ impl KeyRing {
         }
         let retired: Vec<String> = loaded.keys.drain(1..).map(|k| k.id.clone()).collect();
         if !retired.is_empty() {
-            write_atomic(path, &render_keys(&loaded.keys))
+            write_atomic(path, &render_keys(&loaded.keys, self.wrap.as_deref())?)
                 .map_err(|source| SecretError::WriteKey { path: path.into(), source })?;
             info!(path = %path.display(), retired = %retired.join(", "), "data keys retired");
         }
@@ -450,7 +508,10 @@ impl KeyProvider for KeyRing {
 
     fn source(&self) -> String {
         match &self.origin {
-            Origin::File(p) => format!("key file {}", p.display()),
+            Origin::File(p) => match &self.wrap {
+                Some(wrap) => format!("key ring {} (wrapped under {})", p.display(), wrap.describe()),
+                None => format!("key file {}", p.display()),
+            },
             Origin::Fixed(from) => from.clone(),
         }
     }

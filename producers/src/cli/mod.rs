@@ -9,6 +9,7 @@ pub mod connect;
 pub mod dead;
 pub mod design;
 pub mod events;
+pub mod hsm;
 pub mod identity;
 pub mod lifecycle;
 pub mod node;

@@ -56,16 +56,25 @@ pub struct KeyArgs {
     /// A file of data keys, one per line as 64 hex digits (the first seals, the others only
     /// open), readable by its owner only; `landfall kubeconfig rotate-key` rewrites it. Keys
     /// are never taken from the command line or the environment, where other processes of the
-    /// machine can read them.
+    /// machine can read them. With --pkcs11-module, the file holds the keys wrapped under a
+    /// key-encryption key in that PKCS#11 token (see `landfall secrets hsm-init`).
     #[arg(long, env = "LANDFALL_SECRET_KEY_FILE")]
     pub secret_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub pkcs11: crate::cli::hsm::Pkcs11Args,
 }
 
 impl KeyArgs {
     pub fn source(&self) -> anyhow::Result<KeySource> {
-        match &self.secret_key_file {
-            Some(path) => Ok(KeySource::File(path.clone())),
-            None => anyhow::bail!("no data key: pass --secret-key-file (a file of 64-hex-digit keys, mode 0600)"),
+        match (&self.secret_key_file, self.pkcs11.token()?) {
+            (Some(path), None) => Ok(KeySource::File(path.clone())),
+            (Some(path), Some(token)) => Ok(KeySource::Pkcs11 { token, ring_file: path.clone() }),
+            (None, Some(_)) => anyhow::bail!(
+                "no key ring: pass --secret-key-file (the ring of wrapped data keys `landfall secrets hsm-init` made)"
+            ),
+            (None, None) => {
+                anyhow::bail!("no data key: pass --secret-key-file (a file of 64-hex-digit keys, mode 0600)")
+            }
         }
     }
 }
