@@ -338,10 +338,11 @@ pub fn auth(credential: &str, key: &nkeys::KeyPair, nonce: &[u8]) -> Result<asyn
 }
 
 /// A short name for a key, for people comparing what a gateway prints with what the hub lists:
-/// its last 12 characters in groups of four.
+/// the first 8 bytes of its SHA-256, in hex, in groups of four (`1a2b:3c4d:5e6f:7a8b`).
 pub fn fingerprint(key: &str) -> String {
-    let tail: Vec<char> = key.chars().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
-    tail.chunks(4).map(|c| c.iter().collect::<String>()).collect::<Vec<_>>().join("-")
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    digest[..8].chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
 }
 
 /// What the identity key signs to ask for new link credentials.
@@ -398,6 +399,8 @@ mod tests {
 
     #[test]
     fn fingerprints_are_short_and_grouped() {
-        assert_eq!(fingerprint("UABCDEFGHIJKLMNOPQRSTUVWXYZ"), "OPQR-STUV-WXYZ");
+        let (a, b) = (fingerprint(&nkeys::KeyPair::new_user().public_key()), fingerprint("U2"));
+        assert_eq!((a.len(), a.matches(':').count()), (19, 3), "{a}");
+        assert_ne!(a, b);
     }
 }

@@ -22,7 +22,7 @@ use anyhow::{Context, bail};
 use bus_schema::credentials::{self, Credential};
 use bus_schema::names;
 use bus_schema::pb;
-use bus_schema::runtime::{Access, Bus, Presented};
+use bus_schema::runtime::{Access, Presented};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -268,8 +268,14 @@ pub async fn enroll(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Result<Arc<SiteKeys>, Asked>> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let client =
-        connect_presenting(url, "landfall-gateway-enroll", bootstrap.trim().to_string(), identity.clone()).await?;
+    let client = connect_presenting(
+        url,
+        "landfall-gateway-enroll",
+        bootstrap.trim().to_string(),
+        identity.clone(),
+        &identity.public_key(),
+    )
+    .await?;
     let link = nkeys::KeyPair::new_user();
     let request = pb::EnrollRequest { site_id: site.to_string(), facts, link_key: link.public_key() };
     let mut on_pending = Some(on_pending);
@@ -306,13 +312,15 @@ pub async fn enroll(
 
 /// A plain connection presenting `credential` with `key`'s proof (a bootstrap credential
 /// asking to join; an identity credential renewing after a long cut).
+/// Replies come to the identity key's inbox, whichever key connects.
 async fn connect_presenting(
     url: &str,
     name: &str,
     credential: String,
     key: Arc<nkeys::KeyPair>,
+    identity_key: &str,
 ) -> anyhow::Result<async_nats::Client> {
-    let inbox = bus_schema::access::inbox(&key.public_key());
+    let inbox = bus_schema::access::inbox(identity_key);
     let options = async_nats::ConnectOptions::with_auth_callback(move |nonce| {
         let (credential, key) = (credential.clone(), key.clone());
         async move { bus_schema::credentials::auth(&credential, &key, &nonce) }
@@ -327,25 +335,45 @@ async fn connect_presenting(
 }
 
 /// New link credentials for a site that has none valid (cut off past their expiry): asked
-/// over a connection that presents the identity credential.
+/// over a connection to the hub at `url` that presents the identity credential.
 ///
 /// # Errors
 /// As [`SiteKeys::renew`], or the identity connection refused (the site revoked).
 pub async fn renew_with_identity(url: &str, keys: &SiteKeys) -> anyhow::Result<()> {
     let credential =
         keys.identity_credential.lock().expect("not poisoned").clone().context("no identity credential")?;
-    let client = connect_presenting(url, "landfall-gateway-renew", credential, keys.identity.clone()).await?;
+    renew_presenting(url, keys, credential, keys.identity.clone()).await
+}
+
+/// New link credentials, asked over a connection of its own to `url` (the hub, or the site's
+/// leaf node while its link holds) presenting the current link credential, or the identity
+/// credential once that expired.
+///
+/// # Errors
+/// As [`SiteKeys::renew`].
+pub async fn renew_now(url: &str, keys: &SiteKeys) -> anyhow::Result<()> {
+    let (credential, key) = keys.present().context("no credential to present")?;
+    renew_presenting(url, keys, credential, key).await
+}
+
+async fn renew_presenting(
+    url: &str,
+    keys: &SiteKeys,
+    credential: String,
+    key: Arc<nkeys::KeyPair>,
+) -> anyhow::Result<()> {
+    let client = connect_presenting(url, "landfall-gateway-renew", credential, key, &keys.identity_key()).await?;
     let renewed = keys.renew(&client).await;
     let _ = client.drain().await;
     renewed
 }
 
-/// Renews the link credentials whenever a third of their life is left, over `bus`, until
-/// `shutdown`.
-pub async fn keep_renewed(bus: Bus, keys: Arc<SiteKeys>, shutdown: CancellationToken) {
+/// Renews the link credentials whenever a third of their life is left (through `url`, see
+/// [`renew_now`]), until `shutdown`.
+pub async fn keep_renewed(url: String, keys: Arc<SiteKeys>, shutdown: CancellationToken) {
     loop {
         if keys.link_due()
-            && let Err(e) = keys.renew(bus.client()).await
+            && let Err(e) = renew_now(&url, &keys).await
         {
             tracing::warn!(site = %keys.site, error = %e, "cannot renew the link credentials yet");
         }

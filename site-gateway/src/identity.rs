@@ -296,6 +296,14 @@ impl Identity {
         pair.sign(bytes).map_err(|e| IdentityError::Sign(e.to_string()))
     }
 
+    /// The key pair, in memory (to sign a request to join, a renewal, a connection's nonce).
+    ///
+    /// # Errors
+    /// The seed held is not a key's (never, for an identity that loaded).
+    pub fn key_pair(&self) -> Result<nkeys::KeyPair, IdentityError> {
+        nkeys::KeyPair::from_seed(&self.seed).map_err(|e| IdentityError::Sign(e.to_string()))
+    }
+
     /// `access` with this identity as its NATS user: the seed is handed over in memory, for
     /// the connection's nkey authentication.
     pub fn nats_access(&self, access: Access) -> Access {
@@ -303,10 +311,9 @@ impl Identity {
     }
 }
 
-/// [`Identity::fingerprint`] of a public key.
+/// [`Identity::fingerprint`] of a public key (what the hub lists a request to join by).
 pub fn fingerprint(public_key: &str) -> String {
-    let digest = Sha256::digest(public_key.as_bytes());
-    digest[..8].chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
+    bus_schema::credentials::fingerprint(public_key)
 }
 
 impl Manifest {

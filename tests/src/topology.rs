@@ -157,7 +157,7 @@ impl Deployment {
             .args(["--site-listen", &format!("127.0.0.1:{site_port}")])
             .args(extra)
             .arg("--site-creds")
-            .arg(dir.path().join("link.creds"));
+            .arg(dir.path().join("gateway/link.creds"));
         for p in &ports {
             cmd.args(["--hub", &format!("127.0.0.1:{}:{}:{}:{}", p.client, p.cluster, p.leaf, p.http)]);
         }
@@ -174,6 +174,61 @@ impl Deployment {
 
     pub fn nats_dir(&self) -> PathBuf {
         self.dir.path().join("nats")
+    }
+
+    /// Where an enrolled site's gateway keeps its identity and credentials: its leaf node reads
+    /// the link credentials there (`--site-creds`).
+    pub fn gateway_dir(&self) -> PathBuf {
+        self.dir.path().join("gateway")
+    }
+
+    /// `landfall serve identity` for an enrolled deployment, as its own user, with the system
+    /// user for revocations: link credentials lasting `link_ttl`, approval by `approve`
+    /// (`operator` or `registered`).
+    pub fn start_identity(&self, url: &str, link_ttl: &str, approve: &str) -> crate::procs::Service {
+        let nats = self.nats_dir();
+        let p = |rel: &str| nats.join(rel).to_str().expect("a UTF-8 path").to_string();
+        crate::procs::Service::start(
+            "identity",
+            url,
+            self.dir.path(),
+            &[
+                "--nats-nkey-file",
+                &p("users/identity.nk"),
+                "serve",
+                "identity",
+                "--issuer-file",
+                &p("identity/issuer.nk"),
+                "--sys-nkey-file",
+                &p("users/sys.nk"),
+                "--requesters-file",
+                &p("identity/requesters"),
+                "--link-ttl",
+                link_ttl,
+                "--approve",
+                approve,
+            ],
+        )
+    }
+
+    /// `landfall ARGS` as the operator.
+    pub fn operator_cli(&self, url: &str, args: &[&str]) -> std::process::Output {
+        Command::new(crate::cli::binary())
+            .env("NATS_URL", url)
+            .arg("--nats-nkey-file")
+            .arg(self.seed_file(&Role::Operator))
+            .args(args)
+            .output()
+            .expect("run landfall")
+    }
+
+    /// Waits until the identity service answers operators (it made the buckets before).
+    pub fn wait_for_identity(&self, url: &str, identity: &crate::procs::Service) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.operator_cli(url, &["site", "identities"]).status.success() {
+            assert!(Instant::now() < deadline, "the identity service did not answer: {}", identity.log_tail(30));
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// The seed file of `role`'s user.
@@ -195,9 +250,10 @@ impl Deployment {
     /// How every role connects: each hub service and each site as its own user, verifying the
     /// hub with `ca` when it speaks TLS.
     pub fn users(&self, ca: Option<&Path>) -> AccessFor {
+        // An enrolled deployment's sites have no users of their own here.
         let accesses: BTreeMap<String, Access> = Role::services()
             .into_iter()
-            .chain(self.sites.iter().map(|s| Role::Site(s.clone())))
+            .chain(self.sites.iter().map(|s| Role::Site(s.clone())).filter(|r| self.seed_file(r).exists()))
             .map(|role| (role.user(), Access { ca_file: ca.map(Path::to_path_buf), ..self.access(&role) }))
             .collect();
         Arc::new(move |role: &Role| accesses[&role.user()].clone())
@@ -224,6 +280,15 @@ impl Deployment {
         let conf = self.nats_dir().join(format!("sites/{site}/leaf.conf"));
         ConfServer::start(&format!("leaf-{site}"), conf, self.site_port)
     }
+}
+
+/// The leaf links a hub server's monitoring endpoint (at `http_port`) counts.
+pub async fn leaf_links(http_port: u16) -> u64 {
+    consumers::artifacts::install_tls_provider();
+    let url = format!("http://127.0.0.1:{http_port}/leafz");
+    let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+    body["leafnodes"].as_u64().unwrap_or_else(|| panic!("no leafnodes count in {body}"))
 }
 
 /// Waits until the hub's JetStream answers requests (a cluster elects its meta leader first),

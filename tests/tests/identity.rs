@@ -28,47 +28,13 @@ fn start(sites: &[&str], link_ttl: &str, approve: &str) -> Hub {
     let d = Deployment::generate_enrolled(sites, 1);
     let servers = d.start_hubs();
     let url = d.hub_urls("nats");
-    let nats = d.nats_dir();
-    let p = |rel: &str| nats.join(rel).to_str().unwrap().to_string();
-    let identity = Service::start(
-        "identity",
-        &url,
-        d.dir.path(),
-        &[
-            "--nats-nkey-file",
-            &p("users/identity.nk"),
-            "serve",
-            "identity",
-            "--issuer-file",
-            &p("identity/issuer.nk"),
-            "--sys-nkey-file",
-            &p("users/sys.nk"),
-            "--requesters-file",
-            &p("identity/requesters"),
-            "--link-ttl",
-            link_ttl,
-            "--approve",
-            approve,
-        ],
-    );
-    let hub = Hub { d, _servers: servers, _identity: identity, url };
-    // Ready when it answers operators (it made the buckets before it listens).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !landfall(&hub, &["site", "identities"]).status.success() {
-        assert!(Instant::now() < deadline, "the identity service did not answer: {}", hub._identity.log_tail(30));
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    hub
+    let identity = d.start_identity(&url, link_ttl, approve);
+    d.wait_for_identity(&url, &identity);
+    Hub { d, _servers: servers, _identity: identity, url }
 }
 
 fn landfall(hub: &Hub, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(landfall_tests::cli::binary())
-        .env("NATS_URL", &hub.url)
-        .arg("--nats-nkey-file")
-        .arg(hub.d.seed_file(&Role::Operator))
-        .args(args)
-        .output()
-        .expect("run landfall")
+    hub.d.operator_cli(&hub.url, args)
 }
 
 /// `landfall ARGS` as the operator: its stdout, or a panic with its stderr.
@@ -244,7 +210,7 @@ async fn link_credentials_renew_while_connected_and_after_a_cut_longer_than_thei
 
     let bus = connect_site(&hub, &keys).await;
     let shutdown = CancellationToken::new();
-    let renewing = tokio::spawn(enrollment::keep_renewed(bus.clone(), keys.clone(), shutdown.clone()));
+    let renewing = tokio::spawn(enrollment::keep_renewed(hub.url.clone(), keys.clone(), shutdown.clone()));
     // Renewed while connected, before the first expired.
     let deadline = Instant::now() + Duration::from_secs(8);
     while keys.link_expires() == Some(first) && Instant::now() < deadline {
@@ -262,4 +228,92 @@ async fn link_credentials_renew_while_connected_and_after_a_cut_longer_than_thei
     let _back = connect_site(&hub, &keys).await;
     let reloaded = SiteKeys::load(tmp.path(), identity).unwrap().unwrap();
     assert_eq!(reloaded.link_expires(), keys.link_expires(), "the renewed credentials are on disk");
+}
+
+/// One connection attempt with `auth` made from the server's nonce.
+async fn try_connect(
+    url: &str,
+    auth: impl Fn(Vec<u8>) -> async_nats::Auth + Send + Sync + 'static,
+) -> Result<async_nats::Client, async_nats::ConnectError> {
+    let auth = Arc::new(auth);
+    async_nats::ConnectOptions::with_auth_callback(move |nonce| {
+        let auth = auth.clone();
+        async move { Ok(auth(nonce)) }
+    })
+    .connect(url)
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stolen_forged_and_borrowed_credentials_are_refused() {
+    let hub = start(&["edge-01", "edge-02"], "30d", "operator");
+    let tmp = tempfile::tempdir().unwrap();
+    let bootstrap = cli(&hub, &["site", "bootstrap"]).trim().to_string();
+    let identity = Arc::new(nkeys::KeyPair::new_user());
+    let (joining, pending) = ask_to_join(&hub, &bootstrap, "edge-01", identity.clone(), tmp.path());
+    tokio::time::timeout(Duration::from_secs(30), pending).await.unwrap().unwrap();
+    cli(&hub, &["site", "approve", &identity.public_key()]);
+    let keys = tokio::time::timeout(Duration::from_secs(30), joining).await.unwrap().unwrap().unwrap().unwrap();
+    let (link, link_key) = keys.present().unwrap();
+    let thief = Arc::new(nkeys::KeyPair::new_user());
+
+    // The link credential copied without its key: whatever key signs, it is not the credential's.
+    let (l, t) = (link.clone(), thief.clone());
+    let stolen = try_connect(&hub.url, move |n| bus_schema::credentials::auth(&l, &t, &n).unwrap()).await;
+    assert!(stolen.is_err(), "a link credential was used without its key");
+    // A credential the thief signs himself, for his own key, as edge-01.
+    let forger = nkeys::KeyPair::new_account();
+    let forged = bus_schema::credentials::issue(
+        &forger,
+        bus_schema::credentials::Kind::Link,
+        "edge-01",
+        &thief.public_key(),
+        0,
+        Some(i64::MAX / 2),
+    )
+    .unwrap();
+    let t = thief.clone();
+    let refused = try_connect(&hub.url, move |n| bus_schema::credentials::auth(&forged, &t, &n).unwrap()).await;
+    assert!(refused.is_err(), "a credential from another issuer was let in");
+    // A leaf node naming edge-02 while signing with edge-01's link key.
+    let k = link_key.clone();
+    let borrowed = try_connect(&hub.url, move |n| {
+        let mut auth = async_nats::Auth::new();
+        auth.username = Some("edge-02".into());
+        auth.signature = Some(k.sign(&n).unwrap());
+        auth
+    })
+    .await;
+    assert!(borrowed.is_err(), "edge-01's link key linked as edge-02");
+
+    // The identity credential connects, to renew only.
+    let id_credential = std::fs::read_to_string(tmp.path().join("identity.jwt")).unwrap();
+    let (raw, errors) =
+        landfall_tests::topology::raw_client_presenting(&hub.url, &id_credential, identity.clone()).await;
+    let event = names::event_subject("edge-01", "node", "NodePatched");
+    raw.publish(event.clone(), "x".into()).await.unwrap();
+    raw.flush().await.unwrap();
+    let why = landfall_tests::topology::refused(&errors, &event).await;
+    assert!(why.contains("Permissions Violation"), "{why}");
+
+    // A renewal not signed by the identity key, over the site's own link.
+    let site = connect_site(&hub, &keys).await;
+    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let new_link = nkeys::KeyPair::new_user().public_key();
+    let signature = thief.sign(&bus_schema::credentials::renewal_message("edge-01", &new_link, at)).unwrap();
+    let request = pb::RenewRequest { site_id: "edge-01".into(), link_key: new_link, at_unix_ms: at, signature };
+    let answer = site
+        .client()
+        .request(names::identity_renew("edge-01"), prost::Message::encode_to_vec(&request).into())
+        .await
+        .unwrap();
+    let why = answer.headers.as_ref().and_then(|h| h.get(names::headers::REPLY_ERROR)).map(|v| v.to_string());
+    assert!(why.as_deref().is_some_and(|w| w.contains("not signed by the site's identity key")), "{why:?}");
+    // Nor may it ask for another site's, whatever it signs.
+    let (site_raw, errors) = landfall_tests::topology::raw_client_presenting(&hub.url, &link, link_key).await;
+    let theirs = names::identity_renew("edge-02");
+    site_raw.publish(theirs.clone(), "x".into()).await.unwrap();
+    site_raw.flush().await.unwrap();
+    let why = landfall_tests::topology::refused(&errors, &theirs).await;
+    assert!(why.contains("Permissions Violation"), "{why}");
 }

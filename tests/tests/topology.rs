@@ -14,7 +14,7 @@ use bus_schema::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Access, Envelope, ReadEvent};
 use landfall_tests::fleet::{Fleet, RolloutRun, commands_stored, kubelet};
 use landfall_tests::procs::Service;
-use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready, raw_client, refused};
+use landfall_tests::topology::{Deployment, TcpProxy, TlsFiles, connect_when_ready, leaf_links, raw_client, refused};
 use prost::Message;
 
 fn sites(n: usize) -> Vec<String> {
@@ -176,13 +176,6 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
 }
 
 /// How many leaf nodes the hub has connected, from its monitoring endpoint.
-async fn leaf_links(http_port: u16) -> u64 {
-    let url = format!("http://127.0.0.1:{http_port}/leafz");
-    let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
-    let body: serde_json::Value = serde_json::from_str(&text).unwrap();
-    body["leafnodes"].as_u64().unwrap_or_else(|| panic!("no leafnodes count in {body}"))
-}
-
 /// Holds the link cut for `cut_for`, checking all along that the site has no other way to the
 /// hub (it must not reconnect around the cut), then heals it and waits until it is back.
 /// What the hub says of the leaf site, read while the site's processes are borrowed elsewhere.

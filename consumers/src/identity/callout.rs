@@ -7,6 +7,9 @@
 //! - a site's link credential, for a key the site still holds: the site's permissions
 //!   ([`access::site_link`]) until the link key expires.
 //!
+//! - a site's leaf node: its URL's user names the site and the nonce is signed by one of the
+//!   site's unexpired link keys (the credentials file its gateway keeps).
+//!
 //! Everything else is refused with the reason, which the server logs. A site let in is
 //! recorded (server and connection id) in the same compare-and-set that finds it not revoked,
 //! so a revocation finds every connection it must close.
@@ -61,7 +64,7 @@ impl IdentityService {
     async fn admission(&self, request: &AuthRequest) -> Result<LetIn, String> {
         let opts = &request.connect_opts;
         if opts.credential().is_empty() {
-            return Err("no landfall credential presented".into());
+            return self.leaf_link(request).await;
         }
         let now_s = now_ms() / 1000;
         let credential = credentials::verify(opts.credential(), &self.settings.issuer.public_key(), now_s)
@@ -112,6 +115,49 @@ impl IdentityService {
                 })
             }
         }
+    }
+
+    /// A site's leaf node linking to the hub: it names its site (the user of its remote's URL)
+    /// and signs the nonce with the link key of the credentials file its gateway keeps (a
+    /// server not in operator mode passes no JWT on, so the key is found among the site's).
+    async fn leaf_link(&self, request: &AuthRequest) -> Result<LetIn, String> {
+        let opts = &request.connect_opts;
+        if opts.user.is_empty() || opts.sig.is_empty() {
+            return Err("no landfall credential presented".into());
+        }
+        let site = bus_schema::domain::SiteId::try_from(opts.user.clone())
+            .map_err(|e| format!("the leaf node names no site: {e}"))?
+            .to_string();
+        let nonce = &request.client_info.nonce;
+        let now = now_ms();
+        let signed_by = |r: &pb::SiteIdentity| {
+            r.links
+                .iter()
+                .find(|l| l.expires_unix_ms > now && credentials::nonce_signed_by(&l.key, nonce, &opts.sig))
+                .map(|l| l.key.clone())
+        };
+        let found = self.store.get::<pb::SiteIdentity>(&keys::identity_site(&site)).await;
+        let key = match found {
+            Ok(Some((r, _))) => {
+                signed_by(&r).ok_or_else(|| format!("no link key of site {site} signed the connection"))?
+            }
+            Ok(None) => return Err(format!("site {site} is not enrolled")),
+            Err(e) => return Err(format!("the identity store failed: {e}")),
+        };
+        let seen = pb::ConnectionSeen {
+            server_id: request.server_id.id.clone(),
+            client_id: request.client_info.id,
+            kind: request.client_info.kind.clone(),
+            at_unix_ms: now,
+            key: key.clone(),
+        };
+        let record = self.admit(&site, Kind::Link, &key, seen).await?;
+        let until = record.links.iter().find(|l| l.key == key).map(|l| l.expires_unix_ms / 1000);
+        Ok(LetIn {
+            name: format!("site-{site}"),
+            permissions: access::site_link(&site, &record.identity_key, &self.settings.requesters),
+            exp: until,
+        })
     }
 
     /// The site's record, its connection `seen` added, when `key` may connect as `kind`.

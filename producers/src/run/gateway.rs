@@ -286,9 +286,20 @@ pub fn main() -> ExitCode {
     let cli = GatewayCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     telemetry::init_logs(cli.telemetry.log_format, "info,async_nats=warn");
     block_on(async move {
-        nats_access::set(gateway_identity::access(&cli.nats, &cli.identity)?);
+        let shutdown = shutdown_on_signal();
+        let hub_url = cli.identity.hub_url.clone().unwrap_or_else(|| cli.nats_url.clone());
+        let site = cli.gateway.site.clone();
+        match gateway_identity::enrolled(&cli.nats, &cli.identity, &site, &hub_url, shutdown.clone()).await? {
+            Some((access, keys)) => {
+                nats_access::set(access);
+                // Renewed through the connection's own server: the hub, or the leaf node whose
+                // link these credentials hold up.
+                tokio::spawn(site_gateway::enrollment::keep_renewed(cli.nats_url.clone(), keys, shutdown.clone()));
+            }
+            None => nats_access::set(gateway_identity::access(&cli.nats, &cli.identity)?),
+        }
         let telemetry = telemetry::start(&cli.telemetry).await?;
-        let result = gateway(cli.gateway, &cli.nats_url, shutdown_on_signal()).await;
+        let result = gateway(cli.gateway, &cli.nats_url, shutdown).await;
         telemetry.finish().await;
         result.map(|()| ExitCode::SUCCESS)
     })
