@@ -106,7 +106,8 @@ impl Role {
             ],
             Role::Observer => &[(names::EVENTS_STREAM, names::OBSERVER_EVENTS)],
             Role::Kubeconfig => &[(names::EVENTS_STREAM, names::KUBECONFIG_EVENTS)],
-            Role::Distribution | Role::Api | Role::Operator | Role::Identity | Role::Site(_) => &[],
+            Role::Identity => &[(names::EVENTS_STREAM, names::IDENTITY_EVENTS)],
+            Role::Distribution | Role::Api | Role::Operator | Role::Site(_) => &[],
         }
     }
 

@@ -166,6 +166,8 @@ pub const KUBECONFIG_EVENTS: &str = "kubeconfig-events";
 pub const ORCHESTRATOR_ROLLOUTS: &str = "orchestrator-rollouts";
 /// The consumer that keeps `landfall-observed` up to date from what gateways report.
 pub const OBSERVER_EVENTS: &str = "observer-events";
+/// The identity service's: sites decommissioned or removed, whose identities it revokes.
+pub const IDENTITY_EVENTS: &str = "identity-events";
 
 pub fn gateway_consumer(site: &str) -> String {
     format!("gateway-{site}")

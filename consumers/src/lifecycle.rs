@@ -154,12 +154,13 @@ pub fn is_lifecycle_job(kind: &str) -> bool {
     kind == pb::RetireNode::KIND || kind == pb::TearDownSite::KIND
 }
 
-/// How to revoke a decommissioned site's NATS user.
+/// How a decommissioned site's NATS user is revoked.
 pub fn revocation(site: &str) -> String {
     format!(
-        "run `landfall deploy nats-config` again with --sites no longer naming {site}: the user site-{site}, its \
-         key and its leaf node's remote go from the hub's configuration; then reload the hub's servers \
-         (`nats-server --signal reload`) and delete the site's key file"
+        "a site that joined by enrollment is revoked by the identity service now, its connections closed; a \
+         site with a user in the hub's configuration (--site-auth static): run `landfall deploy nats-config` \
+         again with --sites no longer naming {site}, reload the hub's servers (`nats-server --signal reload`) \
+         and delete the site's key file"
     )
 }
 

@@ -298,8 +298,9 @@ fn accounts(users: &[User], system: &Key, callout: Option<&Key>) -> String {
         let _ = writeln!(
             out,
             "\n# Sites are let in by the identity service (landfall serve identity), which signs its answers\n\
-             # with this issuer: the hub's services and the system user bypass it.\n\
-             authorization {{\n  auth_callout {{\n    issuer: {:?}\n    account: {ACCOUNT}\n    auth_users: [{}]\n  }}\n}}",
+             # with this issuer: the hub's services and the system user bypass it. A storm of returning\n\
+             # sites queues at the service: each connection may wait {CALLOUT_TIMEOUT_S} s for its answer.\n\
+             authorization {{\n  timeout: {CALLOUT_TIMEOUT_S}\n  auth_callout {{\n    issuer: {:?}\n    account: {ACCOUNT}\n    auth_users: [{}]\n  }}\n}}",
             issuer.public_key,
             quoted(&bypass)
         );
@@ -382,6 +383,10 @@ fn hub_server(plan: &Plan, i: usize, hub: &Hub, route_password: &str) -> String 
         out.push_str("}\n\n");
     }
     let _ = writeln!(out, "leafnodes {{\n  listen: \"{}:{}\"", hub.host, hub.leaf);
+    if plan.site_auth == SiteAuth::Enroll {
+        // A leaf node's link waits for the identity service's answer as a client does.
+        let _ = writeln!(out, "  authorization {{ timeout: {CALLOUT_TIMEOUT_S} }}");
+    }
     if let Some(address) = &hub.leaf_advertise {
         let _ = writeln!(out, "  advertise: {address:?}");
     }
@@ -417,6 +422,10 @@ fn leaf(plan: &Plan, site: &str, user: &User) -> String {
     out.push_str("    }\n  ]\n}\n");
     out
 }
+
+/// How long a connection may wait for the identity service's answer (nats-server's default is
+/// 2 s, which a storm of returning sites outlasts).
+const CALLOUT_TIMEOUT_S: u32 = 10;
 
 /// A site's leaf node when sites enroll: its link to the hub presents the link credentials the
 /// gateway keeps (renewed by it from its identity key), read again at each reconnect.

@@ -225,9 +225,22 @@ async fn link_credentials_renew_while_connected_and_after_a_cut_longer_than_thei
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(keys.link_due());
     enrollment::renew_with_identity(&hub.url, &keys).await.expect("renewed with the identity after the cut");
-    let _back = connect_site(&hub, &keys).await;
+    let back = connect_site(&hub, &keys).await;
     let reloaded = SiteKeys::load(tmp.path(), identity).unwrap().unwrap();
     assert_eq!(reloaded.link_expires(), keys.link_expires(), "the renewed credentials are on disk");
+
+    // The site removed at the hub (as the orchestrator announces it): the identity service
+    // revokes it by itself and closes its connection.
+    let removed = pb::SiteRemoved { site_id: "edge-01".into(), reason: "lease ended".into(), ..Default::default() };
+    let env = bus_schema::runtime::Envelope::root();
+    orchestrator.publish_event(&removed, &env).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while back.client().connection_state() == async_nats::connection::State::Connected {
+        assert!(Instant::now() < deadline, "a removed site stayed connected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let identities = cli(&hub, &["site", "identities"]);
+    assert!(identities.contains("REVOKED") && identities.contains("site removed"), "{identities}");
 }
 
 /// One connection attempt with `auth` made from the server's nonce.

@@ -69,7 +69,8 @@ impl IdentityService {
                 }
             }
             Op::Revoke(r) => match self.revoke(&r.site_id, &r.reason).await {
-                Ok((record, disconnected, took)) => {
+                Ok(None) => return runtime::error_reply(&format!("site {} has no identity to revoke", r.site_id)),
+                Ok(Some((record, disconnected, took))) => {
                     reply.sites.push(record);
                     reply.disconnected = disconnected;
                     reply.revoke_millis = took.as_millis() as u64;
@@ -97,14 +98,19 @@ impl IdentityService {
 
     /// Marks `site` revoked (the callout lets none of its keys in from then on), and closes its
     /// connections on every hub server: the record, how many were closed, how long it took.
-    async fn revoke(&self, site: &str, reason: &str) -> Result<(pb::SiteIdentity, u32, Duration), String> {
+    /// `None` when the site has no identity (it never joined by enrollment).
+    pub(super) async fn revoke(
+        &self,
+        site: &str,
+        reason: &str,
+    ) -> Result<Option<(pb::SiteIdentity, u32, Duration)>, String> {
         let started = Instant::now();
         let now = now_ms();
         let record = self
             .store
             .update_with(&keys::identity_site(site), |r: Option<&pb::SiteIdentity>| match r {
-                None => Update::Abort(Err(format!("site {site} has no identity to revoke"))),
-                Some(r) if r.revoked => Update::Keep(Ok(r.clone())),
+                None => Update::Abort(Ok::<_, String>(None)),
+                Some(r) if r.revoked => Update::Keep(Ok(Some(r.clone()))),
                 Some(r) => {
                     let next = pb::SiteIdentity {
                         revoked: true,
@@ -112,15 +118,16 @@ impl IdentityService {
                         revoked_reason: reason.to_string(),
                         ..r.clone()
                     };
-                    Update::Put(next.clone(), Ok(next))
+                    Update::Put(next.clone(), Ok(Some(next)))
                 }
             })
             .await
             .map_err(|e| format!("the identity store failed: {e}"))??;
+        let Some(record) = record else { return Ok(None) };
         tracing::warn!(site, reason, "site revoked");
         let Some(system) = self.system.clone() else {
             tracing::warn!(site, "no system account connection: the site's open connections stay until they drop");
-            return Ok((record, 0, started.elapsed()));
+            return Ok(Some((record, 0, started.elapsed())));
         };
         let disconnected = kick(&system, &record).await;
         let took = started.elapsed();
@@ -134,7 +141,7 @@ impl IdentityService {
                 }
             }
         });
-        Ok((record, disconnected, took))
+        Ok(Some((record, disconnected, took)))
     }
 }
 

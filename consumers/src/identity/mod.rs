@@ -24,7 +24,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use bus_schema::credentials::{self, Kind};
 use bus_schema::names::{self, keys};
-use bus_schema::pb;
+use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{self, Bus, Kv, Reply, Update};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -127,12 +127,38 @@ pub async fn run_identity_service(
         serve(names::identity_enroll("*"), |s, subject, p| Box::pin(async move { s.enroll(&subject, &p).await }));
     let renew = serve(names::identity_renew("*"), |s, subject, p| Box::pin(async move { s.renew(&subject, &p).await }));
     let admin = serve(names::IDENTITY_ADMIN.to_string(), |s, _, p| Box::pin(async move { s.admin(&p).await }));
-    let (e, r, a) = tokio::join!(enroll, renew, admin);
+    // A site decommissioned or removed is revoked: its credentials are worth nothing from then on.
+    let spec = runtime::ConsumerSpec::new(
+        names::EVENTS_STREAM,
+        names::IDENTITY_EVENTS,
+        vec![pb::SiteDecommissioned::filter(), pb::SiteRemoved::filter()],
+        runtime::RejectAs::Message { consumer: names::IDENTITY_EVENTS.to_string() },
+    );
+    let revoking = runtime::consume(bus.clone(), spec, Arc::new(Revoker(service.clone())), shutdown.clone());
+    let (e, r, a, v) = tokio::join!(enroll, renew, admin, revoking);
     e?;
     r?;
     a?;
+    v?;
     let _ = answering.await;
     Ok(())
+}
+
+/// Revokes the identity of each site decommissioned or removed.
+struct Revoker(Arc<IdentityService>);
+
+impl runtime::Handler for Revoker {
+    async fn handle(&self, d: &runtime::Delivery) -> Result<(), runtime::HandlerError> {
+        let (site, why) = if d.type_name == pb::SiteDecommissioned::TYPE {
+            (d.decode::<pb::SiteDecommissioned>()?.site_id, "decommissioned")
+        } else {
+            (d.decode::<pb::SiteRemoved>()?.site_id, "removed")
+        };
+        match self.0.revoke(&site, &format!("site {why}")).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(runtime::HandlerError::transient(format!("revoking site {site}"), std::io::Error::other(e))),
+        }
+    }
 }
 
 type Answer = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;

@@ -13,6 +13,7 @@
 pub mod api;
 mod layout;
 mod production;
+mod site_auth;
 pub mod soak;
 pub mod transfer;
 
@@ -129,6 +130,14 @@ pub enum BenchCommand {
         #[arg(long, default_value = "30s", value_parser = crate::flags::parse_duration)]
         idle: Duration,
     },
+    /// What letting sites in costs the hub, static users in its configuration against the
+    /// identity service's auth callout (link credentials), in one run: time to connect every
+    /// site, hub RSS per connected site, and how long a revocation takes to close a site's
+    /// connection.
+    SiteAuth {
+        #[arg(long, default_value_t = 1000)]
+        sites: usize,
+    },
     /// Simulated days of a fleet's operations (hosts arriving and leaving, design changes, a
     /// rollout, re-installs), each --day-length of wall time with keeping times scaled to it:
     /// every stream's and bucket's bytes, the sites' caches, RSS and a fresh orchestrator's
@@ -148,8 +157,12 @@ pub enum BenchCommand {
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
     let shutdown = crate::run::service::shutdown_on_signal();
     // The production shape runs a hub of its own, configured as deployed.
-    let own_hub =
-        matches!(cmd, BenchCommand::Fanout { shape: FanoutShape::Production, .. } | BenchCommand::JobLayout { .. });
+    let own_hub = matches!(
+        cmd,
+        BenchCommand::Fanout { shape: FanoutShape::Production, .. }
+            | BenchCommand::JobLayout { .. }
+            | BenchCommand::SiteAuth { .. }
+    );
     anyhow::ensure!(
         !(own_hub && nats_url.is_some()),
         "the production shape starts a hub of its own, configured for its sites: unset NATS_URL, or use --shape shared"
@@ -205,6 +218,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
             }
             BenchCommand::Soak(args) => soak::soak(&url, args).await,
             BenchCommand::JobLayout { sites, layout, idle } => layout::job_layout(sites, layout, idle).await,
+            BenchCommand::SiteAuth { sites } => site_auth::site_auth(sites).await,
             BenchCommand::Api { sites, nodes } => {
                 anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
                 api::api(&url, sites, nodes).await
