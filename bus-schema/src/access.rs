@@ -275,6 +275,8 @@ impl Role {
                 p.subscribe.extend([names::AUTH_CALLOUT.to_string(), names::IDENTITY_ALL.to_string()]);
                 p.allow_responses = true;
             }
+            // Requests to join and identities, decided by the API's operators.
+            Role::Api => p.publish.push(names::IDENTITY_ADMIN.to_string()),
             _ => {}
         }
         p

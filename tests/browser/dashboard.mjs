@@ -278,6 +278,14 @@ async function installCase() {
     await page.waitForSelector('[data-tile="state-installed"][data-value="1"]');
   });
 
+  await step('the Joining page lists requests to join and identities (none in landfall up)', async () => {
+    await page.click('a[data-nav="joining"]');
+    await page.waitForSelector('#enrollments-table');
+    await page.waitForSelector('#identities-table');
+    if (await page.locator('.notice-error').count()) throw new Error(await page.locator('.notice-error').first().textContent());
+    await page.click('a.brand');
+  });
+
   if (opt['viewer-token']) {
     const viewer = await newPage();
     current = viewer;

@@ -183,7 +183,24 @@ async fn a_denied_gateway_gets_nothing_and_a_bootstrap_credential_can_only_ask()
 
     let (joining, pending) = ask_to_join(&hub, &bootstrap, "edge-01", identity.clone(), tmp.path());
     tokio::time::timeout(Duration::from_secs(30), pending).await.unwrap().unwrap();
-    cli(&hub, &["site", "deny", &identity.public_key(), "--reason", "unknown machine"]);
+    // Through the HTTP API, as its own NATS user: a viewer sees the request, only an operator
+    // decides it.
+    let api_bus = connect_when_ready(&hub.url, "api", &hub.d.access(&Role::Api)).await;
+    let api = landfall_tests::api::Api::start(&api_bus).await;
+    let (status, listed) = api.get(landfall_tests::api::VIEWER, "/v1/enrollments").await;
+    assert_eq!(status, 200, "{listed}");
+    let fingerprint = bus_schema::credentials::fingerprint(&identity.public_key());
+    assert_eq!(listed["enrollments"][0]["fingerprint"], fingerprint, "{listed}");
+    assert_eq!(listed["enrollments"][0]["state"], "ENROLLMENT_STATE_PENDING", "{listed}");
+    let deny = format!("/v1/enrollments/{fingerprint}/deny");
+    let (status, _) = api.post(landfall_tests::api::VIEWER, &deny, r#"{"reason":"x"}"#, &[]).await;
+    assert_eq!(status, 403, "a viewer decided a request to join");
+    let (status, decided) =
+        api.post(landfall_tests::api::OPERATOR, &deny, r#"{"reason":"unknown machine"}"#, &[]).await;
+    assert_eq!(status, 200, "{decided}");
+    assert_eq!(decided["state"], "ENROLLMENT_STATE_DENIED", "{decided}");
+    let (status, again) = api.post(landfall_tests::api::OPERATOR, "/v1/sites/edge-01/revoke", "", &[]).await;
+    assert_eq!(status, 404, "a site with no identity: {again}");
     let answer = tokio::time::timeout(Duration::from_secs(30), joining).await.unwrap().unwrap().unwrap();
     assert_eq!(answer.err(), Some(Asked::Denied("unknown machine".into())));
     assert!(!tmp.path().join("link.creds").exists(), "a denied gateway holds no credentials");

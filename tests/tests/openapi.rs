@@ -21,6 +21,17 @@ async fn schemathesis_finds_nothing_wrong_with_the_api() {
     let server = NatsServer::start();
     let fleet = Fleet::builder(&server.url()).sites(2).nodes(2).start().await;
     let api = Api::start(&fleet.bus).await;
+    // The identity service answers the API's identity routes (no request to join, no identity:
+    // schemathesis's keys and sites are unknown to it).
+    let settings = consumers::identity::IdentitySettings {
+        issuer: std::sync::Arc::new(nkeys::KeyPair::new_account()),
+        link_ttl: consumers::identity::LINK_TTL,
+        requesters: Vec::new(),
+        approval: consumers::identity::Approval::Operator,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let identity =
+        tokio::spawn(consumers::identity::run_identity_service(fleet.bus.clone(), None, settings, stop.clone()));
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/schemathesis.toml");
     // Its example database and reports go here, not into the checkout.
     let scratch = tempfile::tempdir().unwrap();
@@ -37,7 +48,9 @@ async fn schemathesis_finds_nothing_wrong_with_the_api() {
     let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "schemathesis found faults:\n{report}");
     // It really ran: every operation but the event stream, with generated cases.
-    assert!(report.contains("Tested: 28"), "{report}");
+    assert!(report.contains("Tested: 33"), "{report}");
     let generated = report.lines().find(|l| l.contains("generated")).unwrap_or_default();
     println!("{generated}");
+    stop.cancel();
+    let _ = identity.await;
 }

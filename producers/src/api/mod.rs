@@ -8,6 +8,7 @@
 pub mod auth;
 mod commands;
 pub(crate) mod facts;
+mod identity;
 pub mod model;
 pub mod openapi;
 pub mod sse;
@@ -61,8 +62,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/commands/{id}", get(command))
         .route("/v1/events", get(sse::events))
         .route("/v1/whoami", get(whoami))
+        .merge(identity::read_routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_viewer));
-    let write = commands::routes().route_layer(middleware::from_fn_with_state(state.clone(), require_operator));
+    let write = commands::routes()
+        .merge(identity::write_routes())
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_operator));
     Router::new()
         .merge(read)
         .merge(write)

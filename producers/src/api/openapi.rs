@@ -715,7 +715,7 @@ pub fn document() -> Value {
             "503": { "description": "Not ready yet.", "content": { "application/json": { "schema": { "type": "object" } } } } } } }),
         ),
     ];
-    for (path, item) in entries {
+    for (path, item) in entries.into_iter().chain(super::identity::paths(error_response)) {
         paths.insert(path.to_string(), item);
     }
     let mut schemas = messages;

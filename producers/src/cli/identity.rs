@@ -41,18 +41,47 @@ pub struct RevokeArgs {
     pub reason: String,
 }
 
+/// Why the identity service gave no answer.
+#[derive(Debug)]
+pub(crate) enum Unanswered {
+    NoService,
+    /// It refused, saying why (no such request, decided already, no identity to revoke, …).
+    Refused(String),
+    Bus(anyhow::Error),
+}
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unanswered::NoService => write!(
+                f,
+                "no identity service answered on {}; is `landfall serve identity` running?",
+                names::IDENTITY_ADMIN
+            ),
+            Unanswered::Refused(why) => f.write_str(why),
+            Unanswered::Bus(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl std::error::Error for Unanswered {}
+
+/// One request to the identity service on `bus`.
+pub(crate) async fn request(bus: &Bus, op: Op) -> Result<pb::IdentityAdminReply, Unanswered> {
+    let body = pb::IdentityAdmin { op: Some(op) }.encode_to_vec();
+    match bus.request(names::IDENTITY_ADMIN.to_string(), body.into(), TIMEOUT).await {
+        Ok((_, body)) => {
+            pb::IdentityAdminReply::decode(body).context("the identity service's answer").map_err(Unanswered::Bus)
+        }
+        Err(RequestError::NoResponders { .. }) => Err(Unanswered::NoService),
+        Err(RequestError::Refused { reason, .. }) => Err(Unanswered::Refused(reason)),
+        Err(e) => Err(Unanswered::Bus(e.into())),
+    }
+}
+
 async fn ask(url: &str, op: Op) -> anyhow::Result<pb::IdentityAdminReply> {
     let bus = Bus::connect_client(url, "landfall-cli", crate::nats_access::get()).await?;
-    let body = pb::IdentityAdmin { op: Some(op) }.encode_to_vec();
-    let subject = names::IDENTITY_ADMIN;
-    match bus.request(subject.to_string(), body.into(), TIMEOUT).await {
-        Ok((_, body)) => pb::IdentityAdminReply::decode(body).context("the identity service's answer"),
-        Err(RequestError::NoResponders { .. }) => {
-            anyhow::bail!("no identity service answered on {subject}; is `landfall serve identity` running?")
-        }
-        Err(RequestError::Refused { reason, .. }) => anyhow::bail!("{reason}"),
-        Err(e) => Err(e.into()),
-    }
+    Ok(request(&bus, op).await?)
 }
 
 fn when(unix_ms: i64) -> String {

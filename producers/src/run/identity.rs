@@ -52,6 +52,27 @@ pub fn issuer(path: &std::path::Path) -> anyhow::Result<nkeys::KeyPair> {
     nkeys::KeyPair::from_seed(seed.trim()).with_context(|| format!("{} holds no valid seed", path.display()))
 }
 
+/// The issuer key in `path`, made there (mode 0600) the first time.
+///
+/// # Errors
+/// The file cannot be read or written, or holds no account seed.
+pub fn issuer_or_new(path: &std::path::Path) -> anyhow::Result<nkeys::KeyPair> {
+    if !path.exists() {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let key = nkeys::KeyPair::new_account();
+        let seed = key.seed().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("write {}", path.display()))?;
+        writeln!(f, "# The identity service's issuer ({}).\n{seed}", key.public_key())?;
+    }
+    issuer(path)
+}
+
 impl IdentityArgs {
     /// The service's settings from the flags.
     ///

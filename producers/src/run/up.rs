@@ -224,6 +224,15 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let store = args.store.open_or_default(Some(&default_store))?;
     let catalog = upload_demo_packages(&store, UP_SHRINK).await.context("upload the demo packages")?;
     services.spawn(consumers::run_distribution(bus.clone(), store.clone(), Default::default(), shutdown.clone()));
+    // The identity service answers the API's and the CLI's identity requests; `up`'s own
+    // simulated sites connect without credentials (its nats-server asks none).
+    let settings = consumers::identity::IdentitySettings {
+        issuer: std::sync::Arc::new(super::identity::issuer_or_new(&args.data_dir.join("identity-issuer.nk"))?),
+        link_ttl: consumers::identity::LINK_TTL,
+        requesters: Vec::new(),
+        approval: consumers::identity::Approval::Operator,
+    };
+    services.spawn(consumers::identity::run_identity_service(bus.clone(), None, settings, shutdown.clone()));
     let gateways = SimGateways { bus: bus.clone(), data_dir: args.data_dir.clone(), sim: sim.clone(), alive_every };
     let mut sims = Vec::new();
     let registered = bus.kv(names::SITES_BUCKET).await?;

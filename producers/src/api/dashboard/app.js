@@ -1569,6 +1569,90 @@
     return { el, nav: 'packages', title: 'Packages', refreshPackages };
   }
 
+  /** Gateways asking to join, and the sites' identities: approve, deny, revoke (operators). */
+  function joiningView() {
+    const el = h('div', {}, h('div', { class: 'page-head' }, h('h1', {}, 'Sites joining')), h('p', { class: 'muted pad' }, 'Loading…'));
+    const when = (ms) => (ms && Number(ms) > 0 ? new Date(Number(ms)).toISOString().replace('.000Z', 'Z') : '—');
+    async function act(path, body, what) {
+      try {
+        await api(path, { method: 'POST', body });
+        toast(`${what}: done`, 'ok');
+      } catch (e) {
+        if (e.status !== 401) toast(`${what}: ${e.message}`, 'error');
+      }
+      refreshJoining();
+    }
+    const facts = (f) => Object.entries(f || {}).sort().map(([k, v]) => `${k}=${v}`).join(' ');
+    async function refreshJoining() {
+      let asked;
+      let sites;
+      try {
+        [asked, sites] = await Promise.all([api('/v1/enrollments?all=true'), api('/v1/identities')]);
+      } catch (e) {
+        if (e.status !== 401) fill(el, h('div', { class: 'page-head' }, h('h1', {}, 'Sites joining')), errorBox(e));
+        return;
+      }
+      const pending = asked.enrollments.filter((e) => !e.state || e.state === 'ENROLLMENT_STATE_PENDING');
+      const decided = asked.enrollments.filter((e) => e.state && e.state !== 'ENROLLMENT_STATE_PENDING');
+      const row = (e, open) =>
+        h(
+          'tr',
+          { dataset: { key: e.identity_key, state: open ? 'pending' : 'decided' } },
+          h('th', { scope: 'row', class: 'mono' }, e.fingerprint),
+          h('td', {}, e.site_id || '?'),
+          h('td', { class: 'small mono' }, facts(e.facts)),
+          h('td', {}, when(e.requested_unix_ms)),
+          h(
+            'td',
+            {},
+            open && isOperator()
+              ? [
+                  h('button', { type: 'button', class: 'btn btn-small', dataset: { action: 'approve' }, onclick: () => act(`/v1/enrollments/${encodeURIComponent(e.identity_key)}/approve`, {}, `Approve ${e.fingerprint} as ${e.site_id}`) }, 'Approve'),
+                  ' ',
+                  h('button', { type: 'button', class: 'btn btn-small btn-ghost', dataset: { action: 'deny' }, onclick: () => act(`/v1/enrollments/${encodeURIComponent(e.identity_key)}/deny`, { reason: 'denied from the dashboard' }, `Deny ${e.fingerprint}`) }, 'Deny'),
+                ]
+              : h('span', { class: 'muted' }, open ? 'waiting' : `${String(e.state).replace('ENROLLMENT_STATE_', '').toLowerCase()} by ${e.decided_by || '?'} ${e.reason || ''}`),
+          ),
+        );
+      const table = (id, caption, heads, rows) =>
+        h('section', { class: 'card' }, h('div', { class: 'table-wrap' }, h('table', { class: 'table', id }, h('caption', {}, caption), h('thead', {}, h('tr', {}, heads.map((t) => h('th', { scope: 'col' }, t)))), h('tbody', {}, rows))));
+      fill(
+        el,
+        h('div', { class: 'page-head' }, h('h1', {}, 'Sites joining'), h('span', { class: 'muted' }, `${num(pending.length)} waiting`)),
+        table('enrollments-table', 'Requests to join', ['Fingerprint', 'Site', 'Machine', 'Asked', ''], pending.map((e) => row(e, true)).concat(decided.map((e) => row(e, false)))),
+        table(
+          'identities-table',
+          'Site identities',
+          ['Site', 'Key', 'Enrolled', 'Link expires', ''],
+          sites.sites.map((s) =>
+            h(
+              'tr',
+              { dataset: { site: s.site_id, revoked: s.revoked ? 'yes' : 'no' } },
+              h('th', { scope: 'row' }, h('a', { href: `#/sites/${encodeURIComponent(s.site_id)}` }, s.site_id)),
+              h('td', { class: 'mono small', title: s.identity_key }, `${s.identity_key.slice(0, 12)}…`),
+              h('td', {}, when(s.enrolled_unix_ms)),
+              h('td', {}, s.links && s.links.length ? when(s.links[s.links.length - 1].expires_unix_ms) : '—'),
+              h(
+                'td',
+                {},
+                s.revoked
+                  ? h('span', { class: 'pill pill-bad' }, `revoked ${s.revoked_reason || ''}`)
+                  : isOperator()
+                    ? h('button', { type: 'button', class: 'btn btn-small', dataset: { action: 'revoke' }, onclick: () => {
+                        if (window.confirm(`Revoke site ${s.site_id}? Its gateway and leaf node are disconnected and cannot connect again.`)) act(`/v1/sites/${encodeURIComponent(s.site_id)}/revoke`, { reason: 'revoked from the dashboard' }, `Revoke ${s.site_id}`);
+                      } }, 'Revoke')
+                    : h('span', { class: 'pill pill-ok' }, 'active'),
+              ),
+            ),
+          ),
+        ),
+      );
+    }
+    refreshJoining();
+    const timer = setInterval(refreshJoining, 5000);
+    return { el, nav: 'joining', title: 'Sites joining', refreshJoining, unmount: () => clearInterval(timer) };
+  }
+
   // ---------------------------------------------------------------- routing and start-up
 
   function route() {
@@ -1584,6 +1668,7 @@
     else if ((m = path.match(/^\/rollouts\/([^/?]+)/))) mount(rolloutView(decodeURIComponent(m[1])));
     else if (path.startsWith('/rollouts')) mount(rolloutsView());
     else if (path.startsWith('/packages')) mount(packagesView());
+    else if (path.startsWith('/joining')) mount(joiningView());
     else mount(fleetView());
     $('#view').focus({ preventScroll: true });
     window.scrollTo(0, 0);
