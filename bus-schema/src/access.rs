@@ -712,6 +712,7 @@ mod tests {
             (Role::Orchestrator, names::EVENTS_STREAM, names::ORCHESTRATOR_ROLLOUTS),
             (Role::Observer, names::EVENTS_STREAM, names::OBSERVER_EVENTS),
             (Role::Kubeconfig, names::EVENTS_STREAM, names::KUBECONFIG_EVENTS),
+            (Role::Identity, names::EVENTS_STREAM, names::IDENTITY_EVENTS),
         ];
         for role in Role::services().into_iter().filter(|r| *r != Role::Operator) {
             let p = role.permissions("U", &[]);

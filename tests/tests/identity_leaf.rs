@@ -42,7 +42,7 @@ async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sealed_gateway_on_a_leaf_node_joins_installs_its_site_and_a_revocation_closes_its_link_for_good() {
     let d = Deployment::generate_enrolled(&["edge-01"], 1);
-    let hubs = d.start_hubs();
+    let mut hubs = d.start_hubs();
     let url = d.hub_urls("nats");
     let identity = d.start_identity(&url, "30d", "operator");
     d.wait_for_identity(&url, &identity);
@@ -126,6 +126,14 @@ async fn a_sealed_gateway_on_a_leaf_node_joins_installs_its_site_and_a_revocatio
             "a seed other than the short-lived link key's is on the gateway's disk"
         );
     }
+
+    // The hub restarted (its server id is new): the leaf node links again through the callout,
+    // and the revocation below finds that connection.
+    hubs[0].restart();
+    until("the leaf node links again after the hub's restart", Duration::from_secs(60), async || {
+        leaf_links(d.hubs[0].http).await == 1
+    })
+    .await;
 
     // Revoked: the leaf node's link is closed within seconds, and does not come back.
     let started = Instant::now();
