@@ -368,14 +368,20 @@ async fn renew_presenting(
     renewed
 }
 
-/// Renews the link credentials whenever a third of their life is left (through `url`, see
-/// [`renew_now`]), until `shutdown`.
-pub async fn keep_renewed(url: String, keys: Arc<SiteKeys>, shutdown: CancellationToken) {
+/// Renews the link credentials whenever a third of their life is left, until `shutdown`:
+/// through `via` (the gateway's own server: the hub, or its leaf node while the leaf's link holds),
+/// else straight at the hub (`hub`; a leaf node whose link credentials expired has no link to
+/// ask through).
+pub async fn keep_renewed(via: String, hub: String, keys: Arc<SiteKeys>, shutdown: CancellationToken) {
     loop {
-        if keys.link_due()
-            && let Err(e) = renew_now(&url, &keys).await
-        {
-            tracing::warn!(site = %keys.site, error = %e, "cannot renew the link credentials yet");
+        if keys.link_due() {
+            let mut renewed = renew_now(&via, &keys).await;
+            if renewed.is_err() && hub != via {
+                renewed = renew_now(&hub, &keys).await;
+            }
+            if let Err(e) = renewed {
+                tracing::warn!(site = %keys.site, error = %format!("{e:#}"), "cannot renew the link credentials yet");
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

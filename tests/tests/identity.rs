@@ -227,7 +227,8 @@ async fn link_credentials_renew_while_connected_and_after_a_cut_longer_than_thei
 
     let bus = connect_site(&hub, &keys).await;
     let shutdown = CancellationToken::new();
-    let renewing = tokio::spawn(enrollment::keep_renewed(hub.url.clone(), keys.clone(), shutdown.clone()));
+    let renewing =
+        tokio::spawn(enrollment::keep_renewed(hub.url.clone(), hub.url.clone(), keys.clone(), shutdown.clone()));
     // Renewed while connected, before the first expired.
     let deadline = Instant::now() + Duration::from_secs(8);
     while keys.link_expires() == Some(first) && Instant::now() < deadline {

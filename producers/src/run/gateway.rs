@@ -292,9 +292,15 @@ pub fn main() -> ExitCode {
         match gateway_identity::enrolled(&cli.nats, &cli.identity, &site, &hub_url, shutdown.clone()).await? {
             Some((access, keys)) => {
                 nats_access::set(access);
-                // Renewed through the connection's own server: the hub, or the leaf node whose
-                // link these credentials hold up.
-                tokio::spawn(site_gateway::enrollment::keep_renewed(cli.nats_url.clone(), keys, shutdown.clone()));
+                // Renewed through the connection's own server (the hub, or the leaf node whose
+                // link these credentials hold up), else at the hub.
+                let renewing = site_gateway::enrollment::keep_renewed(
+                    cli.nats_url.clone(),
+                    hub_url.clone(),
+                    keys,
+                    shutdown.clone(),
+                );
+                tokio::spawn(renewing);
             }
             None => nats_access::set(gateway_identity::access(&cli.nats, &cli.identity)?),
         }

@@ -150,8 +150,10 @@ pub async fn enrolled(
     if !loaded.sealed() {
         tracing::warn!(public_key = loaded.public_key(), "{FILE_KEY_WARNING}");
     }
-    // Cut off past the link credentials' life: new ones through the identity, before anything.
-    while keys.link_expires().is_none_or(|exp| exp <= now_s()) {
+    // Connected straight to the hub and cut off past the link credentials' life: new ones
+    // through the identity before anything. A gateway on its site's leaf node goes on at once
+    // (its leaf node holds its jobs and records; the renewal runs beside it).
+    while identity.hub_url.is_none() && keys.link_expires().is_none_or(|exp| exp <= now_s()) {
         match enrollment::renew_with_identity(hub_url, &keys).await {
             Ok(()) => break,
             Err(e) => {
