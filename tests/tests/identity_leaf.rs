@@ -112,7 +112,7 @@ impl LeafSite {
         let mut first = args.clone();
         first.extend(["--bootstrap-file".to_string(), path(&boot_file)]);
         let gateway = spawn_gateway(&first, work.path());
-        let mut site = LeafSite { d, hubs, url, identity, fleet, _tpm: tpm, work, leaf, gateway, args };
+        let site = LeafSite { d, hubs, url, identity, fleet, _tpm: tpm, work, leaf, gateway, args };
         until("the gateway asks to join", Duration::from_secs(30), async || {
             site.gateway_log().contains("waiting for an operator")
         })
