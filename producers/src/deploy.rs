@@ -456,11 +456,9 @@ fn leaf_enrolled(plan: &Plan, site: &str) -> String {
 
 /// The issuer kept from an earlier run, or a new account key.
 fn issuer_key(path: &Path) -> anyhow::Result<Key> {
-    let kept =
-        std::fs::read_to_string(path).ok().and_then(|t| t.lines().find(|l| l.starts_with("SA")).map(str::to_string));
-    let pair = match kept {
-        Some(seed) => nkeys::KeyPair::from_seed(&seed).context("the issuer file holds no valid seed")?,
-        None => nkeys::KeyPair::new_account(),
+    let pair = match path.exists() {
+        true => crate::run::identity::issuer(path)?,
+        false => nkeys::KeyPair::new_account(),
     };
     Ok(Key { public_key: pair.public_key(), seed: pair.seed().context("the key pair has no seed")? })
 }

@@ -29,7 +29,8 @@ impl LastReport {
     }
 }
 
-fn now_ms() -> i64 {
+/// The wall clock, in unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }

@@ -22,7 +22,7 @@ use anyhow::{Context, bail};
 use bus_schema::credentials::{self, Credential};
 use bus_schema::names;
 use bus_schema::pb;
-use bus_schema::runtime::{Access, Presented};
+use bus_schema::runtime::{Access, Fixed, Presented};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -52,12 +52,10 @@ pub struct SiteKeys {
     link: Mutex<Option<Link>>,
 }
 
-fn now_s() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
+use crate::alive::now_ms;
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+fn now_s() -> i64 {
+    now_ms() / 1000
 }
 
 /// A credential's claims, as issued (the hub checks the signature; the gateway reads what it
@@ -127,9 +125,10 @@ impl SiteKeys {
         Duration::from_secs(due.saturating_sub(now).max(0) as u64).clamp(Duration::from_millis(100), LOOK_EVERY)
     }
 
-    /// The access that connects as this site (`js_domain` as the gateway's).
-    pub fn access(self: &Arc<Self>, js_domain: Option<String>) -> Access {
-        Access { presented: Some(self.clone() as Arc<dyn Presented>), js_domain, ..Default::default() }
+    /// `base` (its TLS, its JetStream domain) connecting as this site: presenting these
+    /// credentials, with no nkey of its own.
+    pub fn access(self: &Arc<Self>, base: Access) -> Access {
+        Access { presented: Some(self.clone() as Arc<dyn Presented>), nkey_seed: None, ..base }
     }
 
     fn keep_link(&self, credential: String, key: nkeys::KeyPair) -> anyhow::Result<()> {
@@ -311,8 +310,8 @@ pub async fn enroll(
 }
 
 /// A plain connection presenting `credential` with `key`'s proof (a bootstrap credential
-/// asking to join; an identity credential renewing after a long cut).
-/// Replies come to the identity key's inbox, whichever key connects.
+/// asking to join; an identity credential renewing after a long cut); replies come to the
+/// identity key's inbox, whichever key connects.
 async fn connect_presenting(
     url: &str,
     name: &str,
@@ -320,15 +319,9 @@ async fn connect_presenting(
     key: Arc<nkeys::KeyPair>,
     identity_key: &str,
 ) -> anyhow::Result<async_nats::Client> {
-    let inbox = bus_schema::access::inbox(identity_key);
-    let options = async_nats::ConnectOptions::with_auth_callback(move |nonce| {
-        let (credential, key) = (credential.clone(), key.clone());
-        async move { bus_schema::credentials::auth(&credential, &key, &nonce) }
-    });
     let servers: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
-    options
+    bus_schema::runtime::presenting(Arc::new(Fixed { credential, key, inbox_key: identity_key.to_string() }))
         .name(name)
-        .custom_inbox_prefix(inbox)
         .connect(servers)
         .await
         .with_context(|| format!("connect to {url} (is the credential valid, and the identity service running?)"))

@@ -345,13 +345,12 @@ pub async fn try_connect_presenting(
 }
 
 fn presenting(credential: &str, key: Arc<nkeys::KeyPair>) -> async_nats::ConnectOptions {
-    let credential = credential.to_string();
-    let inbox = bus_schema::access::inbox(&key.public_key());
-    async_nats::ConnectOptions::with_auth_callback(move |nonce| {
-        let (credential, key) = (credential.clone(), key.clone());
-        async move { bus_schema::credentials::auth(&credential, &key, &nonce) }
-    })
-    .custom_inbox_prefix(inbox)
+    let inbox_key = key.public_key();
+    bus_schema::runtime::presenting(Arc::new(bus_schema::runtime::Fixed {
+        credential: credential.to_string(),
+        key,
+        inbox_key,
+    }))
     .max_reconnects(None)
 }
 

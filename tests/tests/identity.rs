@@ -83,7 +83,7 @@ fn ask_to_join(
 
 /// Connects as the site with its keys, as its gateway does.
 async fn connect_site(hub: &Hub, keys: &Arc<SiteKeys>) -> Bus {
-    let access = keys.access(None);
+    let access = keys.access(Default::default());
     tokio::time::timeout(Duration::from_secs(20), Bus::connect_client(&hub.url, "gateway", &access))
         .await
         .expect("connect in time")
@@ -142,8 +142,11 @@ async fn a_gateway_joins_on_approval_connects_as_its_site_only_and_a_revocation_
     assert_ne!(raw.connection_state(), async_nats::connection::State::Connected, "still connected after {took:?}");
     eprintln!("revocation: the site's connections closed {took:?} after `site revoke` was started");
     assert!(took < Duration::from_secs(5), "the revoked site stayed connected for {took:?}");
-    let again =
-        tokio::time::timeout(Duration::from_secs(5), Bus::connect_client(&hub.url, "again", &keys.access(None))).await;
+    let again = tokio::time::timeout(
+        Duration::from_secs(5),
+        Bus::connect_client(&hub.url, "again", &keys.access(Default::default())),
+    )
+    .await;
     assert!(!matches!(again, Ok(Ok(_))), "a revoked site connected again");
     // Nor may it renew with its identity.
     assert!(enrollment::renew_with_identity(&hub.url, &keys).await.is_err(), "a revoked site renewed");

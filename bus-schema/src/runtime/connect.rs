@@ -40,6 +40,38 @@ pub trait Presented: Send + Sync + 'static {
     fn inbox_key(&self) -> String;
 }
 
+/// One credential presented with one key, replies at `inbox_key`'s inbox.
+pub struct Fixed {
+    pub credential: String,
+    pub key: std::sync::Arc<nkeys::KeyPair>,
+    pub inbox_key: String,
+}
+
+impl Presented for Fixed {
+    fn present(&self) -> Option<(String, std::sync::Arc<nkeys::KeyPair>)> {
+        Some((self.credential.clone(), self.key.clone()))
+    }
+
+    fn inbox_key(&self) -> String {
+        self.inbox_key.clone()
+    }
+}
+
+/// Options that present what `presented` holds at each (re)connection, replies at its inbox.
+pub fn presenting(presented: std::sync::Arc<dyn Presented>) -> async_nats::ConnectOptions {
+    let inbox = crate::access::inbox(&presented.inbox_key());
+    async_nats::ConnectOptions::with_auth_callback(move |nonce| {
+        let presented = presented.clone();
+        async move {
+            let (credential, key) = presented
+                .present()
+                .ok_or_else(|| async_nats::AuthError::new("no credential to present: not enrolled, or expired"))?;
+            crate::credentials::auth(&credential, &key, &nonce)
+        }
+    })
+    .custom_inbox_prefix(inbox)
+}
+
 impl std::fmt::Debug for Access {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Access")
@@ -158,19 +190,7 @@ impl Bus {
     async fn connect_inner(url: &str, name: &str, patient: bool, access: &Access) -> Result<Self, BusError> {
         let bad = |reason: String| BusError::Connect { url: url.to_string(), source: reason.into() };
         let mut options = match &access.presented {
-            Some(presented) => {
-                let presented = presented.clone();
-                async_nats::ConnectOptions::with_auth_callback(move |nonce| {
-                    let presented = presented.clone();
-                    async move {
-                        let (jwt, key) = presented.present().ok_or_else(|| {
-                            async_nats::AuthError::new("no credential to present: not enrolled, or expired")
-                        })?;
-                        crate::credentials::auth(&jwt, &key, &nonce)
-                    }
-                })
-                .name(name)
-            }
+            Some(presented) => presenting(presented.clone()).name(name),
             None => async_nats::ConnectOptions::new().name(name),
         };
         if patient {
@@ -179,7 +199,6 @@ impl Bus {
         let mut inbox_prefix = crate::access::INBOX_PREFIX.to_string();
         if let Some(presented) = &access.presented {
             inbox_prefix = crate::access::inbox(&presented.inbox_key());
-            options = options.custom_inbox_prefix(inbox_prefix.clone());
         } else if let Some(key) = access.public_key().map_err(bad)? {
             inbox_prefix = crate::access::inbox(&key);
             options =

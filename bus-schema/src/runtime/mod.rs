@@ -54,7 +54,7 @@ pub mod trace;
 mod version;
 
 pub use catalog::{observed_nodes, package_refs, site_observed_nodes};
-pub use connect::{Access, Bus, Presented, private_file};
+pub use connect::{Access, Bus, Fixed, Presented, presenting, private_file};
 pub use consume::{ConsumerSpec, DEFAULT_MAX_ATTEMPTS, Handler, consume, ensure_consumer};
 pub use dead_letter::{Replayed, StoredDeadLetter, dead_letter_type};
 pub use delivery::{Delivery, HandlerError, RejectAs, Rejection, reject_code_label};

@@ -10,7 +10,8 @@ use bus_schema::pb::{self, identity_admin::Op};
 use bus_schema::runtime::{self, Reply, Update};
 use prost::Message;
 
-use super::{IdentityService, now_ms, ok};
+use super::{IdentityService, ok};
+use crate::clock::now_ms;
 
 /// A bootstrap credential lasts this long unless asked otherwise, and at most a day.
 const BOOTSTRAP_TTL: Duration = Duration::from_secs(3600);

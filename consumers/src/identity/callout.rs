@@ -20,7 +20,8 @@ use bus_schema::names::keys;
 use bus_schema::pb;
 use bus_schema::runtime::Update;
 
-use super::{IdentityService, now_ms};
+use super::IdentityService;
+use crate::clock::now_ms;
 
 /// How many connections of a site are remembered for a revocation to close.
 const CONNECTIONS_KEPT: usize = 8;
@@ -89,30 +90,21 @@ impl IdentityService {
                     exp: credential.exp,
                 })
             }
-            Kind::Identity | Kind::Link => {
-                let seen = pb::ConnectionSeen {
-                    server_id: request.server_id.id.clone(),
-                    client_id: request.client_info.id,
-                    kind: request.client_info.kind.clone(),
-                    at_unix_ms: now_ms(),
-                    key: key.clone(),
-                };
-                let record = self.admit(&site, credential.landfall.kind, &key, seen).await?;
-                Ok(match credential.landfall.kind {
-                    Kind::Identity => LetIn {
-                        name: format!("site-{site}-renewal"),
-                        permissions: access::site_renewal(&site, &record.identity_key),
-                        exp: None,
-                    },
-                    _ => {
-                        let until = record.links.iter().find(|l| l.key == key).map(|l| l.expires_unix_ms / 1000);
-                        LetIn {
-                            name: format!("site-{site}"),
-                            permissions: access::site_link(&site, &record.identity_key, &self.settings.requesters),
-                            exp: [credential.exp, until].into_iter().flatten().min(),
-                        }
-                    }
+            Kind::Identity => {
+                let (record, _) =
+                    self.admit(request, &site, |r, _| (r.identity_key == key).then(|| key.clone())).await?;
+                Ok(LetIn {
+                    name: format!("site-{site}-renewal"),
+                    permissions: access::site_renewal(&site, &record.identity_key),
+                    exp: None,
                 })
+            }
+            Kind::Link => {
+                let held = |r: &pb::SiteIdentity, now| {
+                    r.links.iter().any(|l| l.key == key && l.expires_unix_ms > now).then(|| key.clone())
+                };
+                let (record, key) = self.admit(request, &site, held).await?;
+                Ok(self.as_site(&site, &record, &key, credential.exp))
             }
         }
     }
@@ -129,45 +121,37 @@ impl IdentityService {
             .map_err(|e| format!("the leaf node names no site: {e}"))?
             .to_string();
         let nonce = &request.client_info.nonce;
-        let now = now_ms();
-        let signed_by = |r: &pb::SiteIdentity| {
+        let signed = |r: &pb::SiteIdentity, now| {
             r.links
                 .iter()
                 .find(|l| l.expires_unix_ms > now && credentials::nonce_signed_by(&l.key, nonce, &opts.sig))
                 .map(|l| l.key.clone())
         };
-        let found = self.store.get::<pb::SiteIdentity>(&keys::identity_site(&site)).await;
-        let key = match found {
-            Ok(Some((r, _))) => {
-                signed_by(&r).ok_or_else(|| format!("no link key of site {site} signed the connection"))?
-            }
-            Ok(None) => return Err(format!("site {site} is not enrolled")),
-            Err(e) => return Err(format!("the identity store failed: {e}")),
-        };
-        let seen = pb::ConnectionSeen {
-            server_id: request.server_id.id.clone(),
-            client_id: request.client_info.id,
-            kind: request.client_info.kind.clone(),
-            at_unix_ms: now,
-            key: key.clone(),
-        };
-        let record = self.admit(&site, Kind::Link, &key, seen).await?;
-        let until = record.links.iter().find(|l| l.key == key).map(|l| l.expires_unix_ms / 1000);
-        Ok(LetIn {
-            name: format!("site-{site}"),
-            permissions: access::site_link(&site, &record.identity_key, &self.settings.requesters),
-            exp: until,
-        })
+        let (record, key) = self.admit(request, &site, signed).await?;
+        Ok(self.as_site(&site, &record, &key, None))
     }
 
-    /// The site's record, its connection `seen` added, when `key` may connect as `kind`.
+    /// Who a site's link key connects as: the site's permissions until the key (or its
+    /// credential, `exp`) expires.
+    fn as_site(&self, site: &str, record: &pb::SiteIdentity, key: &str, exp: Option<i64>) -> LetIn {
+        let until = record.links.iter().find(|l| l.key == key).map(|l| l.expires_unix_ms / 1000);
+        LetIn {
+            name: format!("site-{site}"),
+            permissions: access::site_link(site, &record.identity_key, &self.settings.requesters),
+            exp: [exp, until].into_iter().flatten().min(),
+        }
+    }
+
+    /// The site's record and the key `pick` finds in it (at this time, unix ms) that may
+    /// connect, with this connection recorded: refused when the site is not enrolled, is
+    /// revoked, or `pick` finds none. One compare-and-set, so a revocation written meanwhile
+    /// either refuses the connection or finds it recorded.
     async fn admit(
         &self,
+        request: &AuthRequest,
         site: &str,
-        kind: Kind,
-        key: &str,
-        seen: pb::ConnectionSeen,
-    ) -> Result<pb::SiteIdentity, String> {
+        pick: impl Fn(&pb::SiteIdentity, i64) -> Option<String>,
+    ) -> Result<(pb::SiteIdentity, String), String> {
         let now = now_ms();
         self.store
             .update_with(&keys::identity_site(site), |r: Option<&pb::SiteIdentity>| {
@@ -175,18 +159,20 @@ impl IdentityService {
                 if r.revoked {
                     return Update::Abort(Err(format!("site {site} is revoked")));
                 }
-                let allowed = match kind {
-                    Kind::Identity => r.identity_key == key,
-                    _ => r.links.iter().any(|l| l.key == key && l.expires_unix_ms > now),
-                };
-                if !allowed {
+                let Some(key) = pick(r, now) else {
                     return Update::Abort(Err(format!("the key is not one site {site} may connect with")));
-                }
+                };
                 let mut next = r.clone();
-                next.connections.push(seen.clone());
+                next.connections.push(pb::ConnectionSeen {
+                    server_id: request.server_id.id.clone(),
+                    client_id: request.client_info.id,
+                    kind: request.client_info.kind.clone(),
+                    at_unix_ms: now,
+                    key: key.clone(),
+                });
                 let extra = next.connections.len().saturating_sub(CONNECTIONS_KEPT);
                 next.connections.drain(..extra);
-                Update::Put(next.clone(), Ok(next))
+                Update::Put(next.clone(), Ok((next, key)))
             })
             .await
             .map_err(|e| format!("the identity store failed: {e}"))?

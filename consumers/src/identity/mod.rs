@@ -31,6 +31,8 @@ use futures::StreamExt;
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
+
 /// How long link credentials last unless set otherwise.
 pub const LINK_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How far a renewal request's time may be from the hub's.
@@ -68,10 +70,6 @@ pub(crate) struct IdentityService {
     settings: IdentitySettings,
     /// A system account connection, to close a revoked site's connections.
     system: Option<async_nats::Client>,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Runs the identity service until `shutdown`: the callout, enrollment, renewal and the

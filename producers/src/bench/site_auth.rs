@@ -18,7 +18,7 @@ use bus_schema::access::Role;
 use bus_schema::credentials::{self, Kind};
 use bus_schema::names::{self, keys};
 use bus_schema::pb;
-use bus_schema::runtime::{Access, Bus, Topology};
+use bus_schema::runtime::{Access, Bus, Fixed, Topology};
 use futures::StreamExt;
 use prost::Message;
 use serde_json::json;
@@ -190,7 +190,7 @@ async fn enrolled(
                 enrolled_unix_ms: now,
                 ..Default::default()
             };
-            let presented = Arc::new(Held { credential, key: link, inbox: identity.public_key() });
+            let presented = Arc::new(Fixed { credential, key: link, inbox_key: identity.public_key() });
             Ok((record, Access { presented: Some(presented), ..Default::default() }))
         })
         .collect::<anyhow::Result<_>>()?;
@@ -219,21 +219,4 @@ async fn enrolled(
         }
     });
     Ok((task, accesses))
-}
-
-/// A site's link credential and key.
-struct Held {
-    credential: String,
-    key: Arc<nkeys::KeyPair>,
-    inbox: String,
-}
-
-impl bus_schema::runtime::Presented for Held {
-    fn present(&self) -> Option<(String, Arc<nkeys::KeyPair>)> {
-        Some((self.credential.clone(), self.key.clone()))
-    }
-
-    fn inbox_key(&self) -> String {
-        self.inbox.clone()
-    }
 }

@@ -165,9 +165,7 @@ pub async fn enrolled(
             _ = tokio::time::sleep(RENEW_RETRY) => {}
         }
     }
-    let access = Access { nkey_seed: None, ..keys.access(None) };
-    let access = Access { presented: access.presented, ..nats.access()? };
-    Ok(Some((access, keys)))
+    Ok(Some((keys.access(nats.access()?), keys)))
 }
 
 fn now_s() -> i64 {
