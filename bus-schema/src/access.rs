@@ -1,11 +1,13 @@
 //! Who may do what on the bus: the NATS permissions of each service's user and of each site.
 //!
 //! A site is the least trusted party: its key may be stolen. Its gateway (and its leaf node's link
-//! to the hub, which carries the same user) may consume its own jobs through its own durable
-//! consumer, created only with its own jobs as the filter, publish its own events, announce hosts
-//! arriving or leaving at its own site, ask the hub's services about its own site, and answer
-//! requests made of it into reply subjects scoped to it ([`site_replies`]). Nothing else: not
-//! another site's jobs, not another command, not the key-value buckets beyond its own design.
+//! to the hub, which carries the same user) may receive what is sent to its own site (its jobs,
+//! from the durable consumer the hub made for it, the hub's requests, its answers), publish
+//! commands and events under its own site's `gateway` subjects, ask the hub's services about its
+//! own site and answer the hub's requests there, acknowledge its own jobs, and read its own
+//! design and its own last reports. Nothing else: not another site's subjects, not the hub's, not
+//! the key-value buckets. That is eight wildcards, each naming the site ([`site_permissions`]);
+//! which kinds a site may send under them is for `trust::check`, which every consumer applies.
 //!
 //! Hub services get what their role needs, on landfall's streams and buckets only: their own
 //! durable consumers (no other's), consumers of their own making on what they read, and writes
@@ -24,14 +26,6 @@ pub const INBOX_PREFIX: &str = "_INBOX";
 /// The reply-subject prefix of the user with this public key.
 pub fn inbox(public_key: &str) -> String {
     format!("{INBOX_PREFIX}_{public_key}")
-}
-
-/// The reply subjects of requests made of one site, under the requester's inbox prefix
-/// (`<inbox>.site.<site>`, each request adding a token of its own). A site may publish into
-/// these and no other reply subject of the hub's users, which a reply crossing its leaf node's
-/// link needs; a site id is one subject token, so one site's cannot match another's.
-pub fn site_replies(inbox_prefix: &str, site: &str) -> String {
-    format!("{inbox_prefix}.site.{site}")
 }
 
 /// The hub's JetStream domain: a site's leaf node has a domain of its own, so its gateway
@@ -167,14 +161,11 @@ impl Role {
         }
     }
 
-    /// What the user with `public_key` may do. A site may answer the requests of the users
-    /// with the keys `site_requesters` (the kubeconfig collector, operators) into the reply
-    /// subjects scoped to it ([`site_replies`]): a reply across a leaf node's link needs a
-    /// permission of its own, as the link is not a client that received the request.
-    pub fn permissions(&self, public_key: &str, site_requesters: &[String]) -> Permissions {
+    /// What the user with `public_key` may do.
+    pub fn permissions(&self, public_key: &str) -> Permissions {
         let mut p = Permissions { subscribe: vec![format!("{}.>", inbox(public_key))], ..Default::default() };
         match self {
-            Role::Site(site) => return site_permissions(site, p, site_requesters),
+            Role::Site(site) => return site_permissions(site),
             Role::Operator => {
                 p.publish = vec![
                     "landfall.>".into(),
@@ -185,8 +176,12 @@ impl Role {
                     "$O.>".into(),
                 ];
                 p.subscribe.push("landfall.evt.>".into());
-                // A job reaches a site only from its durable on the jobs stream, never by hand.
+                // Sites' answers to its requests (`landfall site kubeconfig`, `node add`).
+                p.subscribe.push(names::replies_from_sites(&inbox(public_key)));
+                // A job reaches a site only from its durable on the jobs stream, never by hand,
+                // and a site's answers only from whom it asked.
                 p.publish_deny.push(names::site_deliver("*"));
+                p.publish_deny.push(format!("{}.>", names::site_inbox("*")));
                 return p;
             }
             _ => {}
@@ -206,7 +201,7 @@ impl Role {
             }
         }
         // What the table of kinds (`trust::RULES`) says the role sends, and nothing else.
-        p.publish.extend(self.party().map(|party| sends(party, "*")).unwrap_or_default());
+        p.publish.extend(self.party().map(sends).unwrap_or_default());
         for (stream, durable) in self.durables() {
             p.publish.extend(durable_consumer(stream, durable));
             // What its consumer gives up on, filed under the consumer's own name.
@@ -258,6 +253,7 @@ impl Role {
             }
             Role::Kubeconfig => {
                 p.publish.push(names::kubeconfig_rpc("*"));
+                p.subscribe.push(names::replies_from_sites(&inbox(public_key)));
                 p.subscribe.extend(
                     [names::svc_every_site(names::BMC_CREDENTIALS)]
                         .into_iter()
@@ -272,7 +268,11 @@ impl Role {
                 p.allow_responses = true;
             }
             Role::Identity => {
-                p.subscribe.extend([names::AUTH_CALLOUT.to_string(), names::IDENTITY_ALL.to_string()]);
+                p.subscribe.extend([
+                    names::AUTH_CALLOUT.to_string(),
+                    names::IDENTITY_ALL.to_string(),
+                    names::svc_every_site(names::IDENTITY_RENEW),
+                ]);
                 p.allow_responses = true;
             }
             // Requests to join and identities, decided by the API's operators.
@@ -299,22 +299,22 @@ impl Role {
     }
 }
 
-/// The subjects `party` may publish on, from the table of kinds: each command, job, event and
-/// request kind it sends, at `site` (`*` for a hub service, which speaks for every site).
-/// Requests to sites and operators' requests are answered, not published into the streams, and
-/// travel as core requests: a party that sends them gets their subjects too.
-fn sends(party: Party, site: &str) -> Vec<String> {
+/// The subjects a hub service sending as `party` may publish on, from the table of kinds: each
+/// command, job, event and request kind it sends, at every site. Requests to sites and
+/// operators' requests are answered, not published into the streams, and travel as core
+/// requests: a party that sends them gets their subjects too.
+fn sends(party: Party) -> Vec<String> {
     let mut out: Vec<String> = trust::sent_by(party)
         .map(|r| match r.channel {
             Channel::Command if r.site_fields.is_empty() => names::command_subject(r.kind, names::FLEET),
-            Channel::Command => names::command_subject(r.kind, site),
-            Channel::Job => names::job_subject(site, r.kind),
+            Channel::Command => names::command_subject(r.kind, "*"),
+            Channel::Job => names::job_subject("*", r.kind),
             Channel::Event if r.site_fields.is_empty() && !pb::rejection::in_answered_scope(r.kind) => {
                 names::event_subject(names::FLEET, r.aggregate, r.kind)
             }
-            Channel::Event => names::event_subject(site, r.aggregate, r.kind),
-            Channel::Service => format!("landfall.svc.{site}.{}", r.kind),
-            Channel::SiteRpc => format!("landfall.rpc.{site}.{}", r.kind),
+            Channel::Event => names::event_subject("*", r.aggregate, r.kind),
+            Channel::Service => format!("landfall.svc.*.{}", r.kind),
+            Channel::SiteRpc => names::site_rpc("*", r.kind),
             Channel::Admin => format!("landfall.admin.{}", r.kind),
         })
         .collect();
@@ -401,12 +401,9 @@ fn getter(stream: &str) -> Vec<String> {
 }
 
 /// What a site's link key may do once the identity service let it in: the site's permissions
-/// ([`Role::Site`]), with replies to `identity_key`'s inbox (the site's inbox whichever link
-/// key it connects with), and asking for new link credentials.
-pub fn site_link(site: &str, identity_key: &str, requesters: &[String]) -> Permissions {
-    let mut p = Role::Site(site.to_string()).permissions(identity_key, requesters);
-    p.publish.push(names::identity_renew(site));
-    p
+/// ([`Role::Site`]), asking for new link credentials among them.
+pub fn site_link(site: &str) -> Permissions {
+    site_permissions(site)
 }
 
 /// What a site's identity key may do on its own connection: ask for new link credentials (a
@@ -428,36 +425,46 @@ pub fn enrollment(key: &str) -> Permissions {
     }
 }
 
-fn site_permissions(site: &str, mut p: Permissions, requesters: &[String]) -> Permissions {
+/// A site's permissions: eight wildcards, each naming the site. The server holds a site to its
+/// own subjects; `trust::check` holds what it sends there to the kinds a site sends, about its
+/// own site, and the consumers that keep the jobs' records hold its reports to the jobs the hub
+/// sent it.
+fn site_permissions(site: &str) -> Permissions {
     let durable = names::gateway_consumer(site);
     let jobs = names::JOBS_STREAM;
-    let sites = kv_stream(names::SITES_BUCKET);
-    let api = [
-        js_api("INFO"),
-        js_api(&format!("STREAM.INFO.{jobs}")),
-        // Its own durable, which the hub made when the site was registered as a push consumer
-        // delivering to the site's own subject: no create of any kind (a site could point its
-        // durable's deliveries elsewhere), and no pull.
-        js_api(&format!("CONSUMER.INFO.{jobs}.{durable}")),
-        // A simulated site is built from the site's design, and only its own.
-        js_api(&format!("STREAM.INFO.{sites}")),
-        js_api(&format!("DIRECT.GET.{sites}.$KV.{}.{}", names::SITES_BUCKET, keys::site(site))),
-        // The last event stored of a kind its site sends, by subject: what its outbox had
-        // forwarded before the forwarder stopped. Only its own site's subjects.
-        js_api(&format!("DIRECT.GET.{}.{}", names::EVENTS_STREAM, names::event_subject(site, "*", "*"))),
-    ];
-    p.publish.extend(api.iter().cloned());
-    p.publish.extend(api.iter().map(|s| in_domain(s, HUB_DOMAIN)));
-    p.publish.push(format!("$JS.ACK.{jobs}.{durable}.>"));
-    // Answers to its durable's flow control, which paces deliveries over a slow link.
-    p.publish.push(format!("$JS.FC.{jobs}.{durable}.>"));
-    p.subscribe.push(names::site_deliver(site));
-    // Only the kinds a gateway sends (host changes, its reports, its requests), on its own site.
-    p.publish.extend(sends(Party::Site, site));
-    p.publish.extend(requesters.iter().map(|key| format!("{}.>", site_replies(&inbox(key), site))));
-    p.subscribe.push(names::site_rpcs(site));
-    p.allow_responses = true;
-    p
+    let design =
+        format!("DIRECT.GET.{}.$KV.{}.{}", kv_stream(names::SITES_BUCKET), names::SITES_BUCKET, keys::site(site));
+    // The hub's JetStream API: the hub checks a client's request to its own domain
+    // (`$JS.hub.API.…`) as `$JS.API.…`, and one crossing a leaf node's link as it came.
+    let hub_api = |rest: String| js_api(&rest);
+    Permissions {
+        publish: vec![
+            // Its commands (hosts arriving and leaving) and its reports.
+            names::sent_by_gateway("cmd", site),
+            names::sent_by_gateway("evt", site),
+            // Its requests of the hub's services, and its answers to the hub's requests.
+            names::site_services(site),
+            // Acknowledging its own jobs, and answering its durable's flow control, which
+            // paces deliveries over a slow link (`$JS.ACK.…` and `$JS.FC.…`).
+            format!("$JS.*.{jobs}.{durable}.>"),
+            // The last report stored of a subject of its own: what its outbox at its leaf node
+            // had forwarded before the forwarder stopped.
+            in_domain(
+                &hub_api(format!("DIRECT.GET.{}.{}", names::EVENTS_STREAM, names::sent_by_gateway("evt", site))),
+                HUB_DOMAIN,
+            ),
+            // A simulated site is built from the site's design, and only its own, directly or
+            // through its leaf node.
+            hub_api(design.clone()),
+            in_domain(&hub_api(design), HUB_DOMAIN),
+        ],
+        // Its jobs, the hub's requests and the answers to its own.
+        subscribe: vec![names::to_site(site)],
+        // Its answers to the hub's requests go to its own subjects, directly or across its
+        // leaf node's link alike.
+        publish_deny: Vec::new(),
+        allow_responses: false,
+    }
 }
 
 #[cfg(test)]
@@ -474,70 +481,100 @@ mod tests {
     }
 
     fn site(id: &str) -> Permissions {
-        Role::Site(id.into()).permissions("UKEY", &["UKC".into(), "UOP".into()])
+        Role::Site(id.into()).permissions("UKEY")
+    }
+
+    #[test]
+    fn a_site_holds_eight_wildcards_each_naming_it() {
+        let p = site("edge-01");
+        assert!(p.publish.len() + p.subscribe.len() <= 8, "{p:?}");
+        for entry in p.publish.iter().chain(&p.subscribe) {
+            if entry.starts_with("landfall.") {
+                assert_eq!(entry.split('.').nth(names::SCOPE_TOKEN), Some("edge-01"), "{entry}");
+            } else {
+                assert!(entry.contains("gateway-edge-01") || entry.contains(".edge-01"), "{entry}");
+            }
+        }
+        assert_eq!(site_link("edge-01"), p, "a link credential carries the site's permissions");
     }
 
     #[test]
     fn a_site_reaches_its_own_work_and_nothing_of_another_site() {
         let p = site("edge-01");
+        let gw = |kind: &str| format!("landfall.evt.edge-01.gateway.{kind}");
         for ok in [
-            "landfall.evt.edge-01.node.os_provisioned",
-            "landfall.cmd.node_added.edge-01",
-            "landfall.svc.edge-01.artifact_chunk",
-            "$JS.API.CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01",
-            "$JS.hub.API.CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01",
-            "$JS.ACK.LANDFALL_JOBS.gateway-edge-01.1.2.3.4.5",
-            "$JS.FC.LANDFALL_JOBS.gateway-edge-01.abc",
-            "_INBOX_UKC.site.edge-01.reply1",
-            "$JS.hub.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.edge-01.node.patched",
+            gw("node.os_provisioned"),
+            "landfall.cmd.edge-01.gateway.node_added".into(),
+            "landfall.svc.edge-01.artifact_chunk".into(),
+            names::identity_renew("edge-01"),
+            "$JS.ACK.LANDFALL_JOBS.gateway-edge-01.1.2.3.4.5".into(),
+            "$JS.FC.LANDFALL_JOBS.gateway-edge-01.abc".into(),
+            "landfall.svc.edge-01.reply._INBOX_UKC.reply1".into(),
+            "$JS.hub.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.edge-01.gateway.node.patched".into(),
+            "$JS.hub.API.DIRECT.GET.KV_landfall-sites.$KV.landfall-sites.site.edge-01".into(),
+            "$JS.API.DIRECT.GET.KV_landfall-sites.$KV.landfall-sites.site.edge-01".into(),
+            // The kinds only the hub sends, under its own site's gateway subjects: the server
+            // lets them through, `trust::check` refuses them (see the trust tests).
+            gw("site.installed"),
         ] {
-            assert!(may_publish(&p, ok), "{ok}");
+            assert!(may_publish(&p, &ok), "{ok}");
         }
         for denied in [
-            "landfall.evt.edge-02.node.os_provisioned",
-            "landfall.evt.fleet.rollout.completed",
-            // Hub events in its own scope: the table says only the hub sends them.
-            "landfall.evt.edge-01.site.installed",
-            "landfall.evt.edge-01.cluster.kubeconfig_stored",
-            "landfall.evt.edge-01.site.design_applied",
-            "landfall.evt.edge-01.node.accepted",
-            "landfall.evt.edge-01.command.rejected",
-            "landfall.svc.edge-01.something_else",
-            "landfall.cmd.install_site.edge-01",
-            "landfall.cmd.node_added.edge-02",
-            "landfall.cmd.patch_package.fleet",
+            "landfall.evt.edge-02.gateway.node.os_provisioned",
+            "landfall.evt.fleet.hub.rollout.completed",
+            "landfall.evt.fleet.gateway.rollout.completed",
+            // The hub's subjects in its own scope.
+            "landfall.evt.edge-01.hub.site.installed",
+            "landfall.evt.edge-01.hub.node.os_provisioned",
+            "landfall.evt.edge-01.hub.command.rejected",
+            "landfall.cmd.edge-01.hub.install_site",
+            "landfall.cmd.edge-01.hub.node_added",
+            "landfall.cmd.edge-02.gateway.node_added",
+            "landfall.cmd.fleet.gateway.patch_package",
             "landfall.job.edge-01.provision_os",
             "landfall.svc.edge-02.bmc_credentials",
-            "$JS.API.CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-02",
-            "$JS.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-02.landfall.job.edge-02.>",
+            "landfall.svc.edge-02.reply._INBOX_UKC.reply1",
+            "landfall.identity.renew.edge-01",
+            // It reads its deliveries as the hub made its durable, and asks nothing about it.
+            "$JS.API.CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01",
+            "$JS.hub.API.CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01",
+            "$JS.API.INFO",
+            "$JS.hub.API.STREAM.INFO.LANDFALL_JOBS",
+            "$JS.hub.API.CONSUMER.MSG.NEXT.LANDFALL_JOBS.gateway-edge-02",
+            "$JS.hub.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-02.landfall.job.edge-02.>",
             "$JS.FC.LANDFALL_JOBS.gateway-edge-02.abc",
-            "landfall.deliver.edge-01",
-            "landfall.deliver.edge-02",
-            "$JS.API.STREAM.DELETE.LANDFALL_JOBS",
-            "$JS.API.DIRECT.GET.KV_landfall-sites.$KV.landfall-sites.site.edge-02",
-            "$JS.API.DIRECT.GET.KV_landfall-kubeconfigs.$KV.landfall-kubeconfigs.kubeconfig.edge-01",
-            "$KV.landfall-sites.site.edge-01",
-            // Another site's events, or any event by a request whose body names it.
-            "$JS.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.edge-02.node.patched",
-            "$JS.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.fleet.rollout.completed",
-            "$JS.API.DIRECT.GET.LANDFALL_EVENTS",
-            "$JS.API.STREAM.MSG.GET.LANDFALL_EVENTS",
             "$JS.ACK.LANDFALL_JOBS.gateway-edge-02.1.2.3.4.5",
+            "$JS.ACK.LANDFALL_JOBS.gateway-edge-012.1.2.3.4.5",
+            "landfall.to.edge-01.jobs",
+            "landfall.to.edge-02.jobs",
+            "$JS.hub.API.STREAM.DELETE.LANDFALL_JOBS",
+            "$JS.hub.API.DIRECT.GET.KV_landfall-sites.$KV.landfall-sites.site.edge-02",
+            "$JS.hub.API.DIRECT.GET.KV_landfall-kubeconfigs.$KV.landfall-kubeconfigs.kubeconfig.edge-01",
+            "$KV.landfall-sites.site.edge-01",
+            // Another site's reports, the hub's, or any event by a request whose body names it.
+            "$JS.hub.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.edge-02.gateway.node.patched",
+            "$JS.hub.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.edge-01.hub.site.installed",
+            "$JS.hub.API.DIRECT.GET.LANDFALL_EVENTS.landfall.evt.fleet.hub.rollout.completed",
+            "$JS.hub.API.DIRECT.GET.LANDFALL_EVENTS",
+            "$JS.hub.API.STREAM.MSG.GET.LANDFALL_EVENTS",
             "_INBOX_UAPI.reply.1",
+            "_INBOX_UKC.site.edge-01.reply1",
         ] {
             assert!(!may_publish(&p, denied), "{denied}");
         }
         assert!(p.publish_deny.is_empty(), "a site's list is only what it may do");
-        assert!(allows(&p.subscribe, "_INBOX_UKEY.abc.1"));
-        assert!(allows(&p.subscribe, "landfall.rpc.edge-01.kubeconfig"));
-        assert!(allows(&p.subscribe, "landfall.deliver.edge-01"));
+        for ok in ["landfall.to.edge-01.rpc.kubeconfig", "landfall.to.edge-01.jobs", "landfall.to.edge-01.inbox.ab.1"] {
+            assert!(allows(&p.subscribe, ok), "{ok}");
+        }
         for denied in [
             "_INBOX.abc",
+            "_INBOX_UKEY.abc.1",
             "_INBOX_UOTHER.abc",
-            "landfall.deliver.edge-02",
-            "landfall.deliver.*",
+            "landfall.to.edge-02.jobs",
+            "landfall.to.*.jobs",
             "landfall.job.edge-02.provision_os",
-            "landfall.rpc.edge-02.kubeconfig",
+            "landfall.to.edge-02.rpc.kubeconfig",
+            "landfall.svc.*.reply._INBOX_UKC.>",
             ">",
         ] {
             assert!(!allows(&p.subscribe, denied), "{denied}");
@@ -548,8 +585,6 @@ mod tests {
     fn a_site_creates_no_consumer_and_uses_only_the_one_the_hub_made_for_it() {
         let p = site("edge-01");
         for api in ["$JS.API", "$JS.hub.API"] {
-            let subject = format!("{api}.CONSUMER.INFO.LANDFALL_JOBS.gateway-edge-01");
-            assert!(may_publish(&p, &subject), "{subject}");
             for denied in [
                 // Its durable pushes to it: no pull, which would take its jobs off another
                 // connection's hands.
@@ -579,74 +614,83 @@ mod tests {
     }
 
     #[test]
-    fn a_site_answers_only_into_reply_subjects_scoped_to_it() {
+    fn sites_answer_the_hub_under_their_own_subjects_and_only_the_asker_hears() {
         let p = site("edge-01");
-        assert_eq!(site_replies(&inbox("UKC"), "edge-01"), "_INBOX_UKC.site.edge-01");
-        for ok in ["_INBOX_UKC.site.edge-01.abc", "_INBOX_UOP.site.edge-01.abc"] {
+        assert_eq!(names::site_replies("edge-01", &inbox("UKC")), "landfall.svc.edge-01.reply._INBOX_UKC");
+        for ok in ["landfall.svc.edge-01.reply._INBOX_UKC.abc", "landfall.svc.edge-01.reply._INBOX_UOP.abc"] {
             assert!(may_publish(&p, ok), "{ok}");
         }
-        for denied in [
-            // The requesters' other replies: their shared request inbox, other sites' answers.
-            "_INBOX_UKC.abc.1",
-            "_INBOX_UKC.site.edge-02.abc",
-            "_INBOX_UOP.abc.1",
-            "_INBOX_UOP.site.edge-02.abc",
-            // Users that ask a site nothing.
-            "_INBOX_UAPI.site.edge-01.abc",
-            "_INBOX.site.edge-01.abc",
-        ] {
+        for denied in ["_INBOX_UKC.abc.1", "landfall.svc.edge-02.reply._INBOX_UKC.abc", "_INBOX_UOP.site.edge-01.abc"] {
             assert!(!may_publish(&p, denied), "{denied}");
         }
+        // Each asker hears every site's answers to itself, and no one else's.
+        let collector = Role::Kubeconfig.permissions("UKC");
+        let operator = Role::Operator.permissions("UOP");
+        assert!(allows(&collector.subscribe, "landfall.svc.edge-01.reply._INBOX_UKC.abc"));
+        assert!(allows(&operator.subscribe, "landfall.svc.edge-02.reply._INBOX_UOP.abc"));
+        assert!(!allows(&collector.subscribe, "landfall.svc.edge-01.reply._INBOX_UOP.abc"));
+        assert!(!allows(&operator.subscribe, "landfall.svc.edge-01.reply._INBOX_UKC.abc"));
+        for role in Role::services() {
+            let key = format!("U{}", role.user().to_uppercase());
+            let p = role.permissions(&key);
+            for other in ["landfall.svc.edge-01.reply._INBOX_USOMEONE.abc", "landfall.svc.edge-01.artifact_plan.x"] {
+                assert!(!allows(&p.subscribe, other), "{role:?}: {other}");
+            }
+        }
+        // An operator may write anything of landfall's but a site's jobs and its answers.
+        assert!(!may_publish(&operator, "landfall.to.edge-01.inbox.abc.1"));
+        assert!(!may_publish(&operator, "landfall.to.edge-01.jobs"));
+        assert!(may_publish(&operator, "landfall.to.edge-01.rpc.kubeconfig"));
     }
 
     #[test]
     fn hub_services_keep_to_their_role() {
-        let api = Role::Api.permissions("UAPI", &[]);
-        assert!(may_publish(&api, "landfall.cmd.install_site.edge-01"));
+        let api = Role::Api.permissions("UAPI");
+        assert!(may_publish(&api, "landfall.cmd.edge-01.hub.install_site"));
         assert!(!may_publish(&api, "landfall.job.edge-01.provision_os"));
         assert!(!may_publish(&api, "$JS.API.DIRECT.GET.KV_landfall-kubeconfigs.$KV.landfall-kubeconfigs.x"));
-        assert!(!may_publish(&api, "landfall.evt.edge-01.site.installed"), "the API publishes commands only");
-        let observer = Role::Observer.permissions("UOBS", &[]);
-        assert!(may_publish(&observer, "landfall.evt.edge-01.message.rejected"));
-        assert!(!may_publish(&observer, "landfall.evt.edge-01.site.installed"));
-        let kc = Role::Kubeconfig.permissions("UKC", &[]);
-        assert!(may_publish(&kc, "landfall.evt.edge-01.cluster.kubeconfig_stored"));
-        assert!(!may_publish(&kc, "landfall.evt.edge-01.node.os_provisioned"), "a site's report");
-        assert!(!may_publish(&kc, "landfall.cmd.install_site.edge-01"));
-        assert!(!may_publish(&observer, "landfall.cmd.install_site.edge-01"));
+        assert!(!may_publish(&api, "landfall.evt.edge-01.hub.site.installed"), "the API publishes commands only");
+        let observer = Role::Observer.permissions("UOBS");
+        assert!(may_publish(&observer, "landfall.evt.edge-01.hub.message.rejected"));
+        assert!(!may_publish(&observer, "landfall.evt.edge-01.hub.site.installed"));
+        let kc = Role::Kubeconfig.permissions("UKC");
+        assert!(may_publish(&kc, "landfall.evt.edge-01.hub.cluster.kubeconfig_stored"));
+        assert!(!may_publish(&kc, "landfall.evt.edge-01.hub.node.os_provisioned"), "a site's report");
+        assert!(!may_publish(&kc, "landfall.cmd.edge-01.hub.install_site"));
+        assert!(!may_publish(&observer, "landfall.cmd.edge-01.hub.install_site"));
         assert!(may_publish(&observer, "$KV.landfall-observed.node.edge-01.m-1.kubelet"));
         assert!(!may_publish(&observer, "$KV.landfall-sites.site.edge-01"));
-        let orchestrator = Role::Orchestrator.permissions("UORC", &[]);
+        let orchestrator = Role::Orchestrator.permissions("UORC");
         assert!(may_publish(&orchestrator, "landfall.job.edge-01.provision_os"));
-        assert!(may_publish(&orchestrator, "landfall.cmd.patch_package.fleet"), "auto-rollouts");
-        assert!(!may_publish(&orchestrator, "landfall.cmd.install_site.edge-01"));
-        assert!(!may_publish(&orchestrator, "landfall.evt.edge-01.node.os_provisioned"), "a site's report");
-        assert!(!may_publish(&orchestrator, "landfall.evt.edge-01.cluster.kubeconfig_stored"));
+        assert!(may_publish(&orchestrator, "landfall.cmd.fleet.hub.patch_package"), "auto-rollouts");
+        assert!(!may_publish(&orchestrator, "landfall.cmd.edge-01.hub.install_site"));
+        assert!(!may_publish(&orchestrator, "landfall.evt.edge-01.hub.node.os_provisioned"), "a site's report");
+        assert!(!may_publish(&orchestrator, "landfall.evt.edge-01.hub.cluster.kubeconfig_stored"));
         assert!(!may_publish(&orchestrator, "$JS.API.STREAM.DELETE.LANDFALL_JOBS"));
-        let kubeconfig = Role::Kubeconfig.permissions("UKC", &[]);
+        let kubeconfig = Role::Kubeconfig.permissions("UKC");
         assert!(allows(&kubeconfig.subscribe, names::KUBECONFIG_GET_ADMIN));
         assert!(may_publish(&kubeconfig, "$KV.landfall-kubeconfigs.kubeconfig.edge-01"));
         for role in Role::services() {
-            assert!(!allows(&role.permissions("U", &[]).subscribe, "_INBOX.x"), "{role:?}");
+            assert!(!allows(&role.permissions("U").subscribe, "_INBOX.x"), "{role:?}");
         }
     }
 
     #[test]
     fn a_consumer_files_dead_letters_under_its_own_name_and_a_site_none() {
-        let orchestrator = Role::Orchestrator.permissions("UORC", &[]);
+        let orchestrator = Role::Orchestrator.permissions("UORC");
         assert!(may_publish(&orchestrator, &names::dead_letter_subject(names::ORCHESTRATOR_COMMANDS)));
-        assert!(may_publish(&orchestrator, "landfall.evt.edge-01.message.dead_lettered"));
+        assert!(may_publish(&orchestrator, "landfall.evt.edge-01.hub.message.dead_lettered"));
         assert!(may_publish(&orchestrator, "$JS.API.STREAM.MSG.GET.LANDFALL_COMMANDS"), "the order check");
         assert!(!may_publish(&orchestrator, &names::dead_letter_subject(names::OBSERVER_EVENTS)));
-        let observer = Role::Observer.permissions("UOBS", &[]);
+        let observer = Role::Observer.permissions("UOBS");
         assert!(may_publish(&observer, &names::dead_letter_subject(names::OBSERVER_EVENTS)));
-        let api = Role::Api.permissions("UAPI", &[]);
+        let api = Role::Api.permissions("UAPI");
         assert!(!may_publish(&api, &names::dead_letter_subject(names::ORCHESTRATOR_COMMANDS)));
-        assert!(!may_publish(&api, "landfall.evt.edge-01.message.dead_lettered"));
+        assert!(!may_publish(&api, "landfall.evt.edge-01.hub.message.dead_lettered"));
         let site = site("edge-01");
         for subject in [
             names::dead_letter_subject(&names::gateway_consumer("edge-01")),
-            "landfall.evt.edge-01.message.dead_lettered".to_string(),
+            "landfall.evt.edge-01.hub.message.dead_lettered".to_string(),
             "$JS.API.STREAM.MSG.GET.LANDFALL_DEAD".to_string(),
             "$JS.API.CONSUMER.CREATE.LANDFALL_DEAD.x".to_string(),
         ] {
@@ -657,7 +701,7 @@ mod tests {
 
     #[test]
     fn each_service_writes_only_the_buckets_it_owns_and_the_api_none() {
-        let writes = |role: Role, subject: &str| may_publish(&role.permissions("U", &[]), subject);
+        let writes = |role: Role, subject: &str| may_publish(&role.permissions("U"), subject);
         let every_bucket = |key: &str| names::ALL_BUCKETS.map(|b| format!("$KV.{b}.{key}"));
         for subject in every_bucket("x").iter().chain(&every_bucket("artifact-store")) {
             assert!(!writes(Role::Api, subject), "the API writes no KV: {subject}");
@@ -715,12 +759,12 @@ mod tests {
             (Role::Identity, names::EVENTS_STREAM, names::IDENTITY_EVENTS),
         ];
         for role in Role::services().into_iter().filter(|r| *r != Role::Operator) {
-            let p = role.permissions("U", &[]);
+            let p = role.permissions("U");
             for (owner, stream, durable) in &owners {
                 let own = *owner == role;
                 let run = [
                     format!("$JS.API.CONSUMER.CREATE.{stream}.{durable}"),
-                    format!("$JS.API.CONSUMER.CREATE.{stream}.{durable}.landfall.evt.*.cluster.ready"),
+                    format!("$JS.API.CONSUMER.CREATE.{stream}.{durable}.landfall.evt.*.*.cluster.ready"),
                     format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"),
                     format!("$JS.ACK.{stream}.{durable}.1.2.3.4.5"),
                 ];
@@ -758,12 +802,12 @@ mod tests {
         // A site's jobs are pushed to it alone: no hub user reads its delivery subject or
         // writes into it (operators publish every other landfall subject).
         for role in Role::services() {
-            let p = role.permissions("U", &[]);
-            assert!(!allows(&p.subscribe, "landfall.deliver.edge-01"), "{role:?}");
-            assert!(!may_publish(&p, "landfall.deliver.edge-01"), "{role:?}");
+            let p = role.permissions("U");
+            assert!(!allows(&p.subscribe, "landfall.to.edge-01.jobs"), "{role:?}");
+            assert!(!may_publish(&p, "landfall.to.edge-01.jobs"), "{role:?}");
         }
         // The API reads events with consumers of its own (named), and watches and scans buckets.
-        let api = Role::Api.permissions("U", &[]);
+        let api = Role::Api.permissions("U");
         for ok in [
             "$JS.API.CONSUMER.CREATE.LANDFALL_EVENTS.events-0a1b",
             "$JS.API.CONSUMER.CREATE.LANDFALL_EVENTS.events-0a1b_1",

@@ -1,12 +1,18 @@
 //! Subjects, streams, consumers, KV buckets and headers.
 //!
-//! Subject layout:
-//! - commands: `landfall.cmd.<kind>.<scope>` (scope = site id, or [`FLEET`])
+//! Subject layout. Every subject a site uses names the site as its third token
+//! ([`SCOPE_TOKEN`]), so a site's permissions are a few wildcards (see `access`):
+//! - commands: `landfall.cmd.<scope>.<origin>.<kind>` (scope = site id, or [`FLEET`]; origin
+//!   [`Origin`]: `hub` or `gateway`)
 //! - jobs: `landfall.job.<site>.<kind>`, pushed to each site's gateway on
-//!   `landfall.deliver.<site>`
-//! - events: `landfall.evt.<scope>.<aggregate>.<kind>`
-//! - request/reply to a gateway (never stored): `landfall.rpc.<site>.<kind>`
-//! - request/reply from a gateway to a hub service (never stored): `landfall.svc.<site>.<kind>`
+//!   `landfall.to.<site>.jobs`
+//! - events: `landfall.evt.<scope>.<origin>.<aggregate>.<kind>`
+//! - to a site, never stored: its jobs, the hub's requests of it
+//!   (`landfall.to.<site>.rpc.<kind>`) and the answers to its own requests
+//!   (`landfall.to.<site>.inbox.…`)
+//! - from a site to the hub's services, never stored: its requests
+//!   (`landfall.svc.<site>.<kind>`) and its answers to the hub's requests
+//!   (`landfall.svc.<site>.reply.<requester's inbox>.…`)
 //! - request/reply from an operator to a hub service (never stored): `landfall.admin.<kind>`
 //! - dead letters (messages a consumer gave up on): `landfall.dead.<consumer>`
 
@@ -147,9 +153,12 @@ pub fn identity_enroll(key: &str) -> String {
     format!("landfall.identity.enroll.{key}")
 }
 
-/// A site's request for new link credentials.
+/// The kind of a site's request for new link credentials.
+pub const IDENTITY_RENEW: &str = "renew_identity";
+
+/// A site's request for new link credentials (one of its own service subjects).
 pub fn identity_renew(site: &str) -> String {
-    format!("landfall.identity.renew.{site}")
+    format!("landfall.svc.{site}.{IDENTITY_RENEW}")
 }
 
 /// Operators' requests to the identity service (`IdentityAdmin`).
@@ -192,22 +201,58 @@ pub mod headers {
     pub const KV_OPERATION: &str = "KV-Operation";
 }
 
-/// The position of the scope in a command subject (`landfall.cmd.<kind>.<scope>`).
-pub const COMMAND_SCOPE_TOKEN: usize = 3;
+/// Who sent a command or an event, as the fourth token of its subject says: the hub (its
+/// services and people, whose users publish only what they send) or a site's gateway, which
+/// may publish anything under its own site's `gateway` subjects and so is believed only for
+/// the kinds a site sends, about its own site (`trust::check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Origin {
+    #[default]
+    Hub,
+    Gateway,
+}
 
+impl Origin {
+    pub const fn token(self) -> &'static str {
+        match self {
+            Origin::Hub => "hub",
+            Origin::Gateway => "gateway",
+        }
+    }
+
+    pub fn from_token(token: &str) -> Option<Self> {
+        match token {
+            "hub" => Some(Origin::Hub),
+            "gateway" => Some(Origin::Gateway),
+            _ => None,
+        }
+    }
+}
+
+/// The position of the scope in command and event subjects (`landfall.<cmd|evt>.<scope>.…`),
+/// and of the site in every subject a site uses.
+pub const SCOPE_TOKEN: usize = 2;
+
+/// A command the hub sends (a person, the API, the orchestrator).
 pub fn command_subject(kind: &str, scope: &str) -> String {
-    format!("landfall.cmd.{kind}.{scope}")
+    command_subject_from(Origin::Hub, kind, scope)
+}
+
+pub fn command_subject_from(origin: Origin, kind: &str, scope: &str) -> String {
+    format!("landfall.cmd.{scope}.{}.{kind}", origin.token())
 }
 
 pub fn job_subject(site: &str, kind: &str) -> String {
     format!("landfall.job.{site}.{kind}")
 }
 
-/// The position of the scope in an event subject (`landfall.evt.<scope>.<aggregate>.<kind>`).
-pub const EVENT_SCOPE_TOKEN: usize = 2;
-
+/// An event the hub sends.
 pub fn event_subject(scope: &str, aggregate: &str, kind: &str) -> String {
-    format!("landfall.evt.{scope}.{aggregate}.{kind}")
+    event_subject_from(Origin::Hub, scope, aggregate, kind)
+}
+
+pub fn event_subject_from(origin: Origin, scope: &str, aggregate: &str, kind: &str) -> String {
+    format!("landfall.evt.{scope}.{}.{aggregate}.{kind}", origin.token())
 }
 
 /// Every job of one site: what that site's gateway consumes.
@@ -220,9 +265,26 @@ pub fn scope_events(scope: &str) -> String {
     format!("landfall.evt.{scope}.>")
 }
 
-/// Events of one aggregate and kind at every site, e.g. every `cluster.ready`.
+/// Every command or event of `channel` (`cmd`, `evt`) a site's gateway sent: what the site
+/// may publish of them.
+pub fn sent_by_gateway(channel: &str, site: &str) -> String {
+    format!("landfall.{channel}.{site}.{}.>", Origin::Gateway.token())
+}
+
+/// Events of one aggregate and kind in one scope (`*`: every one), whoever sent them.
+pub fn events_at(scope: &str, aggregate: &str, kind: &str) -> String {
+    format!("landfall.evt.{scope}.*.{aggregate}.{kind}")
+}
+
+/// Events of one aggregate and kind at every site, whoever sent them, e.g. every
+/// `cluster.ready`.
 pub fn events_of_kind(aggregate: &str, kind: &str) -> String {
-    format!("landfall.evt.*.{aggregate}.{kind}")
+    events_at("*", aggregate, kind)
+}
+
+/// Every command of one scope, whoever sent it.
+pub fn scope_commands(scope: &str) -> String {
+    format!("landfall.cmd.{scope}.>")
 }
 
 /// The kind of the kubeconfig collector's request to a site.
@@ -230,27 +292,43 @@ pub const KUBECONFIG_RPC: &str = "kubeconfig";
 /// The kind of an operator's request that a site check its charts for drift now.
 pub const DRIFT_CHECK_RPC: &str = "drift_check";
 
+/// Everything sent to one site: its jobs, the hub's requests of it and the answers to its own
+/// requests. Only the site's user may subscribe.
+pub fn to_site(site: &str) -> String {
+    format!("landfall.to.{site}.>")
+}
+
+/// Where the hub's jobs stream pushes one site's jobs: its gateway's durable push consumer
+/// delivers here.
+pub fn site_deliver(site: &str) -> String {
+    format!("landfall.to.{site}.jobs")
+}
+
+/// The inbox prefix of a site's gateway: the answers to its requests.
+pub fn site_inbox(site: &str) -> String {
+    format!("landfall.to.{site}.inbox")
+}
+
+/// The hub's request of kind `kind` to one site.
+pub fn site_rpc(site: &str, kind: &str) -> String {
+    format!("landfall.to.{site}.rpc.{kind}")
+}
+
+/// Every request the hub makes of one site (kubeconfigs, drift checks, simulated arrivals).
+pub fn site_rpcs(site: &str) -> String {
+    site_rpc(site, "*")
+}
+
 /// Request/reply to a site: check its charts' releases against their renders now.
 pub fn drift_check_rpc(site: &str) -> String {
-    format!("landfall.rpc.{site}.{DRIFT_CHECK_RPC}")
+    site_rpc(site, DRIFT_CHECK_RPC)
 }
 
 /// The kind of an operator's request that makes a host appear at a simulated site.
 pub const SIM_HOST_ARRIVAL_RPC: &str = "sim_host_arrival";
 
 pub fn kubeconfig_rpc(site: &str) -> String {
-    format!("landfall.rpc.{site}.{KUBECONFIG_RPC}")
-}
-
-/// Every request the hub makes of one site (kubeconfigs, simulated arrivals).
-/// Where the hub's jobs stream pushes one site's jobs: its gateway's durable push consumer
-/// delivers here, and only that site's user may subscribe.
-pub fn site_deliver(site: &str) -> String {
-    format!("landfall.deliver.{site}")
-}
-
-pub fn site_rpcs(site: &str) -> String {
-    format!("landfall.rpc.{site}.>")
+    site_rpc(site, KUBECONFIG_RPC)
 }
 
 /// Every request one site makes of the hub's services.
@@ -258,9 +336,22 @@ pub fn site_services(site: &str) -> String {
     format!("landfall.svc.{site}.>")
 }
 
+/// Where one site answers the requests of the hub's user whose inbox prefix is `inbox_prefix`
+/// (each request adding a token of its own): under the site's own subjects, so the answer
+/// may cross the site's leaf node's link, and no other site's can land there.
+pub fn site_replies(site: &str, inbox_prefix: &str) -> String {
+    format!("landfall.svc.{site}.reply.{inbox_prefix}")
+}
+
+/// Every site's answers to the user whose inbox prefix is `inbox_prefix`: what that user
+/// subscribes to for its requests of sites.
+pub fn replies_from_sites(inbox_prefix: &str) -> String {
+    format!("landfall.svc.*.reply.{inbox_prefix}.>")
+}
+
 /// Request/reply to a simulated site: a new host appears there (`landfall node add`).
 pub fn sim_host_arrival_rpc(site: &str) -> String {
-    format!("landfall.rpc.{site}.{SIM_HOST_ARRIVAL_RPC}")
+    site_rpc(site, SIM_HOST_ARRIVAL_RPC)
 }
 
 /// The queue group distribution service replicas share requests in.
@@ -328,6 +419,7 @@ pub enum ParsedSubject<'a> {
     Command {
         kind: &'a str,
         scope: &'a str,
+        origin: Origin,
     },
     Job {
         site: &'a str,
@@ -335,6 +427,7 @@ pub enum ParsedSubject<'a> {
     },
     Event {
         scope: &'a str,
+        origin: Origin,
         aggregate: &'a str,
         kind: &'a str,
     },
@@ -343,7 +436,7 @@ pub enum ParsedSubject<'a> {
         site: &'a str,
         kind: &'a str,
     },
-    /// The hub's request to a site: `landfall.rpc.<site>.<kind>`.
+    /// The hub's request to a site: `landfall.to.<site>.rpc.<kind>`.
     Rpc {
         site: &'a str,
         kind: &'a str,
@@ -357,11 +450,15 @@ pub enum ParsedSubject<'a> {
 pub fn parse_subject(subject: &str) -> Option<ParsedSubject<'_>> {
     let parts: Vec<&str> = subject.split('.').collect();
     match parts.as_slice() {
-        ["landfall", "cmd", kind, scope] => Some(ParsedSubject::Command { kind, scope }),
+        ["landfall", "cmd", scope, origin, kind] => {
+            Some(ParsedSubject::Command { kind, scope, origin: Origin::from_token(origin)? })
+        }
         ["landfall", "job", site, kind] => Some(ParsedSubject::Job { site, kind }),
-        ["landfall", "evt", scope, aggregate, kind] => Some(ParsedSubject::Event { scope, aggregate, kind }),
+        ["landfall", "evt", scope, origin, aggregate, kind] => {
+            Some(ParsedSubject::Event { scope, origin: Origin::from_token(origin)?, aggregate, kind })
+        }
         ["landfall", "svc", site, kind] => Some(ParsedSubject::Service { site, kind }),
-        ["landfall", "rpc", site, kind] => Some(ParsedSubject::Rpc { site, kind }),
+        ["landfall", "to", site, "rpc", kind] => Some(ParsedSubject::Rpc { site, kind }),
         ["landfall", "admin", kind] => Some(ParsedSubject::Admin { kind }),
         _ => None,
     }
@@ -595,12 +692,28 @@ mod tests {
     #[test]
     fn subjects_round_trip() {
         let s = command_subject("install_site", "edge-1");
-        assert_eq!(parse_subject(&s), Some(ParsedSubject::Command { kind: "install_site", scope: "edge-1" }));
-        let s = event_subject("edge-1", "node", "os_provisioned");
+        assert_eq!(s, "landfall.cmd.edge-1.hub.install_site");
         assert_eq!(
             parse_subject(&s),
-            Some(ParsedSubject::Event { scope: "edge-1", aggregate: "node", kind: "os_provisioned" })
+            Some(ParsedSubject::Command { kind: "install_site", scope: "edge-1", origin: Origin::Hub })
         );
+        let s = event_subject_from(Origin::Gateway, "edge-1", "node", "os_provisioned");
+        assert_eq!(s, "landfall.evt.edge-1.gateway.node.os_provisioned");
+        assert_eq!(
+            parse_subject(&s),
+            Some(ParsedSubject::Event {
+                scope: "edge-1",
+                origin: Origin::Gateway,
+                aggregate: "node",
+                kind: "os_provisioned"
+            })
+        );
+        assert_eq!(parse_subject("landfall.evt.edge-1.elsewhere.node.os_provisioned"), None);
+        assert_eq!(
+            parse_subject(&kubeconfig_rpc("edge-1")),
+            Some(ParsedSubject::Rpc { site: "edge-1", kind: KUBECONFIG_RPC })
+        );
+        assert_eq!(parse_subject(&site_deliver("edge-1")), None);
         assert_eq!(parse_subject("landfall.job.a.b"), Some(ParsedSubject::Job { site: "a", kind: "b" }));
         assert_eq!(
             parse_subject(&artifact_chunk_svc("edge-1")),

@@ -12,13 +12,17 @@ pub trait BusMessage: prost::Message + Default + Clone + serde::Serialize + Send
     const TYPE: &'static str;
 }
 
-/// A command: `landfall.cmd.<KIND>.<scope>`.
+/// A command: `landfall.cmd.<scope>.<origin>.<KIND>`.
 pub trait BusCommand: BusMessage {
     const KIND: &'static str;
     /// The site the command is about, or [`names::FLEET`].
     fn scope(&self) -> &str;
+    /// Its subject as the hub sends it.
     fn subject(&self) -> String {
-        names::command_subject(Self::KIND, self.scope())
+        self.subject_from(names::Origin::Hub)
+    }
+    fn subject_from(&self, origin: names::Origin) -> String {
+        names::command_subject_from(origin, Self::KIND, self.scope())
     }
 }
 
@@ -31,13 +35,17 @@ pub trait BusJob: BusMessage {
     }
 }
 
-/// An event: `landfall.evt.<scope>.<AGGREGATE>.<KIND>`.
+/// An event: `landfall.evt.<scope>.<origin>.<AGGREGATE>.<KIND>`.
 pub trait BusEvent: BusMessage {
     const AGGREGATE: &'static str;
     const KIND: &'static str;
     fn scope(&self) -> &str;
+    /// Its subject as the hub sends it.
     fn subject(&self) -> String {
-        names::event_subject(self.scope(), Self::AGGREGATE, Self::KIND)
+        self.subject_from(names::Origin::Hub)
+    }
+    fn subject_from(&self, origin: names::Origin) -> String {
+        names::event_subject_from(origin, self.scope(), Self::AGGREGATE, Self::KIND)
     }
     /// The subject filter matching this event at every site.
     fn filter() -> String {
@@ -530,11 +538,11 @@ mod tests {
     #[test]
     fn subjects_and_types() {
         let cmd = InstallSite { site_id: "edge-1".into(), ..Default::default() };
-        assert_eq!(cmd.subject(), "landfall.cmd.install_site.edge-1");
+        assert_eq!(cmd.subject(), "landfall.cmd.edge-1.hub.install_site");
         assert_eq!(InstallSite::TYPE, "landfall.v1.InstallSite");
         let evt = NodeOsProvisioned { site_id: "edge-1".into(), node: "n1".into(), image: String::new() };
-        assert_eq!(evt.subject(), "landfall.evt.edge-1.node.os_provisioned");
-        assert_eq!(NodeOsProvisioned::filter(), "landfall.evt.*.node.os_provisioned");
+        assert_eq!(evt.subject_from(names::Origin::Gateway), "landfall.evt.edge-1.gateway.node.os_provisioned");
+        assert_eq!(NodeOsProvisioned::filter(), "landfall.evt.*.*.node.os_provisioned");
         let job = ProvisionOs { site_id: "edge-1".into(), ..Default::default() };
         assert_eq!(job.subject(), "landfall.job.edge-1.provision_os");
     }

@@ -1,16 +1,18 @@
 //! Who may send each message, and what it may say: the one table every check is derived from.
 //!
-//! A site's NATS user may publish only on subjects that name its own site, and that is all the
-//! server checks. So the site a subject names is the only site a message on it may speak for:
-//! every field that names a site must name that one ([`check`]), and a state-changing report from
-//! a site counts only as the answer to a job the hub sent that site ([`Rule::answers`]; the
-//! consumer that keeps the job's record checks the job's id, nodes and rollout). The same table
-//! says which parties may publish each kind (`access` gives each NATS user exactly those subjects).
+//! A site's NATS user may publish only on its own site's subjects, commands and events among them
+//! only those whose origin token says a gateway sent them, and that is all the server checks. So
+//! a message a gateway sent must be of a kind a site sends ([`check`]), the site its subject names
+//! is the only site it may speak for: every field that names a site must name that one, and a
+//! state-changing report from a site counts only as the answer to a job the hub sent that site
+//! ([`Rule::answers`]; the consumer that keeps the job's record checks the job's id, nodes and
+//! rollout). The same table says which parties may publish each kind (`access` gives each hub
+//! service's NATS user exactly those subjects).
 //!
 //! A message kind missing from [`RULES`] is refused by [`check`]; the tests below fail for a
 //! kind of the contract that has no row, and run every row's site fields against a forgery.
 
-use crate::names::{self, ParsedSubject};
+use crate::names::{self, Origin, ParsedSubject};
 use crate::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
 
 /// The parties that publish on the bus (each a NATS user of its own in production).
@@ -32,15 +34,15 @@ pub enum Party {
 /// How a message travels, and so what its subject looks like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Channel {
-    /// `landfall.cmd.<kind>.<scope>`, stored in `LANDFALL_COMMANDS`.
+    /// `landfall.cmd.<scope>.<origin>.<kind>`, stored in `LANDFALL_COMMANDS`.
     Command,
     /// `landfall.job.<site>.<kind>`, stored in `LANDFALL_JOBS`.
     Job,
-    /// `landfall.evt.<scope>.<aggregate>.<kind>`, stored in `LANDFALL_EVENTS`.
+    /// `landfall.evt.<scope>.<origin>.<aggregate>.<kind>`, stored in `LANDFALL_EVENTS`.
     Event,
     /// A site's core request to a hub service: `landfall.svc.<site>.<kind>`.
     Service,
-    /// The hub's core request to a site: `landfall.rpc.<site>.<kind>`.
+    /// The hub's core request to a site: `landfall.to.<site>.rpc.<kind>`.
     SiteRpc,
     /// An operator's core request to the secrets service: `landfall.admin.<kind>`.
     Admin,
@@ -52,7 +54,7 @@ pub struct Rule {
     /// The protobuf full name (the `Landfall-Type` header).
     pub type_name: &'static str,
     pub channel: Channel,
-    /// An event's aggregate (`node` in `landfall.evt.<site>.node.os_provisioned`); empty for
+    /// An event's aggregate (`node` in `landfall.evt.<site>.gateway.node.os_provisioned`); empty for
     /// other channels.
     pub aggregate: &'static str,
     /// The kind as the subject spells it: `node_added`, `os_provisioned`, `artifact_plan`.
@@ -271,44 +273,73 @@ impl Rule {
     }
 }
 
-/// The site a subject speaks for, and the kind it names (`None` for the site: the fleet, or an
-/// operator's request).
-fn parse(subject: &str) -> Option<(Channel, Option<&str>, String)> {
+/// What a subject says of a message on it.
+struct Parsed<'a> {
+    channel: Channel,
+    /// The site it speaks for (`None`: the fleet, or an operator's request).
+    site: Option<&'a str>,
+    /// Its kind as [`Rule::subject_kind`] spells it.
+    kind: String,
+    /// A site's gateway sent it: only a site's kinds may travel so. A site's requests of the
+    /// hub's services are a site's by their channel.
+    from_gateway: bool,
+}
+
+fn parse(subject: &str) -> Option<Parsed<'_>> {
     fn site(s: &str) -> Option<&str> {
         (s != names::FLEET).then_some(s)
     }
+    let parsed = |channel, site, kind: String, from_gateway| Parsed { channel, site, kind, from_gateway };
+    let gateway = |origin| origin == Origin::Gateway;
     Some(match names::parse_subject(subject)? {
-        ParsedSubject::Command { kind, scope } => (Channel::Command, site(scope), kind.to_string()),
-        ParsedSubject::Job { site: s, kind } => (Channel::Job, Some(s), kind.to_string()),
-        ParsedSubject::Event { scope, aggregate, kind } => (Channel::Event, site(scope), format!("{aggregate}.{kind}")),
-        ParsedSubject::Service { site: s, kind } => (Channel::Service, Some(s), kind.to_string()),
-        ParsedSubject::Rpc { site: s, kind } => (Channel::SiteRpc, Some(s), kind.to_string()),
-        ParsedSubject::Admin { kind } => (Channel::Admin, None, kind.to_string()),
+        ParsedSubject::Command { kind, scope, origin } => {
+            parsed(Channel::Command, site(scope), kind.to_string(), gateway(origin))
+        }
+        ParsedSubject::Job { site: s, kind } => parsed(Channel::Job, Some(s), kind.to_string(), false),
+        ParsedSubject::Event { scope, origin, aggregate, kind } => {
+            parsed(Channel::Event, site(scope), format!("{aggregate}.{kind}"), gateway(origin))
+        }
+        ParsedSubject::Service { site: s, kind } => parsed(Channel::Service, Some(s), kind.to_string(), false),
+        ParsedSubject::Rpc { site: s, kind } => parsed(Channel::SiteRpc, Some(s), kind.to_string(), false),
+        ParsedSubject::Admin { kind } => parsed(Channel::Admin, None, kind.to_string(), false),
     })
 }
 
 /// The row of the kind a subject names (`landfall.evt.edge-01.node.failed`: `NodeFailed`).
 pub fn rule_for_subject(subject: &str) -> Option<&'static Rule> {
-    let (channel, _, kind) = parse(subject)?;
-    RULES.iter().find(|r| r.channel == channel && r.subject_kind() == kind)
+    let p = parse(subject)?;
+    RULES.iter().find(|r| r.channel == p.channel && r.subject_kind() == p.kind)
+}
+
+/// Where messages of `type_name` travel when their usual sender sends them: a gateway's subjects
+/// for a kind only sites send, the hub's for the others.
+pub fn usual_origin(type_name: &str) -> Origin {
+    match rule(type_name) {
+        Some(r) if r.senders == [Party::Site] => Origin::Gateway,
+        _ => Origin::Hub,
+    }
 }
 
 /// The site the subject names, when it names one.
 pub fn subject_site(subject: &str) -> Option<&str> {
-    parse(subject).and_then(|(_, site, _)| site)
+    parse(subject).and_then(|p| p.site)
 }
 
-/// Checks a decoded message against the subject it came on: its kind is the subject's, and
-/// every field [`Rule::site_fields`] names holds the subject's site.
+/// Checks a decoded message against the subject it came on: its kind is the subject's, a site
+/// sends it when the subject says a gateway sent it, and every field [`Rule::site_fields`] names
+/// holds the subject's site.
 ///
 /// # Errors
 /// [`Forbidden`], saying which field named which site.
 pub fn check<M: BusMessage>(subject: &str, message: &M) -> Result<(), Forbidden> {
     let rule = rule(M::TYPE).ok_or_else(|| Forbidden(format!("{} is not a message anyone may send", M::TYPE)))?;
-    let (channel, site, kind) =
+    let Parsed { channel, site, kind, from_gateway } =
         parse(subject).ok_or_else(|| Forbidden(format!("{subject} is not a subject a {} travels on", M::TYPE)))?;
     if channel != rule.channel || kind != rule.subject_kind() {
         return Err(Forbidden(format!("{subject} is not a subject a {} travels on", M::TYPE)));
+    }
+    if from_gateway && !rule.allows(Party::Site) {
+        return Err(Forbidden(format!("a site's gateway sent {subject}, and only the hub sends a {}", M::TYPE)));
     }
     if rule.site_fields.is_empty() {
         // Fleet-wide commands and events travel in the fleet's scope; rejections and dead
@@ -334,6 +365,26 @@ pub fn check<M: BusMessage>(subject: &str, message: &M) -> Result<(), Forbidden>
         }
     }
     Ok(())
+}
+
+/// Why a message stored under a site's gateway subjects cannot be what it says, when it cannot
+/// ([`check`] of its payload, by its `Landfall-Type`): a kind only the hub sends, or one that
+/// names another site. The hub's own subjects carry only what each hub user may send, and are
+/// not looked at. Every consumer of the streams and every reader of events applies it before
+/// anything else, whatever kinds it handles.
+pub fn forged_by_a_gateway(subject: &str, type_name: &str, payload: &[u8]) -> Option<Forbidden> {
+    let from_gateway = match names::parse_subject(subject) {
+        Some(ParsedSubject::Event { origin, .. } | ParsedSubject::Command { origin, .. }) => origin == Origin::Gateway,
+        _ => false,
+    };
+    if !from_gateway {
+        return None;
+    }
+    match check_payload(subject, type_name, payload) {
+        Some(Err(e)) => Some(e),
+        None => Some(Forbidden(format!("{type_name:?} is not a message a site's gateway may send"))),
+        Some(Ok(())) => None,
+    }
 }
 
 /// Decodes a core request's payload as `M` and [`check`]s it against the subject it came on.

@@ -258,7 +258,7 @@ pub async fn run_observer_with(
         RejectAs::Message { consumer: names::OBSERVER_EVENTS.to_string() },
     )
     // A node's reports are written in the order they were made; sites run side by side.
-    .ordered_by_token(names::EVENT_SCOPE_TOKEN, None)
+    .ordered_by_token(names::SCOPE_TOKEN, None)
     .concurrency(512);
     let sweep = tokio::spawn(sweep_markers(observer.clone(), policy, shutdown.clone()));
     runtime::consume(bus, spec, Arc::new(Events(observer)), shutdown).await?;

@@ -7,7 +7,7 @@ landfall:
 1. The protobuf classes come from protoc (grpc_tools.protoc) run over bus-schema/proto, into a
    directory the caller chooses (--gen-dir). That happens on the first run, and again whenever
    the .proto files change.
-2. ``landfall.v1.InstallSite`` is published with JetStream on ``landfall.cmd.install_site.<site>``,
+2. ``landfall.v1.InstallSite`` is published with JetStream on ``landfall.cmd.<site>.hub.install_site``,
    carrying the headers every landfall message has: ``Nats-Msg-Id`` (the command id, the dedup
    key), ``Landfall-Type``, ``Landfall-Correlation-Id`` and ``Landfall-Causation-Id`` (both the
    command id: a command is the root of its chain) and a W3C ``traceparent``. The stream's PubAck
@@ -16,7 +16,7 @@ landfall:
    from its start.
 3. The install's events are read from the LANDFALL_EVENTS stream by an ephemeral ordered
    consumer filtered to the site (``landfall.evt.<site>.>``: a rejection of the command is
-   published in the site's scope too, as ``landfall.evt.<site>.command.rejected``). Only events
+   published in the site's scope too, as ``landfall.evt.<site>.hub.command.rejected``). Only events
    whose ``Landfall-Correlation-Id`` is the command id are kept. Each is decoded by its
    ``Landfall-Type`` header and printed as one line: the type's short name, then the message as
    compact JSON with the .proto field names.
@@ -358,7 +358,7 @@ async def install(args: argparse.Namespace) -> int:
     load_classes(args.gen_dir)
     cmd_id = args.id or new_command_id()
     cmd = message_class(INSTALL_SITE)(site_id=args.site, design_revision=args.revision)
-    subject = f"landfall.cmd.install_site.{args.site}"
+    subject = f"landfall.cmd.{args.site}.hub.install_site"
 
     nc = await connect(args.nats_url)
     try:

@@ -210,19 +210,6 @@ pub fn render(plan: &Plan, users: &[User], system: &Key, issuer: &Key, route_pas
             ),
             secret: true,
         });
-        let requesters: Vec<&str> = users
-            .iter()
-            .filter(|u| matches!(u.role, Role::Kubeconfig | Role::Operator))
-            .map(|u| u.key.public_key.as_str())
-            .collect();
-        files.push(File {
-            path: "identity/requesters".into(),
-            text: format!(
-                "# Whose requests a site answers (`landfall serve identity --requesters-file`).\n{}\n",
-                requesters.join("\n")
-            ),
-            secret: false,
-        });
     }
     for user in users {
         let (path, what) = match &user.role {
@@ -273,19 +260,13 @@ fn accounts(users: &[User], system: &Key, callout: Option<&Key>) -> String {
          # One user per hub service, one for operators, one per site; public keys only.\n\n",
     );
     let _ = writeln!(out, "accounts {{\n  {ACCOUNT} {{\n    jetstream: enabled\n    users: [");
-    // Whose requests a site answers: the kubeconfig collector's, and operators'.
-    let requesters: Vec<String> = users
-        .iter()
-        .filter(|u| matches!(u.role, Role::Kubeconfig | Role::Operator))
-        .map(|u| u.key.public_key.clone())
-        .collect();
     for user in users {
         let _ = writeln!(
             out,
             "      # {}\n      {{ nkey: {:?}\n      {}\n      }}",
             user.role.user(),
             user.key.public_key,
-            permissions(&user.role.permissions(&user.key.public_key, &requesters))
+            permissions(&user.role.permissions(&user.key.public_key))
         );
     }
     let _ = writeln!(out, "    ]\n  }}\n  SYS {{\n    users: [ {{ nkey: {:?} }} ]\n  }}\n}}", system.public_key);
@@ -627,7 +608,7 @@ mod tests {
     }
 
     #[test]
-    fn a_site_answers_only_into_its_own_replies_and_services_are_denied_others_consumers() {
+    fn a_site_holds_a_handful_of_its_own_wildcards_and_services_are_denied_others_consumers() {
         let user = |role: Role| User { role, key: key_pair(None).unwrap() };
         let users = [user(Role::Kubeconfig), user(Role::Operator), user(Role::Api), user(Role::Site("edge-01".into()))];
         let text = accounts(&users, &key_pair(None).unwrap(), None);
@@ -636,12 +617,12 @@ mod tests {
             text[start..].split("\n      # ").next().unwrap().to_string()
         };
         let site = block("site-edge-01");
-        for requester in &users[..2] {
-            let key = &requester.key.public_key;
-            assert!(site.contains(&format!("\"_INBOX_{key}.site.edge-01.>\"")), "{site}");
-            assert!(!site.contains(&format!("\"_INBOX_{key}.>\"")), "{site}");
+        for user in &users[..3] {
+            assert!(!site.contains(&user.key.public_key), "a site's grants name no other user: {site}");
         }
-        assert!(!site.contains(&users[2].key.public_key), "the API asks a site nothing: {site}");
+        assert!(site.contains("\"landfall.svc.edge-01.>\""), "{site}");
+        assert!(site.contains("\"landfall.to.edge-01.>\""), "{site}");
+        assert_eq!(site.matches("edge-01").count(), 1 + 8, "its name, and eight grants: {site}");
         assert!(!site.contains("deny"), "{site}");
         let api = block("api");
         assert!(api.contains("deny: [\"$JS.API.CONSUMER.CREATE.LANDFALL_EVENTS.orchestrator-events\""), "{api}");

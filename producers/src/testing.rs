@@ -19,7 +19,7 @@ pub(crate) fn delivery<M: BusMessage>(m: &M, correlation: &str) -> Delivery {
     let json = serde_json::to_value(m).expect("JSON");
     let scope = json.get("site_id").and_then(|v| v.as_str()).filter(|s| !s.is_empty()).unwrap_or(names::FLEET);
     Delivery {
-        subject: names::event_subject(scope, rule.aggregate, rule.kind),
+        subject: names::event_subject_from(bus_schema::trust::usual_origin(M::TYPE), scope, rule.aggregate, rule.kind),
         type_name: M::TYPE.to_string(),
         envelope: Envelope {
             id: "e".into(),

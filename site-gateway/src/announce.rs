@@ -71,7 +71,7 @@ async fn announce<C: pb::BusCommand>(
     envelope: Envelope,
     shutdown: &CancellationToken,
 ) -> bool {
-    let subject = cmd.subject();
+    let subject = cmd.subject_from(bus.origin());
     for attempt in 1.. {
         // At a leaf node, the site's outbox keeps it until the hub has it.
         let published = match outbox {

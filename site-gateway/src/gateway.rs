@@ -42,6 +42,7 @@ pub struct Gateway<B> {
 
 impl<B: SiteBackend> Gateway<B> {
     pub fn new(site: SiteId, bus: Bus, backend: Arc<B>, cache: ArtifactCache) -> Self {
+        let bus = bus.as_gateway();
         Self { site, bus, backend, cache, outbox: None, last_report: Arc::default() }
     }
 
@@ -68,7 +69,7 @@ impl<B: SiteBackend> Gateway<B> {
     }
 
     async fn publish<E: bus_schema::BusEvent>(&self, evt: &E, env: &Envelope) -> Result<(), HandlerError> {
-        let subject = evt.subject();
+        let subject = evt.subject_from(self.bus.origin());
         self.last_report.note(E::TYPE);
         match &self.outbox {
             Some(outbox) if outbox::kept_at_site(&subject) => {
@@ -421,7 +422,7 @@ fn nodes(list: Vec<pb::NodeSpec>) -> Result<Vec<NodeDesign>, HandlerError> {
     list.into_iter().map(NodeDesign::try_from).collect::<Result<Vec<_>, _>>().map_err(invalid)
 }
 
-/// Answers `landfall.rpc.<site>.kubeconfig` until `shutdown`, one request at a time; the
+/// Answers `landfall.to.<site>.rpc.kubeconfig` until `shutdown`, one request at a time; the
 /// site's gateways share them as one queue group, as they share the site's jobs. The
 /// kubeconfig itself is never logged.
 async fn serve_kubeconfig<B: SiteBackend>(
@@ -459,6 +460,7 @@ pub async fn run_gateway<B: SiteBackend>(
     alive_every: std::time::Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let bus = bus.as_gateway();
     // On its site's leaf node (the hub's JetStream named by its domain), the site keeps its
     // own record of what it reports and announces, and the jobs that reached it: kept, carried
     // out and forwarded from the start, even while the hub cannot be reached.
@@ -507,8 +509,9 @@ pub async fn run_gateway<B: SiteBackend>(
         );
         tokio::spawn(jobs)
     });
-    // A site may start while its link to the hub is down, or before the hub made its streams.
-    if bus.wait_for_stream(names::JOBS_STREAM, &shutdown).await.is_ok() {
+    // A site may start while its link to the hub is down, or before the hub made its durable:
+    // its deliveries start when they can.
+    {
         info!(%site, kept_at_site = at_leaf, "gateway running");
         let drift_every = backend.drift_every();
         let rpc = tokio::spawn(serve_kubeconfig(site.clone(), bus.clone(), backend, shutdown.clone()));
@@ -560,6 +563,7 @@ pub async fn run_gateway_host<B: SiteBackend>(
     bus: Bus,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let bus = bus.as_gateway();
     let mut gateways = std::collections::HashMap::new();
     let mut side = tokio::task::JoinSet::new();
     for (site, backend) in &sites {

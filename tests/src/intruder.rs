@@ -40,6 +40,9 @@ pub enum Outcome {
     Refused(String),
     /// The server let it through, and nothing took it (a reply no request waited for).
     Ignored(String),
+    /// Stored, where no durable consumer reads it, and people's and dashboards' readers do not
+    /// show it.
+    Unheard(String),
     /// Nothing refused it: what happened.
     Through(String),
     /// No answer and no violation: neither refused nor seen to go through.
@@ -71,6 +74,7 @@ impl fmt::Display for Outcome {
             }
             Outcome::Refused(reason) => write!(f, "refused: {reason}"),
             Outcome::Ignored(what) => write!(f, "ignored: {what}"),
+            Outcome::Unheard(what) => write!(f, "unheard: {what}"),
             Outcome::Through(what) => write!(f, "went through: {what}"),
             Outcome::Unclear(what) => write!(f, "unclear: {what}"),
         }
@@ -92,6 +96,11 @@ impl Intruder {
         let (client, errors) = raw_client(url, access).await;
         let js = jetstream::new(client.clone());
         Intruder { client, js, errors, watcher }
+    }
+
+    /// The operator's connection the intruder reads the hub's answers through.
+    pub fn watcher(&self) -> &Bus {
+        &self.watcher
     }
 
     /// The first permission violation naming `subject` the server sent since error number `from`.
@@ -163,6 +172,43 @@ impl Intruder {
                 "stored at sequence {seq}, and no consumer refused it within {REJECTION_TIMEOUT:?}"
             )),
         }
+    }
+
+    /// [`Intruder::forge`] of an event that may have no durable consumer to refuse it: when no
+    /// durable of the events stream reads its subject, [`Outcome::Unheard`] if an event reader
+    /// (what the API, the dashboard and the CLI read with) does not show it, and
+    /// [`Outcome::Through`] if it does.
+    pub async fn forge_unseen<M: BusMessage>(&self, subject: &str, message: &M, envelope: &Envelope) -> Outcome {
+        if self.durables_reading(subject).await {
+            return self.forge(subject, message, envelope).await;
+        }
+        let seq = match self.publish_stored(subject, M::TYPE, message.encode_to_vec(), envelope).await {
+            Ok(seq) => seq,
+            Err(outcome) => return outcome,
+        };
+        let start = DeliverPolicy::ByStartSequence { start_sequence: seq };
+        let mut reader = self.watcher.read_events(vec![subject.to_string()], start).await.expect("an event reader");
+        match tokio::time::timeout(Duration::from_secs(2), reader.next()).await {
+            Ok(Some(Ok(e))) if e.delivery.envelope.id == envelope.id => {
+                Outcome::Through(format!("stored at sequence {seq}, and an event reader showed it"))
+            }
+            _ => Outcome::Unheard(format!("stored at sequence {seq}: no durable reads it, no reader shows it")),
+        }
+    }
+
+    /// Whether a durable consumer of the events stream reads `subject`.
+    async fn durables_reading(&self, subject: &str) -> bool {
+        let stream = self.watcher.jetstream().get_stream(names::EVENTS_STREAM).await.expect("the events stream");
+        let mut consumers = stream.consumers();
+        while let Some(Ok(info)) = futures::StreamExt::next(&mut consumers).await {
+            let c = &info.config;
+            let filters = std::iter::once(&c.filter_subject).chain(&c.filter_subjects).filter(|f| !f.is_empty());
+            let reads = filters.clone().any(|f| names::subject_matches(f, subject)) || filters.count() == 0;
+            if c.durable_name.is_some() && reads {
+                return true;
+            }
+        }
+        false
     }
 
     /// Publishes a message that no one may store from this user: [`Outcome::Through`] as soon

@@ -201,8 +201,6 @@ impl Deployment {
                 &p("identity/issuer.nk"),
                 "--sys-nkey-file",
                 &p("users/sys.nk"),
-                "--requesters-file",
-                &p("identity/requesters"),
                 "--link-ttl",
                 link_ttl,
                 "--approve",
@@ -239,10 +237,17 @@ impl Deployment {
         }
     }
 
-    /// How `role` connects to the hub.
+    /// How `role` connects to the hub: a site as its gateway does, through the hub's
+    /// JetStream domain, its commands and events sent as a gateway's.
     pub fn access(&self, role: &Role) -> Access {
+        let site = match role {
+            Role::Site(site) => Some(site.clone()),
+            _ => None,
+        };
         Access {
             nkey_seed: Some(Access::seed_from_file(&self.seed_file(role)).expect("the seed file")),
+            js_domain: site.as_ref().map(|_| bus_schema::access::HUB_DOMAIN.to_string()),
+            site,
             ..Access::default()
         }
     }
@@ -363,9 +368,13 @@ pub async fn raw_client(url: &str, access: &Access) -> (async_nats::Client, Serv
     let errors = ServerErrors::default();
     let seen = errors.clone();
     let key = access.public_key().expect("a user's nkey seed").expect("an nkey seed");
+    let inbox = match &access.site {
+        Some(site) => bus_schema::names::site_inbox(site),
+        None => bus_schema::access::inbox(&key),
+    };
     let mut options = async_nats::ConnectOptions::new()
         .nkey(access.nkey_seed.clone().expect("an nkey seed"))
-        .custom_inbox_prefix(bus_schema::access::inbox(&key))
+        .custom_inbox_prefix(inbox)
         .event_callback(move |event| {
             let seen = seen.clone();
             async move {

@@ -58,7 +58,7 @@ async fn a_viewer_reads_an_operator_installs_and_the_read_model_follows_the_inst
     let (status, accepted) = api.post(OPERATOR, INSTALL, &body, &[("idempotency-key", &key)]).await;
     assert_eq!(status, 202, "{accepted}");
     assert_eq!((accepted["id"].as_str(), accepted["duplicate"].as_bool()), (Some(key.as_str()), Some(false)));
-    assert_eq!(accepted["subject"], format!("landfall.cmd.install_site.{site}"));
+    assert_eq!(accepted["subject"], format!("landfall.cmd.{site}.hub.install_site"));
     // Stored once: the bus drops the copy, or (once the command is settled) the API answers
     // with its outcome without publishing.
     let (status, again) = api.post(OPERATOR, INSTALL, &body, &[("idempotency-key", &key)]).await;

@@ -15,7 +15,7 @@ use std::fmt;
 use std::time::Duration;
 
 use bus_schema::access::Role;
-use bus_schema::names::{self, keys};
+use bus_schema::names::{self, Origin, keys};
 use bus_schema::pb::{self, BusCommand, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
 use consumers::rollout::decide::patch_job_id;
@@ -59,7 +59,12 @@ impl Defence {
     fn holds(self, o: &Outcome) -> bool {
         match self {
             Defence::Permission => o.is_denied(),
-            Defence::TrustTable => o.is_denied() || o.is_forbidden() || o.is_refused_with("speaks for site"),
+            Defence::TrustTable => {
+                o.is_denied()
+                    || o.is_forbidden()
+                    || o.is_refused_with("speaks for site")
+                    || matches!(o, Outcome::Unheard(_))
+            }
             Defence::SagaJob | Defence::RolloutJob => o.is_denied() || o.is_forbidden(),
             Defence::SecretsLease => o.is_denied() || o.is_refused_with(NO_BMC_JOB),
             Defence::ObserverJob => o.is_denied() || o.is_forbidden(),
@@ -100,13 +105,16 @@ fn answering(correlation: &str, causation: &str) -> Envelope {
     Envelope { correlation: correlation.into(), causation: causation.into(), ..Envelope::root() }
 }
 
-/// The subject an event of type `E` has in `scope`.
+/// What the thief sends as: a gateway (its user may publish nothing the hub's subjects carry).
+const GW: Origin = Origin::Gateway;
+
+/// The subject an event of type `E` has in `scope`, sent as a gateway.
 fn event_on<E: BusEvent>(scope: &str) -> String {
-    names::event_subject(scope, E::AGGREGATE, E::KIND)
+    names::event_subject_from(GW, scope, E::AGGREGATE, E::KIND)
 }
 
 fn command_on<C: BusCommand>(scope: &str) -> String {
-    names::command_subject(C::KIND, scope)
+    names::command_subject_from(GW, C::KIND, scope)
 }
 
 fn package_ref(r: &pb::Rollout) -> Option<pb::PackageRef> {
@@ -147,33 +155,45 @@ async fn node_removed_of_b_node_on_own_subject(t: &Intruder, s: &Scene) -> Outco
 async fn node_added_on_b_subject(t: &Intruder, s: &Scene) -> Outcome {
     let node = pb::NodeSpec { name: "intruder".into(), ..s.b_nodes[0].clone() };
     let cmd = pb::NodeAdded { site_id: B.into(), node: Some(node), hardware: None };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
 async fn node_removed_on_b_subject(t: &Intruder, s: &Scene) -> Outcome {
     let cmd = pb::NodeRemoved { site_id: B.into(), node: s.b_nodes[2].name.clone(), ..Default::default() };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
 async fn install_site_b(t: &Intruder, _: &Scene) -> Outcome {
     let cmd = pb::InstallSite { site_id: B.into(), ..Default::default() };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
+/// Under its own site's gateway subjects, where the server lets it through.
 async fn install_site_own(t: &Intruder, _: &Scene) -> Outcome {
+    let cmd = pb::InstallSite { site_id: A.into(), ..Default::default() };
+    t.forge(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
+}
+
+/// As the hub would send it.
+async fn install_site_own_as_the_hub(t: &Intruder, _: &Scene) -> Outcome {
     let cmd = pb::InstallSite { site_id: A.into(), ..Default::default() };
     t.store(&cmd.subject(), &cmd, &Envelope::root()).await
 }
 
+async fn decommission_own_site(t: &Intruder, _: &Scene) -> Outcome {
+    let cmd = pb::DecommissionSite { site_id: A.into(), ..Default::default() };
+    t.forge(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
+}
+
 async fn stage_site_b(t: &Intruder, _: &Scene) -> Outcome {
     let cmd = pb::StageSite { site_id: B.into(), design_revision: 0 };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
 async fn apply_design_b(t: &Intruder, _: &Scene) -> Outcome {
     let source = pb::DesignSource { name: "site.yaml".into(), text: format!("site: {B}\nnodes: []\n") };
     let cmd = pb::ApplyDesign { site_id: B.into(), sources: vec![source], expected: None };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
 async fn register_site_b_with_an_extra_node(t: &Intruder, s: &Scene) -> Outcome {
@@ -181,12 +201,12 @@ async fn register_site_b_with_an_extra_node(t: &Intruder, s: &Scene) -> Outcome 
     nodes.push(pb::NodeSpec { name: "intruder".into(), boot_mac: "52:54:00:ee:ee:02".into(), ..nodes[1].clone() });
     let design = pb::SiteDesign { site_id: B.into(), nodes, ..Default::default() };
     let cmd = pb::RegisterSite { design: Some(design), expected: None };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
 async fn register_package_for_the_fleet(t: &Intruder, _: &Scene) -> Outcome {
     let cmd = pb::RegisterPackage { package: Some(kubelet("9.9.9")), auto_rollout: None };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
 async fn patch_package_b(t: &Intruder, _: &Scene) -> Outcome {
@@ -197,12 +217,12 @@ async fn patch_package_b(t: &Intruder, _: &Scene) -> Outcome {
         selector: Some(selector),
         ..Default::default()
     };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
 async fn cancel_rollout_waiting_for_b(t: &Intruder, s: &Scene) -> Outcome {
     let cmd = pb::CancelRollout { rollout_id: s.r2.rollout_id.clone(), reason: "stolen".into() };
-    t.store(&cmd.subject(), &cmd, &Envelope::root()).await
+    t.store(&cmd.subject_from(GW), &cmd, &Envelope::root()).await
 }
 
 // ---- Events: rollout reports ----
@@ -219,7 +239,7 @@ async fn site_patched_with_b_plan_index(t: &Intruder, s: &Scene) -> Outcome {
         package: package_ref(r),
         ..Default::default()
     };
-    t.forge(&e.subject(), &e, &answering(&r.rollout_id, &patch_job_id(r, B))).await
+    t.forge(&e.subject_from(GW), &e, &answering(&r.rollout_id, &patch_job_id(r, B))).await
 }
 
 /// B's report, naming B, on A's subject.
@@ -252,7 +272,7 @@ async fn site_patched_with_no_job_sent_to_a(t: &Intruder, s: &Scene) -> Outcome 
         package: package_ref(r),
         ..Default::default()
     };
-    t.forge(&e.subject(), &e, &answering(&r.rollout_id, &patch_job_id(r, B))).await
+    t.forge(&e.subject_from(GW), &e, &answering(&r.rollout_id, &patch_job_id(r, B))).await
 }
 
 /// A report beyond the rollout's plan.
@@ -266,7 +286,7 @@ async fn site_patched_past_the_plan(t: &Intruder, s: &Scene) -> Outcome {
         package: package_ref(r),
         ..Default::default()
     };
-    t.forge(&e.subject(), &e, &answering(&r.rollout_id, &Envelope::root().id)).await
+    t.forge(&e.subject_from(GW), &e, &answering(&r.rollout_id, &Envelope::root().id)).await
 }
 
 async fn node_patched_for_b_node(t: &Intruder, s: &Scene) -> Outcome {
@@ -290,12 +310,12 @@ fn in_b_saga(s: &Scene) -> Envelope {
 /// What B's saga waits for, from A.
 async fn artifacts_staged_in_b_saga(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::ArtifactsStaged { site_id: A.into(), artifacts: 5, ..Default::default() };
-    t.forge(&e.subject(), &e, &in_b_saga(s)).await
+    t.forge(&e.subject_from(GW), &e, &in_b_saga(s)).await
 }
 
 async fn node_os_provisioned_in_b_saga(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::NodeOsProvisioned { site_id: A.into(), node: s.b_nodes[0].name.clone(), image: "ubuntu".into() };
-    t.forge(&e.subject(), &e, &in_b_saga(s)).await
+    t.forge(&e.subject_from(GW), &e, &in_b_saga(s)).await
 }
 
 async fn cluster_ready_in_b_saga(t: &Intruder, s: &Scene) -> Outcome {
@@ -305,12 +325,12 @@ async fn cluster_ready_in_b_saga(t: &Intruder, s: &Scene) -> Outcome {
         workers: s.b_nodes[1..].iter().map(|n| n.name.clone()).collect(),
         failed: vec![],
     };
-    t.forge(&e.subject(), &e, &in_b_saga(s)).await
+    t.forge(&e.subject_from(GW), &e, &in_b_saga(s)).await
 }
 
 async fn job_failed_in_b_saga(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::JobFailed { site_id: A.into(), job: pb::StageArtifacts::KIND.into(), reason: "forged".into() };
-    t.forge(&e.subject(), &e, &in_b_saga(s)).await
+    t.forge(&e.subject_from(GW), &e, &in_b_saga(s)).await
 }
 
 async fn node_failed_in_b_saga(t: &Intruder, s: &Scene) -> Outcome {
@@ -321,7 +341,7 @@ async fn node_failed_in_b_saga(t: &Intruder, s: &Scene) -> Outcome {
         reason: "forged".into(),
         error_type: String::new(),
     };
-    t.forge(&e.subject(), &e, &in_b_saga(s)).await
+    t.forge(&e.subject_from(GW), &e, &in_b_saga(s)).await
 }
 
 /// A's own saga, with an answer to no job it was sent.
@@ -336,7 +356,7 @@ async fn node_patched_own_node_with_no_job(t: &Intruder, s: &Scene) -> Outcome {
         from_version: "1.30.0".into(),
         ..Default::default()
     };
-    t.forge(&e.subject(), &e, &answering(&s.r2.rollout_id, &Envelope::root().id)).await
+    t.forge(&e.subject_from(GW), &e, &answering(&s.r2.rollout_id, &Envelope::root().id)).await
 }
 
 /// A node of its own claimed put back to a version, answering a job no rollout sent A: the
@@ -351,19 +371,19 @@ async fn node_rolled_back_own_node_with_no_job(t: &Intruder, s: &Scene) -> Outco
         failed_version: "1.30.0".into(),
         reason: "forged".into(),
     };
-    t.forge(&e.subject(), &e, &answering(&r.rollout_id, &patch_job_id(r, A))).await
+    t.forge(&e.subject_from(GW), &e, &answering(&r.rollout_id, &patch_job_id(r, A))).await
 }
 
 async fn node_os_provisioned_with_no_job_sent(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::NodeOsProvisioned { site_id: A.into(), node: "node-1".into(), image: "ubuntu".into() };
-    t.forge(&e.subject(), &e, &answering(&s.a_install, &Envelope::root().id)).await
+    t.forge(&e.subject_from(GW), &e, &answering(&s.a_install, &Envelope::root().id)).await
 }
 
 // ---- Events: another site's subject, and kinds only the hub sends ----
 
 async fn artifacts_staged_on_b_subject(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::ArtifactsStaged { site_id: B.into(), artifacts: 5, ..Default::default() };
-    t.store(&e.subject(), &e, &in_b_saga(s)).await
+    t.store(&e.subject_from(GW), &e, &in_b_saga(s)).await
 }
 
 async fn node_patched_on_b_subject(t: &Intruder, s: &Scene) -> Outcome {
@@ -375,17 +395,17 @@ async fn node_patched_on_b_subject(t: &Intruder, s: &Scene) -> Outcome {
         from_version: "1.30.0".into(),
         ..Default::default()
     };
-    t.store(&e.subject(), &e, &Envelope::root()).await
+    t.store(&e.subject_from(GW), &e, &Envelope::root()).await
 }
 
 async fn site_installed_on_own_scope(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::SiteInstalled { site_id: A.into(), results: vec![], outcome: pb::InstallOutcome::Success as i32 };
-    t.store(&e.subject(), &e, &answering(&s.a_install, &s.a_install)).await
+    t.forge_unseen(&e.subject_from(GW), &e, &answering(&s.a_install, &s.a_install)).await
 }
 
 async fn kubeconfig_stored_on_own_scope(t: &Intruder, s: &Scene) -> Outcome {
     let e = pb::KubeconfigStored { site_id: A.into(), key_id: "forged".into(), revision: 1 };
-    t.store(&e.subject(), &e, &in_b_saga(s)).await
+    t.forge_unseen(&e.subject_from(GW), &e, &in_b_saga(s)).await
 }
 
 async fn design_applied_on_own_scope(t: &Intruder, _: &Scene) -> Outcome {
@@ -395,13 +415,13 @@ async fn design_applied_on_own_scope(t: &Intruder, _: &Scene) -> Outcome {
         nodes_added: vec!["intruder".into()],
         ..Default::default()
     };
-    t.store(&e.subject(), &e, &Envelope::root()).await
+    t.forge_unseen(&e.subject_from(GW), &e, &Envelope::root()).await
 }
 
 async fn node_accepted_on_own_scope(t: &Intruder, s: &Scene) -> Outcome {
     let node = pb::NodeSpec { name: "intruder".into(), ..s.b_nodes[1].clone() };
     let e = pb::NodeAccepted { site_id: A.into(), node: Some(node), joining: true, hardware: None };
-    t.store(&e.subject(), &e, &Envelope::root()).await
+    t.forge_unseen(&e.subject_from(GW), &e, &Envelope::root()).await
 }
 
 async fn rollout_completed_on_own_scope(t: &Intruder, s: &Scene) -> Outcome {
@@ -414,7 +434,13 @@ async fn rollout_completed_on_own_scope(t: &Intruder, s: &Scene) -> Outcome {
         sites: r.sites,
         ..Default::default()
     };
-    t.store(&event_on::<pb::RolloutCompleted>(A), &e, &answering(&r.rollout_id, &r.rollout_id)).await
+    t.forge_unseen(&event_on::<pb::RolloutCompleted>(A), &e, &answering(&r.rollout_id, &r.rollout_id)).await
+}
+
+/// As the hub would send it.
+async fn site_installed_on_own_scope_as_the_hub(t: &Intruder, s: &Scene) -> Outcome {
+    let e = pb::SiteInstalled { site_id: A.into(), results: vec![], outcome: pb::InstallOutcome::Success as i32 };
+    t.store(&e.subject(), &e, &answering(&s.a_install, &s.a_install)).await
 }
 
 // ---- The hub's services ----
@@ -503,15 +529,22 @@ async fn artifact_chunk_on_b_subject(t: &Intruder, s: &Scene) -> Outcome {
 
 // ---- The JetStream API: consumers and streams ----
 
+/// The hub's JetStream API, through the hub's domain: the only way a site's user reaches it.
 fn js(rest: &str) -> String {
-    format!("$JS.API.{rest}")
+    format!("$JS.hub.API.{rest}")
 }
 
-/// A's own durable consumer's configuration, as the thief may read it, with `filters`.
+/// A's own durable consumer's info, as the hub has it (the thief may not ask for it, and could
+/// know it all the same: it is what every gateway's durable is).
+async fn own_consumer_info(t: &Intruder) -> serde_json::Value {
+    let subject = format!("$JS.API.CONSUMER.INFO.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A));
+    let reply = t.watcher().client().request(subject, "".into()).await.expect("the hub's answer");
+    serde_json::from_slice(&reply.payload).expect("JSON")
+}
+
+/// A's own durable consumer's configuration with `filters`.
 async fn own_consumer_with(t: &Intruder, filters: &[String]) -> serde_json::Value {
-    let subject = js(&format!("CONSUMER.INFO.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A)));
-    let reply = t.client.request(subject, "".into()).await.expect("A may read its own consumer");
-    let info: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    let info = own_consumer_info(t).await;
     let mut config = info["config"].clone();
     let object = config.as_object_mut().unwrap_or_else(|| panic!("no consumer config in {info}"));
     object.remove("filter_subject");
@@ -530,15 +563,13 @@ async fn own_consumer_with(t: &Intruder, filters: &[String]) -> serde_json::Valu
 
 /// The last stream sequence A's own consumer delivered.
 async fn own_consumer_delivered(t: &Intruder) -> u64 {
-    let subject = js(&format!("CONSUMER.INFO.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A)));
-    let reply = t.client.request(subject, "".into()).await.expect("A may read its own consumer");
-    let info: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    let info = own_consumer_info(t).await;
     info["delivered"]["stream_seq"].as_u64().unwrap_or_default()
 }
 
 /// Creates (or updates) A's own durable consumer on `subject` with `filters`. When the server
 /// takes it, the thief looks (as it may) at what the consumer delivered since: B's waiting job,
-/// when the new filter covers it. Then A's consumer is put back as it was.
+/// when the new filter covers it. Then A's consumer is put back as it was (by the hub).
 async fn create_own_consumer(t: &Intruder, s: &Scene, subject: &str, filters: &[String]) -> Outcome {
     let before = own_consumer_delivered(t).await;
     let body = own_consumer_with(t, filters).await;
@@ -561,8 +592,10 @@ async fn create_own_consumer(t: &Intruder, s: &Scene, subject: &str, filters: &[
         ),
         None => "nothing of B's was seen delivered through it".to_string(),
     };
-    let restored = t.js_api(&own_create(), own_consumer_with(t, &[names::site_jobs(A)]).await).await;
-    assert!(matches!(restored, Outcome::Through(_)), "A's consumer was not put back: {restored}");
+    let restore = own_create().replacen("$JS.hub.API.", "$JS.API.", 1);
+    let body = serde_json::to_vec(&own_consumer_with(t, &[names::site_jobs(A)]).await).unwrap();
+    let restored = t.watcher().client().request(restore, body.into()).await.expect("the hub's answer");
+    assert!(!String::from_utf8_lossy(&restored.payload).contains("\"error\""), "A's consumer was not put back");
     let answer: String = answer.chars().take(120).collect();
     Outcome::Through(format!("A's consumer now filtered on {filters:?}; {seen} ({answer}…)"))
 }
@@ -809,7 +842,9 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         Permission: node_added_on_b_subject,
         Permission: node_removed_on_b_subject,
         Permission: install_site_b,
-        Permission: install_site_own,
+        TrustTable: install_site_own,
+        Permission: install_site_own_as_the_hub,
+        TrustTable: decommission_own_site,
         Permission: stage_site_b,
         Permission: apply_design_b,
         Permission: register_site_b_with_an_extra_node,
@@ -832,11 +867,12 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         ObserverJob: node_rolled_back_own_node_with_no_job,
         Permission: artifacts_staged_on_b_subject,
         Permission: node_patched_on_b_subject,
-        Permission: site_installed_on_own_scope,
-        Permission: kubeconfig_stored_on_own_scope,
-        Permission: design_applied_on_own_scope,
-        Permission: node_accepted_on_own_scope,
-        Permission: rollout_completed_on_own_scope,
+        TrustTable: site_installed_on_own_scope,
+        Permission: site_installed_on_own_scope_as_the_hub,
+        TrustTable: kubeconfig_stored_on_own_scope,
+        TrustTable: design_applied_on_own_scope,
+        TrustTable: node_accepted_on_own_scope,
+        TrustTable: rollout_completed_on_own_scope,
 
         TrustTable: bmc_credentials_for_b_node_on_own_subject,
         Permission: bmc_credentials_on_b_subject,

@@ -33,7 +33,7 @@ fn spec(durable: &str, site: &str, max_attempts: u32) -> ConsumerSpec {
     ConsumerSpec::new(
         names::EVENTS_STREAM,
         durable,
-        vec![format!("landfall.evt.{site}.site.>")],
+        vec![format!("landfall.evt.{site}.hub.site.>")],
         RejectAs::Message { consumer: durable.to_string() },
     )
     .max_attempts(Some(max_attempts))
@@ -104,12 +104,12 @@ async fn a_message_that_keeps_failing_is_filed_as_a_dead_letter_after_n_attempts
     let l = &letter.letter;
     assert_eq!((l.deliveries, l.attempts), (1, 3), "one delivery: the retries were in place");
     assert_eq!(l.message_id, env.id);
-    assert_eq!(l.subject, "landfall.evt.edge-07.site.test_1");
+    assert_eq!(l.subject, "landfall.evt.edge-07.hub.site.test_1");
     assert!(l.error.contains("always fails"), "{}", l.error);
     assert!(l.headers.iter().any(|h| h.name == names::headers::CORRELATION_ID && h.value == env.correlation));
 
     let notice = tokio::time::timeout(WAIT, notices.next()).await.unwrap().unwrap().unwrap();
-    assert_eq!(notice.delivery.subject, "landfall.evt.edge-07.message.dead_lettered", "in the site's scope");
+    assert_eq!(notice.delivery.subject, "landfall.evt.edge-07.hub.message.dead_lettered", "in the site's scope");
     let n: pb::MessageDeadLettered = notice.delivery.decode().unwrap();
     assert_eq!(
         (n.message_id.as_str(), n.dead_sequence, n.consumer.as_str()),
@@ -187,9 +187,8 @@ async fn messages_queued_behind_a_slow_one_of_their_key_are_kept_alive_and_deliv
     let bus = bus(&server.url()).await;
     let handler = Arc::new(Slow::default());
     let shutdown = CancellationToken::new();
-    let spec = spec("test-queued", "edge-09", 10)
-        .ack_wait(Duration::from_secs(1))
-        .ordered_by_token(names::EVENT_SCOPE_TOKEN, None);
+    let spec =
+        spec("test-queued", "edge-09", 10).ack_wait(Duration::from_secs(1)).ordered_by_token(names::SCOPE_TOKEN, None);
     let task = tokio::spawn(runtime::consume(bus.clone(), spec, handler.clone(), shutdown.clone()));
     for n in 0..3 {
         publish_event(&bus, "edge-09", n).await;
@@ -277,7 +276,7 @@ async fn a_command_that_keeps_failing_is_dead_lettered_and_replayed_once_fixed()
     assert!(listed.status.success(), "{}", text(&listed.stderr));
     let listed = text(&listed.stdout);
     assert!(
-        listed.contains("landfall.cmd.register_package.fleet") && listed.contains(names::ORCHESTRATOR_COMMANDS),
+        listed.contains("landfall.cmd.fleet.hub.register_package") && listed.contains(names::ORCHESTRATOR_COMMANDS),
         "{listed}"
     );
     let shown = landfall(&url, &["dead", "show", &letter.sequence.to_string(), "-o", "json"]).await;

@@ -124,7 +124,7 @@ async fn a_gateway_joins_on_approval_connects_as_its_site_only_and_a_revocation_
     let bus = connect_site(&hub, &keys).await;
     let (credential, key) = keys.present().expect("credentials");
     let (raw, errors) = landfall_tests::topology::raw_client_presenting(&hub.url, &credential, key).await;
-    let theirs = names::event_subject("edge-02", "node", "NodePatched");
+    let theirs = names::event_subject_from(names::Origin::Gateway, "edge-02", "node", "patched");
     raw.publish(theirs.clone(), "x".into()).await.unwrap();
     raw.flush().await.unwrap();
     let why = landfall_tests::topology::refused(&errors, &theirs).await;
@@ -165,8 +165,8 @@ async fn a_denied_gateway_gets_nothing_and_a_bootstrap_credential_can_only_ask()
     // With the bootstrap credential, a connection may ask to join and nothing else.
     let (raw, errors) = landfall_tests::topology::raw_client_presenting(&hub.url, &bootstrap, identity.clone()).await;
     for subject in [
-        names::event_subject("edge-01", "node", "NodePatched"),
-        names::command_subject("InstallSite", "edge-01"),
+        names::event_subject_from(names::Origin::Gateway, "edge-01", "node", "patched"),
+        names::command_subject_from(names::Origin::Gateway, "node_added", "edge-01"),
         names::identity_renew("edge-01"),
         names::IDENTITY_ADMIN.to_string(),
         names::identity_enroll(&nkeys::KeyPair::new_user().public_key()),
@@ -324,7 +324,7 @@ async fn stolen_forged_and_borrowed_credentials_are_refused() {
     let id_credential = std::fs::read_to_string(tmp.path().join("identity.jwt")).unwrap();
     let (raw, errors) =
         landfall_tests::topology::raw_client_presenting(&hub.url, &id_credential, identity.clone()).await;
-    let event = names::event_subject("edge-01", "node", "NodePatched");
+    let event = names::event_subject_from(names::Origin::Gateway, "edge-01", "node", "patched");
     raw.publish(event.clone(), "x".into()).await.unwrap();
     raw.flush().await.unwrap();
     let why = landfall_tests::topology::refused(&errors, &event).await;

@@ -26,7 +26,6 @@ async fn schemathesis_finds_nothing_wrong_with_the_api() {
     let settings = consumers::identity::IdentitySettings {
         issuer: std::sync::Arc::new(nkeys::KeyPair::new_account()),
         link_ttl: consumers::identity::LINK_TTL,
-        requesters: Vec::new(),
         approval: consumers::identity::Approval::Operator,
     };
     let stop = tokio_util::sync::CancellationToken::new();

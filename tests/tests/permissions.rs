@@ -196,13 +196,13 @@ async fn a_site_answers_only_into_reply_subjects_scoped_to_it_even_across_its_le
     let (d, hubs, url, _operator) = hub().await;
     let (client, errors) = raw_client(&url, &d.access(&site("edge-01"))).await;
     let (kc, op, api) = (key(&d, &Role::Kubeconfig), key(&d, &Role::Operator), key(&d, &Role::Api));
-    let scoped = |k: &str, s: &str| access::site_replies(&access::inbox(k), s);
+    let scoped = |k: &str, s: &str| names::site_replies(s, &access::inbox(k));
     for subject in [
         format!("{}.reply1", access::inbox(&kc)),
         format!("{}.mux.1", access::inbox(&op)),
         format!("{}.x1", scoped(&kc, "edge-02")),
         format!("{}.x1", scoped(&op, "edge-02")),
-        format!("{}.x1", scoped(&api, "edge-01")),
+        format!("{}.site.edge-01.x1", access::inbox(&api)),
         "_INBOX.site.edge-01.x1".to_string(),
     ] {
         errors.lock().unwrap().clear();

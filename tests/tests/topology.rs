@@ -68,12 +68,15 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
     let install = pb::InstallSite { site_id: "edge-01".into(), ..Default::default() };
     let patch = pb::PatchPackage { name: "kubelet".into(), version: "1.30.0".into(), ..Default::default() };
     let foreign = pb::NodeAdded { site_id: "edge-02".into(), ..Default::default() };
+    let gateway = names::Origin::Gateway;
     for (subject, body) in [
         (install.subject(), install.encode_to_vec()),
         (patch.subject(), patch.encode_to_vec()),
-        (foreign.subject(), foreign.encode_to_vec()),
-        (names::event_subject("edge-02", "site", "installed"), Vec::new()),
-        (names::event_subject("fleet", "rollout", "completed"), Vec::new()),
+        (patch.subject_from(gateway), patch.encode_to_vec()),
+        (foreign.subject_from(gateway), foreign.encode_to_vec()),
+        (names::event_subject_from(gateway, "edge-02", "site", "installed"), Vec::new()),
+        (names::event_subject("edge-01", "site", "installed"), Vec::new()),
+        (names::event_subject_from(gateway, "fleet", "rollout", "completed"), Vec::new()),
         (pb::ProvisionOs { site_id: "edge-01".into(), ..Default::default() }.subject(), Vec::new()),
     ] {
         client.publish(subject.clone(), body.into()).await.unwrap();
@@ -86,10 +89,11 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
     assert_eq!(commands_after, commands_before, "no refused command reached the stream");
     // What it may do: announce a host at its own site.
     let own = pb::NodeAdded { site_id: "edge-01".into(), ..Default::default() };
-    client.publish(own.subject(), own.encode_to_vec().into()).await.unwrap();
+    client.publish(own.subject_from(gateway), own.encode_to_vec().into()).await.unwrap();
     client.flush().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!errors.lock().unwrap().iter().any(|e| e.contains(&own.subject())), "{:?}", errors.lock().unwrap());
+    let refused_own = errors.lock().unwrap().iter().any(|e| e.contains(&own.subject_from(gateway)));
+    assert!(!refused_own, "{:?}", errors.lock().unwrap());
     println!("permissions: {tried} denials tried as site edge-01, {tried} refused");
     fleet.stop().await;
 }

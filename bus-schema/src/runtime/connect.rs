@@ -8,6 +8,7 @@ use tracing::{debug, info, warn};
 
 use super::error::{BusError, boxed};
 use super::version::server_supported;
+use crate::names;
 
 /// How a process proves who it is to NATS and what it trusts, and where its JetStream is.
 ///
@@ -27,6 +28,10 @@ pub struct Access {
     /// A credential and the key that proves it, asked for at each connection (a site's link or
     /// identity credential, which its gateway renews): replaces `nkey_seed`.
     pub presented: Option<std::sync::Arc<dyn Presented>>,
+    /// The site this connection speaks for (a gateway's): the commands and events it sends say
+    /// a gateway sent them ([`names::Origin::Gateway`]), and the answers to its requests come to
+    /// the site's inbox ([`names::site_inbox`]), both among the site's own subjects.
+    pub site: Option<String>,
 }
 
 /// What a connection presents when the hub's identity service lets it in: asked at every
@@ -79,6 +84,7 @@ impl std::fmt::Debug for Access {
             .field("ca_file", &self.ca_file)
             .field("client_cert", &self.client_cert)
             .field("js_domain", &self.js_domain)
+            .field("site", &self.site)
             .finish()
     }
 }
@@ -161,9 +167,12 @@ pub struct Bus {
     client: async_nats::Client,
     js: jetstream::Context,
     url: String,
-    /// Where this connection's replies arrive: `_INBOX_<key>` for a user with a key.
+    /// Where this connection's replies arrive: `_INBOX_<key>` for a user with a key, the site's
+    /// inbox for a gateway.
     inbox_prefix: String,
     js_domain: Option<String>,
+    /// Who the commands and events it sends say sent them.
+    origin: names::Origin,
 }
 
 impl Bus {
@@ -204,6 +213,14 @@ impl Bus {
             options =
                 options.nkey(access.nkey_seed.clone().unwrap_or_default()).custom_inbox_prefix(inbox_prefix.clone());
         }
+        let origin = match &access.site {
+            Some(site) => {
+                inbox_prefix = names::site_inbox(site);
+                options = options.custom_inbox_prefix(inbox_prefix.clone());
+                names::Origin::Gateway
+            }
+            None => names::Origin::Hub,
+        };
         if let Some(ca) = &access.ca_file {
             if !ca.is_file() {
                 return Err(bad(format!("the CA file {} does not exist", ca.display())));
@@ -256,7 +273,10 @@ impl Bus {
             Some(domain) => jetstream::with_domain(client.clone(), domain),
             None => jetstream::new(client.clone()),
         };
-        Ok(Self { client, js, url: url.to_string(), inbox_prefix, js_domain: access.js_domain.clone() })
+        // The hub's own domain named on the hub (a gateway connected to the hub directly, whose
+        // user reaches the hub's JetStream through its domain only) is the server's own.
+        let js_domain = access.js_domain.clone().filter(|d| info.domain.as_deref() != Some(d.as_str()));
+        Ok(Self { client, js, url: url.to_string(), inbox_prefix, js_domain, origin })
     }
 
     pub fn client(&self) -> &async_nats::Client {
@@ -283,9 +303,21 @@ impl Bus {
         &self.url
     }
 
-    /// The prefix of this connection's reply subjects (`_INBOX_<key>`, or `_INBOX` without a key).
+    /// The prefix of this connection's reply subjects (`_INBOX_<key>`, or `_INBOX` without a key;
+    /// a gateway's site's inbox).
     pub fn inbox_prefix(&self) -> &str {
         &self.inbox_prefix
+    }
+
+    /// Who the commands and events this connection sends say sent them.
+    pub fn origin(&self) -> names::Origin {
+        self.origin
+    }
+
+    /// This connection, its commands and events sent as a site's gateway's: what a gateway
+    /// uses whichever access it connected with (one connection may carry many simulated sites).
+    pub fn as_gateway(&self) -> Bus {
+        Bus { origin: names::Origin::Gateway, ..self.clone() }
     }
 }
 

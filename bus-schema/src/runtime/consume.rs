@@ -302,22 +302,26 @@ impl Source {
 }
 
 /// The consumer `spec` names, once it exists: a hub service makes its own (and brings its
-/// filters up to date), a site's gateway waits for the one the hub makes.
-async fn open(stream: &jetstream::stream::Stream, spec: &ConsumerSpec, shutdown: &CancellationToken) -> Option<Source> {
+/// filters up to date). A site's gateway takes the one the hub makes as the hub makes it
+/// ([`ConsumerSpec::gateway`]), without asking for its info: it subscribes to its deliveries,
+/// and until the hub has made it, the missing heartbeats open them again.
+async fn open(
+    js: &jetstream::Context,
+    stream: &jetstream::stream::Stream<()>,
+    spec: &ConsumerSpec,
+    shutdown: &CancellationToken,
+) -> Option<Source> {
     loop {
         let got = match &spec.deliver_subject {
             None => {
                 stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map(Source::Pull).map_err(boxed)
             }
-            Some(_) => stream
-                .get_consumer::<consumer::push::Config>(&spec.durable)
-                .await
-                .map(|c| Source::Push(c, spec.ack_prefix())),
+            Some(deliver) => made_by_the_hub(js, spec, deliver).map(|c| Source::Push(c, spec.ack_prefix())),
         };
         match got {
             Ok(source) => return Some(source),
             Err(e) => {
-                warn!(consumer = %spec.durable, error = %e, "no consumer yet (the hub makes a site's when it is registered); asking again");
+                warn!(consumer = %spec.durable, error = %e, "cannot open the consumer; asking again");
                 // 1 to 3 s: many gateways started together do not ask together.
                 let pause = Duration::from_millis(1_000 + super::connect::jitter(2_000));
                 tokio::select! {
@@ -327,6 +331,30 @@ async fn open(stream: &jetstream::stream::Stream, spec: &ConsumerSpec, shutdown:
             }
         }
     }
+}
+
+/// A site's durable push consumer as the hub makes it, for reading its deliveries.
+fn made_by_the_hub(
+    js: &jetstream::Context,
+    spec: &ConsumerSpec,
+    deliver: &str,
+) -> Result<consumer::Consumer<consumer::push::Config>, BoxError> {
+    use consumer::IntoConsumerConfig;
+    let config = spec.push_config(deliver);
+    let none = serde_json::json!({ "consumer_seq": 0, "stream_seq": 0 });
+    let info: consumer::Info = serde_json::from_value(serde_json::json!({
+        "stream_name": spec.stream,
+        "name": spec.durable,
+        "created": "1970-01-01T00:00:00Z",
+        "config": config.clone().into_consumer_config(),
+        "delivered": none,
+        "ack_floor": none,
+        "num_ack_pending": 0,
+        "num_redelivered": 0,
+        "num_waiting": 0,
+        "num_pending": 0,
+    }))?;
+    Ok(consumer::Consumer::new(config, info, js.clone()))
 }
 
 /// Runs a consume loop until `shutdown`; on shutdown, deliveries parked or waiting for their
@@ -345,10 +373,12 @@ pub async fn consume<H: Handler>(
     shutdown: CancellationToken,
 ) -> Result<(), BusError> {
     let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
-    let stream = spec.jetstream(&bus).get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
-    // A site's gateway may not create its consumer: the hub made it when the site was
-    // registered. Until then (or while the hub is out of reach) it waits, asking again.
-    let Some(mut source) = open(&stream, &spec, &shutdown).await else { return Ok(()) };
+    // Without the stream's info, which a site may not ask for.
+    let js = spec.jetstream(&bus);
+    let stream = js.get_stream_no_info(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
+    // A site's gateway may not create its consumer, nor ask about it: the hub made it when the
+    // site was registered. Until then (or while the hub is out of reach) it waits.
+    let Some(mut source) = open(&js, &stream, &spec, &shutdown).await else { return Ok(()) };
     // A durable made by an earlier version with other filters takes this version's: a hub
     // service may change its own (a site may not, and keeps the filter the hub gave it).
     if let Source::Pull(consumer) = &mut source {
@@ -414,7 +444,7 @@ pub async fn consume<H: Handler>(
                     debug!(consumer = %spec.durable, error = %e, "opening the deliveries again");
                     if matches!(source, Source::Push(..)) {
                         drop(messages);
-                        match open(&stream, spec, &shutdown).await {
+                        match open(&js, &stream, spec, &shutdown).await {
                             Some(s) => source = s,
                             None => break 'outer,
                         }

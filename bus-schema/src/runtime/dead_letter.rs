@@ -247,7 +247,7 @@ mod tests {
         headers.insert(names::headers::MSG_ID, "01890a5d-ac96-774b-bcce-b302099a8058");
         headers.insert(names::headers::TYPE, "landfall.v1.InstallSite");
         let msg = async_nats::Message {
-            subject: "landfall.cmd.install_site.edge-01".into(),
+            subject: "landfall.cmd.edge-01.hub.install_site".into(),
             reply: None,
             payload: Bytes::from_static(b"payload"),
             headers: Some(headers.clone()),
@@ -271,8 +271,8 @@ mod tests {
 
     #[test]
     fn a_notice_is_published_in_the_scope_of_the_subject_it_answers() {
-        assert_eq!(answered_scope("landfall.cmd.install_site.edge-01"), "edge-01");
-        assert_eq!(answered_scope("landfall.evt.fleet.rollout.planned"), "fleet");
+        assert_eq!(answered_scope("landfall.cmd.edge-01.hub.install_site"), "edge-01");
+        assert_eq!(answered_scope("landfall.evt.fleet.hub.rollout.planned"), "fleet");
         assert_eq!(answered_scope("something.else"), "fleet");
         // A job kept in a site's inbox is answered in its site's scope, where the site may publish.
         assert_eq!(answered_scope("inbox.landfall.job.edge-01.provision_os"), "edge-01");

@@ -67,6 +67,19 @@ fn matches_any(filters: &[String], subject: &str) -> bool {
     filters.iter().any(|f| names::subject_matches(f, subject))
 }
 
+/// Whether `m` is a report a site may not make ([`crate::trust::check`]): a kind only the hub
+/// sends, or one naming another site, under a site's own subjects, where its user may publish
+/// anything. People and dashboards never see it; the hub's consumers reject it. (The hub's own
+/// subjects carry only what each hub user may send.)
+fn forged(m: &async_nats::jetstream::Message) -> bool {
+    let type_name = m.headers.as_ref().and_then(|h| h.get(names::headers::TYPE)).map(|v| v.as_str().to_string());
+    let refused = crate::trust::forged_by_a_gateway(&m.subject, type_name.as_deref().unwrap_or_default(), &m.payload);
+    if let Some(e) = &refused {
+        tracing::debug!(subject = %m.subject, reason = %e, "a forged event is not shown");
+    }
+    refused.is_some()
+}
+
 /// A new event reader's consumer name: unique, and never a durable's (`events-<uuid>`).
 fn reader_name() -> String {
     format!("events-{}", uuid::Uuid::new_v4().simple())
@@ -96,6 +109,7 @@ impl EventReader {
         let msg = loop {
             match self.messages.next().await? {
                 Ok(m) if self.only.as_ref().is_some_and(|only| !matches_any(only, &m.subject)) => continue,
+                Ok(m) if forged(&m) => continue,
                 other => break other,
             }
         };
@@ -118,23 +132,23 @@ mod tests {
     #[test]
     fn kinds_of_one_aggregate_are_read_through_one_filter_and_nothing_else_is() {
         let of = |f: &[&str]| covering(&f.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        let ends = ["landfall.evt.*.site.installed", "landfall.evt.*.site.install_failed"];
-        assert_eq!(of(&ends).as_deref(), Some("landfall.evt.*.site.*"));
+        let ends = ["landfall.evt.*.*.site.installed", "landfall.evt.*.*.site.install_failed"];
+        assert_eq!(of(&ends).as_deref(), Some("landfall.evt.*.*.site.*"));
         assert_eq!(
-            of(&["landfall.evt.fleet.rollout.completed", "landfall.evt.fleet.rollout.halted"]).as_deref(),
-            Some("landfall.evt.fleet.rollout.*")
+            of(&["landfall.evt.fleet.hub.rollout.completed", "landfall.evt.fleet.hub.rollout.halted"]).as_deref(),
+            Some("landfall.evt.fleet.hub.rollout.*")
         );
         // Other aggregates, scopes or lengths, or a wildcard last: kept as a list.
-        assert_eq!(of(&["landfall.evt.*.site.installed", "landfall.evt.*.command.rejected"]), None);
+        assert_eq!(of(&["landfall.evt.*.*.site.installed", "landfall.evt.*.*.command.rejected"]), None);
         assert_eq!(of(&["landfall.evt.edge-01.>", "landfall.evt.edge-02.>"]), None);
-        assert_eq!(of(&["landfall.evt.*.site.installed", "landfall.evt.*.site.*"]), None);
-        assert_eq!(of(&["landfall.evt.*.site.installed", "landfall.evt.*.site.x.y"]), None);
+        assert_eq!(of(&["landfall.evt.*.*.site.installed", "landfall.evt.*.*.site.*"]), None);
+        assert_eq!(of(&["landfall.evt.*.*.site.installed", "landfall.evt.*.*.site.x.y"]), None);
 
         let only = ends.map(String::from);
-        assert!(matches_any(&only, "landfall.evt.edge-01.site.installed"));
-        assert!(matches_any(&only, "landfall.evt.edge-01.site.install_failed"));
-        assert!(!matches_any(&only, "landfall.evt.edge-01.site.registered"));
-        assert!(!matches_any(&only, "landfall.evt.edge-01.site.installed.more"));
+        assert!(matches_any(&only, "landfall.evt.edge-01.hub.site.installed"));
+        assert!(matches_any(&only, "landfall.evt.edge-01.hub.site.install_failed"));
+        assert!(!matches_any(&only, "landfall.evt.edge-01.hub.site.registered"));
+        assert!(!matches_any(&only, "landfall.evt.edge-01.hub.site.installed.more"));
         assert!(matches_any(&["landfall.evt.>".to_string()], "landfall.evt.a.b.c"));
         assert!(!matches_any(&["landfall.evt.>".to_string()], "landfall.evt"));
     }

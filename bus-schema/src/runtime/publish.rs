@@ -107,7 +107,7 @@ impl Bus {
         cmd: &C,
         envelope: &Envelope,
     ) -> Result<jetstream::publish::PublishAck, BusError> {
-        self.publish(cmd.subject(), cmd, envelope).await
+        self.publish(cmd.subject_from(self.origin()), cmd, envelope).await
     }
 
     pub async fn publish_event<E: BusEvent>(
@@ -115,7 +115,7 @@ impl Bus {
         evt: &E,
         envelope: &Envelope,
     ) -> Result<jetstream::publish::PublishAck, BusError> {
-        self.publish(evt.subject(), evt, envelope).await
+        self.publish(evt.subject_from(self.origin()), evt, envelope).await
     }
 
     pub async fn publish_job<J: BusJob>(
@@ -139,7 +139,12 @@ impl Bus {
                     code: r.code as i32,
                     reason: r.reason.clone(),
                 };
-                let subject = names::event_subject(scope, pb::rejection::COMMAND_AGGREGATE, pb::rejection::KIND);
+                let subject = names::event_subject_from(
+                    self.origin(),
+                    scope,
+                    pb::rejection::COMMAND_AGGREGATE,
+                    pb::rejection::KIND,
+                );
                 self.publish(subject, &evt, &envelope).await?;
             }
             RejectAs::Message { consumer } => {
@@ -151,7 +156,12 @@ impl Bus {
                     reason: r.reason.clone(),
                     consumer: consumer.clone(),
                 };
-                let subject = names::event_subject(scope, pb::rejection::MESSAGE_AGGREGATE, pb::rejection::KIND);
+                let subject = names::event_subject_from(
+                    self.origin(),
+                    scope,
+                    pb::rejection::MESSAGE_AGGREGATE,
+                    pb::rejection::KIND,
+                );
                 self.publish(subject, &evt, &envelope).await?;
             }
         }

@@ -64,11 +64,11 @@ impl RequestError {
     }
 }
 
-/// A reply subject for one request to `site`: the site's scope under `inbox_prefix`, then the
+/// A reply subject for one request to `site`: the site's replies to `inbox_prefix`, then the
 /// unique last token of `fresh_inbox` (a new inbox of the connection).
 fn site_reply(inbox_prefix: &str, site: &str, fresh_inbox: &str) -> String {
     let unique = fresh_inbox.rsplit('.').next().unwrap_or(fresh_inbox);
-    format!("{}.{unique}", crate::access::site_replies(inbox_prefix, site))
+    format!("{}.{unique}", crate::names::site_replies(site, inbox_prefix))
 }
 
 /// The answer's headers and body, or the service's refusal.
@@ -114,11 +114,10 @@ impl Bus {
         answer(&subject, reply)
     }
 
-    /// [`Bus::request`] of one site's gateway (`subject` is one of `landfall.rpc.<site>.…`): the
-    /// answer comes back on a reply subject of this connection's scoped to `site`
-    /// ([`crate::access::site_replies`]), the only replies of the hub's users a site may
-    /// publish, so the answer can cross the site's leaf node's link and no other site's can
-    /// land there.
+    /// [`Bus::request`] of one site's gateway (`subject` is one of `landfall.to.<site>.rpc.…`):
+    /// the answer comes back among the site's own subjects, on a reply subject for this
+    /// connection ([`crate::names::site_replies`]), so the answer can cross the site's leaf
+    /// node's link and no other site's can land there.
     ///
     /// # Errors
     /// As [`Bus::request`].
@@ -196,7 +195,7 @@ mod tests {
     #[test]
     fn a_reply_to_a_site_is_scoped_to_it_and_unique() {
         let reply = site_reply("_INBOX_UKC", "edge-01", "_INBOX_UKC.Zq3x9");
-        assert_eq!(reply, "_INBOX_UKC.site.edge-01.Zq3x9");
+        assert_eq!(reply, "landfall.svc.edge-01.reply._INBOX_UKC.Zq3x9");
         assert_ne!(reply, site_reply("_INBOX_UKC", "edge-01", "_INBOX_UKC.Ab7k2"));
     }
 

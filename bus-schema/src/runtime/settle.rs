@@ -158,6 +158,12 @@ async fn live<H: Handler>(
         give_up(cx, handler, msg, d, u32::try_from(d.delivered).unwrap_or(u32::MAX), reason).await;
         return;
     }
+    // A site's gateway may publish anything under its own subjects: what it may not send is
+    // refused before any handler sees it, whatever kinds the handler reads.
+    if let Some(forbidden) = crate::trust::forged_by_a_gateway(&d.subject, &d.type_name, &d.payload) {
+        let rejection = super::delivery::Rejection { code: crate::pb::RejectCode::Forbidden, reason: forbidden.0 };
+        return reject(cx, msg, d, rejection).await;
+    }
     let key = spec.ordered_by_token.and_then(|i| d.subject.split('.').nth(i)).map(str::to_owned);
     // Its place among the messages of its key, kept until it is settled (dropped on return).
     let ticket = cx.order.enter(key, spec.barrier_token.as_deref(), d.stream_sequence);

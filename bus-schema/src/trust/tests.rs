@@ -6,16 +6,21 @@ use serde_json::{Value, json};
 
 use super::*;
 
-/// The subject a row's message travels on at `site`.
+/// The subject a row's message travels on at `site`: as a gateway sends it, when a site may.
 fn subject_at(rule: &Rule, site: &str) -> String {
+    let origin = if rule.allows(Party::Site) { Origin::Gateway } else { Origin::Hub };
+    subject_from(rule, site, origin)
+}
+
+fn subject_from(rule: &Rule, site: &str, origin: Origin) -> String {
     let scope =
         if rule.site_fields.is_empty() && !pb::rejection::in_answered_scope(rule.kind) { names::FLEET } else { site };
     match rule.channel {
-        Channel::Command => names::command_subject(rule.kind, scope),
+        Channel::Command => names::command_subject_from(origin, rule.kind, scope),
         Channel::Job => names::job_subject(site, rule.kind),
-        Channel::Event => names::event_subject(scope, rule.aggregate, rule.kind),
+        Channel::Event => names::event_subject_from(origin, scope, rule.aggregate, rule.kind),
         Channel::Service => format!("landfall.svc.{site}.{}", rule.kind),
-        Channel::SiteRpc => format!("landfall.rpc.{site}.{}", rule.kind),
+        Channel::SiteRpc => names::site_rpc(site, rule.kind),
         Channel::Admin => format!("landfall.admin.{}", rule.kind),
     }
 }
@@ -115,22 +120,46 @@ fn every_row_is_refused_on_another_kinds_subject() {
 #[test]
 fn a_site_announcing_a_host_of_another_site_is_refused() {
     let forged = pb::NodeAdded { site_id: "edge-02".into(), ..Default::default() };
-    let e = check("landfall.cmd.node_added.hc-01", &forged).unwrap_err();
+    let e = check("landfall.cmd.hc-01.gateway.node_added", &forged).unwrap_err();
     assert_eq!(
         e.0,
-        "landfall.v1.NodeAdded on landfall.cmd.node_added.hc-01 speaks for site hc-01 only, and its site_id names \"edge-02\""
+        "landfall.v1.NodeAdded on landfall.cmd.hc-01.gateway.node_added speaks for site hc-01 only, and its site_id names \"edge-02\""
     );
     let own = pb::NodeAdded { site_id: "hc-01".into(), ..Default::default() };
-    assert_eq!(check("landfall.cmd.node_added.hc-01", &own), Ok(()));
+    assert_eq!(check("landfall.cmd.hc-01.gateway.node_added", &own), Ok(()));
+}
+
+/// A site's user may publish anything under its own site's gateway subjects: of what only the
+/// hub sends, nothing counts there.
+#[test]
+fn nothing_only_the_hub_sends_counts_from_a_gateway() {
+    let mut refused = 0;
+    for rule in RULES.iter().filter(|r| matches!(r.channel, Channel::Command | Channel::Event)) {
+        let honest = message(rule, "edge-01", None);
+        let from_gateway = subject_from(rule, "edge-01", Origin::Gateway);
+        let from_hub = subject_from(rule, "edge-01", Origin::Hub);
+        let verdict = check_payload(&from_gateway, rule.type_name, &honest).unwrap();
+        assert_eq!(verdict.is_ok(), rule.allows(Party::Site), "{} on {from_gateway}: {verdict:?}", rule.type_name);
+        assert_eq!(check_payload(&from_hub, rule.type_name, &honest).unwrap(), Ok(()), "{from_hub}");
+        refused += usize::from(verdict.is_err());
+    }
+    assert!(refused >= 30, "{refused}");
+    let e = check(
+        "landfall.cmd.edge-01.gateway.decommission_site",
+        &pb::DecommissionSite { site_id: "edge-01".into(), ..Default::default() },
+    )
+    .unwrap_err();
+    assert!(e.0.contains("only the hub sends"), "{e}");
 }
 
 #[test]
 fn fleet_wide_kinds_stay_in_the_fleets_scope() {
     let cmd = pb::PatchPackage::default();
-    assert!(check("landfall.cmd.patch_package.fleet", &cmd).is_ok());
-    assert!(check("landfall.cmd.patch_package.edge-01", &cmd).is_err());
+    assert!(check("landfall.cmd.fleet.hub.patch_package", &cmd).is_ok());
+    assert!(check("landfall.cmd.edge-01.hub.patch_package", &cmd).is_err());
     let rejected = pb::MessageRejected::default();
-    assert!(check("landfall.evt.edge-01.message.rejected", &rejected).is_ok());
+    assert!(check("landfall.evt.edge-01.hub.message.rejected", &rejected).is_ok());
+    assert!(check("landfall.evt.edge-01.gateway.message.rejected", &rejected).is_ok());
 }
 
 #[test]

@@ -137,7 +137,7 @@ impl IdentityService {
         let until = record.links.iter().find(|l| l.key == key).map(|l| l.expires_unix_ms / 1000);
         LetIn {
             name: format!("site-{site}"),
-            permissions: access::site_link(site, &record.identity_key, &self.settings.requesters),
+            permissions: access::site_link(site),
             exp: [exp, until].into_iter().flatten().min(),
         }
     }

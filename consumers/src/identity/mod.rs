@@ -5,7 +5,7 @@
 //! - `landfall.identity.enroll.<key>`: a gateway asking to join, connected with a bootstrap
 //!   credential; an operator approves or denies it (`landfall.identity.admin`), or the rule
 //!   ([`Approval::Registered`]) approves a registered site that has no identity yet;
-//! - `landfall.identity.renew.<site>`: new link credentials, asked with the site's identity
+//! - `landfall.svc.<site>.renew_identity`: new link credentials, asked with the site's identity
 //!   key's signature: from the site's link connection before the old ones expire, or from its
 //!   identity connection after a cut longer than their life;
 //! - `landfall.identity.admin`: bootstrap credentials, the list of requests and identities,
@@ -59,8 +59,6 @@ pub struct IdentitySettings {
     /// configuration names its public key as the callout's issuer.
     pub issuer: Arc<nkeys::KeyPair>,
     pub link_ttl: Duration,
-    /// The users whose requests a site answers (the kubeconfig collector, operators).
-    pub requesters: Vec<String>,
     pub approval: Approval,
 }
 
@@ -363,7 +361,7 @@ impl IdentityService {
 
     /// New link credentials for the site the subject names, signed for by its identity key.
     async fn renew(&self, subject: &str, payload: &[u8]) -> Reply {
-        let site = last_token(subject);
+        let site = subject.split('.').nth(names::SCOPE_TOKEN).unwrap_or_default();
         let request = match pb::RenewRequest::decode(payload) {
             Ok(r) => r,
             Err(e) => return runtime::error_reply(&format!("not a RenewRequest: {e}")),

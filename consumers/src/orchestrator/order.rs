@@ -54,7 +54,7 @@ pub(super) fn behind(scope: &str, earlier: &Earlier) -> HandlerError {
 ///
 /// Read one subject (one kind) at a time and merged: nats-server 2.10 finds the next message of
 /// a literal subject block by block through each block's subject index, while a wildcard
-/// (`landfall.cmd.*.<scope>`) over blocks of many subjects makes it decode every message in
+/// (`landfall.cmd.<scope>.>`) over blocks of many subjects makes it decode every message in
 /// between. With thousands of sites' commands between two of one site's, that made each check
 /// cost in proportion to the fleet, and registering or installing a fleet in proportion to its
 /// square. Which kinds the scope has is one stream info, answered from the stream's subject
@@ -76,7 +76,7 @@ impl<'a> ScopeCommands<'a> {
     ) -> Result<Self, HandlerError> {
         let mut heads = Vec::new();
         if from < before {
-            let mut subjects = stream.info_with_subjects(names::command_subject("*", scope)).await.map_err(read_err)?;
+            let mut subjects = stream.info_with_subjects(names::scope_commands(scope)).await.map_err(read_err)?;
             while let Some(subject) = subjects.next().await {
                 let (subject, _) = subject.map_err(read_err)?;
                 let head = next_of(stream, &subject, from, before).await?;
@@ -201,7 +201,8 @@ mod tests {
 
     #[test]
     fn a_command_behind_another_waits_naming_it() {
-        let earlier = Earlier { sequence: 7, subject: "landfall.cmd.install_site.edge-01".into(), id: "abc".into() };
+        let earlier =
+            Earlier { sequence: 7, subject: "landfall.cmd.edge-01.hub.install_site".into(), id: "abc".into() };
         match behind("edge-01", &earlier) {
             HandlerError::Wait { reason, delay } => {
                 assert!(reason.contains("abc") && reason.contains("#7") && reason.contains("edge-01"), "{reason}");

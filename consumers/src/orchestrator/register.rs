@@ -152,9 +152,10 @@ enum Registered {
     Already,
 }
 
-/// Makes anew as push consumers the gateways' durables an earlier version made as pull
-/// consumers (see [`ConsumerSpec::gateway`]); a site whose durable is still a pull consumer
-/// waits for it. Only a durable named and filtered as a site's gateway's is touched.
+/// Makes anew as push consumers to the site's own subject the gateways' durables an earlier
+/// version made as pull consumers or pushing elsewhere (see [`ConsumerSpec::gateway`]); a site
+/// whose durable is not yet this version's waits for it. Only a durable named and filtered as a
+/// site's gateway's is touched.
 pub(super) async fn push_gateway_durables(bus: &Bus) -> anyhow::Result<usize> {
     let stream = bus.jetstream().get_stream(names::JOBS_STREAM).await?;
     let mut pulled = Vec::new();
@@ -162,7 +163,8 @@ pub(super) async fn push_gateway_durables(bus: &Bus) -> anyhow::Result<usize> {
     while let Some(info) = list.next().await {
         let info = info?;
         let Some(site) = info.name.strip_prefix("gateway-") else { continue };
-        if info.config.deliver_subject.is_none() && info.config.filter_subject == names::site_jobs(site) {
+        let pushes_to_site = info.config.deliver_subject.as_deref() == Some(names::site_deliver(site).as_str());
+        if !pushes_to_site && info.config.filter_subject == names::site_jobs(site) {
             pulled.push(site.to_string());
         }
     }

@@ -175,7 +175,7 @@ pub async fn run_orchestrator_with(
         vec![names::COMMANDS_ALL.to_string()],
         RejectAs::Command,
     )
-    .ordered_by_token(names::COMMAND_SCOPE_TOKEN, Some(names::FLEET))
+    .ordered_by_token(names::SCOPE_TOKEN, Some(names::FLEET))
     .max_attempts(options.max_attempts);
     let events = ConsumerSpec::new(
         names::EVENTS_STREAM,

@@ -541,7 +541,7 @@ pub fn document() -> Value {
             json!({ "post": {
                 "summary": format!("Publish {message}"),
                 "description": format!(
-                    "{description}\n\nPublished as `{}` on `landfall.cmd.{}.<scope>` (scope: {scope}). Requires an operator token. \
+                    "{description}\n\nPublished as `{}` on `landfall.cmd.<scope>.hub.{}` (scope: {scope}). Requires an operator token. \
                      What it leads to is told by the events correlated with the returned id.",
                     c.type_name, c.kind
                 ),

@@ -92,7 +92,7 @@ pub fn plan(q: &EventsQuery, last_event_id: Option<&str>) -> Result<(Vec<String>
             filters.push(names::scope_events(scope));
         }
         for t in &types {
-            filters.push(names::event_subject(scope, t.aggregate, t.kind));
+            filters.push(names::events_at(scope, t.aggregate, t.kind));
         }
     }
     if filters.len() > MAX_FILTERS {
@@ -213,14 +213,14 @@ mod tests {
         assert_eq!(
             f,
             [
-                "landfall.evt.edge-01.site.installed",
-                "landfall.evt.edge-01.node.os_provisioned",
-                "landfall.evt.fleet.site.installed",
-                "landfall.evt.fleet.node.os_provisioned",
+                "landfall.evt.edge-01.*.site.installed",
+                "landfall.evt.edge-01.*.node.os_provisioned",
+                "landfall.evt.fleet.*.site.installed",
+                "landfall.evt.fleet.*.node.os_provisioned",
             ]
         );
         let (f, _) = plan(&q(None, Some("landfall.v1.CommandRejected")), None).unwrap();
-        assert_eq!(f, ["landfall.evt.*.command.rejected"]);
+        assert_eq!(f, ["landfall.evt.*.*.command.rejected"]);
     }
 
     #[test]

@@ -210,7 +210,6 @@ async fn enrolled(
     let settings = consumers::identity::IdentitySettings {
         issuer,
         link_ttl: Duration::from_secs(30 * 24 * 3600),
-        requesters: Vec::new(),
         approval: consumers::identity::Approval::Operator,
     };
     let task = tokio::spawn(async move {

@@ -203,7 +203,7 @@ mod tests {
             sequence: 4,
             stored: time::OffsetDateTime::UNIX_EPOCH,
             letter: pb::DeadLetter {
-                subject: "landfall.cmd.install_site.edge-01".into(),
+                subject: "landfall.cmd.edge-01.hub.install_site".into(),
                 headers: vec![pb::Header { name: "Nats-Msg-Id".into(), value: "abc".into() }],
                 payload: cmd.encode_to_vec(),
                 stream: "LANDFALL_COMMANDS".into(),
@@ -224,7 +224,10 @@ mod tests {
     fn a_dead_letter_is_listed_and_shown_with_its_payload_decoded() {
         let l = letter();
         let text = list_text(std::slice::from_ref(&l));
-        assert!(text.contains("orchestrator-commands") && text.contains("landfall.cmd.install_site.edge-01"), "{text}");
+        assert!(
+            text.contains("orchestrator-commands") && text.contains("landfall.cmd.edge-01.hub.install_site"),
+            "{text}"
+        );
         let v = detail_json(&l);
         assert_eq!(v["payload"]["site_id"], "edge-01");
         assert_eq!(v["headers"]["Nats-Msg-Id"], "abc");

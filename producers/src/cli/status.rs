@@ -125,16 +125,20 @@ async fn node_list(
 async fn disagrees(bus: &Bus, site: &str) -> anyhow::Result<Option<String>> {
     use bus_schema::pb::{BusEvent, BusMessage};
     let stream = bus.jetstream().get_stream(names::EVENTS_STREAM).await?;
-    let last = async |aggregate: &str, kind: &str| {
-        stream.get_last_raw_message_by_subject(&names::event_subject(site, aggregate, kind)).await.ok()
+    // Each kind on the subjects of whoever sends it (a site may not speak for the hub).
+    let last = async |aggregate: &str, kind: &str, type_name: &str| {
+        let origin = bus_schema::trust::usual_origin(type_name);
+        let subject = names::event_subject_from(origin, site, aggregate, kind);
+        stream.get_last_raw_message_by_subject(&subject).await.ok()
     };
-    let Some(found) = last(pb::SiteDisagrees::AGGREGATE, pb::SiteDisagrees::KIND).await else { return Ok(None) };
+    let disagrees = (pb::SiteDisagrees::AGGREGATE, pb::SiteDisagrees::KIND, pb::SiteDisagrees::TYPE);
+    let Some(found) = last(disagrees.0, disagrees.1, disagrees.2).await else { return Ok(None) };
     let later = [
         (pb::SiteInstallStarted::AGGREGATE, pb::SiteInstallStarted::KIND, pb::SiteInstallStarted::TYPE),
         (pb::SitePatched::AGGREGATE, pb::SitePatched::KIND, pb::SitePatched::TYPE),
     ];
     for (aggregate, kind, type_name) in later {
-        if let Some(m) = last(aggregate, kind).await
+        if let Some(m) = last(aggregate, kind, type_name).await
             && m.sequence > found.sequence
             && clears_disagreement(type_name, &m.payload)
         {
@@ -248,7 +252,7 @@ async fn local_status(bus: &Bus, site: &str, output: Format) -> anyhow::Result<E
 
 fn print_local(status: &serde_json::Value) {
     let kind =
-        |r: &serde_json::Value| r["subject"].as_str().unwrap_or("").splitn(4, '.').nth(3).unwrap_or("").to_string();
+        |r: &serde_json::Value| r["subject"].as_str().unwrap_or("").splitn(5, '.').nth(4).unwrap_or("").to_string();
     println!(
         "site {}, as its leaf node keeps it: {} reports, {} not at the hub yet",
         status["site"].as_str().unwrap_or(""),

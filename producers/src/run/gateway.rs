@@ -10,7 +10,7 @@ use anyhow::Context;
 use bus_schema::domain::{SiteDesign, SiteId};
 use bus_schema::names::{self, keys};
 use bus_schema::pb;
-use bus_schema::runtime::Bus;
+use bus_schema::runtime::{Access, Bus};
 use clap::{CommandFactory, FromArgMatches, Parser};
 use site_gateway::kube_site::{KubeSite, KubeSiteConfig, KubeconfigSource, UserData};
 use site_gateway::sim::{SimConfig, SimSite};
@@ -216,7 +216,8 @@ impl KubeArgs {
 pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) -> anyhow::Result<()> {
     let site = SiteId::try_from(args.site.clone())?;
     // A site's user may not create streams: the hub's services do.
-    let bus = Bus::connect_with(url, &format!("landfall-gateway-{site}"), nats_access::get()).await?;
+    let access = Access { site: Some(site.to_string()), ..nats_access::get().clone() };
+    let bus = Bus::connect_with(url, &format!("landfall-gateway-{site}"), &access).await?;
     let cache = site_gateway::ArtifactCache::new(&args.cache_dir).with_max_bytes(args.cache_max_bytes);
     let alive_every = args.alive_every;
     match args.backend {
@@ -322,14 +323,29 @@ async fn sim_design(
 ) -> anyhow::Result<pb::SiteDesign> {
     use prost::Message;
     let kept = state.map(|p| p.with_extension("design.pb"));
+    // Read the way a site may: its own key, by a direct get (no stream info).
     let from_hub = async {
-        bus.wait_for_stream(&names::kv_stream(names::SITES_BUCKET), shutdown).await?;
-        let sites = bus.kv(names::SITES_BUCKET).await?;
-        let (design, _) = sites
-            .get::<pb::SiteDesign>(&keys::site(site.as_str()))
-            .await?
-            .with_context(|| format!("site {site} is not registered: the simulated site is built from its design"))?;
-        anyhow::Ok(design)
+        let stream = bus.jetstream().get_stream_no_info(names::kv_stream(names::SITES_BUCKET)).await?;
+        let subject = format!("$KV.{}.{}", names::SITES_BUCKET, keys::site(site.as_str()));
+        let not_registered =
+            || anyhow::anyhow!("site {site} is not registered: the simulated site is built from its design");
+        loop {
+            match stream.direct_get_last_for_subject(&subject).await {
+                Ok(m) if m.headers.get(names::headers::KV_OPERATION).is_some() => return Err(not_registered()),
+                Ok(m) => return Ok(pb::SiteDesign::decode(m.payload)?),
+                Err(e) if e.kind() == async_nats::jetstream::stream::DirectGetErrorKind::NotFound => {
+                    return Err(not_registered());
+                }
+                // The hub's stores are not there yet, or not reachable.
+                Err(e) => {
+                    tracing::debug!(%site, error = %e, "the site's design cannot be read yet; asking again");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => anyhow::bail!("stopped before the site's design could be read"),
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
     };
     let kept_design =
         kept.as_ref().and_then(|p| std::fs::read(p).ok()).and_then(|b| pb::SiteDesign::decode(b.as_slice()).ok());

@@ -20,10 +20,6 @@ pub struct IdentityArgs {
     /// connection only.
     #[arg(long, env = "LANDFALL_SYS_NKEY_FILE")]
     pub sys_nkey_file: Option<PathBuf>,
-    /// The users whose requests sites answer (the kubeconfig collector, operators), one public
-    /// key per line (`identity/requesters`).
-    #[arg(long)]
-    pub requesters_file: Option<PathBuf>,
     /// How long a site's link credentials last; gateways renew them when a third is left.
     #[arg(long, value_parser = crate::flags::parse_duration, default_value = "30d")]
     pub link_ttl: std::time::Duration,
@@ -79,20 +75,9 @@ impl IdentityArgs {
     /// # Errors
     /// A file cannot be read.
     pub fn settings(&self) -> anyhow::Result<IdentitySettings> {
-        let requesters = match &self.requesters_file {
-            Some(path) => std::fs::read_to_string(path)
-                .with_context(|| format!("read {}", path.display()))?
-                .lines()
-                .map(str::trim)
-                .filter(|l| l.starts_with('U'))
-                .map(str::to_string)
-                .collect(),
-            None => Vec::new(),
-        };
         Ok(IdentitySettings {
             issuer: Arc::new(issuer(&self.issuer_file)?),
             link_ttl: self.link_ttl,
-            requesters,
             approval: match self.approve {
                 ApproveArg::Operator => Approval::Operator,
                 ApproveArg::Registered => Approval::Registered,

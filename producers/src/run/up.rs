@@ -229,7 +229,6 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     let settings = consumers::identity::IdentitySettings {
         issuer: std::sync::Arc::new(super::identity::issuer_or_new(&args.data_dir.join("identity-issuer.nk"))?),
         link_ttl: consumers::identity::LINK_TTL,
-        requesters: Vec::new(),
         approval: consumers::identity::Approval::Operator,
     };
     services.spawn(consumers::identity::run_identity_service(bus.clone(), None, settings, shutdown.clone()));

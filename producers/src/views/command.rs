@@ -58,7 +58,7 @@ mod tests {
         let record = pb::CommandRecord {
             command_id: "01890a5d-ac96-774b-bcce-b302099a8057".into(),
             command_type: "landfall.v1.InstallSite".into(),
-            subject: "landfall.cmd.install_site.edge-77".into(),
+            subject: "landfall.cmd.edge-77.hub.install_site".into(),
             rejected: true,
             code: pb::RejectCode::UnknownSite as i32,
             reason: "site edge-77 is not registered".into(),

@@ -31,7 +31,7 @@ pub fn event_json(e: &ReadEvent) -> Value {
 /// One line per event: time, scope, kind, then the interesting fields.
 pub fn event_line(e: &ReadEvent) -> String {
     let j = event_json(e);
-    let kind = e.delivery.subject.splitn(4, '.').nth(3).unwrap_or(&e.delivery.subject).to_string();
+    let kind = e.delivery.subject.splitn(5, '.').nth(4).unwrap_or(&e.delivery.subject).to_string();
     let time = e.published.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
     format!("{time}  {kind:<40} {}", summary(&j["event"]))
 }

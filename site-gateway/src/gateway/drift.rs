@@ -1,5 +1,5 @@
 //! Drift of the site's helm chart releases from their renders: checked by the backend every
-//! `drift_every` and when an operator asks (`landfall.rpc.<site>.drift_check`); each chart found
+//! `drift_every` and when an operator asks (`landfall.to.<site>.rpc.drift_check`); each chart found
 //! drifted is reported as `ChartDrifted` (through the site's outbox when it has one, as every
 //! report).
 

@@ -211,7 +211,7 @@ fn a_rollout_that_rolls_itself_back_asks_for_it_when_it_halts() {
     let types: Vec<&str> = halted.outbox.iter().map(|e| e.message_type.as_str()).collect();
     assert!(types.contains(&"landfall.v1.RollbackRollout"), "{types:?}");
     let cmd = halted.outbox.iter().find(|e| e.message_type == "landfall.v1.RollbackRollout").unwrap();
-    assert_eq!(cmd.subject, "landfall.cmd.rollback_rollout.fleet");
+    assert_eq!(cmd.subject, "landfall.cmd.fleet.hub.rollback_rollout");
     let cmd: pb::RollbackRollout = prost::Message::decode(cmd.payload.as_slice()).unwrap();
     assert!(cmd.cancel && cmd.rollout_id == "r1" && cmd.reason.contains("failure threshold"), "{cmd:?}");
 
