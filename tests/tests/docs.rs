@@ -228,12 +228,18 @@ fn every_landfall_command_the_readme_and_the_book_show_parses() {
         let text = std::fs::read_to_string(&doc).unwrap();
         for (line, command) in shell_commands(&text) {
             let mut args = words(&command);
-            // `cargo run [-q] [--release] -- ARGS` runs `landfall ARGS`.
+            // `cargo run [-q] [--release] -- ARGS` runs `landfall ARGS` (another package or
+            // binary is not landfall).
             if args.first().is_some_and(|w| w == "cargo") && args.get(1).is_some_and(|w| w == "run") {
-                match args.iter().position(|w| w == "--") {
-                    Some(at) => args.splice(..=at, ["landfall".to_string()]),
-                    None => continue,
-                };
+                let Some(at) = args.iter().position(|w| w == "--") else { continue };
+                let other = args[..at].windows(2).any(|w| {
+                    ["-p", "--package", "--bin"].contains(&w[0].as_str())
+                        && !["producers", "landfall"].contains(&w[1].as_str())
+                });
+                if other {
+                    continue;
+                }
+                args.splice(..=at, ["landfall".to_string()]);
             }
             let result = match args.first().map(String::as_str) {
                 Some("landfall") => producers::Cli::try_parse_from(&args).map(drop),
