@@ -170,8 +170,14 @@ fn args_table(out: &mut String, args: Vec<&Arg>) {
         if !possible.is_empty() && takes_value(a) {
             notes.push(format!("one of {}", possible.join(", ")));
         }
-        let defaults: Vec<String> =
-            a.get_default_values().iter().map(|d| format!("`{}`", d.to_string_lossy())).collect();
+        let defaults: Vec<String> = a
+            .get_default_values()
+            .iter()
+            .map(|d| match d.to_string_lossy() {
+                empty if empty.is_empty() => "`\"\"`".to_string(),
+                d => format!("`{d}`"),
+            })
+            .collect();
         if !defaults.is_empty() && takes_value(a) {
             notes.push(format!("default {}", defaults.join(" ")));
         }
