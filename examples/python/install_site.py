@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Install a landfall site from Python, with a NATS client and the .proto files and nothing else.
 
-This is the bus contract of docs/CLIENTS.md, spoken by a program that shares no code with
+This is the bus contract of docs/src/clients.md, spoken by a program that shares no code with
 landfall:
 
 1. The protobuf classes come from protoc (grpc_tools.protoc) run over bus-schema/proto, into a
@@ -69,7 +69,7 @@ SITE_INSTALLED = f"{PACKAGE}.SiteInstalled"
 SITE_INSTALL_FAILED = f"{PACKAGE}.SiteInstallFailed"
 COMMAND_REJECTED = f"{PACKAGE}.CommandRejected"
 
-# The header names of docs/CLIENTS.md.
+# The header names of docs/src/clients.md.
 MSG_ID = "Nats-Msg-Id"
 TYPE = "Landfall-Type"
 CORRELATION_ID = "Landfall-Correlation-Id"

@@ -9,7 +9,7 @@
 
 private_apt() {
   local suite="$1" mirror
-  command -v apt-get >/dev/null || { echo "no apt-get on this machine: install the servers by hand (see the README)" >&2; return 1; }
+  command -v apt-get >/dev/null || { echo "no apt-get on this machine: install the servers by hand (see docs/src/howto/test.md)" >&2; return 1; }
   mirror=$(sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | grep -v security | head -n1)
   [ -n "$mirror" ] || mirror=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null)
   [ -n "$mirror" ] || { echo "cannot find a Debian mirror in the apt configuration" >&2; return 1; }

@@ -11,6 +11,7 @@ pub mod kube;
 pub mod kube_site;
 pub mod nats;
 pub mod procs;
+pub mod reference;
 pub mod s3;
 pub mod secrets;
 pub mod site_state;

@@ -9,7 +9,7 @@
 //! edge-02 is caught mid-work, so that a forgery that got through would change something: its
 //! gateway is offline while a second install waits at staging (its lease held, its StageArtifacts
 //! job unfetched), and a rollout waits to patch it; an earlier rollout patched it already.
-//! docs/SECURITY.md maps each attack to the defence that stops it.
+//! docs/src/security.md maps each attack to the defence that stops it.
 
 use std::fmt;
 use std::time::Duration;
@@ -31,7 +31,7 @@ use serde_json::json;
 const A: &str = "edge-01";
 const B: &str = "edge-02";
 
-/// What stops an attack, as docs/SECURITY.md names it.
+/// What stops an attack, as docs/src/security.md names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Defence {
     /// The site's NATS permissions (`bus_schema::access`): the server refuses the subject.

@@ -1,6 +1,6 @@
 //! Site design documents through the real bus and the real CLI: apply, re-apply, diff, show,
 //! refusal of a broken design, and an install at a named revision. Also what users are given
-//! to start from: every example under `examples/sites`, every example of `docs/DESIGNS.md`,
+//! to start from: every example under `examples/sites`, every example of `docs/src/designs.md`,
 //! and what `design init` writes must be what landfall accepts (or, where marked, refuses
 //! with exactly the errors shown).
 
@@ -389,7 +389,7 @@ fn doc_examples(markdown: &str) -> Vec<DocExample> {
             .by_ref()
             .find(|(_, l)| !l.trim().is_empty())
             .filter(|(_, l)| l.trim() == fence)
-            .unwrap_or_else(|| panic!("DESIGNS.md:{after}: a {fence} block must follow"));
+            .unwrap_or_else(|| panic!("designs.md:{after}: a {fence} block must follow"));
         lines.by_ref().map(|(_, l)| l).take_while(|l| *l != "```").map(|l| format!("{l}\n")).collect()
     }
     /// The body of the next `text` block, with only prose before it.
@@ -400,11 +400,11 @@ fn doc_examples(markdown: &str) -> Vec<DocExample> {
             }
             assert!(
                 !l.starts_with("```"),
-                "DESIGNS.md:{}: a ```text block must follow the example of line {after}",
+                "designs.md:{}: a ```text block must follow the example of line {after}",
                 at + 1
             );
         }
-        panic!("DESIGNS.md:{after}: no ```text block follows");
+        panic!("designs.md:{after}: no ```text block follows");
     }
     let mut examples = Vec::new();
     let mut lines = markdown.lines().enumerate();
@@ -421,7 +421,7 @@ fn doc_examples(markdown: &str) -> Vec<DocExample> {
 
 #[test]
 fn every_example_in_the_design_docs_is_what_landfall_does() {
-    let markdown = std::fs::read_to_string(repo().join("docs/DESIGNS.md")).unwrap();
+    let markdown = std::fs::read_to_string(repo().join("docs/src/designs.md")).unwrap();
     let examples = doc_examples(&markdown);
     let mut failures = Vec::new();
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
@@ -475,7 +475,7 @@ fn every_example_in_the_design_docs_is_what_landfall_does() {
             _ => Some(format!("unknown marker {:?}", ex.marker)),
         };
         if let Some(problem) = problem {
-            failures.push(format!("DESIGNS.md:{} ({}):\n{problem}", ex.line, ex.marker));
+            failures.push(format!("designs.md:{} ({}):\n{problem}", ex.line, ex.marker));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

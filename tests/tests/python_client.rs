@@ -1,5 +1,5 @@
 //! The Python example client (`examples/python/install_site.py`), a program that shares nothing
-//! with landfall but the .proto files and the bus contract of `docs/CLIENTS.md`, run as a child
+//! with landfall but the .proto files and the bus contract of `docs/src/clients.md`, run as a child
 //! process against a running landfall (real nats-server, orchestrator and gateways over
 //! simulated sites).
 //!

@@ -6,7 +6,7 @@
 //! number of replicas can run side by side.
 
 pub mod auth;
-mod commands;
+pub mod commands;
 pub(crate) mod facts;
 mod identity;
 pub mod model;

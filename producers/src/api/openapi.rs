@@ -36,7 +36,7 @@ fn nullable(schema: Value) -> Value {
 }
 
 /// The .proto comments by descriptor path (message `[4, i]`, field `[4, i, 2, j]`, enum `[5, i]`).
-fn comments(file: &prost_types::FileDescriptorProto) -> BTreeMap<Vec<i32>, String> {
+pub fn comments(file: &prost_types::FileDescriptorProto) -> BTreeMap<Vec<i32>, String> {
     let mut out = BTreeMap::new();
     for loc in file.source_code_info.iter().flat_map(|s| &s.location) {
         let text = [loc.leading_comments(), loc.trailing_comments()]

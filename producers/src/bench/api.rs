@@ -308,7 +308,7 @@ pub(super) async fn api(url: &str, sites: usize, nodes: usize) -> anyhow::Result
         "nodes_per_site": nodes,
         "fleet": {
             "registered_by": "RegisterSite commands, through the orchestrator",
-            "installed_by": "the records a finished install leaves, written directly (see `bench api` in the README)",
+            "installed_by": "the records a finished install leaves, written directly (see `bench api` in docs/src/benchmarks.md)",
             "install_sagas": installed.sagas,
             "observed_versions": installed.observed,
             "events": installed.events,

@@ -22,7 +22,7 @@ use crate::cli::connect::connect;
 #[derive(Debug, Subcommand)]
 pub enum DesignCommand {
     /// Write a starting design to edit: a site, its hardware and host profiles, and nodes
-    /// spread over racks (see docs/DESIGNS.md).
+    /// spread over racks (see docs/src/designs.md).
     Init(init::InitArgs),
     /// Validate and apply design documents as the site's next revision (nothing is applied if
     /// anything is wrong; identical documents change nothing). Applied only over the revision

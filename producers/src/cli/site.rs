@@ -24,7 +24,7 @@ use crate::views::event::{event_json, event_line};
 pub enum SiteCommand {
     /// Register (or replace) a site's design from a YAML file.
     Register {
-        /// The site design (see docs/DESIGNS.md: site, labels, nodes, packages, maintenanceWindows).
+        /// The site design (see docs/src/designs.md: site, labels, nodes, packages, maintenanceWindows).
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
         /// Replace the design only if its record is at this revision (`SiteRegistered`'s

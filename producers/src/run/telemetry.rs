@@ -230,6 +230,51 @@ fn describe() {
         "landfall_spans_dropped_total",
         "Spans not sent over OTLP: the queue was full, or the collector would not take them."
     );
+    describe_counter!(
+        "landfall_messages_dead_lettered_total",
+        "Messages a consumer gave up on and filed in LANDFALL_DEAD (landfall dead list)."
+    );
+    describe_gauge!(
+        "landfall_messages_parked",
+        "Deliveries a consumer parked to try again (a wait, a transient failure), by consumer."
+    );
+    describe_counter!(
+        "landfall_sagas_ended_total",
+        "Install and join sagas ended, by kind (install, join) and outcome (success, partial_success, failure); \
+         from 0 at start, so the first failure shows as an increase."
+    );
+    describe_gauge!(
+        "landfall_consumer_pending",
+        "Messages the hub's durable consumer has not yet delivered (the sites' job consumers are left out)."
+    );
+    describe_gauge!(
+        "landfall_consumer_ack_pending",
+        "Messages the hub's durable consumer delivered and not yet acknowledged."
+    );
+    describe_gauge!("landfall_store_bytes", "Bytes a stream or bucket stores.");
+    describe_gauge!("landfall_store_messages", "Messages a stream or bucket stores.");
+    describe_gauge!(
+        "landfall_store_limit_bytes",
+        "The most bytes a stream or bucket may store (0 or less: no limit of its own)."
+    );
+    describe_gauge!(
+        "landfall_store_full",
+        "1 when a stream or bucket (or the whole store) has no room for another write."
+    );
+    describe_counter!("landfall_store_refused_writes_total", "Writes the store refused for lack of room, by stream.");
+    describe_gauge!(
+        "landfall_site_outbox_waiting",
+        "A gateway on its leaf node: reports kept at the site and not yet at the hub."
+    );
+    describe_gauge!("landfall_sites_cut_off", "Sites not heard for longer than the observer's --cut-off-after.");
+    describe_counter!(
+        "landfall_site_alive_rejected_total",
+        "Heartbeats that did not decode, or named another site than their subject's."
+    );
+    describe_counter!(
+        "landfall_identity_refused_total",
+        "Connections the identity service refused (the NATS server's auth callout)."
+    );
 }
 
 #[cfg(test)]

@@ -70,7 +70,7 @@ pub fn starter(site: &SiteId, racks: u8) -> Vec<StarterFile> {
 fn site_file(site: &SiteId, masters: u32, workers: u32) -> String {
     format!(
         r#"# The site: its name, networks, and how its Kubernetes cluster is formed.
-# Check it with `landfall design validate -f DIR`; docs/DESIGNS.md describes every field.
+# Check it with `landfall design validate -f DIR`; docs/src/designs.md describes every field.
 kind: Site
 name: {site}                  # the site's id: lowercase letters, digits and '-'
 region: eu-west               # optional; becomes the site's `region` label
@@ -167,7 +167,7 @@ pub fn run(args: &InitArgs) -> anyhow::Result<ExitCode> {
     for file in &files {
         println!("wrote {}  ({})", args.dir.join(file.name).display(), file.about);
     }
-    println!("\nedit them (docs/DESIGNS.md has every field), then:");
+    println!("\nedit them (docs/src/designs.md has every field), then:");
     println!("  landfall design validate -f {dir}     check the design, against the catalog when landfall is running");
     println!("  landfall design show r1-n1 -f {dir}   one node as its profiles make it");
     println!("  landfall design apply -f {dir}        store it as the site's next revision");
