@@ -408,10 +408,10 @@ pub fn site_link(site: &str) -> Permissions {
 
 /// What a site's identity key may do on its own connection: ask for new link credentials (a
 /// site cut off past its link credentials' expiry), nothing else.
-pub fn site_renewal(site: &str, identity_key: &str) -> Permissions {
+pub fn site_renewal(site: &str) -> Permissions {
     Permissions {
         publish: vec![names::identity_renew(site)],
-        subscribe: vec![format!("{}.>", inbox(identity_key))],
+        subscribe: vec![format!("{}.>", names::site_inbox(site))],
         ..Default::default()
     }
 }

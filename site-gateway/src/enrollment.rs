@@ -173,8 +173,8 @@ impl Presented for SiteKeys {
         }
     }
 
-    fn inbox_key(&self) -> String {
-        self.identity.public_key()
+    fn inbox_prefix(&self) -> String {
+        names::site_inbox(&self.site)
     }
 }
 
@@ -272,7 +272,7 @@ pub async fn enroll(
         "landfall-gateway-enroll",
         bootstrap.trim().to_string(),
         identity.clone(),
-        &identity.public_key(),
+        bus_schema::access::inbox(&identity.public_key()),
     )
     .await?;
     let link = nkeys::KeyPair::new_user();
@@ -310,17 +310,16 @@ pub async fn enroll(
 }
 
 /// A plain connection presenting `credential` with `key`'s proof (a bootstrap credential
-/// asking to join; an identity credential renewing after a long cut); replies come to the
-/// identity key's inbox, whichever key connects.
+/// asking to join; a site's credential renewing), replies under `inbox_prefix`.
 async fn connect_presenting(
     url: &str,
     name: &str,
     credential: String,
     key: Arc<nkeys::KeyPair>,
-    identity_key: &str,
+    inbox_prefix: String,
 ) -> anyhow::Result<async_nats::Client> {
     let servers: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
-    bus_schema::runtime::presenting(Arc::new(Fixed { credential, key, inbox_key: identity_key.to_string() }))
+    bus_schema::runtime::presenting(Arc::new(Fixed { credential, key, inbox_prefix }))
         .name(name)
         .connect(servers)
         .await
@@ -355,7 +354,8 @@ async fn renew_presenting(
     credential: String,
     key: Arc<nkeys::KeyPair>,
 ) -> anyhow::Result<()> {
-    let client = connect_presenting(url, "landfall-gateway-renew", credential, key, &keys.identity_key()).await?;
+    let inbox = names::site_inbox(&keys.site);
+    let client = connect_presenting(url, "landfall-gateway-renew", credential, key, inbox).await?;
     let renewed = keys.renew(&client).await;
     let _ = client.drain().await;
     renewed

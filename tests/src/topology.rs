@@ -350,11 +350,11 @@ pub async fn try_connect_presenting(
 }
 
 fn presenting(credential: &str, key: Arc<nkeys::KeyPair>) -> async_nats::ConnectOptions {
-    let inbox_key = key.public_key();
+    let inbox_prefix = bus_schema::access::inbox(&key.public_key());
     bus_schema::runtime::presenting(Arc::new(bus_schema::runtime::Fixed {
         credential: credential.to_string(),
         key,
-        inbox_key,
+        inbox_prefix,
     }))
     .max_reconnects(None)
 }

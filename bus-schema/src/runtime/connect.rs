@@ -40,16 +40,15 @@ pub trait Presented: Send + Sync + 'static {
     /// The credential, and the key that signs the server's nonce; `None` when there is none
     /// yet (the connection then fails and is tried again).
     fn present(&self) -> Option<(String, std::sync::Arc<nkeys::KeyPair>)>;
-    /// The key whose inbox replies come to (the site's identity key, the same whatever link
-    /// key it connects with).
-    fn inbox_key(&self) -> String;
+    /// Where the connection's replies come (a site's inbox, whichever of its keys connects).
+    fn inbox_prefix(&self) -> String;
 }
 
-/// One credential presented with one key, replies at `inbox_key`'s inbox.
+/// One credential presented with one key, replies under `inbox_prefix`.
 pub struct Fixed {
     pub credential: String,
     pub key: std::sync::Arc<nkeys::KeyPair>,
-    pub inbox_key: String,
+    pub inbox_prefix: String,
 }
 
 impl Presented for Fixed {
@@ -57,14 +56,14 @@ impl Presented for Fixed {
         Some((self.credential.clone(), self.key.clone()))
     }
 
-    fn inbox_key(&self) -> String {
-        self.inbox_key.clone()
+    fn inbox_prefix(&self) -> String {
+        self.inbox_prefix.clone()
     }
 }
 
 /// Options that present what `presented` holds at each (re)connection, replies at its inbox.
 pub fn presenting(presented: std::sync::Arc<dyn Presented>) -> async_nats::ConnectOptions {
-    let inbox = crate::access::inbox(&presented.inbox_key());
+    let inbox = presented.inbox_prefix();
     async_nats::ConnectOptions::with_auth_callback(move |nonce| {
         let presented = presented.clone();
         async move {
@@ -207,7 +206,7 @@ impl Bus {
         }
         let mut inbox_prefix = crate::access::INBOX_PREFIX.to_string();
         if let Some(presented) = &access.presented {
-            inbox_prefix = crate::access::inbox(&presented.inbox_key());
+            inbox_prefix = presented.inbox_prefix();
         } else if let Some(key) = access.public_key().map_err(bad)? {
             inbox_prefix = crate::access::inbox(&key);
             options =

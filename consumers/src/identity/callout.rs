@@ -91,13 +91,8 @@ impl IdentityService {
                 })
             }
             Kind::Identity => {
-                let (record, _) =
-                    self.admit(request, &site, |r, _| (r.identity_key == key).then(|| key.clone())).await?;
-                Ok(LetIn {
-                    name: format!("site-{site}-renewal"),
-                    permissions: access::site_renewal(&site, &record.identity_key),
-                    exp: None,
-                })
+                self.admit(request, &site, |r, _| (r.identity_key == key).then(|| key.clone())).await?;
+                Ok(LetIn { name: format!("site-{site}-renewal"), permissions: access::site_renewal(&site), exp: None })
             }
             Kind::Link => {
                 let held = |r: &pb::SiteIdentity, now| {

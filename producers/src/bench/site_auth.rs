@@ -190,7 +190,7 @@ async fn enrolled(
                 enrolled_unix_ms: now,
                 ..Default::default()
             };
-            let presented = Arc::new(Fixed { credential, key: link, inbox_key: identity.public_key() });
+            let presented = Arc::new(Fixed { credential, key: link, inbox_prefix: names::site_inbox(&site(i)) });
             Ok((record, Access { presented: Some(presented), ..Default::default() }))
         })
         .collect::<anyhow::Result<_>>()?;

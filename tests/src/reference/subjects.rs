@@ -12,6 +12,7 @@ use std::path::Path;
 
 use bus_schema::names;
 use bus_schema::pb;
+use bus_schema::trust;
 
 use super::{Page, escape_cell, one_line};
 
@@ -34,8 +35,7 @@ const NOT_NAMES: &[&str] = &[
     "MAX_PAYLOAD",
     "ALIVE_EVERY",
     "CUT_OFF_AFTER",
-    "COMMAND_SCOPE_TOKEN",
-    "EVENT_SCOPE_TOKEN",
+    "SCOPE_TOKEN",
     "keys",
     "headers",
 ];
@@ -131,15 +131,23 @@ impl Rows {
         }
         self.shown.insert("STREAMS");
         let subjects: Vec<(&'static str, String)> = vec![
+            ("to_site", to_site(SITE)),
             ("site_deliver", site_deliver(SITE)),
+            ("site_inbox", site_inbox(SITE)),
             ("site_jobs", site_jobs(SITE)),
+            ("scope_commands", scope_commands(SCOPE)),
             ("scope_events", scope_events(SCOPE)),
+            ("sent_by_gateway", sent_by_gateway("<cmd|evt>", SITE)),
+            ("events_at", events_at(SCOPE, "<aggregate>", KIND)),
             ("events_of_kind", events_of_kind("<aggregate>", KIND)),
+            ("site_rpc", site_rpc(SITE, KIND)),
             ("site_rpcs", site_rpcs(SITE)),
             ("kubeconfig_rpc", kubeconfig_rpc(SITE)),
             ("drift_check_rpc", drift_check_rpc(SITE)),
             ("sim_host_arrival_rpc", sim_host_arrival_rpc(SITE)),
             ("site_services", site_services(SITE)),
+            ("site_replies", site_replies(SITE, "<requester's inbox>")),
+            ("replies_from_sites", replies_from_sites("<requester's inbox>")),
             ("artifact_plan_svc", artifact_plan_svc(SITE)),
             ("artifact_chunk_svc", artifact_chunk_svc(SITE)),
             ("bmc_credentials_svc", bmc_credentials_svc(SITE)),
@@ -174,10 +182,14 @@ impl Rows {
             "KUBECONFIG_GET",
             "BMC_CREDENTIALS_PUT",
             "ROTATE_KEY",
+            "IDENTITY_RENEW",
             "FLEET",
+            "Origin",
             "command_subject",
+            "command_subject_from",
             "job_subject",
             "event_subject",
+            "event_subject_from",
         ]);
         for (name, subject) in subjects {
             self.shown.insert(name);
@@ -238,6 +250,16 @@ impl Rows {
     }
 }
 
+/// `subject` with its origin token as every party that sends the kind may write it: `hub`,
+/// `gateway`, or `<hub|gateway>` for a kind both send.
+fn origins(type_name: &str, subject: &str) -> String {
+    let both = trust::rule(type_name).is_some_and(|r| r.allows(trust::Party::Site) && r.senders.len() > 1);
+    match both {
+        true => subject.replacen(".hub.", ".<hub|gateway>.", 1),
+        false => subject.to_string(),
+    }
+}
+
 pub fn page(root: &Path) -> Page {
     let docs = items(root);
     let doc = |name: &str| docs.iter().find(|i| i.name == name).map(|i| i.doc.clone()).unwrap_or_default();
@@ -264,7 +286,8 @@ pub fn page(root: &Path) -> Page {
             Some(_) => names::FLEET,
             None => SCOPE,
         };
-        writeln!(out, "| {} | `{}` |", message_link(type_name), names::command_subject(kind, scope)).unwrap();
+        let subject = names::command_subject_from(trust::usual_origin(type_name), kind, scope);
+        writeln!(out, "| {} | `{}` |", message_link(type_name), origins(type_name, &subject)).unwrap();
     }
     writeln!(out, "\n## Jobs\n").unwrap();
     writeln!(out, "Published by the hub for one site's gateway, stored in `{}`.\n", names::JOBS_STREAM).unwrap();
@@ -291,8 +314,8 @@ pub fn page(root: &Path) -> Page {
         } else {
             SITE
         };
-        writeln!(out, "| {} | `{}` |", message_link(t.type_name), names::event_subject(scope, t.aggregate, t.kind))
-            .unwrap();
+        let subject = names::event_subject_from(trust::usual_origin(t.type_name), scope, t.aggregate, t.kind);
+        writeln!(out, "| {} | `{}` |", message_link(t.type_name), origins(t.type_name, &subject)).unwrap();
     }
 
     writeln!(out, "\n## Other subjects\n").unwrap();
