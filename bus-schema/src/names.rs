@@ -70,9 +70,17 @@ pub fn outbox_subject(subject: &str) -> String {
     format!("outbox.{subject}")
 }
 
-/// The hub subject a report kept in a site's outbox is bound for.
-pub fn outbox_destination(local: &str) -> Option<&str> {
-    local.strip_prefix("outbox.")
+/// The hub subject a report kept in a site's outbox is bound for, as its gateway sends it now: one
+/// an earlier version kept (`landfall.evt.<site>.<aggregate>.<kind>`, `landfall.cmd.<kind>.<site>`,
+/// with no origin) goes under the site's gateway subjects, where its user may publish.
+pub fn outbox_destination(local: &str) -> Option<String> {
+    let subject = local.strip_prefix("outbox.")?;
+    let tokens: Vec<&str> = subject.split('.').collect();
+    Some(match tokens.as_slice() {
+        ["landfall", "evt", site, aggregate, kind] => event_subject_from(Origin::Gateway, site, aggregate, kind),
+        ["landfall", "cmd", kind, site] => command_subject_from(Origin::Gateway, kind, site),
+        _ => subject.to_string(),
+    })
 }
 
 /// The jobs that reached a site, kept in the site's own domain at `inbox.<hub subject>` until
@@ -714,6 +722,12 @@ mod tests {
             Some(ParsedSubject::Rpc { site: "edge-1", kind: KUBECONFIG_RPC })
         );
         assert_eq!(parse_subject(&site_deliver("edge-1")), None);
+        // What an earlier version kept in a site's outbox goes as the gateway sends it now.
+        let kept = |s: &str| outbox_destination(&outbox_subject(s));
+        assert_eq!(kept("landfall.evt.e.node.patched").unwrap(), "landfall.evt.e.gateway.node.patched");
+        assert_eq!(kept("landfall.cmd.node_added.e").unwrap(), "landfall.cmd.e.gateway.node_added");
+        assert_eq!(kept("landfall.evt.e.gateway.node.patched").unwrap(), "landfall.evt.e.gateway.node.patched");
+        assert_eq!(outbox_destination("landfall.evt.e.gateway.node.patched"), None);
         assert_eq!(parse_subject("landfall.job.a.b"), Some(ParsedSubject::Job { site: "a", kind: "b" }));
         assert_eq!(
             parse_subject(&artifact_chunk_svc("edge-1")),

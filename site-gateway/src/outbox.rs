@@ -247,7 +247,7 @@ impl Outbox {
                     };
                     let report = report.map_err(|e| local_err("consumer")(e.into()))?;
                     let seq = report.info().map_err(|e| local_err("consumer")(e))?.stream_sequence;
-                    let Some(subject) = names::outbox_destination(&report.subject).map(str::to_string) else {
+                    let Some(subject) = names::outbox_destination(&report.subject) else {
                         warn!(site = %self.site, subject = %report.subject, "not a report bound for the hub: skipped");
                         continue;
                     };

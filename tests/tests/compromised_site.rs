@@ -766,14 +766,34 @@ async fn subscribe_b_gateway_inbox(t: &Intruder, s: &Scene) -> Outcome {
     t.subscribe(&format!("{}.>", bus_schema::access::inbox(&s.b_gateway_key))).await
 }
 
+/// The answers to edge-02's own requests (its artifact plans, its BMC credentials).
+async fn subscribe_b_site_inbox(t: &Intruder, _: &Scene) -> Outcome {
+    t.subscribe(&format!("{}.>", names::site_inbox(B))).await
+}
+
+/// An answer "from edge-02" to the collector's request of edge-02.
+async fn reply_as_b_to_the_kubeconfig_collector(t: &Intruder, s: &Scene) -> Outcome {
+    let subject = format!("{}.forged", names::site_replies(B, &bus_schema::access::inbox(&s.kubeconfig_key)));
+    t.publish(&subject, b"apiVersion: v1\nkind: Config\n# forged\n".to_vec()).await
+}
+
+/// Its own answer to the collector, where no request of the collector's waits: it lands nowhere.
+async fn reply_as_own_site_to_the_kubeconfig_collector_unasked(t: &Intruder, s: &Scene) -> Outcome {
+    let subject = format!("{}.forged", names::site_replies(A, &bus_schema::access::inbox(&s.kubeconfig_key)));
+    match t.publish(&subject, b"apiVersion: v1\nkind: Config\n# forged\n".to_vec()).await {
+        Outcome::Through(_) => Outcome::Ignored(format!("{subject} is no request's inbox: nobody took the reply")),
+        other => other,
+    }
+}
+
 async fn reply_into_orchestrator_inbox(t: &Intruder, s: &Scene) -> Outcome {
     let subject = format!("{}.forged.1", bus_schema::access::inbox(&s.orchestrator_key));
     t.publish(&subject, b"{\"stream\":\"LANDFALL_JOBS\",\"seq\":1}".to_vec()).await
 }
 
-/// A site may answer the collector (across a leaf node's link a reply needs a permission of its
-/// own), so the server lets this through; a forged kubeconfig must land nowhere. The snapshot
-/// of B's sealed kubeconfig checks that.
+/// The collector's own inbox, where its requests of hub services are answered: a site answers
+/// it only under its own site's subjects. The snapshot of B's sealed kubeconfig checks that no
+/// forged kubeconfig lands anywhere.
 async fn reply_into_kubeconfig_collector_inbox(t: &Intruder, s: &Scene) -> Outcome {
     let subject = format!("{}.forged.1", bus_schema::access::inbox(&s.kubeconfig_key));
     match t.publish(&subject, b"apiVersion: v1\nkind: Config\n# forged\n".to_vec()).await {
@@ -914,8 +934,11 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         Permission: subscribe_shared_inbox,
         Permission: subscribe_kubeconfig_collector_inbox,
         Permission: subscribe_b_gateway_inbox,
+        Permission: subscribe_b_site_inbox,
+        Permission: reply_as_b_to_the_kubeconfig_collector,
+        ReplyInbox: reply_as_own_site_to_the_kubeconfig_collector_unasked,
         Permission: reply_into_orchestrator_inbox,
-        ReplyInbox: reply_into_kubeconfig_collector_inbox,
+        Permission: reply_into_kubeconfig_collector_inbox,
         Permission: subscribe_b_rpc,
         Permission: subscribe_b_jobs,
         Permission: subscribe_b_deliveries,
