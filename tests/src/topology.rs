@@ -296,13 +296,13 @@ pub async fn leaf_links(http_port: u16) -> u64 {
     body["leafnodes"].as_u64().unwrap_or_else(|| panic!("no leafnodes count in {body}"))
 }
 
-/// Waits until the hub's JetStream answers requests (a cluster elects its meta leader first),
-/// then returns a connection as `access`.
+/// Waits until the JetStream of the server at `url` answers requests (a cluster elects its meta
+/// leader first), then returns a connection as `access`.
 pub async fn connect_when_ready(url: &str, name: &str, access: &Access) -> Bus {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let bus = Bus::connect_with(url, name, access).await.expect("connect to the hub");
-        match bus.jetstream().query_account().await {
+        match bus.local_jetstream().query_account().await {
             Ok(_) => return bus,
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!(error = %e, "waiting for JetStream");
