@@ -119,9 +119,25 @@ pub enum Command {
 
 /// The `landfall` binary.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     let service = matches!(cli.command, Command::Up(_) | Command::Serve(_));
-    telemetry::init_logs(cli.telemetry.log_format, if service { "info,async_nats=warn" } else { "warn" });
+    let filter = if service { "info,async_nats=warn" } else { "warn" };
+    // `up` is for a person: its terminal shows what happens, its services' logs go to a file.
+    let format = cli.telemetry.log_format;
+    let to_file = match &mut cli.command {
+        Command::Up(args) => args.log_file(format).map(|file| (args, file)),
+        _ => None,
+    };
+    match to_file {
+        Some((args, file)) => match telemetry::init_logs_to_file(&file, filter) {
+            Ok(()) => args.logs_to = Some(file),
+            Err(e) => {
+                telemetry::init_logs(format, filter);
+                tracing::warn!(file = %file.display(), error = %e, "cannot write the log file; logging here");
+            }
+        },
+        None => telemetry::init_logs(format, filter),
+    }
     service::block_on(run(cli))
 }
 

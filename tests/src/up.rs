@@ -87,7 +87,8 @@ impl Up {
 
     pub fn output(&self) -> String {
         let read = |name: &str| std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-        let log = read("up.log");
+        // Its services' log (in its data directory), after what it wrote to its standard error.
+        let log = read("up.log") + &read("data/landfall.log");
         let tail: Vec<&str> = log.lines().rev().take(40).collect();
         format!(
             "stdout:\n{}\nlog (last lines):\n{}",

@@ -76,6 +76,26 @@ pub fn init_logs(format: LogFormat, default_filter: &str) {
     };
 }
 
+/// Sends `tracing` output, as text, to the end of the file at `path` (made, with its directory,
+/// when missing), filtered as [`init_logs`] does.
+///
+/// # Errors
+/// The file cannot be opened for appending.
+pub fn init_logs_to_file(path: &std::path::Path, default_filter: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::sync::Mutex::new(file))
+        .with_ansi(false)
+        .try_init();
+    Ok(())
+}
+
 /// The process's Prometheus recorder, installed on the first call (later calls return the
 /// same handle). Histograms named `*_seconds` get [`DURATION_BUCKETS`]; a background thread
 /// folds histogram samples into them every few seconds.

@@ -27,6 +27,8 @@ use super::telemetry;
 use crate::flags::{KeepingArgs, RetentionArgs, StoreArgs, parse_duration};
 use crate::nats_access::DEFAULT_NATS_URL;
 
+mod progress;
+
 /// The demo fleet `up` runs, also under this module's path.
 pub use super::demo::{demo_content, demo_packages, demo_site, upload_demo_packages};
 
@@ -94,7 +96,25 @@ pub struct UpArgs {
     /// quarter of it (at most every 15 s).
     #[command(flatten)]
     pub observer: super::serve::ObserverArgs,
+    /// Show the services' logs here, as well as what happens; without it they go to
+    /// `landfall.log` in the data directory (and `--log-format json` sends them here as JSON).
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Where the services' logs went, as the process set them up (`None`: the terminal).
+    #[arg(skip)]
+    pub logs_to: Option<PathBuf>,
 }
+
+impl UpArgs {
+    /// Where the services' logs should go instead of the terminal: `None` when they go to the
+    /// terminal (`-v`, or `--log-format json`).
+    pub fn log_file(&self, format: telemetry::LogFormat) -> Option<PathBuf> {
+        (!self.verbose && format == telemetry::LogFormat::Text).then(|| self.data_dir.join(LOG_FILE))
+    }
+}
+
+/// The services' log in the data directory.
+pub const LOG_FILE: &str = "landfall.log";
 
 /// `SITE/HOST`.
 fn parse_site_host(s: &str) -> Result<(String, String), String> {
@@ -302,6 +322,7 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
         viewer_token: &viewer_token,
     };
     print_banner(&args, banner);
+    services.spawn(progress::show(bus.clone(), say, shutdown.clone()));
 
     tokio::select! {
         _ = shutdown.cancelled() => {}
@@ -597,6 +618,7 @@ fn print_banner(args: &UpArgs, banner: Banner<'_>) {
   data key   {key} ({keyfile})
   kept in    {data}: the hub's store and the sites' hosts; up started again here carries on
              with the same fleet, up --fresh starts over
+  logs       {logs}
   dashboard  {dashboard}
   HTTP API   {web}/v1 (OpenAPI: {web}/openapi.json)
   tokens     {tokens}
@@ -613,7 +635,8 @@ Try, in another shell:
   landfall{url_hint} site stage {first} --wait          (artifacts into the site's cache ahead of an install)
   landfall{url_hint} kubeconfig get {first}             (once the site is installed)
 
-Ctrl-C stops everything.",
+Ctrl-C stops everything. What happens to the sites and rollouts:
+",
         n = designs.len(),
         more = if args.simulate_new_sites { " (and one for each site registered: --simulate-new-sites)" } else { "" },
         nodes = args.nodes,
@@ -624,6 +647,10 @@ Ctrl-C stops everything.",
         keyfile = args.data_dir.join("secret.key").display(),
         data = args.data_dir.display(),
         store = store_url,
+        logs = match &args.logs_to {
+            Some(file) => format!("{} (up -v shows them here)", file.display()),
+            None => "here".to_string(),
+        },
         viewer = if viewer_token.is_empty() { "TOKEN" } else { viewer_token },
     ));
 }
