@@ -403,12 +403,7 @@ async fn start_gateways(
     const AT_ONCE: usize = 64;
     let connects = designs.iter().enumerate().map(|(i, d)| {
         let url = leaves.url(i).unwrap_or(&hub.url).to_string();
-        let mut access = hub.access(&Role::Site(d.site.to_string()));
-        if leaves.url(i).is_some()
-            && let Ok(a) = &mut access
-        {
-            a.js_domain = Some(HUB_DOMAIN.to_string());
-        }
+        let access = hub.access(&Role::Site(d.site.to_string()));
         async move {
             let access = access?;
             let bus = Bus::connect_with(&url, &format!("landfall-gateway-{}", d.site), &access).await?;
@@ -592,9 +587,16 @@ impl Hub {
         }
     }
 
+    /// How `role` connects: a site as its gateway does, through the hub's JetStream domain (at
+    /// its leaf node, or at the hub), its replies on its site's inbox.
     fn access(&self, role: &Role) -> anyhow::Result<Access> {
         let seed = Access::seed_from_file(&self.seed_file(role)).map_err(anyhow::Error::msg)?;
-        Ok(Access { nkey_seed: Some(seed), ..Access::default() })
+        let site = match role {
+            Role::Site(site) => Some(site.clone()),
+            _ => None,
+        };
+        let js_domain = site.as_ref().map(|_| HUB_DOMAIN.to_string());
+        Ok(Access { nkey_seed: Some(seed), site, js_domain, ..Access::default() })
     }
 
     fn cpu_seconds(&self) -> f64 {
