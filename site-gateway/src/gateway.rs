@@ -511,23 +511,21 @@ pub async fn run_gateway<B: SiteBackend>(
     });
     // A site may start while its link to the hub is down, or before the hub made its durable:
     // its deliveries start when they can.
-    {
-        info!(%site, kept_at_site = at_leaf, "gateway running");
-        let drift_every = backend.drift_every();
-        let rpc = tokio::spawn(serve_kubeconfig(site.clone(), bus.clone(), backend, shutdown.clone()));
-        let drift_rpc = tokio::spawn(drift::serve_drift_check(gateway.clone(), shutdown.clone()));
-        if let Some(every) = drift_every {
-            side.spawn(drift::watch_drift(gateway.clone(), every, shutdown.clone()));
-        }
-        // Provisioning takes minutes; all of a site's hosts provision at once.
-        let spec = ConsumerSpec::gateway(site.as_str());
-        match at_leaf {
-            true => runtime::consume(bus, spec, Arc::new(Keep::new(&gateway.bus)), shutdown).await?,
-            false => runtime::consume(bus, spec, gateway, shutdown).await?,
-        }
-        rpc.await??;
-        drift_rpc.await??;
+    info!(%site, kept_at_site = at_leaf, "gateway running");
+    let drift_every = backend.drift_every();
+    let rpc = tokio::spawn(serve_kubeconfig(site.clone(), bus.clone(), backend, shutdown.clone()));
+    let drift_rpc = tokio::spawn(drift::serve_drift_check(gateway.clone(), shutdown.clone()));
+    if let Some(every) = drift_every {
+        side.spawn(drift::watch_drift(gateway.clone(), every, shutdown.clone()));
     }
+    // Provisioning takes minutes; all of a site's hosts provision at once.
+    let spec = ConsumerSpec::gateway(site.as_str());
+    match at_leaf {
+        true => runtime::consume(bus, spec, Arc::new(Keep::new(&gateway.bus)), shutdown).await?,
+        false => runtime::consume(bus, spec, gateway, shutdown).await?,
+    }
+    rpc.await??;
+    drift_rpc.await??;
     if let Some(kept) = kept {
         kept.await??;
     }
