@@ -72,8 +72,8 @@ fn matches_any(filters: &[String], subject: &str) -> bool {
 /// anything. People and dashboards never see it; the hub's consumers reject it. (The hub's own
 /// subjects carry only what each hub user may send.)
 fn forged(m: &async_nats::jetstream::Message) -> bool {
-    let type_name = m.headers.as_ref().and_then(|h| h.get(names::headers::TYPE)).map(|v| v.as_str().to_string());
-    let refused = crate::trust::forged_by_a_gateway(&m.subject, type_name.as_deref().unwrap_or_default(), &m.payload);
+    let type_name = m.headers.as_ref().and_then(|h| h.get(names::headers::TYPE)).map(|v| v.as_str());
+    let refused = crate::trust::forged_by_a_gateway(&m.subject, type_name.unwrap_or_default(), &m.payload);
     if let Some(e) = &refused {
         tracing::debug!(subject = %m.subject, reason = %e, "a forged event is not shown");
     }

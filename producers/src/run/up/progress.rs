@@ -83,7 +83,7 @@ fn package(p: Option<&pb::PackageRef>) -> String {
 /// What an event of type `type_name` says, in a few words and a detail.
 fn what_happened(type_name: &str, payload: &[u8]) -> Option<(&'static str, String)> {
     let other = |what: &'static str| {
-        let mut json = event_json_of(type_name, payload);
+        let mut json = pb::decode_to_json(type_name, payload).and_then(Result::ok).unwrap_or_default();
         if let Some(o) = json.as_object_mut() {
             o.remove("site_id");
         }
@@ -170,14 +170,6 @@ fn what_happened(type_name: &str, payload: &[u8]) -> Option<(&'static str, Strin
             Some(("command refused", format!("{kind}: {}", e.reason)))
         }
         _ => None,
-    }
-}
-
-/// A payload as JSON (for the kinds shown by their fields).
-fn event_json_of(type_name: &str, payload: &[u8]) -> serde_json::Value {
-    match pb::decode_to_json(type_name, payload) {
-        Some(Ok(v)) => v,
-        _ => serde_json::Value::Null,
     }
 }
 
