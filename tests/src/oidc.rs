@@ -162,7 +162,7 @@ impl Provider {
     }
 
     /// Stops the provider and starts it again on the same port with `keys` (the first one
-    /// signs); what it held in memory (sessions, refresh tokens) is gone.
+    /// signs); what it held in memory (sign-ins, refresh tokens) is gone.
     pub async fn restart_with_keys(&mut self, keys: &[Value]) {
         self.stop();
         self.keys = keys.to_vec();

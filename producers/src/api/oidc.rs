@@ -172,7 +172,10 @@ impl Verifier {
         };
         let url = reqwest::Url::parse(issuer).with_context(|| format!("--oidc-issuer {issuer:?} is not a URL"))?;
         if !matches!(url.scheme(), "https" | "http") || url.query().is_some() || url.fragment().is_some() {
-            bail!("--oidc-issuer {issuer:?} must be an https URL without a query or fragment");
+            bail!("--oidc-issuer {issuer:?} must be an http(s) URL without a query or fragment");
+        }
+        if url.scheme() == "http" && !matches!(url.host_str(), Some("127.0.0.1" | "localhost" | "[::1]")) {
+            tracing::warn!(issuer, "the OpenID Connect issuer is plain http: its keys can be changed on the way");
         }
         // reqwest is built without a crypto provider and asks for the process's default even for
         // plain http; ring's is the one the workspace builds.

@@ -95,7 +95,8 @@ pub async fn login(args: &LoginArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `landfall logout`: forgets the saved login (the provider's session is not ended).
+/// `landfall logout`: forgets the saved login (the identity provider still remembers the
+/// sign-in until it ends it).
 pub fn logout(args: &LogoutArgs) -> anyhow::Result<ExitCode> {
     let path = credentials_path()?;
     let mut creds = load(&path)?;
