@@ -11,6 +11,7 @@ pub mod commands;
 pub(crate) mod facts;
 mod identity;
 pub mod model;
+pub mod oidc;
 pub mod openapi;
 pub mod policy;
 mod reach;
