@@ -40,6 +40,16 @@ impl Api {
     /// An API enforcing `policy` (YAML; empty: none), with these tokens besides the operator's
     /// and the viewer's, as (name, role, token).
     pub async fn start_with(bus: &Bus, policy: &str, more: &[(&str, Role, &str)]) -> Self {
+        Self::start_full(bus, policy, more, None).await
+    }
+
+    /// [`Api::start_with`], accepting the access tokens of an identity provider too.
+    pub async fn start_full(
+        bus: &Bus,
+        policy: &str,
+        more: &[(&str, Role, &str)],
+        oidc: Option<producers::api::oidc::Verifier>,
+    ) -> Self {
         consumers::artifacts::install_tls_provider();
         let mut tokens = Tokens::default();
         tokens.add("test-operator", Role::Operator, OPERATOR);
@@ -54,8 +64,8 @@ impl Api {
         };
         let shutdown = CancellationToken::new();
         let listen = "127.0.0.1:0".parse().unwrap();
-        let (addr, _) =
-            producers::api::serve(bus.clone(), tokens, policy, listen, None, shutdown.clone()).await.unwrap();
+        let gate = producers::api::Gate { tokens, policy, oidc };
+        let (addr, _) = producers::api::serve(bus.clone(), gate, listen, None, shutdown.clone()).await.unwrap();
         let api = Self { base: format!("http://{addr}"), http: reqwest::Client::new(), shutdown };
         // The read model has caught up once /readyz says so.
         for _ in 0..100 {
@@ -65,6 +75,25 @@ impl Api {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("the API never became ready");
+    }
+
+    /// Gives site `i` of `fleet` the label `region` (re-registering it as the whole fleet's
+    /// operator) and waits until the API's read model has it.
+    pub async fn put_in_region(&self, fleet: &crate::fleet::Fleet, i: usize, region: &str) {
+        let mut design = bus_schema::pb::SiteDesign::from(&fleet.sites[i].0);
+        design.labels.insert("region".into(), region.into());
+        let body =
+            serde_json::to_string(&bus_schema::pb::RegisterSite { design: Some(design), expected: None }).unwrap();
+        let (status, r) = self.post(OPERATOR, "/v1/commands/register_site", &body, &[]).await;
+        assert_eq!(status, 202, "{r}");
+        let path = format!("/v1/sites/{}", fleet.site_id(i));
+        for _ in 0..300 {
+            if self.get(OPERATOR, &path).await.1["labels"]["region"] == region {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{path} never showed region {region}");
     }
 
     /// Stops the API as a stopping process would.

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use bus_schema::pb;
 use landfall_tests::api::{Api, OPERATOR};
 use landfall_tests::cli::{landfall, text};
 use landfall_tests::fleet::Fleet;
@@ -48,16 +47,16 @@ async fn an_operator_of_one_region_changes_and_sees_only_its_sites_and_every_com
     let (eu, us) = (fleet.site_id(0), fleet.site_id(1));
 
     // The whole fleet's operator puts the two sites in two regions.
-    for (i, region) in [(0, "eu-west"), (1, "us-east")] {
-        let mut design = pb::SiteDesign::from(&fleet.sites[i].0);
-        design.labels.insert("region".into(), region.into());
-        let body = serde_json::to_string(&pb::RegisterSite { design: Some(design), expected: None }).unwrap();
-        let (status, r) = api.post(OPERATOR, "/v1/commands/register_site", &body, &[]).await;
-        assert_eq!(status, 202, "{r}");
-        assert_eq!(r["actor"], "token:test-operator");
-    }
-    until(&api, EU_OPERATOR, &format!("/v1/sites/{eu}"), |s, _| s == 200).await;
-    until(&api, US_VIEWER, &format!("/v1/sites/{us}"), |s, _| s == 200).await;
+    api.put_in_region(&fleet, 0, "eu-west").await;
+    api.put_in_region(&fleet, 1, "us-east").await;
+    // Those two commands are on record as the operator's; the fleet's own first registrations as
+    // the service that sent them.
+    until(&api, OPERATOR, "/v1/audit?kind=register_site&actor=token:test-operator", |_, b| {
+        b["items"].as_array().is_some_and(|a| a.len() == 2)
+    })
+    .await;
+    let (_, first) = api.get(OPERATOR, "/v1/audit?kind=register_site&actor=service:landfall-test").await;
+    assert_eq!(first["items"].as_array().map(Vec::len), Some(2), "{first}");
 
     // Who they are.
     let (_, who) = api.get(EU_OPERATOR, "/v1/whoami").await;

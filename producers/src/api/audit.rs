@@ -82,38 +82,51 @@ pub(super) async fn list(
     Ok(axum::Json(audit::listing_json(&entries, stopped)))
 }
 
-/// `/v1/audit`, for the OpenAPI document.
+/// `/v1/audit` and `/v1/auth`, for the OpenAPI document.
 pub(super) fn paths(error: fn(&str) -> Value) -> Vec<(&'static str, Value)> {
     let text = |d: &str| serde_json::json!({ "type": "string", "description": d });
     let param = |name: &str, d: &str| serde_json::json!({ "name": name, "in": "query", "schema": text(d) });
-    vec![(
-        "/v1/audit",
-        serde_json::json!({ "get": {
-            "summary": "Who did what",
-            "description": "The commands the orchestrator settled, newest first: who asked (`actor`), what, about which site, when, with what outcome, from the command ledger. A reader of part of the fleet sees the commands about its sites and the ones it sent.",
-            "operationId": "audit",
-            "tags": ["audit"],
-            "parameters": [
-                param("actor", "`user:alice`, or `alice` for any kind of actor of that name."),
-                param("site", "The site the commands were about (`fleet`: fleet-wide ones)."),
-                param("kind", "The command kind: install_site, InstallSite or landfall.v1.InstallSite."),
-                { "name": "outcome", "in": "query", "schema": { "type": "string", "enum": ["carried_out", "rejected", "dead_lettered"] } },
-                { "name": "since", "in": "query", "description": "From this time (default: 7 days ago).", "schema": { "type": "string", "format": "date-time" } },
-                { "name": "until", "in": "query", "description": "Up to this time.", "schema": { "type": "string", "format": "date-time" } },
-                { "name": "limit", "in": "query", "description": "The newest this many.", "schema": { "type": "integer", "minimum": 1, "maximum": crate::views::audit::MAX_LIMIT } },
-            ],
-            "responses": {
-                "200": { "description": "The commands.", "content": { "application/json": { "schema": {
-                    "type": "object", "required": ["items", "truncated"],
-                    "properties": {
-                        "items": { "type": "array", "items": { "$ref": "#/components/schemas/Command" } },
-                        "truncated": { "type": "boolean", "description": "The window was too long to read whole: narrow it with `since`." },
-                    } } } } },
-                "400": error("A query parameter is wrong."),
-                "401": error("No token, or an unknown one."),
-                "403": error("The policy grants the caller nothing."),
-                "503": error("The command ledger could not be read."),
-            },
-        }}),
-    )]
+    let sign_in = serde_json::json!({ "get": {
+        "summary": "How to sign in",
+        "description": "The identity provider whose access tokens the API accepts, with the clients the dashboard and `landfall login` use (authorization code with PKCE, device code), or `null` when the API takes static tokens only. Needs no token.",
+        "operationId": "auth",
+        "tags": ["auth"],
+        "security": [],
+        "responses": { "200": { "description": "How to sign in.", "content": { "application/json": { "schema": {
+            "type": "object", "required": ["oidc"],
+            "properties": { "oidc": { "type": "object", "nullable": true, "additionalProperties": true } } } } } } },
+    }});
+    vec![
+        ("/v1/auth", sign_in),
+        (
+            "/v1/audit",
+            serde_json::json!({ "get": {
+                "summary": "Who did what",
+                "description": "The commands the orchestrator settled, newest first: who asked (`actor`), what, about which site, when, with what outcome, from the command ledger. A reader of part of the fleet sees the commands about its sites and the ones it sent.",
+                "operationId": "audit",
+                "tags": ["audit"],
+                "parameters": [
+                    param("actor", "`user:alice`, or `alice` for any kind of actor of that name."),
+                    param("site", "The site the commands were about (`fleet`: fleet-wide ones)."),
+                    param("kind", "The command kind: install_site, InstallSite or landfall.v1.InstallSite."),
+                    { "name": "outcome", "in": "query", "schema": { "type": "string", "enum": ["carried_out", "rejected", "dead_lettered"] } },
+                    { "name": "since", "in": "query", "description": "From this time (default: 7 days ago).", "schema": { "type": "string", "format": "date-time" } },
+                    { "name": "until", "in": "query", "description": "Up to this time.", "schema": { "type": "string", "format": "date-time" } },
+                    { "name": "limit", "in": "query", "description": "The newest this many.", "schema": { "type": "integer", "minimum": 1, "maximum": crate::views::audit::MAX_LIMIT } },
+                ],
+                "responses": {
+                    "200": { "description": "The commands.", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["items", "truncated"],
+                        "properties": {
+                            "items": { "type": "array", "items": { "$ref": "#/components/schemas/Command" } },
+                            "truncated": { "type": "boolean", "description": "The window was too long to read whole: narrow it with `since`." },
+                        } } } } },
+                    "400": error("A query parameter is wrong."),
+                    "401": error("No token, or an unknown one."),
+                    "403": error("The policy grants the caller nothing."),
+                    "503": error("The command ledger could not be read."),
+                },
+            }}),
+        ),
+    ]
 }

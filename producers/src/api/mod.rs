@@ -56,6 +56,8 @@ pub struct ApiArgs {
     /// roles over the whole fleet and people signed in through the identity provider have none.
     #[arg(long = "api-policy", env = "LANDFALL_API_POLICY")]
     pub policy: Option<PathBuf>,
+    #[command(flatten)]
+    pub oidc: oidc::OidcArgs,
 }
 
 impl ApiArgs {
@@ -66,6 +68,22 @@ impl ApiArgs {
     pub fn policy(&self) -> anyhow::Result<Policy> {
         self.policy.as_deref().map_or_else(|| Ok(Policy::default()), Policy::from_file)
     }
+
+    /// Whom the API lets in: `tokens`, the policy, and the identity provider's people.
+    ///
+    /// # Errors
+    /// A wrong policy, or identity provider flags that do not go together.
+    pub async fn gate(&self, tokens: Tokens) -> anyhow::Result<Gate> {
+        Ok(Gate { tokens, policy: self.policy()?, oidc: oidc::Verifier::start(&self.oidc).await? })
+    }
+}
+
+/// Whom the API lets in, and what each may do.
+pub struct Gate {
+    pub tokens: Tokens,
+    pub policy: Policy,
+    /// The identity provider whose access tokens it accepts, if any.
+    pub oidc: Option<oidc::Verifier>,
 }
 
 /// The whole API.
@@ -92,6 +110,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(read)
         .merge(write)
         .route("/openapi.json", get(openapi_document))
+        .route("/v1/auth", get(sign_in))
         .route("/healthz", get(|| async { axum::Json(json!({ "status": "ok" })) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -107,14 +126,17 @@ pub fn router(state: ApiState) -> Router {
 /// When the address cannot be bound.
 pub async fn serve(
     bus: Bus,
-    tokens: Tokens,
-    policy: Policy,
+    gate: Gate,
     listen: SocketAddr,
     metrics: Option<MetricsRender>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<anyhow::Result<()>>)> {
-    if tokens.is_empty() {
+    let Gate { tokens, policy, oidc } = gate;
+    if tokens.is_empty() && oidc.is_none() {
         tracing::warn!("the API has no tokens: every request to /v1 will be refused (see --api-tokens)");
+    }
+    if oidc.is_some() && !policy.given {
+        tracing::warn!("no --api-policy: people signed in through the identity provider may do nothing");
     }
     let model = model::Model::start(&bus, &shutdown);
     let ledger = bus.kv(bus_schema::names::LEDGER_BUCKET).await?;
@@ -124,6 +146,7 @@ pub async fn serve(
         ledger,
         tokens: Arc::new(tokens),
         policy: Arc::new(policy),
+        oidc,
         metrics,
         shutdown: shutdown.clone(),
     };
@@ -154,7 +177,21 @@ async fn principal(state: &ApiState, token: Option<String>) -> Result<Principal,
             grants: state.policy.token(&holder.name, holder.role),
         });
     }
-    Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not known"))
+    let Some(verifier) = &state.oidc else {
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not known"));
+    };
+    // Not a static token: an access token of the identity provider, or nothing.
+    let person = verifier.verify(&token).await.map_err(|refused| {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", format!("the token is refused: {}", refused.0))
+    })?;
+    let grants = state.policy.person(&[person.subject.as_str(), person.name.as_str()], &person.groups);
+    Ok(Principal { actor: format!("user:{}", person.name), name: person.name, grants })
+}
+
+/// `GET /v1/auth`: how to sign in (no token needed): the identity provider's endpoints and
+/// clients, or `null` when the API takes static tokens only.
+async fn sign_in(State(s): State<ApiState>) -> axum::Json<Value> {
+    axum::Json(json!({ "oidc": s.oidc.as_ref().map(oidc::Verifier::public_config) }))
 }
 
 /// Refuses a principal whose grants do not reach `role` anywhere.

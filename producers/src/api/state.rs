@@ -24,6 +24,8 @@ pub struct ApiState {
     pub(super) tokens: Arc<Tokens>,
     /// Who may do what on which sites.
     pub(super) policy: Arc<super::policy::Policy>,
+    /// The identity provider whose access tokens it accepts.
+    pub(super) oidc: Option<super::oidc::Verifier>,
     pub(super) metrics: Option<MetricsRender>,
     /// Ends the event streams when the process stops, so shutdown does not wait on open dashboards.
     pub(super) shutdown: CancellationToken,
