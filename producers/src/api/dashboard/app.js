@@ -1,6 +1,7 @@
 // The landfall dashboard: one page over the HTTP API, live over Server-Sent Events.
 //
-// Reads go to /v1/*, the operator's commands to /v1/commands/*, both with the bearer token.
+// Reads go to /v1/*, the operator's commands to /v1/commands/*, both with the bearer token: an
+// API token, or the access token from the identity provider (signin.js signs a person in).
 // Events come from /v1/events, read with fetch() (EventSource cannot send a header) and
 // parsed here. An event marks its site dirty; only the dirty sites of the page on screen are
 // fetched again (in one batched request), and the overview and rollouts at most once a
@@ -144,7 +145,9 @@
 
   // ---------------------------------------------------------------- auth and the API
 
-  const auth = { token: sessionStorage.getItem(TOKEN_KEY) || '', who: null };
+  const sso = window.landfallSignIn;
+  // `sso`: the token is an access token from the identity provider, renewed as it expires.
+  const auth = { token: sessionStorage.getItem(TOKEN_KEY) || '', who: null, sso: false };
 
   /** Takes `token=…` from the URL fragment into this tab's session storage, and out of the address bar. */
   function takeTokenFromUrl() {
@@ -153,14 +156,40 @@
     const token = decodeURIComponent(m[2]).trim();
     const changed = Boolean(token) && token !== auth.token;
     if (token) {
-      auth.token = token;
-      sessionStorage.setItem(TOKEN_KEY, token);
+      useApiToken(token);
     }
     let rest = location.hash.replace(/[#&?]?token=[^&]*/, '').replace(/^#?&/, '#');
     if (!rest || rest === '#') rest = '#/';
     history.replaceState(null, '', location.pathname + location.search + rest);
     return changed;
   }
+
+  /** Signs this tab in with an API token, instead of the identity provider's session if it had one. */
+  function useApiToken(token) {
+    if (auth.sso || sso.session()) sso.forget();
+    auth.sso = false;
+    auth.token = token;
+    sessionStorage.setItem(TOKEN_KEY, token);
+  }
+
+  /**
+   * After the API refused `used`: whether a token to try again with is at hand, once. Another
+   * request may have renewed it already; else the refresh token renews it (single sign-on only).
+   */
+  async function renewedAfter(used) {
+    if (!auth.sso) return false;
+    if (auth.token && auth.token !== used) return true;
+    try {
+      const s = await sso.renew();
+      if (!s) return false;
+      auth.token = s.access_token;
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  const refusedMessage = () => (auth.sso ? 'Your session has ended: sign in again.' : 'The token was refused: sign in again.');
 
   class ApiError extends Error {
     constructor(status, code, message) {
@@ -170,8 +199,9 @@
     }
   }
 
-  async function api(path, { method = 'GET', body, signal } = {}) {
-    const headers = { Authorization: `Bearer ${auth.token}`, Accept: 'application/json' };
+  async function api(path, { method = 'GET', body, signal } = {}, again = false) {
+    const used = auth.token;
+    const headers = { Authorization: `Bearer ${used}`, Accept: 'application/json' };
     if (body !== undefined) headers['Content-Type'] = 'application/json';
     const res = await fetch(path, {
       method,
@@ -188,7 +218,8 @@
       json = null;
     }
     if (res.status === 401) {
-      signOut('The token was refused: sign in again.');
+      if (!again && (await renewedAfter(used))) return api(path, { method, body, signal }, true);
+      if (auth.token === used) signOut(refusedMessage());
       throw new ApiError(401, 'unauthorized', (json && json.message) || 'unauthorized');
     }
     if (!res.ok) {
@@ -248,18 +279,25 @@
     async run() {
       let delay = 1000;
       let connectedOnce = false;
+      let refusedOnce = false;
       while (!this.stopped) {
         this.ctrl = new AbortController();
         try {
           const q = new URLSearchParams(this.params);
-          const headers = { Authorization: `Bearer ${auth.token}`, Accept: 'text/event-stream' };
+          const used = auth.token;
+          const headers = { Authorization: `Bearer ${used}`, Accept: 'text/event-stream' };
           if (this.lastId !== null) headers['Last-Event-ID'] = String(this.lastId);
           else for (const [k, v] of Object.entries(this.history)) q.set(k, v);
           const res = await fetch(`/v1/events?${q}`, { headers, signal: this.ctrl.signal, cache: 'no-store' });
           if (res.status === 401) {
-            signOut('The token was refused: sign in again.');
+            if (!refusedOnce && (await renewedAfter(used))) {
+              refusedOnce = true;
+              continue;
+            }
+            if (auth.token === used) signOut(refusedMessage());
             return;
           }
+          refusedOnce = false;
           if (!res.ok || !res.body) throw new Error(`HTTP ${res.status}`);
           this.onState('live', connectedOnce);
           connectedOnce = true;
@@ -1676,55 +1714,108 @@
 
   let mainStream = null;
 
-  function showLogin(message) {
+  /**
+   * The sign-in screen: the identity provider's button when the API names one (signin.js), and
+   * the API token form. `endSession`: after a sign-out, where to end the provider's session too.
+   */
+  function showLogin(message, endSession) {
     if (view && view.unmount) view.unmount();
     view = null;
     document.body.classList.add('signed-out');
     const form = $('#login-template').content.cloneNode(true);
     fill($('#view'), form);
     const err = $('#login-error');
-    if (message) {
-      err.textContent = message;
-      err.hidden = false;
-    }
+    const say = (text) => {
+      err.textContent = text;
+      err.hidden = !text;
+    };
+    if (message) say(message);
+    sso.mount($('#view'), { endSession, fail: say });
     $('#login-form').addEventListener('submit', async (ev) => {
       ev.preventDefault();
       const token = $('#token-input').value.trim();
       if (!token) return;
-      auth.token = token;
-      sessionStorage.setItem(TOKEN_KEY, token);
+      useApiToken(token);
       err.hidden = true;
       await start();
     });
-    $('#token-input').focus();
+    if (sso.config) $('#sso-signin').focus();
+    else $('#token-input').focus();
   }
 
+  /** Forgets the token; a person signed in through the identity provider may end its session too. */
   function signOut(message) {
+    const endSession = auth.sso || sso.session() ? sso.forget() : null;
     auth.token = '';
     auth.who = null;
+    auth.sso = false;
     sessionStorage.removeItem(TOKEN_KEY);
     if (mainStream) mainStream.stop();
     mainStream = null;
     setConn('offline');
     $('#whoami').hidden = true;
     $('#signout').hidden = true;
-    showLogin(message);
+    // Offered when the person chose to sign out, not when their session ran out.
+    showLogin(message, message ? null : endSession);
+  }
+
+  function unreachable(e) {
+    setConn('reconnecting');
+    fill($('#view'), errorBox(new Error(`The API does not answer (${e.message}); retrying…`)));
+    setTimeout(start, 3000);
+  }
+
+  /**
+   * Which token this tab uses: the identity provider's, coming back from its sign-in page or
+   * kept from before, else an API token (from a `#token=` link, the form, or kept).
+   */
+  async function signIn() {
+    const linked = takeTokenFromUrl();
+    await sso.discover();
+    if (sso.returning()) {
+      const s = await sso.finish();
+      sessionStorage.removeItem(TOKEN_KEY);
+      auth.token = s.access_token;
+      auth.sso = true;
+      return;
+    }
+    const s = linked ? null : sso.session();
+    auth.sso = Boolean(s);
+    if (s) auth.token = s.access_token;
   }
 
   async function start() {
-    takeTokenFromUrl();
+    try {
+      await signIn();
+    } catch (e) {
+      if (e instanceof sso.SignInError) {
+        setConn('offline');
+        showLogin(e.message);
+      } else {
+        unreachable(e);
+      }
+      return;
+    }
     if (!auth.token) {
       setConn('offline');
       showLogin();
       return;
     }
+    if (auth.sso) {
+      sso.watch({
+        renewed: (s) => {
+          auth.token = s.access_token;
+        },
+        ended: (e) => signOut(`Your session at ${sso.host()} has ended (${e.message}): sign in again.`),
+      });
+    }
     try {
       auth.who = await api('/v1/whoami');
     } catch (e) {
-      if (e.status !== 401) {
-        setConn('reconnecting');
-        fill($('#view'), errorBox(new Error(`The API does not answer (${e.message}); retrying…`)));
-        setTimeout(start, 3000);
+      if (e.status === 403) {
+        signOut(e.message);
+      } else if (e.status !== 401) {
+        unreachable(e);
       }
       return;
     }
