@@ -243,7 +243,36 @@
     }
   }
 
-  const isOperator = () => auth.who && auth.who.role === 'operator';
+  const OPERATES = new Set(['operator', 'admin']);
+
+  /** Whether a grant's `sites` (labels to match; null for the whole fleet) takes in these labels. */
+  function grantCovers(sites, labels) {
+    return Object.entries(sites || {}).every(([k, v]) => (Array.isArray(v) ? v.includes(labels[k]) : labels[k] === v));
+  }
+
+  /**
+   * Whether this person may send commands: an operator (or admin); for a site, given its labels,
+   * one whose grants (when /v1/whoami lists them) make them one there.
+   */
+  function isOperator(labels) {
+    if (!auth.who || !OPERATES.has(auth.who.role)) return false;
+    if (!labels || !Array.isArray(auth.who.grants)) return true;
+    return auth.who.grants.some((g) => OPERATES.has(g.role) && grantCovers(g.sites, labels));
+  }
+
+  /** What a person's grants reach, in words: `region=eu-west`, or each grant's role and sites. */
+  function scopeText(who) {
+    if (!Array.isArray(who.grants)) return '';
+    if (!who.grants.length) return 'no sites';
+    const sites = (sel) =>
+      sel && Object.keys(sel).length
+        ? Object.entries(sel)
+            .map(([k, v]) => `${k}=${Array.isArray(v) ? v.join('|') : v}`)
+            .join(', ')
+        : 'all sites';
+    if (who.grants.length === 1) return sites(who.grants[0].sites);
+    return who.grants.map((g) => `${g.role}: ${sites(g.sites)}`).join('; ');
+  }
 
   // ---------------------------------------------------------------- the events stream
 
@@ -1037,7 +1066,7 @@
     let confirmReinstall = false;
 
     function installButton(s) {
-      if (!isOperator()) return null;
+      if (!isOperator(s.labels || {})) return null;
       const busy = Boolean(s.busy);
       const again = s.state !== 'registered';
       const btn = h(
@@ -1247,6 +1276,19 @@
         if (charts.length) el.append(chartsCard(charts));
       } catch (e) {
         if (mine !== seq || e.status === 401) return;
+        if (e.status === 404) {
+          // Not registered, or outside what this person may see: the same to them.
+          if (stream) stream.stop();
+          detail = null;
+          el.dataset.state = 'not_found';
+          fill(
+            el,
+            h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '#/' }, 'Fleet'), ' / ', h('span', {}, site)),
+            h('div', { class: 'page-head' }, h('h1', {}, 'Site not found')),
+            h('div', { class: 'notice notice-warn', id: 'site-not-found', role: 'alert' }, e.message),
+          );
+          return;
+        }
         if (!detail) fill(el, h('nav', { class: 'crumbs' }, h('a', { href: '#/' }, 'Fleet')), errorBox(e));
       }
     }
@@ -1339,10 +1381,15 @@
         h('span', {}, `${num(done)}/${num(r.planned_nodes)} nodes`),
         r.failed ? h('span', { class: 'bad' }, `${num(r.failed)} failed`) : null,
         h('span', { class: 'muted' }, `${num(r.sites_done)}/${num(r.sites)} sites`),
-        h('span', { class: 'muted' }, 'started ', ago(r.started)),
+        h('span', { class: 'muted' }, 'started ', ago(r.started), r.actor ? [' by ', actorName(r.actor)] : null),
       ),
       r.reason ? h('div', { class: `rollout-reason ${r.phase === 'halted' ? 'bad' : 'warn'}` }, r.reason) : null,
     );
+  }
+
+  /** Who started a rollout (`actor`, e.g. `user:alice`), as the API names them. */
+  function actorName(actor) {
+    return h('span', { class: 'actor', dataset: { actor } }, actor);
   }
 
   function rolloutsView() {
@@ -1351,6 +1398,8 @@
       try {
         const all = await api('/v1/rollouts');
         const counts = Object.fromEntries(ROLLOUT_PHASES.map((p) => [p, all.filter((r) => r.phase === p).length]));
+        // Rollouts name their author once the API records one.
+        const authors = all.some((r) => r.actor);
         fill(el, 
           h(
             'div',
@@ -1372,7 +1421,13 @@
                     h(
                       'thead',
                       {},
-                      h('tr', {}, ['Package', 'Phase', 'Progress', 'Nodes', 'Sites', 'Wave', 'Trigger', 'Started', 'Reason'].map((t) => h('th', { scope: 'col' }, t))),
+                      h(
+                        'tr',
+                        {},
+                        ['Package', 'Phase', 'Progress', 'Nodes', 'Sites', 'Wave', 'Trigger', authors ? 'By' : null, 'Started', 'Reason']
+                          .filter(Boolean)
+                          .map((t) => h('th', { scope: 'col' }, t)),
+                      ),
                     ),
                     h(
                       'tbody',
@@ -1388,6 +1443,7 @@
                           h('td', { class: 'num' }, `${num(r.sites_done)}/${num(r.sites)}`),
                           h('td', { class: 'num' }, `${r.wave}/${r.waves}`),
                           h('td', { class: 'small' }, r.trigger),
+                          authors ? h('td', { class: 'small' }, r.actor ? actorName(r.actor) : h('span', { class: 'muted' }, '—')) : null,
                           h('td', {}, ago(r.started)),
                           h('td', { class: r.phase === 'halted' ? 'bad small' : 'small' }, r.reason || ''),
                         ),
@@ -1472,6 +1528,7 @@
               ['Wave', `${r.wave} of ${r.waves}`],
               ['Node status', nodeCounts.length ? h('span', {}, nodeCounts.map(([k, v]) => h('span', { class: 'pill' }, `${label(k)} ${num(v)}`))) : '—'],
               ['Trigger', r.trigger || '—'],
+              r.actor ? ['Started by', h('span', { id: 'rollout-actor' }, actorName(r.actor))] : null,
               r.rollback_of ? ['Undoes', h('a', { href: `#/rollouts/${r.rollback_of}`, id: 'rollout-undoes' }, shortId(r.rollback_of))] : null,
               r.rolled_back_by ? ['Undone by', h('a', { href: `#/rollouts/${r.rolled_back_by}`, id: 'rollout-undone-by' }, shortId(r.rolled_back_by))] : null,
               r.rolled_back ? ['Rolled back', `${plural(r.rolled_back, 'failed node')} put back, healthy again`] : null,
@@ -1821,7 +1878,13 @@
     }
     document.body.classList.remove('signed-out');
     const who = $('#whoami');
-    fill(who, h('span', { class: 'who-name' }, auth.who.name), h('span', { class: `pill role-${auth.who.role}` }, auth.who.role));
+    const scope = scopeText(auth.who);
+    fill(
+      who,
+      h('span', { class: 'who-name' }, auth.who.name),
+      h('span', { class: `pill role-${auth.who.role}` }, auth.who.role),
+      scope ? h('span', { class: 'who-scope', id: 'who-scope', title: scope }, `· ${scope}`) : null,
+    );
     who.dataset.role = auth.who.role;
     who.hidden = false;
     $('#signout').hidden = false;
