@@ -88,6 +88,11 @@ pub enum Command {
     Command(cli::command::CommandCommand),
     /// Show sites, their nodes, and the latest install.
     Status(cli::status::StatusArgs),
+    /// Log in to an API with single sign-on (its identity provider); the tokens are saved for
+    /// later commands.
+    Login(cli::login::LoginArgs),
+    /// Forget a saved login.
+    Logout(cli::login::LogoutArgs),
     /// Site kubeconfigs (opened by the secrets service), and rotation of the data key that
     /// seals every stored secret.
     #[command(subcommand)]
@@ -170,6 +175,8 @@ async fn command(cli: Cli, url: String) -> anyhow::Result<ExitCode> {
         Command::Events(args) => cli::events::run(&url, &args).await,
         Command::Command(cmd) => cli::command::run(&url, cmd).await,
         Command::Status(args) => cli::status::run(&url, &args).await,
+        Command::Login(args) => cli::login::login(&args).await,
+        Command::Logout(args) => cli::login::logout(&args),
         Command::Kubeconfig(cmd) => cli::secrets::kubeconfig(&url, cmd).await,
         Command::Bmc(cmd) => cli::secrets::bmc(&url, cmd).await,
         Command::Secrets(cmd) => cli::hsm::run(cmd),

@@ -10,6 +10,7 @@ pub mod intruder;
 pub mod kube;
 pub mod kube_site;
 pub mod nats;
+pub mod oidc;
 pub mod procs;
 pub mod reference;
 pub mod s3;

@@ -10,6 +10,7 @@ pub mod commands;
 pub(crate) mod facts;
 mod identity;
 pub mod model;
+pub mod oidc;
 pub mod openapi;
 pub mod sse;
 mod state;

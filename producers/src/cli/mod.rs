@@ -12,6 +12,7 @@ pub mod events;
 pub mod hsm;
 pub mod identity;
 pub mod lifecycle;
+pub mod login;
 pub mod node;
 pub mod output;
 pub mod package;
