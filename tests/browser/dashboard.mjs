@@ -49,8 +49,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 
-import { ssoCase } from './sso.mjs';
-
 const CHROMIUM = '/usr/bin/chromium';
 const CHROMIUM_ARGS = [
   '--headless',
@@ -655,7 +653,8 @@ try {
   else if (opt.case === 'firstpaint') await firstPaintCase();
   else if (opt.case === 'cutoff') await cutOffCase();
   else if (opt.case === 'reimage') await reimageCase();
-  else if (opt.case === 'sso') await ssoCase({ opt, base, newPage, step, shot, log, sel, watch: (page) => (current = page) });
+  // Loaded for its case only: `landfall bench api` runs this file alone, compiled in.
+  else if (opt.case === 'sso') await (await import('./sso.mjs')).ssoCase({ opt, base, newPage, step, shot, log, sel, watch: (page) => (current = page) });
   else fail(`unknown case ${opt.case}`);
   if (pageErrors.length) throw new Error(`the page threw:\n${pageErrors.join('\n')}`);
   ok = true;
