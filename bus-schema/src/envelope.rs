@@ -15,6 +15,9 @@ pub struct Envelope {
     pub causation: String,
     /// The W3C trace context (`00-<trace id>-<parent id>-<flags>`).
     pub traceparent: String,
+    /// Who asked for the root command (`names::headers::ACTOR`); empty when it was not said.
+    /// Every message derived from it carries it on.
+    pub actor: String,
 }
 
 impl Envelope {
@@ -31,7 +34,16 @@ impl Envelope {
             correlation: s.clone(),
             causation: s.clone(),
             id: s,
+            actor: String::new(),
         }
+    }
+
+    /// The same envelope, said to be asked for by `actor` (when it names no one yet).
+    pub fn by(mut self, actor: impl Into<String>) -> Self {
+        if self.actor.is_empty() {
+            self.actor = actor.into();
+        }
+        self
     }
 
     /// The deterministic envelope of the message `self` causes at `step` (for `node`).
@@ -42,6 +54,7 @@ impl Envelope {
             correlation: self.correlation.clone(),
             causation: self.id.clone(),
             traceparent: crate::ids::traceparent(Some(&self.traceparent), &self.correlation, &id),
+            actor: self.actor.clone(),
         }
     }
 
@@ -83,6 +96,14 @@ mod tests {
         let grandchild = child.derive("provision_os", Some("n1"));
         assert_eq!(grandchild.correlation, root.id);
         assert_eq!(grandchild.causation, child.id);
+    }
+
+    #[test]
+    fn the_actor_is_carried_on_and_never_replaced() {
+        let root = Envelope::root().by("user:alice");
+        assert_eq!(root.derive("stage", None).derive("provision_os", Some("n1")).actor, "user:alice");
+        assert_eq!(root.clone().by("user:mallory").actor, "user:alice", "an actor once said stays");
+        assert_eq!(Envelope::root().actor, "", "a root names no one until told");
     }
 
     #[test]

@@ -201,6 +201,11 @@ pub mod headers {
     pub const CAUSATION_ID: &str = "Landfall-Causation-Id";
     /// W3C trace context.
     pub const TRACEPARENT: &str = "traceparent";
+    /// Who asked for the command at the root of this chain: `user:<name>` (signed in through
+    /// the identity provider), `token:<name>` (a static API token), `nats:<user>` (a client
+    /// publishing on the bus itself), `service:<name>`, or `site:<id>` (a site's gateway; the
+    /// hub puts it there from the subject, whatever the site wrote).
+    pub const ACTOR: &str = "Landfall-Actor";
     /// On an artifact chunk: the sha256 of the chunk's bytes, taken where they were read.
     pub const CHUNK_SHA256: &str = "Landfall-Chunk-Sha256";
     /// On a request/reply answer: the request failed, and this says why (the body is empty).

@@ -25,6 +25,7 @@ pub(crate) fn outbox_entry<M: BusMessage>(subject: String, msg: &M, env: &Envelo
         payload: msg.encode_to_vec(),
         causation_id: env.causation.clone(),
         traceparent: env.traceparent.clone(),
+        actor: env.actor.clone(),
     }
 }
 
@@ -42,6 +43,7 @@ pub fn outgoing(outbox: &[pb::OutboxEntry], correlation: &str) -> Vec<Outgoing> 
                 correlation: correlation.to_string(),
                 causation: e.causation_id.clone(),
                 traceparent: e.traceparent.clone(),
+                actor: e.actor.clone(),
             },
         })
         .collect()

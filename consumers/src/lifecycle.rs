@@ -94,6 +94,7 @@ pub fn start(
         job_id: job.id.clone(),
         correlation: cmd.correlation.clone(),
         traceparent: cmd.traceparent.clone(),
+        actor: cmd.actor.clone(),
         started_unix_ms: now_ms,
         ..Default::default()
     }
@@ -107,6 +108,7 @@ pub fn envelope(op: &pb::Lifecycle) -> Envelope {
         correlation: op.correlation.clone(),
         causation: op.id.clone(),
         traceparent: op.traceparent.clone(),
+        actor: op.actor.clone(),
     }
 }
 

@@ -86,6 +86,8 @@ pub enum Command {
     /// Commands by id: how one was settled (carried out, or refused and why), however long ago.
     #[command(subcommand)]
     Command(cli::command::CommandCommand),
+    /// Who did what: the commands settled, newest first, with their authors, sites and outcomes.
+    Audit(cli::audit::AuditArgs),
     /// Show sites, their nodes, and the latest install.
     Status(cli::status::StatusArgs),
     /// Log in to an API with single sign-on (its identity provider); the tokens are saved for
@@ -174,6 +176,7 @@ async fn command(cli: Cli, url: String) -> anyhow::Result<ExitCode> {
         Command::Dead(cmd) => cli::dead::run(&url, cmd).await,
         Command::Events(args) => cli::events::run(&url, &args).await,
         Command::Command(cmd) => cli::command::run(&url, cmd).await,
+        Command::Audit(args) => cli::audit::run(&url, args).await,
         Command::Status(args) => cli::status::run(&url, &args).await,
         Command::Login(args) => cli::login::login(&args).await,
         Command::Logout(args) => cli::login::logout(&args),

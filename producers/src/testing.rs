@@ -26,6 +26,7 @@ pub(crate) fn delivery<M: BusMessage>(m: &M, correlation: &str) -> Delivery {
             correlation: correlation.into(),
             causation: correlation.into(),
             traceparent: String::new(),
+            actor: String::new(),
         },
         payload: m.encode_to_vec().into(),
         delivered: 1,

@@ -34,13 +34,28 @@ pub struct Sse {
 
 impl Api {
     pub async fn start(bus: &Bus) -> Self {
+        Self::start_with(bus, "", &[]).await
+    }
+
+    /// An API enforcing `policy` (YAML; empty: none), with these tokens besides the operator's
+    /// and the viewer's, as (name, role, token).
+    pub async fn start_with(bus: &Bus, policy: &str, more: &[(&str, Role, &str)]) -> Self {
         consumers::artifacts::install_tls_provider();
         let mut tokens = Tokens::default();
         tokens.add("test-operator", Role::Operator, OPERATOR);
         tokens.add("test-viewer", Role::Viewer, VIEWER);
+        for (name, role, token) in more {
+            tokens.add(name, *role, token);
+        }
+        let policy = if policy.is_empty() {
+            producers::api::policy::Policy::default()
+        } else {
+            producers::api::policy::Policy::from_yaml(policy).expect("the test's policy")
+        };
         let shutdown = CancellationToken::new();
         let listen = "127.0.0.1:0".parse().unwrap();
-        let (addr, _) = producers::api::serve(bus.clone(), tokens, listen, None, shutdown.clone()).await.unwrap();
+        let (addr, _) =
+            producers::api::serve(bus.clone(), tokens, policy, listen, None, shutdown.clone()).await.unwrap();
         let api = Self { base: format!("http://{addr}"), http: reqwest::Client::new(), shutdown };
         // The read model has caught up once /readyz says so.
         for _ in 0..100 {
@@ -92,7 +107,19 @@ impl Api {
         timeout: Duration,
         until: impl Fn(&[Sse]) -> bool,
     ) -> Vec<Sse> {
-        let mut req = self.http.get(self.url(&format!("/v1/events?{query}"))).bearer_auth(VIEWER);
+        self.events_as(VIEWER, query, last_event_id, timeout, until).await
+    }
+
+    /// [`Api::events`] with `token`.
+    pub async fn events_as(
+        &self,
+        token: &str,
+        query: &str,
+        last_event_id: Option<u64>,
+        timeout: Duration,
+        until: impl Fn(&[Sse]) -> bool,
+    ) -> Vec<Sse> {
+        let mut req = self.http.get(self.url(&format!("/v1/events?{query}"))).bearer_auth(token);
         if let Some(id) = last_event_id {
             req = req.header("last-event-id", id.to_string());
         }

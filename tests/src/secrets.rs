@@ -100,6 +100,7 @@ pub fn bmc_job(node: &str) -> bus_schema::envelope::Envelope {
         correlation: "saga-granting".into(),
         causation: "saga-granting".into(),
         traceparent: String::new(),
+        actor: String::new(),
     }
 }
 

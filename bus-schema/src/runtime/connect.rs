@@ -172,6 +172,9 @@ pub struct Bus {
     js_domain: Option<String>,
     /// Who the commands and events it sends say sent them.
     origin: names::Origin,
+    /// Who asked, on what it publishes whose envelope names no one (`names::headers::ACTOR`):
+    /// `nats:<user's public key>` for a user with a key, `service:<connection name>` else.
+    actor: std::sync::Arc<str>,
 }
 
 impl Bus {
@@ -205,10 +208,12 @@ impl Bus {
             options = options.retry_on_initial_connect();
         }
         let mut inbox_prefix = crate::access::INBOX_PREFIX.to_string();
+        let mut actor = format!("service:{name}");
         if let Some(presented) = &access.presented {
             inbox_prefix = presented.inbox_prefix();
         } else if let Some(key) = access.public_key().map_err(bad)? {
             inbox_prefix = crate::access::inbox(&key);
+            actor = format!("nats:{key}");
             options =
                 options.nkey(access.nkey_seed.clone().unwrap_or_default()).custom_inbox_prefix(inbox_prefix.clone());
         }
@@ -275,7 +280,18 @@ impl Bus {
         // The hub's own domain named on the hub (a gateway connected to the hub directly, whose
         // user reaches the hub's JetStream through its domain only) is the server's own.
         let js_domain = access.js_domain.clone().filter(|d| info.domain.as_deref() != Some(d.as_str()));
-        Ok(Self { client, js, url: url.to_string(), inbox_prefix, js_domain, origin })
+        Ok(Self { client, js, url: url.to_string(), inbox_prefix, js_domain, origin, actor: actor.into() })
+    }
+
+    /// This connection, saying `actor` asked for what it publishes whose envelope names no one.
+    pub fn with_actor(mut self, actor: &str) -> Self {
+        self.actor = actor.into();
+        self
+    }
+
+    /// Who this connection says asked for what it publishes (see [`Bus::with_actor`]).
+    pub fn actor(&self) -> &str {
+        &self.actor
     }
 
     pub fn client(&self) -> &async_nats::Client {

@@ -34,7 +34,7 @@ impl Delivery {
         Self {
             subject: m.subject.to_string(),
             type_name: type_name.unwrap_or_default(),
-            envelope: Envelope::from_headers(m.headers.as_ref(), fallback_id),
+            envelope: Envelope::from_message(m.headers.as_ref(), &m.subject, fallback_id),
             payload: m.payload.clone(),
             delivered,
             stream_sequence: seq,

@@ -25,6 +25,16 @@ fn count_published(subject: &str, type_name: &str, ack: &jetstream::publish::Pub
 pub const PUBLISH_WINDOW: usize = 1024;
 
 impl Bus {
+    /// The headers of a message with `envelope`: its own, naming this connection's actor when
+    /// the envelope names none.
+    fn headers_for(&self, envelope: &Envelope, type_name: &str) -> async_nats::HeaderMap {
+        let mut headers = envelope.headers(type_name);
+        if envelope.actor.is_empty() {
+            headers.insert(names::headers::ACTOR, self.actor());
+        }
+        headers
+    }
+
     /// Publishes a payload with the envelope's headers and waits for the stream's PubAck.
     /// A repeated envelope id within the dedup window is acknowledged as a duplicate and
     /// stored once.
@@ -41,7 +51,7 @@ impl Bus {
         let start = std::time::SystemTime::now();
         let ack = self
             .jetstream()
-            .publish_with_headers(subject.clone(), envelope.headers(type_name), payload)
+            .publish_with_headers(subject.clone(), self.headers_for(envelope, type_name), payload)
             .await
             .map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
         let ack = ack.await.map_err(|e| BusError::Publish { subject: subject.clone(), source: boxed(e) })?;
@@ -75,7 +85,7 @@ impl Bus {
             let start = std::time::SystemTime::now();
             let ack = self
                 .jetstream()
-                .publish_with_headers(m.subject.clone(), m.envelope.headers(&m.type_name), m.payload)
+                .publish_with_headers(m.subject.clone(), self.headers_for(&m.envelope, &m.type_name), m.payload)
                 .await
                 .map_err(|e| BusError::Publish { subject: m.subject.clone(), source: boxed(e) })?;
             acks.push_back(async move {

@@ -5,7 +5,7 @@
 //! was. A command given up (filed as a dead letter) is settled for its scope's order but not
 //! answered: a copy of it is carried out.
 
-use bus_schema::names::keys;
+use bus_schema::names::{self, keys};
 use bus_schema::pb;
 use bus_schema::runtime::{Delivery, HandlerError, Kv, Update};
 
@@ -86,6 +86,13 @@ impl Ledger {
             handled_unix_ms: now_ms(),
             dead_lettered,
             handled_by: self.replica.clone(),
+            actor: d.envelope.actor.clone(),
+            scope: names::parse_subject(&d.subject)
+                .and_then(|p| match p {
+                    names::ParsedSubject::Command { scope, .. } => Some(scope.to_string()),
+                    _ => None,
+                })
+                .unwrap_or_default(),
         };
         // Another replica (or this one, before a crash) may have recorded it: the first stays.
         self.kv

@@ -52,6 +52,7 @@ fn envelope(r: &pb::Rollout) -> Envelope {
         correlation: r.rollout_id.clone(),
         causation: r.rollout_id.clone(),
         traceparent: r.traceparent.clone(),
+        actor: r.actor.clone(),
     }
 }
 
@@ -350,6 +351,7 @@ pub fn plan(
         started_unix_ms: now,
         trigger: if cmd.trigger.is_empty() { "operator".into() } else { cmd.trigger.clone() },
         traceparent: cause.traceparent.clone(),
+        actor: cause.actor.clone(),
         selector: Some(selector),
         command_id: cause.id.clone(),
         ignore_windows: cmd.ignore_windows,

@@ -1,4 +1,5 @@
-//! Bearer tokens and their roles. A `viewer` reads; an `operator` also publishes commands.
+//! Who is asking: a static bearer token and its role, or a person signed in through the
+//! identity provider ([`super::oidc`]), with the grants the policy ([`super::policy`]) gives them.
 //!
 //! Tokens come from a file (or `landfall up` makes one). Only their SHA-256 digests are kept
 //! in memory, a presented token is compared by digest in constant time, and no token is ever
@@ -10,23 +11,8 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Reads: sites, nodes, packages, rollouts, events.
-    Viewer,
-    /// Reads, and publishes commands.
-    Operator,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Operator => "operator",
-        }
-    }
-}
+pub use super::policy::Role;
+use super::policy::{Grant, chooses};
 
 /// One token as the tokens file gives it: the token itself, or its SHA-256 (hex).
 #[derive(Deserialize)]
@@ -46,16 +32,48 @@ struct TokensFile {
     tokens: Vec<TokenEntry>,
 }
 
-/// Who a token belongs to.
+/// Who a token belongs to, as its file says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
+pub struct TokenHolder {
     pub name: String,
     pub role: Role,
 }
 
 struct Known {
     digest: [u8; 32],
-    who: Principal,
+    who: TokenHolder,
+}
+
+/// Who a request is from, and what they may do where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// A person's user name, or a token's name.
+    pub name: String,
+    /// What the commands they send name as their author (`user:<name>`, `token:<name>`).
+    pub actor: String,
+    pub grants: Vec<Grant>,
+}
+
+impl Principal {
+    /// Their highest role anywhere; `None` with no grant at all.
+    pub fn role(&self) -> Option<Role> {
+        self.grants.iter().map(|g| g.role).max()
+    }
+
+    /// Whether they hold `role` over a site with `labels`.
+    pub fn may(&self, role: Role, labels: &std::collections::HashMap<String, String>) -> bool {
+        self.grants.iter().any(|g| g.role >= role && chooses(&g.sites, labels))
+    }
+
+    /// Whether they hold `role` over the whole fleet.
+    pub fn over_fleet(&self, role: Role) -> bool {
+        self.grants.iter().any(|g| g.role >= role && g.sites.is_none())
+    }
+
+    /// Their grants of at least `role`.
+    pub fn grants_of(&self, role: Role) -> impl Iterator<Item = &Grant> {
+        self.grants.iter().filter(move |g| g.role >= role)
+    }
 }
 
 /// The tokens the API accepts.
@@ -106,14 +124,14 @@ impl Tokens {
                 (None, Some(hex)) => parse_digest(&hex).with_context(|| format!("token {:?}: sha256", e.name))?,
                 _ => bail!("token {:?}: give exactly one of `token` and `sha256`", e.name),
             };
-            tokens.known.push(Known { digest, who: Principal { name: e.name, role: e.role } });
+            tokens.known.push(Known { digest, who: TokenHolder { name: e.name, role: e.role } });
         }
         Ok(tokens)
     }
 
     /// Adds a token (as `landfall up` does with the ones it makes).
     pub fn add(&mut self, name: &str, role: Role, token: &str) {
-        self.known.push(Known { digest: digest(token), who: Principal { name: name.to_string(), role } });
+        self.known.push(Known { digest: digest(token), who: TokenHolder { name: name.to_string(), role } });
     }
 
     pub fn is_empty(&self) -> bool {
@@ -121,7 +139,7 @@ impl Tokens {
     }
 
     /// Whose token this is, if anyone's.
-    pub fn check(&self, token: &str) -> Option<&Principal> {
+    pub fn check(&self, token: &str) -> Option<&TokenHolder> {
         let d = digest(token);
         // Every entry is compared, so the time taken does not tell which one matched.
         let mut found = None;
@@ -161,7 +179,7 @@ pub fn local_tokens(data_dir: &Path) -> anyhow::Result<(Tokens, String, String)>
         let (operator, viewer) = (new_token()?, new_token()?);
         let text = format!(
             "# Bearer tokens of the local HTTP API (landfall up). Roles: viewer reads; operator\n\
-             # also publishes commands.\ntokens:\n  - {{ name: local-operator, role: operator, token: {operator} }}\n  \
+             # also publishes commands; admin also approves waiting commands.\ntokens:\n  - {{ name: local-operator, role: operator, token: {operator} }}\n  \
              - {{ name: local-viewer, role: viewer, token: {viewer} }}\n"
         );
         write_private(&path, &text)?;
@@ -202,7 +220,7 @@ mod tests {
         assert_eq!(tokens.check(t).unwrap().role, Role::Operator);
         assert_eq!(
             tokens.check("viewer-token-0123456789").unwrap(),
-            &Principal { name: "v".into(), role: Role::Viewer }
+            &TokenHolder { name: "v".into(), role: Role::Viewer }
         );
         assert!(tokens.check("nope").is_none());
         let shown = format!("{tokens:?}");
@@ -213,7 +231,7 @@ mod tests {
     fn bad_entries_say_what_is_wrong() {
         let e = Tokens::from_yaml("tokens:\n  - {name: a, role: operator, token: short}\n").unwrap_err();
         assert!(format!("{e:#}").contains("at least 16"), "{e:#}");
-        let e = Tokens::from_yaml("tokens:\n  - {name: a, role: admin, token: 0123456789abcdefgh}\n").unwrap_err();
+        let e = Tokens::from_yaml("tokens:\n  - {name: a, role: root, token: 0123456789abcdefgh}\n").unwrap_err();
         assert!(format!("{e:#}").contains("unknown variant"), "{e:#}");
         let e = Tokens::from_yaml("tokens:\n  - {name: a, role: viewer}\n").unwrap_err();
         assert!(format!("{e:#}").contains("exactly one"), "{e:#}");

@@ -19,6 +19,8 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::auth::Principal;
+use super::reach::{self, Reach};
 use super::state::{ApiError, ApiState, MAX_BODY};
 
 /// The header whose UUID becomes the command id: sending the same request again with the same
@@ -28,6 +30,14 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// What the API checks of a command before publishing it.
 trait Check {
     fn check(&self) -> Result<(), String>;
+
+    /// What it reaches, for the sender's grants (see [`reach::authorize`]).
+    fn reach(&self) -> Reach<'_>;
+
+    /// A new rollout's selector, which a sender of part of the fleet is held to.
+    fn selector_mut(&mut self) -> Option<&mut pb::SiteSelector> {
+        None
+    }
 }
 
 fn site(id: &str) -> Result<(), String> {
@@ -43,6 +53,11 @@ fn required<T>(field: &str, value: &Option<T>) -> Result<(), String> {
 }
 
 impl Check for pb::RegisterSite {
+    fn reach(&self) -> Reach<'_> {
+        let design = self.design.as_ref();
+        Reach::Site { site: design.map_or("", |d| d.site_id.as_str()), labels: design.map(|d| &d.labels) }
+    }
+
     fn check(&self) -> Result<(), String> {
         required("design", &self.design)?;
         domain::SiteDesign::try_from(self.design.clone().unwrap_or_default()).map(|_| ()).map_err(|e| e.to_string())
@@ -50,18 +65,30 @@ impl Check for pb::RegisterSite {
 }
 
 impl Check for pb::InstallSite {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)
     }
 }
 
 impl Check for pb::StageSite {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)
     }
 }
 
 impl Check for pb::ApplyDesign {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)?;
         if self.sources.is_empty() {
@@ -72,6 +99,10 @@ impl Check for pb::ApplyDesign {
 }
 
 impl Check for pb::NodeAdded {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)?;
         required("node", &self.node)?;
@@ -80,6 +111,10 @@ impl Check for pb::NodeAdded {
 }
 
 impl Check for pb::NodeRemoved {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)?;
         domain::NodeName::try_from(self.node.as_str()).map_err(|e| e.to_string())?;
@@ -91,12 +126,20 @@ impl Check for pb::NodeRemoved {
 }
 
 impl Check for pb::RemoveSite {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)
     }
 }
 
 impl Check for pb::RemoveNode {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)?;
         domain::NodeName::try_from(self.node.as_str()).map(|_| ()).map_err(|e| e.to_string())
@@ -104,6 +147,10 @@ impl Check for pb::RemoveNode {
 }
 
 impl Check for pb::ReprovisionNode {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)?;
         domain::NodeName::try_from(self.node.as_str()).map(|_| ()).map_err(|e| e.to_string())
@@ -111,12 +158,20 @@ impl Check for pb::ReprovisionNode {
 }
 
 impl Check for pb::DecommissionSite {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Site { site: &self.site_id, labels: None }
+    }
+
     fn check(&self) -> Result<(), String> {
         site(&self.site_id)
     }
 }
 
 impl Check for pb::RegisterPackage {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Fleet
+    }
+
     fn check(&self) -> Result<(), String> {
         required("package", &self.package)?;
         domain::Package::try_from(self.package.clone().unwrap_or_default()).map(|_| ()).map_err(|e| e.to_string())
@@ -124,6 +179,14 @@ impl Check for pb::RegisterPackage {
 }
 
 impl Check for pb::PatchPackage {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Selector
+    }
+
+    fn selector_mut(&mut self) -> Option<&mut pb::SiteSelector> {
+        Some(self.selector.get_or_insert_with(Default::default))
+    }
+
     fn check(&self) -> Result<(), String> {
         domain::PackageName::try_from(self.name.as_str()).map_err(|e| e.to_string())?;
         domain::Version::try_from(self.version.as_str()).map(|_| ()).map_err(|e| e.to_string())
@@ -131,24 +194,40 @@ impl Check for pb::PatchPackage {
 }
 
 impl Check for pb::PauseRollout {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Rollout(&self.rollout_id)
+    }
+
     fn check(&self) -> Result<(), String> {
         rollout_id(&self.rollout_id)
     }
 }
 
 impl Check for pb::ResumeRollout {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Rollout(&self.rollout_id)
+    }
+
     fn check(&self) -> Result<(), String> {
         rollout_id(&self.rollout_id)
     }
 }
 
 impl Check for pb::CancelRollout {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Rollout(&self.rollout_id)
+    }
+
     fn check(&self) -> Result<(), String> {
         rollout_id(&self.rollout_id)
     }
 }
 
 impl Check for pb::RollbackRollout {
+    fn reach(&self) -> Reach<'_> {
+        Reach::Rollout(&self.rollout_id)
+    }
+
     fn check(&self) -> Result<(), String> {
         rollout_id(&self.rollout_id)
     }
@@ -286,6 +365,7 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
 
 async fn publish<C>(
     State(api): State<ApiState>,
+    axum::Extension(who): axum::Extension<Principal>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, axum::Json<serde_json::Value>), ApiError>
@@ -294,9 +374,9 @@ where
 {
     json_content(&headers)?;
     let body = read_body(&headers, body).await?;
-    let cmd: C = serde_json::from_slice(&body)
+    let mut cmd: C = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("the body is not a valid {} as JSON: {e}", C::TYPE)))?;
-    let env = envelope(&headers)?;
+    let env = envelope(&headers)?.by(who.actor.clone());
     let size = prost::Message::encoded_len(&cmd);
     if size > names::MAX_PAYLOAD {
         return Err(ApiError::new(
@@ -306,6 +386,15 @@ where
         ));
     }
     cmd.check().map_err(|reason| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", reason))?;
+    // The sender's grants: a site they may not change, a rollout over sites not theirs, is refused.
+    let narrowed = {
+        let st = api.model.read();
+        reach::authorize(&st, &who, C::KIND, &cmd.reach())?;
+        match cmd.selector_mut() {
+            Some(selector) => reach::narrow(&st, &who, selector)?,
+            None => None,
+        }
+    };
     // A key already used for a settled command, however long ago: its answer, nothing published.
     // A command given up (dead-lettered) was not answered: publishing it again retries it.
     if let Some(record) = settled(&api.ledger, &env.id.to_string()).await?.filter(|r| !r.dead_lettered) {
@@ -323,8 +412,8 @@ where
     let ack = api.bus.publish_command(&cmd, &env).await.map_err(|e| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("the command was not stored: {e}"))
     })?;
-    tracing::info!(command = C::TYPE, id = %env.id, duplicate = ack.duplicate, "command published");
-    let body = json!({
+    tracing::info!(command = C::TYPE, id = %env.id, actor = %env.actor, duplicate = ack.duplicate, "command published");
+    let mut body = json!({
         "id": env.id,
         "correlation_id": env.correlation,
         "type": C::TYPE,
@@ -332,6 +421,10 @@ where
         "stream_sequence": ack.sequence,
         "duplicate": ack.duplicate,
         "events": format!("/v1/events?correlation={}", env.id),
+        "actor": env.actor,
     });
+    if let Some(part) = narrowed {
+        body["narrowed_to"] = json!(part);
+    }
     Ok((StatusCode::ACCEPTED, axum::Json(body)))
 }

@@ -5,6 +5,7 @@
 //! an in-memory [`model::Model`] kept up to date from KV watches and the events stream. Any
 //! number of replicas can run side by side.
 
+pub mod audit;
 pub mod auth;
 pub mod commands;
 pub(crate) mod facts;
@@ -12,6 +13,8 @@ mod identity;
 pub mod model;
 pub mod oidc;
 pub mod openapi;
+pub mod policy;
+mod reach;
 pub mod sse;
 mod state;
 pub mod views;
@@ -34,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::views::rollout;
 use auth::{Principal, Role, Tokens};
+use policy::Policy;
 use state::MAX_BODY;
 pub use state::{ApiError, ApiState, MetricsRender};
 
@@ -44,9 +48,24 @@ pub struct ApiArgs {
     #[arg(long = "api-listen", env = "LANDFALL_API_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// The bearer tokens the API accepts, with their roles (YAML: `tokens: [{name, role:
-    /// viewer|operator, token | sha256}]`). `landfall up` makes one in its data directory.
+    /// viewer|operator|admin, token | sha256}]`). `landfall up` makes one in its data directory.
     #[arg(long = "api-tokens", env = "LANDFALL_API_TOKENS_FILE")]
     pub tokens: Option<PathBuf>,
+    /// Who may do what on which sites (YAML: `grants: [{group | user | token, role, sites:
+    /// {label: value}}]`, `approval: {commands, rollout_share}`). Without one, tokens keep their
+    /// roles over the whole fleet and people signed in through the identity provider have none.
+    #[arg(long = "api-policy", env = "LANDFALL_API_POLICY")]
+    pub policy: Option<PathBuf>,
+}
+
+impl ApiArgs {
+    /// The policy the flags name (the empty one without `--api-policy`).
+    ///
+    /// # Errors
+    /// When the file cannot be read or is wrong.
+    pub fn policy(&self) -> anyhow::Result<Policy> {
+        self.policy.as_deref().map_or_else(|| Ok(Policy::default()), Policy::from_file)
+    }
 }
 
 /// The whole API.
@@ -63,10 +82,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/commands/{id}", get(command))
         .route("/v1/events", get(sse::events))
         .route("/v1/whoami", get(whoami))
-        .merge(identity::read_routes())
+        .route("/v1/audit", get(audit::list))
+        .merge(identity::read_routes().route_layer(middleware::from_fn(whole_fleet)))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_viewer));
     let write = commands::routes()
-        .merge(identity::write_routes())
+        .merge(identity::write_routes().route_layer(middleware::from_fn(whole_fleet)))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_operator));
     Router::new()
         .merge(read)
@@ -88,6 +108,7 @@ pub fn router(state: ApiState) -> Router {
 pub async fn serve(
     bus: Bus,
     tokens: Tokens,
+    policy: Policy,
     listen: SocketAddr,
     metrics: Option<MetricsRender>,
     shutdown: CancellationToken,
@@ -97,7 +118,15 @@ pub async fn serve(
     }
     let model = model::Model::start(&bus, &shutdown);
     let ledger = bus.kv(bus_schema::names::LEDGER_BUCKET).await?;
-    let state = ApiState { bus, model, ledger, tokens: Arc::new(tokens), metrics, shutdown: shutdown.clone() };
+    let state = ApiState {
+        bus,
+        model,
+        ledger,
+        tokens: Arc::new(tokens),
+        policy: Arc::new(policy),
+        metrics,
+        shutdown: shutdown.clone(),
+    };
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let app = router(state);
@@ -114,70 +143,142 @@ fn bearer(req: &Request) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
 }
 
-fn principal(state: &ApiState, req: &Request) -> Result<Principal, ApiError> {
-    let token = bearer(req).ok_or_else(|| {
+async fn principal(state: &ApiState, token: Option<String>) -> Result<Principal, ApiError> {
+    let token = token.ok_or_else(|| {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "send a token: Authorization: Bearer <token>")
     })?;
-    state
-        .tokens
-        .check(token)
-        .cloned()
-        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not known"))
+    if let Some(holder) = state.tokens.check(&token) {
+        return Ok(Principal {
+            name: holder.name.clone(),
+            actor: format!("token:{}", holder.name),
+            grants: state.policy.token(&holder.name, holder.role),
+        });
+    }
+    Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the token is not known"))
+}
+
+/// Refuses a principal whose grants do not reach `role` anywhere.
+fn at_least(who: &Principal, role: Role, doing: &str) -> Result<(), ApiError> {
+    match who.role() {
+        Some(held) if held >= role => Ok(()),
+        held => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "{:?} is {}: {doing} takes {} somewhere in the fleet",
+                who.name,
+                held.map_or("granted nothing by the policy".to_string(), |r| format!("a {}", r.as_str())),
+                role.as_str()
+            ),
+        )),
+    }
 }
 
 async fn require_viewer(State(state): State<ApiState>, mut req: Request, next: Next) -> Result<Response, ApiError> {
-    let who = principal(&state, &req)?;
+    let who = principal(&state, bearer(&req).map(str::to_string)).await?;
+    at_least(&who, Role::Viewer, "reading")?;
     req.extensions_mut().insert(who);
     Ok(next.run(req).await)
 }
 
 async fn require_operator(State(state): State<ApiState>, mut req: Request, next: Next) -> Result<Response, ApiError> {
-    let who = principal(&state, &req)?;
-    if who.role < Role::Operator {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!("{:?} is a {}: publishing commands takes an operator token", who.name, who.role.as_str()),
-        ));
-    }
+    let who = principal(&state, bearer(&req).map(str::to_string)).await?;
+    at_least(&who, Role::Operator, "publishing commands")?;
     tracing::debug!(principal = %who.name, path = %req.uri().path(), "command request");
     req.extensions_mut().insert(who);
     Ok(next.run(req).await)
 }
 
-async fn whoami(axum::Extension(who): axum::Extension<Principal>) -> axum::Json<Value> {
-    axum::Json(json!({ "name": who.name, "role": who.role.as_str() }))
+/// Sites' identities (joining, revoking) are the whole fleet's business: a reader or operator of
+/// part of it is refused them.
+async fn whole_fleet(req: Request, next: Next) -> Result<Response, ApiError> {
+    let Some(who) = req.extensions().get::<Principal>() else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send a token: Authorization: Bearer <token>",
+        ));
+    };
+    let role = if req.method() == axum::http::Method::GET { Role::Viewer } else { Role::Operator };
+    if !who.over_fleet(role) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "sites' identities take a {} of the whole fleet; {:?}'s grants cover part of it",
+                role.as_str(),
+                who.name
+            ),
+        ));
+    }
+    Ok(next.run(req).await)
 }
 
-async fn overview(State(s): State<ApiState>) -> axum::Json<Value> {
-    axum::Json(views::overview(&s.model.read()))
+async fn whoami(axum::Extension(who): axum::Extension<Principal>) -> axum::Json<Value> {
+    let grants: Vec<Value> = who.grants.iter().map(|g| json!({ "role": g.role.as_str(), "sites": g.sites })).collect();
+    axum::Json(json!({
+        "name": who.name,
+        "actor": who.actor,
+        "role": who.role().map(Role::as_str),
+        "grants": grants,
+    }))
+}
+
+/// Whom a request is from (the guards put it there).
+type Who = axum::Extension<Principal>;
+
+/// The sites `who` may read, as the views take them: `f` is theirs to lend.
+fn sees<'a>(who: &Principal, f: &'a dyn Fn(&bus_schema::pb::SiteDesign) -> bool) -> views::Sees<'a> {
+    if who.over_fleet(Role::Viewer) { views::Sees::All } else { views::Sees::Only(f) }
+}
+
+/// A site that is not registered, or not one the reader may see: the same answer for both.
+fn no_site(site: &str) -> ApiError {
+    ApiError::not_found(format!("site {site:?} is not registered"))
+}
+
+async fn overview(State(s): State<ApiState>, axum::Extension(who): Who) -> axum::Json<Value> {
+    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
+    axum::Json(views::overview(&s.model.read(), sees(&who, &f)))
 }
 
 async fn sites(
     State(s): State<ApiState>,
+    axum::Extension(who): Who,
     query: Result<Query<views::SiteQuery>, QueryRejection>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    views::sites_page(&s.model.read(), &q).map(axum::Json).map_err(ApiError::bad_request)
+    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
+    views::sites_page(&s.model.read(), &q, sees(&who, &f)).map(axum::Json).map_err(ApiError::bad_request)
 }
 
-async fn site(State(s): State<ApiState>, Path(site): Path<String>) -> Result<axum::Json<Value>, ApiError> {
-    views::site_detail(&s.model.read(), &site)
-        .map(axum::Json)
-        .ok_or_else(|| ApiError::not_found(format!("site {site:?} is not registered")))
+async fn site(
+    State(s): State<ApiState>,
+    axum::Extension(who): Who,
+    Path(site): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
+    views::site_detail(&s.model.read(), &site, sees(&who, &f)).map(axum::Json).ok_or_else(|| no_site(&site))
 }
 
-async fn site_nodes(State(s): State<ApiState>, Path(site): Path<String>) -> Result<axum::Json<Value>, ApiError> {
+async fn site_nodes(
+    State(s): State<ApiState>,
+    axum::Extension(who): Who,
+    Path(site): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
     let st = s.model.read();
-    let design =
-        st.designs.get(&site).ok_or_else(|| ApiError::not_found(format!("site {site:?} is not registered")))?;
+    let design = st.designs.get(&site).filter(|d| who.may(Role::Viewer, &d.labels)).ok_or_else(|| no_site(&site))?;
     Ok(axum::Json(Value::Array(views::site_nodes(&st, &site, design))))
 }
 
 /// The helm charts rendered for a site, from KV (the read model holds no renders).
-async fn site_charts(State(s): State<ApiState>, Path(site): Path<String>) -> Result<axum::Json<Value>, ApiError> {
-    if !s.model.read().designs.contains_key(&site) {
-        return Err(ApiError::not_found(format!("site {site:?} is not registered")));
+async fn site_charts(
+    State(s): State<ApiState>,
+    axum::Extension(who): Who,
+    Path(site): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    if !s.model.read().designs.get(&site).is_some_and(|d| who.may(Role::Viewer, &d.labels)) {
+        return Err(no_site(&site));
     }
     match crate::views::charts::site_charts(&s.bus, &site).await {
         Ok(charts) => Ok(axum::Json(charts)),
@@ -189,12 +290,24 @@ async fn packages(State(s): State<ApiState>) -> axum::Json<Value> {
     axum::Json(views::catalog(&s.model.read()))
 }
 
-async fn rollouts(State(s): State<ApiState>) -> axum::Json<Value> {
-    axum::Json(views::rollouts(&s.model.read()))
+async fn rollouts(State(s): State<ApiState>, axum::Extension(who): Who) -> axum::Json<Value> {
+    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
+    axum::Json(views::rollouts(&s.model.read(), sees(&who, &f)))
 }
 
-async fn rollout(State(s): State<ApiState>, Path(id): Path<String>) -> Result<axum::Json<Value>, ApiError> {
+async fn rollout(
+    State(s): State<ApiState>,
+    axum::Extension(who): Who,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
     let id = rollout::rollout_id(&id).map_err(|e| ApiError::not_found(e.to_string()))?;
+    if !who.over_fleet(Role::Viewer) {
+        let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
+        let st = s.model.read();
+        if !st.rollouts.get(&id).is_some_and(|r| sees(&who, &f).rollout(&st, r)) {
+            return Err(ApiError::not_found(format!("there is no rollout {id}")));
+        }
+    }
     match rollout::rollout_detail(&s.bus, &id).await {
         Ok(Some((r, sites))) => Ok(axum::Json(rollout::rollout_show_json(&r, &sites))),
         Ok(None) => Err(ApiError::not_found(format!("there is no rollout {id}"))),
@@ -203,12 +316,18 @@ async fn rollout(State(s): State<ApiState>, Path(id): Path<String>) -> Result<ax
 }
 
 /// How a command was settled, from the command ledger.
-async fn command(State(s): State<ApiState>, Path(id): Path<String>) -> Result<axum::Json<Value>, ApiError> {
+async fn command(
+    State(s): State<ApiState>,
+    axum::Extension(who): Who,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
     let id = uuid::Uuid::parse_str(id.trim())
         .map_err(|_| ApiError::not_found(format!("{id:?} is not a command id (a UUID)")))?;
     match commands::settled(&s.ledger, &id.to_string()).await? {
-        Some(record) => Ok(axum::Json(crate::views::command::command_json(&record))),
-        None => Err(ApiError::not_found(format!(
+        Some(record) if audit::may_read(&s, &who, &record) => {
+            Ok(axum::Json(crate::views::command::command_json(&record)))
+        }
+        _ => Err(ApiError::not_found(format!(
             "command {id} is not settled: it is still queued or waiting, or was never published"
         ))),
     }

@@ -399,7 +399,7 @@ fn view_schemas() -> Map<String, Value> {
     let rollout_props = json!({
         "id": string(), "package": string(), "version": string(), "phase": string(), "reason": string(),
         "planned_nodes": integer(), "patched": integer(), "failed": integer(), "sites": integer(),
-        "sites_done": integer(), "wave": integer(), "waves": integer(), "trigger": string(),
+        "sites_done": integer(), "wave": integer(), "waves": integer(), "trigger": string(), "actor": string(),
         "started": string(), "finished": string(),
         "started_unix_ms": { "type": "integer" }, "finished_unix_ms": { "type": "integer" },
     });
@@ -456,12 +456,16 @@ fn view_schemas() -> Map<String, Value> {
                 "stream_sequence": integer(),
                 "duplicate": { "type": "boolean", "description": "The same id was already stored: this request changed nothing." },
                 "events": { "type": "string", "description": "Where to follow what the command leads to." },
+                "actor": { "type": "string", "description": "Who the command names as its author." },
+                "narrowed_to": { "type": "string", "description": "A rollout sent by an operator of part of the fleet: the part it was held to." },
             }),
         ),
         "Command": object(
-            &["id", "type", "subject", "outcome", "code", "reason", "handled_at", "handled_by"],
+            &["id", "type", "subject", "actor", "scope", "outcome", "code", "reason", "handled_at", "handled_by"],
             json!({
                 "id": { "type": "string", "description": "The command id." },
+                "actor": { "type": "string", "description": "Who asked for it: user:<name>, token:<name>, nats:<key>, cli:<login>@<host>, service:<name> or site:<id> (empty: not recorded)." },
+                "scope": { "type": "string", "description": "The site it was about, or `fleet`." },
                 "type": { "type": "string", "description": "The protobuf type." },
                 "subject": string(),
                 "outcome": { "type": "string", "enum": ["carried_out", "rejected", "dead_lettered"] },
@@ -506,7 +510,15 @@ fn view_schemas() -> Map<String, Value> {
         })),
         "RolloutNode": rollout_node,
         "RolloutSite": rollout_site,
-        "Principal": object(&["name", "role"], json!({ "name": string(), "role": { "type": "string", "enum": ["viewer", "operator"] } })),
+        "Principal": object(&["name", "actor", "role", "grants"], json!({
+            "name": string(),
+            "actor": { "type": "string", "description": "What the commands they send name as their author." },
+            "role": { "type": "string", "nullable": true, "enum": ["viewer", "operator", "admin"], "description": "Their highest role anywhere." },
+            "grants": { "type": "array", "items": object(&["role", "sites"], json!({
+                "role": { "type": "string", "enum": ["viewer", "operator", "admin"] },
+                "sites": { "type": "object", "nullable": true, "additionalProperties": string(), "description": "The labels a site must hold; null: the whole fleet." },
+            })) },
+        })),
     });
     match schemas {
         Value::Object(m) => m,
@@ -561,7 +573,8 @@ pub fn document() -> Value {
                     "409": error_response("This Idempotency-Key was used for another kind of command."),
                     "400": error_response("The body is not this command as JSON, or a header is wrong."),
                     "401": error_response("No token, or an unknown one."),
-                    "403": error_response("The token is a viewer's."),
+                    "403": error_response("The caller may not change what the command reaches (a viewer, or a site or rollout outside their grants; the message says which)."),
+                    "404": error_response("The command names a site the caller may not read, or that is not registered."),
                     "413": error_response("Too large for the bus."),
                     "415": error_response("Not JSON."),
                     "422": error_response("The command is well-formed but invalid (the message says which field and why)."),
@@ -673,7 +686,7 @@ pub fn document() -> Value {
             "/v1/whoami",
             get(
                 "The caller",
-                "The name and role of the token sent.",
+                "Who the token sent is: their name, the actor their commands name, their highest role and their grants.",
                 ok_json("The caller.", schema_ref("Principal")),
                 json!([]),
             ),
@@ -715,7 +728,8 @@ pub fn document() -> Value {
             "503": { "description": "Not ready yet.", "content": { "application/json": { "schema": { "type": "object" } } } } } } }),
         ),
     ];
-    for (path, item) in entries.into_iter().chain(super::identity::paths(error_response)) {
+    let more = super::identity::paths(error_response).into_iter().chain(super::audit::paths(error_response));
+    for (path, item) in entries.into_iter().chain(more) {
         paths.insert(path.to_string(), item);
     }
     let mut schemas = messages;
@@ -728,7 +742,9 @@ pub fn document() -> Value {
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Bring up and patch fleets of bare-metal edge sites. Commands are published on the bus \
                 (NATS JetStream) as the protobuf messages whose JSON they take; reads come from the fleet's read models. \
-                Every /v1 request needs a bearer token: a viewer reads, an operator also publishes commands.",
+                Every /v1 request needs a bearer token (a static token, or an access token of the identity provider): \
+                a viewer reads, an operator also publishes commands, an admin also approves; each over the sites its \
+                grants cover.",
         },
         "security": [{ "bearer": [] }],
         "paths": paths,

@@ -20,6 +20,7 @@ use bus_schema::runtime::EventReader;
 use futures::Stream;
 use serde::Deserialize;
 
+use super::auth::{Principal, Role};
 use super::state::{ApiError, ApiState};
 use crate::views::event::event_json;
 
@@ -126,8 +127,30 @@ fn start(q: &EventsQuery, last_event_id: Option<&str>) -> Result<Start, String> 
     Ok(Start::At(policy))
 }
 
+/// Whether a reader whose grants cover part of the fleet may see an event: a site's, when
+/// they may read the site; a fleet-wide one, when it is about the catalog or follows from a
+/// rollout they see. A reader of the whole fleet sees every event.
+fn visible(model: &super::model::Model, who: &Principal, e: &bus_schema::runtime::ReadEvent) -> bool {
+    if who.over_fleet(Role::Viewer) {
+        return true;
+    }
+    let Some(names::ParsedSubject::Event { scope, aggregate, .. }) = names::parse_subject(&e.delivery.subject) else {
+        return false;
+    };
+    let st = model.read();
+    if scope != names::FLEET {
+        return st.designs.get(scope).is_some_and(|d| who.may(Role::Viewer, &d.labels));
+    }
+    if aggregate == "package" {
+        return true;
+    }
+    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
+    st.rollouts.get(&e.delivery.envelope.correlation).is_some_and(|r| super::views::Sees::Only(&f).rollout(&st, r))
+}
+
 pub(super) async fn events(
     State(api): State<ApiState>,
+    axum::Extension(who): axum::Extension<Principal>,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
@@ -147,17 +170,23 @@ pub(super) async fn events(
         }
     };
     let reader = api.bus.read_events(filters, policy).await.map_err(|e| unavailable(e.to_string()))?;
-    let stream = stream(reader, q.correlation, api.shutdown.clone());
+    let model = api.model.clone();
+    let shown = move |e: &bus_schema::runtime::ReadEvent| visible(&model, &who, e);
+    let stream = stream(reader, q.correlation, std::sync::Arc::new(shown), api.shutdown.clone());
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
+
+/// Whether the reader may see an event.
+type Shown = std::sync::Arc<dyn Fn(&bus_schema::runtime::ReadEvent) -> bool + Send + Sync>;
 
 fn stream(
     reader: EventReader,
     correlation: Option<String>,
+    shown: Shown,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     futures::stream::unfold(Some(reader), move |reader| {
-        let (correlation, shutdown) = (correlation.clone(), shutdown.clone());
+        let (correlation, shown, shutdown) = (correlation.clone(), shown.clone(), shutdown.clone());
         async move {
             let mut reader = reader?;
             loop {
@@ -168,7 +197,7 @@ fn stream(
                 };
                 match next {
                     Some(Ok(e)) => {
-                        if correlation.as_deref().is_some_and(|c| c != e.delivery.envelope.correlation) {
+                        if correlation.as_deref().is_some_and(|c| c != e.delivery.envelope.correlation) || !shown(&e) {
                             continue;
                         }
                         let mut data = event_json(&e);

@@ -22,6 +22,8 @@ pub struct ApiState {
     /// The command ledger, opened once: a command's outcome by id, for GETs and repeated keys.
     pub(super) ledger: Kv,
     pub(super) tokens: Arc<Tokens>,
+    /// Who may do what on which sites.
+    pub(super) policy: Arc<super::policy::Policy>,
     pub(super) metrics: Option<MetricsRender>,
     /// Ends the event streams when the process stops, so shutdown does not wait on open dashboards.
     pub(super) shutdown: CancellationToken,

@@ -16,6 +16,39 @@ use crate::views::rollout::{rollout_summary_json, sort_newest_first};
 
 pub use super::facts::{NODE_STEPS, SITE_STATES, site_state};
 
+/// Which sites a reader may see: every one, or those whose design this says yes to (a reader
+/// whose grants cover part of the fleet). What they may not see is left out of every view as
+/// if it did not exist.
+#[derive(Clone, Copy)]
+pub enum Sees<'a> {
+    All,
+    Only(&'a dyn Fn(&pb::SiteDesign) -> bool),
+}
+
+impl Sees<'_> {
+    /// Whether the reader sees registered site `site`.
+    pub fn site(&self, st: &State, site: &str) -> bool {
+        match self {
+            Sees::All => true,
+            Sees::Only(f) => st.designs.get(site).is_some_and(f),
+        }
+    }
+
+    /// Whether the reader sees a rollout: every reader of the whole fleet does; another, one
+    /// that picks at least one site they see.
+    pub fn rollout(&self, st: &State, r: &pb::Rollout) -> bool {
+        let Sees::Only(f) = self else { return true };
+        let selector = r.selector.clone().unwrap_or_default();
+        st.designs.values().any(|d| picks(&selector, d) && f(d))
+    }
+}
+
+/// Whether `selector` picks site `d` (named, if it names sites, and holding its labels).
+pub fn picks(selector: &pb::SiteSelector, d: &pb::SiteDesign) -> bool {
+    (selector.site_ids.is_empty() || selector.site_ids.contains(&d.site_id))
+        && selector.labels.iter().all(|(k, v)| d.labels.get(k) == Some(v))
+}
+
 fn phase_label(phase: i32) -> String {
     pb::InstallPhase::try_from(phase)
         .map(|p| p.as_str_name().trim_start_matches("INSTALL_PHASE_").to_lowercase())
@@ -142,13 +175,27 @@ pub fn site_nodes(st: &State, site: &str, design: &pb::SiteDesign) -> Vec<Value>
 /// Counts by state: sites, nodes, rollouts; and whether the model has caught up with the bus.
 /// The sites' and nodes' counts are the model's, kept as sites change: nothing here walks the
 /// fleet.
-pub fn overview(st: &State) -> Value {
-    let counts = st.counts();
+pub fn overview(st: &State, sees: Sees<'_>) -> Value {
+    let mine;
+    let counts = match sees {
+        Sees::All => st.counts(),
+        Sees::Only(_) => {
+            let mut c = super::facts::Counts::default();
+            for site in st.designs.keys().filter(|site| sees.site(st, site)) {
+                if let Some(f) = st.facts(site) {
+                    c.add(f);
+                }
+            }
+            mine = c;
+            &mine
+        }
+    };
     let sites: BTreeMap<&str, usize> = SITE_STATES.iter().copied().zip(counts.by_state).collect();
     let nodes: BTreeMap<&str, usize> = NODE_STEPS.iter().copied().zip(counts.by_step).collect();
     let mut rollouts: BTreeMap<String, usize> =
         ["running", "paused", "halted", "completed", "cancelled"].iter().map(|p| (p.to_string(), 0)).collect();
-    for r in st.rollouts.values() {
+    let visible: Vec<&pb::Rollout> = st.rollouts.values().filter(|r| sees.rollout(st, r)).collect();
+    for r in &visible {
         if let Ok(p) = pb::RolloutPhase::try_from(r.phase)
             && p != pb::RolloutPhase::Unspecified
         {
@@ -159,7 +206,7 @@ pub fn overview(st: &State) -> Value {
         "ready": st.ready(),
         "sites": { "total": counts.sites, "busy": counts.busy, "cut_off": counts.cut_off, "by_state": sites },
         "nodes": { "total": counts.nodes(), "by_step": nodes },
-        "rollouts": { "total": st.rollouts.len(), "by_phase": rollouts },
+        "rollouts": { "total": visible.len(), "by_phase": rollouts },
         "packages": st.packages.len(),
     })
 }
@@ -184,7 +231,7 @@ pub const DEFAULT_PAGE: usize = 100;
 pub const MAX_PAGE: usize = 1000;
 
 /// A page of the sites table, in site id order, with the total that matched.
-pub fn sites_page(st: &State, q: &SiteQuery) -> Result<Value, String> {
+pub fn sites_page(st: &State, q: &SiteQuery, sees: Sees<'_>) -> Result<Value, String> {
     if let Some(s) = &q.state
         && !SITE_STATES.contains(&s.as_str())
     {
@@ -204,6 +251,10 @@ pub fn sites_page(st: &State, q: &SiteQuery) -> Result<Value, String> {
     let matching: Vec<(&String, &pb::SiteDesign)> = st
         .designs
         .iter()
+        .filter(|(_, d)| match sees {
+            Sees::All => true,
+            Sees::Only(f) => f(d),
+        })
         .filter(|(site, _)| ids.as_ref().is_none_or(|ids| ids.contains(site.as_str())))
         .filter(|(site, _)| q.q.as_deref().is_none_or(|needle| site.contains(needle)))
         .filter(|(site, _)| q.state.as_deref().is_none_or(|want| st.facts(site).is_some_and(|f| f.state() == want)))
@@ -216,8 +267,8 @@ pub fn sites_page(st: &State, q: &SiteQuery) -> Result<Value, String> {
 }
 
 /// One site with its nodes; `None` when it is not registered.
-pub fn site_detail(st: &State, site: &str) -> Option<Value> {
-    let design = st.designs.get(site)?;
+pub fn site_detail(st: &State, site: &str, sees: Sees<'_>) -> Option<Value> {
+    let design = st.designs.get(site).filter(|_| sees.site(st, site))?;
     let mut v = site_summary(st, site, design);
     v["node_list"] = Value::Array(site_nodes(st, site, design));
     Some(v)
@@ -245,8 +296,8 @@ pub fn catalog(st: &State) -> Value {
 }
 
 /// Every rollout, newest first.
-pub fn rollouts(st: &State) -> Value {
-    let mut all: Vec<pb::Rollout> = st.rollouts.values().cloned().collect();
+pub fn rollouts(st: &State, sees: Sees<'_>) -> Value {
+    let mut all: Vec<pb::Rollout> = st.rollouts.values().filter(|r| sees.rollout(st, r)).cloned().collect();
     sort_newest_first(&mut all);
     Value::Array(all.iter().map(rollout_summary_json).collect())
 }
@@ -321,7 +372,7 @@ mod tests {
     #[test]
     fn sites_show_their_install_nodes_and_versions() {
         let st = state();
-        let page = sites_page(&st, &SiteQuery::default()).unwrap();
+        let page = sites_page(&st, &SiteQuery::default(), Sees::All).unwrap();
         assert_eq!(page["total"], 2);
         let a = &page["items"][0];
         assert_eq!(a["state"], "installing");
@@ -331,19 +382,19 @@ mod tests {
         assert_eq!(page["items"][1]["state"], "registered");
         assert_eq!(page["items"][1]["install"], Value::Null);
 
-        let d = site_detail(&st, "edge-01").unwrap();
+        let d = site_detail(&st, "edge-01", Sees::All).unwrap();
         let w1 = &d["node_list"][1];
         assert_eq!((w1["step"].as_str(), w1["metal3_state"].as_str()), (Some("os_provisioning"), Some("provisioning")));
         assert_eq!(w1["packages"][0]["desired"], "1.30.0");
         assert_eq!(w1["packages"][0]["differs"], true);
-        assert!(site_detail(&st, "nope").is_none());
+        assert!(site_detail(&st, "nope", Sees::All).is_none());
     }
 
     #[test]
     fn a_reimage_reports_a_newer_metal3_state_than_the_install() {
         let mut st = state();
         st.metal3.entry("edge-01".into()).or_default().insert("w1".into(), "deprovisioning".into());
-        let d = site_detail(&st, "edge-01").unwrap();
+        let d = site_detail(&st, "edge-01", Sees::All).unwrap();
         assert_eq!(d["node_list"][1]["metal3_state"], "deprovisioning");
         assert_eq!(d["node_list"][0]["metal3_state"], "provisioned", "the other node as its install left it");
     }
@@ -352,7 +403,7 @@ mod tests {
     fn a_node_out_of_service_says_so_and_the_others_do_not() {
         let mut st = state();
         st.out_of_service.entry("edge-01".into()).or_default().insert("w1".into(), "drained".into());
-        let d = site_detail(&st, "edge-01").unwrap();
+        let d = site_detail(&st, "edge-01", Sees::All).unwrap();
         assert_eq!(d["node_list"][1]["out_of_service"], "drained");
         assert_eq!(d["node_list"][0]["out_of_service"], "");
     }
@@ -370,7 +421,7 @@ mod tests {
         join.started_unix_ms += 1000;
         st.sagas.insert("j1".into(), join);
         st.joins.entry("edge-01".into()).or_default().insert("w1".into(), "j1".into());
-        let d = site_detail(&st, "edge-01").unwrap();
+        let d = site_detail(&st, "edge-01", Sees::All).unwrap();
         assert_eq!(d["node_list"][1]["step"], "ready");
         assert_eq!(d["nodes_ready"], 1);
     }
@@ -379,16 +430,18 @@ mod tests {
     fn filters_and_pages() {
         let st = state();
         let q = SiteQuery { state: Some("registered".into()), ..Default::default() };
-        assert_eq!(sites_page(&st, &q).unwrap()["items"][0]["site"], "edge-02");
+        assert_eq!(sites_page(&st, &q, Sees::All).unwrap()["items"][0]["site"], "edge-02");
         let q = SiteQuery { q: Some("01".into()), ..Default::default() };
-        assert_eq!(sites_page(&st, &q).unwrap()["total"], 1);
+        assert_eq!(sites_page(&st, &q, Sees::All).unwrap()["total"], 1);
         let q = SiteQuery { ids: Some("edge-02, edge-09".into()), ..Default::default() };
-        assert_eq!(sites_page(&st, &q).unwrap()["total"], 1);
+        assert_eq!(sites_page(&st, &q, Sees::All).unwrap()["total"], 1);
         let q = SiteQuery { limit: Some(1), offset: Some(1), ..Default::default() };
-        let page = sites_page(&st, &q).unwrap();
+        let page = sites_page(&st, &q, Sees::All).unwrap();
         assert_eq!((page["total"].as_u64(), page["items"].as_array().unwrap().len()), (Some(2), 1));
-        assert!(sites_page(&st, &SiteQuery { state: Some("burning".into()), ..Default::default() }).is_err());
-        assert!(sites_page(&st, &SiteQuery { limit: Some(0), ..Default::default() }).is_err());
+        assert!(
+            sites_page(&st, &SiteQuery { state: Some("burning".into()), ..Default::default() }, Sees::All).is_err()
+        );
+        assert!(sites_page(&st, &SiteQuery { limit: Some(0), ..Default::default() }, Sees::All).is_err());
     }
 
     #[test]
@@ -408,22 +461,22 @@ mod tests {
             ..Default::default()
         });
         let q = SiteQuery { link: Some("cut_off".into()), ..Default::default() };
-        let page = sites_page(&st, &q).unwrap();
+        let page = sites_page(&st, &q, Sees::All).unwrap();
         assert_eq!(page["total"], 1);
         let link = &page["items"][0]["link"];
         assert_eq!(link["state"], "cut_off");
         assert_eq!(link["since"], "2023-11-14T22:13:21Z");
         assert_eq!((link["outbox_waiting"].as_u64(), &link["last_report"]["type"]), (Some(7), &json!("NodePatched")));
         assert_eq!(page["items"][0]["state"], "installing", "its install goes on: cut off is not failed");
-        let up = sites_page(&st, &SiteQuery { link: Some("up".into()), ..Default::default() }).unwrap();
+        let up = sites_page(&st, &SiteQuery { link: Some("up".into()), ..Default::default() }, Sees::All).unwrap();
         assert_eq!(up["total"], 0, "a site never heard is neither");
-        assert_eq!(overview(&st)["sites"]["cut_off"], 1);
-        assert!(sites_page(&st, &SiteQuery { link: Some("down".into()), ..Default::default() }).is_err());
+        assert_eq!(overview(&st, Sees::All)["sites"]["cut_off"], 1);
+        assert!(sites_page(&st, &SiteQuery { link: Some("down".into()), ..Default::default() }, Sees::All).is_err());
     }
 
     #[test]
     fn overview_counts_every_site_and_node() {
-        let o = overview(&state());
+        let o = overview(&state(), Sees::All);
         assert_eq!(o["sites"]["by_state"]["installing"], 1);
         assert_eq!(o["sites"]["by_state"]["registered"], 1);
         assert_eq!(o["nodes"]["total"], 3);

@@ -14,10 +14,25 @@ pub(crate) const EXIT_REJECTED: u8 = 2;
 pub(crate) const EXIT_TIMEOUT: u8 = 3;
 
 /// Connects to landfall's NATS as a client (streams and buckets are the services' to create).
+/// What it publishes names its NATS user as the actor (`nats:<public key>`); without a key, the
+/// person at this terminal as the machine knows them (`cli:<login>@<host>`).
 pub async fn connect(url: &str) -> anyhow::Result<Bus> {
-    Bus::connect_client(url, "landfall-cli", crate::nats_access::get())
+    let access = crate::nats_access::get();
+    let bus = Bus::connect_client(url, "landfall-cli", access)
         .await
-        .with_context(|| format!("is landfall running? (`landfall up`, or set NATS_URL / --nats-url; tried {url})"))
+        .with_context(|| format!("is landfall running? (`landfall up`, or set NATS_URL / --nats-url; tried {url})"))?;
+    Ok(match access.public_key() {
+        Ok(Some(_)) => bus,
+        _ => bus.with_actor(&local_actor()),
+    })
+}
+
+/// `cli:<login>@<host>`: the login name from the environment, the host from the kernel.
+fn local_actor() -> String {
+    let login = ["USER", "LOGNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let login = login.unwrap_or_else(|| "unknown".into());
+    if host.is_empty() { format!("cli:{login}") } else { format!("cli:{login}@{host}") }
 }
 
 /// Reads events until `verdict` ends the wait (with an exit code, say) on one correlated with

@@ -3,6 +3,7 @@
 //! and `site stage` also reach the artifact store).
 
 pub mod artifacts;
+pub mod audit;
 pub mod chart;
 pub mod command;
 pub mod connect;

@@ -116,7 +116,7 @@ pub async fn run(args: ServeArgs, url: &str) -> anyhow::Result<ExitCode> {
             let bus = connect_service(url, "landfall-api", keeping, false).await?;
             let metrics = telemetry::prometheus()?;
             let render: crate::api::MetricsRender = Arc::new(move || telemetry::render(&metrics));
-            let (_, task) = crate::api::serve(bus, tokens, args.listen, Some(render), shutdown).await?;
+            let (_, task) = crate::api::serve(bus, tokens, args.policy()?, args.listen, Some(render), shutdown).await?;
             task.await??;
         }
     }

@@ -305,7 +305,8 @@ pub async fn run(args: UpArgs, nats_url: Option<String>) -> anyhow::Result<ExitC
     };
     let render: crate::api::MetricsRender = Arc::new(move || telemetry::render(&metrics));
     let (api_addr, api_task) =
-        crate::api::serve(bus.clone(), tokens, args.api.listen, Some(render), shutdown.clone()).await?;
+        crate::api::serve(bus.clone(), tokens, args.api.policy()?, args.api.listen, Some(render), shutdown.clone())
+            .await?;
     services.spawn(async move { api_task.await? });
     if let Some(every) = args.node_arrival_every {
         services.spawn(node_arrivals(sims, args.nodes, every, shutdown.clone()));

@@ -23,6 +23,8 @@ pub fn command_json(record: &pb::CommandRecord) -> Value {
         "id": record.command_id,
         "type": record.command_type,
         "subject": record.subject,
+        "actor": record.actor,
+        "scope": record.scope,
         "outcome": outcome(record),
         "code": if record.rejected { bus_schema::runtime::reject_code_label(code) } else { "" },
         "reason": record.reason,
@@ -34,10 +36,11 @@ pub fn command_json(record: &pb::CommandRecord) -> Value {
 /// The record in a few lines for people.
 pub fn command_lines(record: &pb::CommandRecord) -> String {
     let mut out = format!(
-        "command   {}\ntype      {}\nsubject   {}\nhandled   {} by {}\noutcome   {}\n",
+        "command   {}\ntype      {}\nsubject   {}\nasked by  {}\nhandled   {} by {}\noutcome   {}\n",
         record.command_id,
         record.command_type,
         record.subject,
+        if record.actor.is_empty() { "(not recorded)" } else { &record.actor },
         rfc3339_ms(record.handled_unix_ms),
         record.handled_by,
         outcome(record).replace('_', " "),
@@ -65,10 +68,13 @@ mod tests {
             handled_unix_ms: 0,
             dead_lettered: false,
             handled_by: "orch-0/17/0".into(),
+            actor: "user:alice".into(),
+            scope: "edge-77".into(),
         };
         let v = command_json(&record);
         assert_eq!((v["outcome"].as_str(), v["code"].as_str()), (Some("rejected"), Some("unknown_site")));
         let text = command_lines(&record);
+        assert!(text.contains("asked by  user:alice\n"), "{text}");
         assert!(text.contains("outcome   rejected\ncode      unknown_site\nreason    site edge-77"), "{text}");
     }
 }

@@ -4,6 +4,7 @@
 //! for a site.
 
 pub mod attention;
+pub mod audit;
 pub mod catalog;
 pub mod charts;
 pub mod command;

@@ -82,6 +82,7 @@ pub fn rollout_summary_json(r: &pb::Rollout) -> Value {
         "wave": (r.wave as usize + 1).min(r.wave_ends.len()),
         "waves": r.wave_ends.len(),
         "trigger": r.trigger,
+        "actor": r.actor,
         "unchanged": r.unchanged,
         "rolled_back": r.rolled_back,
         "rollback_of": r.rollback_of,
