@@ -245,9 +245,9 @@
 
   const OPERATES = new Set(['operator', 'admin']);
 
-  /** Whether a grant's `sites` (labels to match; null for the whole fleet) takes in these labels. */
+  /** Whether a grant's `sites` (labels a site must all have; null for the whole fleet) takes in these labels. */
   function grantCovers(sites, labels) {
-    return Object.entries(sites || {}).every(([k, v]) => (Array.isArray(v) ? v.includes(labels[k]) : labels[k] === v));
+    return Object.entries(sites || {}).every(([k, v]) => labels[k] === v);
   }
 
   /**
@@ -260,16 +260,19 @@
     return auth.who.grants.some((g) => OPERATES.has(g.role) && grantCovers(g.sites, labels));
   }
 
-  /** What a person's grants reach, in words: `region=eu-west`, or each grant's role and sites. */
+  /**
+   * What a person's grants reach, in the API's words: `region=eu-west` (sites with all those
+   * labels) or `the whole fleet`, or each grant's role and sites when there are several.
+   */
   function scopeText(who) {
     if (!Array.isArray(who.grants)) return '';
     if (!who.grants.length) return 'no sites';
     const sites = (sel) =>
       sel && Object.keys(sel).length
         ? Object.entries(sel)
-            .map(([k, v]) => `${k}=${Array.isArray(v) ? v.join('|') : v}`)
-            .join(', ')
-        : 'all sites';
+            .map(([k, v]) => `${k}=${v}`)
+            .join(',')
+        : 'the whole fleet';
     if (who.grants.length === 1) return sites(who.grants[0].sites);
     return who.grants.map((g) => `${g.role}: ${sites(g.sites)}`).join('; ');
   }
@@ -1882,10 +1885,10 @@
     fill(
       who,
       h('span', { class: 'who-name' }, auth.who.name),
-      h('span', { class: `pill role-${auth.who.role}` }, auth.who.role),
+      h('span', { class: `pill role-${auth.who.role || 'none'}` }, auth.who.role || 'no role'),
       scope ? h('span', { class: 'who-scope', id: 'who-scope', title: scope }, `· ${scope}`) : null,
     );
-    who.dataset.role = auth.who.role;
+    who.dataset.role = auth.who.role || 'none';
     who.hidden = false;
     $('#signout').hidden = false;
     fill($('#feed'), h('li', { class: 'feed-empty muted' }, 'Waiting for events…'));
