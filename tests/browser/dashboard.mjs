@@ -7,6 +7,8 @@
 //   node tests/browser/dashboard.mjs --case firstpaint --url ... --token ... --sites N [--runs R]
 //   node tests/browser/dashboard.mjs --case cutoff --url ... --token ... --site SITE --out DIR
 //   node tests/browser/dashboard.mjs --case reimage --url ... --token ... --site SITE --out DIR
+//   node tests/browser/dashboard.mjs --case sso --url ... --token ... --user NAME:PASSWORD \
+//        --scope TEXT --visible SITE,... --hidden SITE,... [--viewer NAME:PASSWORD] --out DIR
 //
 // `install`: edge-01 shows as registered; the Install button on its page installs it, and the
 //   page follows it to installed with every node ready, without a reload. A viewer sees no
@@ -27,6 +29,15 @@
 // `reimage`: SITE, installed, gets a new os-image (registered and rolled out through the API)
 //   while its page is open; each node's Metal3 column, as the page draws it, passes
 //   deprovisioning → provisioning → provisioned, live, and ends at the new image.
+//
+// `sso`: the API names an identity provider; the sign-in screen offers it and keeps the token
+//   form. USER (an operator) signs in at the provider's own page and comes back signed in, the
+//   code gone from the address bar, the tokens in sessionStorage only, the header naming them,
+//   their role and SCOPE. The fleet lists exactly the --visible sites; the first offers Install;
+//   the first --hidden site is not found. The access token is renewed before it expires, and
+//   once more when the API refuses it. Signing out returns to the sign-in screen and offers to
+//   end the provider's session, which ends it. VIEWER, if given, then signs in and sees exactly
+//   the --hidden sites, with no Install button. The browser may reach 127.0.0.1 only.
 //
 // playwright-core comes from LANDFALL_BROWSER_MODULES (scripts/ensure-browser prints it).
 // Exits non-zero with the reason on the first check that fails, after a screenshot.
@@ -60,6 +71,11 @@ const { values: opt } = parseArgs({
     designs: { type: 'string' },
     site: { type: 'string' },
     sites: { type: 'string' },
+    user: { type: 'string' },
+    viewer: { type: 'string' },
+    scope: { type: 'string' },
+    visible: { type: 'string' },
+    hidden: { type: 'string' },
     runs: { type: 'string', default: '5' },
     out: { type: 'string', default: '.' },
   },
@@ -637,6 +653,8 @@ try {
   else if (opt.case === 'firstpaint') await firstPaintCase();
   else if (opt.case === 'cutoff') await cutOffCase();
   else if (opt.case === 'reimage') await reimageCase();
+  // Loaded for its case only: `landfall bench api` runs this file alone, compiled in.
+  else if (opt.case === 'sso') await (await import('./sso.mjs')).ssoCase({ opt, base, newPage, step, shot, log, sel, watch: (page) => (current = page) });
   else fail(`unknown case ${opt.case}`);
   if (pageErrors.length) throw new Error(`the page threw:\n${pageErrors.join('\n')}`);
   ok = true;

@@ -35,13 +35,18 @@ impl Up {
 
     /// `landfall up` with these arguments as well (`--install none` unless they say).
     pub fn start_with(sites: usize, extra: &[&str]) -> Up {
+        Up::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())), sites, extra)
+    }
+
+    /// As [`Up::start_with`], the API and dashboard on `api`: an address chosen before `up` starts,
+    /// for what must know the dashboard's origin first (an identity provider's redirect URIs).
+    pub fn start_on(api: SocketAddr, sites: usize, extra: &[&str]) -> Up {
         let dir = tempfile::tempdir().expect("a temp dir for landfall up");
         let mut args = vec!["--sites".to_string(), sites.to_string()];
         if !extra.iter().any(|a| a.starts_with("--install")) {
             args.extend(["--install".to_string(), "none".to_string()]);
         }
         args.extend(extra.iter().map(|a| a.to_string()));
-        let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
         let nats_port = free_port();
         let child = spawn(dir.path(), api, nats_port, &args);
         let mut up = Up { child, dir, api, nats_port, operator: String::new(), viewer: String::new(), args };

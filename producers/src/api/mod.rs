@@ -406,12 +406,17 @@ mod dashboard {
 
     const INDEX: &str = include_str!("dashboard/index.html");
     const SCRIPT: &str = include_str!("dashboard/app.js");
+    const SIGN_IN: &str = include_str!("dashboard/signin.js");
     const STYLE: &str = include_str!("dashboard/app.css");
 
     pub(super) fn routes() -> Router<super::ApiState> {
         Router::new()
             .route("/", get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], INDEX) }))
             .route("/app.js", get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SCRIPT) }))
+            .route(
+                "/signin.js",
+                get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SIGN_IN) }),
+            )
             .route("/app.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE) }))
     }
 }

@@ -1,6 +1,7 @@
 // The landfall dashboard: one page over the HTTP API, live over Server-Sent Events.
 //
-// Reads go to /v1/*, the operator's commands to /v1/commands/*, both with the bearer token.
+// Reads go to /v1/*, the operator's commands to /v1/commands/*, both with the bearer token: an
+// API token, or the access token from the identity provider (signin.js signs a person in).
 // Events come from /v1/events, read with fetch() (EventSource cannot send a header) and
 // parsed here. An event marks its site dirty; only the dirty sites of the page on screen are
 // fetched again (in one batched request), and the overview and rollouts at most once a
@@ -144,7 +145,9 @@
 
   // ---------------------------------------------------------------- auth and the API
 
-  const auth = { token: sessionStorage.getItem(TOKEN_KEY) || '', who: null };
+  const sso = window.landfallSignIn;
+  // `sso`: the token is an access token from the identity provider, renewed as it expires.
+  const auth = { token: sessionStorage.getItem(TOKEN_KEY) || '', who: null, sso: false };
 
   /** Takes `token=…` from the URL fragment into this tab's session storage, and out of the address bar. */
   function takeTokenFromUrl() {
@@ -153,14 +156,40 @@
     const token = decodeURIComponent(m[2]).trim();
     const changed = Boolean(token) && token !== auth.token;
     if (token) {
-      auth.token = token;
-      sessionStorage.setItem(TOKEN_KEY, token);
+      useApiToken(token);
     }
     let rest = location.hash.replace(/[#&?]?token=[^&]*/, '').replace(/^#?&/, '#');
     if (!rest || rest === '#') rest = '#/';
     history.replaceState(null, '', location.pathname + location.search + rest);
     return changed;
   }
+
+  /** Signs this tab in with an API token, instead of the identity provider's session if it had one. */
+  function useApiToken(token) {
+    if (auth.sso || sso.session()) sso.forget();
+    auth.sso = false;
+    auth.token = token;
+    sessionStorage.setItem(TOKEN_KEY, token);
+  }
+
+  /**
+   * After the API refused `used`: whether a token to try again with is at hand, once. Another
+   * request may have renewed it already; else the refresh token renews it (single sign-on only).
+   */
+  async function renewedAfter(used) {
+    if (!auth.sso) return false;
+    if (auth.token && auth.token !== used) return true;
+    try {
+      const s = await sso.renew();
+      if (!s) return false;
+      auth.token = s.access_token;
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  const refusedMessage = () => (auth.sso ? 'Your session has ended: sign in again.' : 'The token was refused: sign in again.');
 
   class ApiError extends Error {
     constructor(status, code, message) {
@@ -170,8 +199,9 @@
     }
   }
 
-  async function api(path, { method = 'GET', body, signal } = {}) {
-    const headers = { Authorization: `Bearer ${auth.token}`, Accept: 'application/json' };
+  async function api(path, { method = 'GET', body, signal } = {}, again = false) {
+    const used = auth.token;
+    const headers = { Authorization: `Bearer ${used}`, Accept: 'application/json' };
     if (body !== undefined) headers['Content-Type'] = 'application/json';
     const res = await fetch(path, {
       method,
@@ -188,7 +218,8 @@
       json = null;
     }
     if (res.status === 401) {
-      signOut('The token was refused: sign in again.');
+      if (!again && (await renewedAfter(used))) return api(path, { method, body, signal }, true);
+      if (auth.token === used) signOut(refusedMessage());
       throw new ApiError(401, 'unauthorized', (json && json.message) || 'unauthorized');
     }
     if (!res.ok) {
@@ -212,7 +243,39 @@
     }
   }
 
-  const isOperator = () => auth.who && auth.who.role === 'operator';
+  const OPERATES = new Set(['operator', 'admin']);
+
+  /** Whether a grant's `sites` (labels a site must all have; null for the whole fleet) takes in these labels. */
+  function grantCovers(sites, labels) {
+    return Object.entries(sites || {}).every(([k, v]) => labels[k] === v);
+  }
+
+  /**
+   * Whether this person may send commands: an operator (or admin); for a site, given its labels,
+   * one whose grants (when /v1/whoami lists them) make them one there.
+   */
+  function isOperator(labels) {
+    if (!auth.who || !OPERATES.has(auth.who.role)) return false;
+    if (!labels || !Array.isArray(auth.who.grants)) return true;
+    return auth.who.grants.some((g) => OPERATES.has(g.role) && grantCovers(g.sites, labels));
+  }
+
+  /**
+   * What a person's grants reach, in the API's words: `region=eu-west` (sites with all those
+   * labels) or `the whole fleet`, or each grant's role and sites when there are several.
+   */
+  function scopeText(who) {
+    if (!Array.isArray(who.grants)) return '';
+    if (!who.grants.length) return 'no sites';
+    const sites = (sel) =>
+      sel && Object.keys(sel).length
+        ? Object.entries(sel)
+            .map(([k, v]) => `${k}=${v}`)
+            .join(',')
+        : 'the whole fleet';
+    if (who.grants.length === 1) return sites(who.grants[0].sites);
+    return who.grants.map((g) => `${g.role}: ${sites(g.sites)}`).join('; ');
+  }
 
   // ---------------------------------------------------------------- the events stream
 
@@ -248,18 +311,25 @@
     async run() {
       let delay = 1000;
       let connectedOnce = false;
+      let refusedOnce = false;
       while (!this.stopped) {
         this.ctrl = new AbortController();
         try {
           const q = new URLSearchParams(this.params);
-          const headers = { Authorization: `Bearer ${auth.token}`, Accept: 'text/event-stream' };
+          const used = auth.token;
+          const headers = { Authorization: `Bearer ${used}`, Accept: 'text/event-stream' };
           if (this.lastId !== null) headers['Last-Event-ID'] = String(this.lastId);
           else for (const [k, v] of Object.entries(this.history)) q.set(k, v);
           const res = await fetch(`/v1/events?${q}`, { headers, signal: this.ctrl.signal, cache: 'no-store' });
           if (res.status === 401) {
-            signOut('The token was refused: sign in again.');
+            if (!refusedOnce && (await renewedAfter(used))) {
+              refusedOnce = true;
+              continue;
+            }
+            if (auth.token === used) signOut(refusedMessage());
             return;
           }
+          refusedOnce = false;
           if (!res.ok || !res.body) throw new Error(`HTTP ${res.status}`);
           this.onState('live', connectedOnce);
           connectedOnce = true;
@@ -999,7 +1069,7 @@
     let confirmReinstall = false;
 
     function installButton(s) {
-      if (!isOperator()) return null;
+      if (!isOperator(s.labels || {})) return null;
       const busy = Boolean(s.busy);
       const again = s.state !== 'registered';
       const btn = h(
@@ -1209,6 +1279,19 @@
         if (charts.length) el.append(chartsCard(charts));
       } catch (e) {
         if (mine !== seq || e.status === 401) return;
+        if (e.status === 404) {
+          // Not registered, or outside what this person may see: the same to them.
+          if (stream) stream.stop();
+          detail = null;
+          el.dataset.state = 'not_found';
+          fill(
+            el,
+            h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '#/' }, 'Fleet'), ' / ', h('span', {}, site)),
+            h('div', { class: 'page-head' }, h('h1', {}, 'Site not found')),
+            h('div', { class: 'notice notice-warn', id: 'site-not-found', role: 'alert' }, e.message),
+          );
+          return;
+        }
         if (!detail) fill(el, h('nav', { class: 'crumbs' }, h('a', { href: '#/' }, 'Fleet')), errorBox(e));
       }
     }
@@ -1301,10 +1384,15 @@
         h('span', {}, `${num(done)}/${num(r.planned_nodes)} nodes`),
         r.failed ? h('span', { class: 'bad' }, `${num(r.failed)} failed`) : null,
         h('span', { class: 'muted' }, `${num(r.sites_done)}/${num(r.sites)} sites`),
-        h('span', { class: 'muted' }, 'started ', ago(r.started)),
+        h('span', { class: 'muted' }, 'started ', ago(r.started), r.actor ? [' by ', actorName(r.actor)] : null),
       ),
       r.reason ? h('div', { class: `rollout-reason ${r.phase === 'halted' ? 'bad' : 'warn'}` }, r.reason) : null,
     );
+  }
+
+  /** Who started a rollout (`actor`, e.g. `user:alice`), as the API names them. */
+  function actorName(actor) {
+    return h('span', { class: 'actor', dataset: { actor } }, actor);
   }
 
   function rolloutsView() {
@@ -1313,6 +1401,8 @@
       try {
         const all = await api('/v1/rollouts');
         const counts = Object.fromEntries(ROLLOUT_PHASES.map((p) => [p, all.filter((r) => r.phase === p).length]));
+        // Rollouts name their author once the API records one.
+        const authors = all.some((r) => r.actor);
         fill(el, 
           h(
             'div',
@@ -1334,7 +1424,13 @@
                     h(
                       'thead',
                       {},
-                      h('tr', {}, ['Package', 'Phase', 'Progress', 'Nodes', 'Sites', 'Wave', 'Trigger', 'Started', 'Reason'].map((t) => h('th', { scope: 'col' }, t))),
+                      h(
+                        'tr',
+                        {},
+                        ['Package', 'Phase', 'Progress', 'Nodes', 'Sites', 'Wave', 'Trigger', authors ? 'By' : null, 'Started', 'Reason']
+                          .filter(Boolean)
+                          .map((t) => h('th', { scope: 'col' }, t)),
+                      ),
                     ),
                     h(
                       'tbody',
@@ -1350,6 +1446,7 @@
                           h('td', { class: 'num' }, `${num(r.sites_done)}/${num(r.sites)}`),
                           h('td', { class: 'num' }, `${r.wave}/${r.waves}`),
                           h('td', { class: 'small' }, r.trigger),
+                          authors ? h('td', { class: 'small' }, r.actor ? actorName(r.actor) : h('span', { class: 'muted' }, '—')) : null,
                           h('td', {}, ago(r.started)),
                           h('td', { class: r.phase === 'halted' ? 'bad small' : 'small' }, r.reason || ''),
                         ),
@@ -1434,6 +1531,7 @@
               ['Wave', `${r.wave} of ${r.waves}`],
               ['Node status', nodeCounts.length ? h('span', {}, nodeCounts.map(([k, v]) => h('span', { class: 'pill' }, `${label(k)} ${num(v)}`))) : '—'],
               ['Trigger', r.trigger || '—'],
+              r.actor ? ['Started by', h('span', { id: 'rollout-actor' }, actorName(r.actor))] : null,
               r.rollback_of ? ['Undoes', h('a', { href: `#/rollouts/${r.rollback_of}`, id: 'rollout-undoes' }, shortId(r.rollback_of))] : null,
               r.rolled_back_by ? ['Undone by', h('a', { href: `#/rollouts/${r.rolled_back_by}`, id: 'rollout-undone-by' }, shortId(r.rolled_back_by))] : null,
               r.rolled_back ? ['Rolled back', `${plural(r.rolled_back, 'failed node')} put back, healthy again`] : null,
@@ -1676,62 +1774,121 @@
 
   let mainStream = null;
 
-  function showLogin(message) {
+  /**
+   * The sign-in screen: the identity provider's button when the API names one (signin.js), and
+   * the API token form. `endSession`: after a sign-out, where to end the provider's session too.
+   */
+  function showLogin(message, endSession) {
     if (view && view.unmount) view.unmount();
     view = null;
     document.body.classList.add('signed-out');
     const form = $('#login-template').content.cloneNode(true);
     fill($('#view'), form);
     const err = $('#login-error');
-    if (message) {
-      err.textContent = message;
-      err.hidden = false;
-    }
+    const say = (text) => {
+      err.textContent = text;
+      err.hidden = !text;
+    };
+    if (message) say(message);
+    sso.mount($('#view'), { endSession, fail: say });
     $('#login-form').addEventListener('submit', async (ev) => {
       ev.preventDefault();
       const token = $('#token-input').value.trim();
       if (!token) return;
-      auth.token = token;
-      sessionStorage.setItem(TOKEN_KEY, token);
+      useApiToken(token);
       err.hidden = true;
       await start();
     });
-    $('#token-input').focus();
+    if (sso.config) $('#sso-signin').focus();
+    else $('#token-input').focus();
   }
 
+  /** Forgets the token; a person signed in through the identity provider may end its session too. */
   function signOut(message) {
+    const endSession = auth.sso || sso.session() ? sso.forget() : null;
     auth.token = '';
     auth.who = null;
+    auth.sso = false;
     sessionStorage.removeItem(TOKEN_KEY);
     if (mainStream) mainStream.stop();
     mainStream = null;
     setConn('offline');
     $('#whoami').hidden = true;
     $('#signout').hidden = true;
-    showLogin(message);
+    // Offered when the person chose to sign out, not when their session ran out.
+    showLogin(message, message ? null : endSession);
+  }
+
+  function unreachable(e) {
+    setConn('reconnecting');
+    fill($('#view'), errorBox(new Error(`The API does not answer (${e.message}); retrying…`)));
+    setTimeout(start, 3000);
+  }
+
+  /**
+   * Which token this tab uses: the identity provider's, coming back from its sign-in page or
+   * kept from before, else an API token (from a `#token=` link, the form, or kept).
+   */
+  async function signIn() {
+    const linked = takeTokenFromUrl();
+    await sso.discover();
+    if (sso.returning()) {
+      const s = await sso.finish();
+      sessionStorage.removeItem(TOKEN_KEY);
+      auth.token = s.access_token;
+      auth.sso = true;
+      return;
+    }
+    const s = linked ? null : sso.session();
+    auth.sso = Boolean(s);
+    if (s) auth.token = s.access_token;
   }
 
   async function start() {
-    takeTokenFromUrl();
+    try {
+      await signIn();
+    } catch (e) {
+      if (e instanceof sso.SignInError) {
+        setConn('offline');
+        showLogin(e.message);
+      } else {
+        unreachable(e);
+      }
+      return;
+    }
     if (!auth.token) {
       setConn('offline');
       showLogin();
       return;
     }
+    if (auth.sso) {
+      sso.watch({
+        renewed: (s) => {
+          auth.token = s.access_token;
+        },
+        ended: (e) => signOut(`Your session at ${sso.host()} has ended (${e.message}): sign in again.`),
+      });
+    }
     try {
       auth.who = await api('/v1/whoami');
     } catch (e) {
-      if (e.status !== 401) {
-        setConn('reconnecting');
-        fill($('#view'), errorBox(new Error(`The API does not answer (${e.message}); retrying…`)));
-        setTimeout(start, 3000);
+      if (e.status === 403) {
+        signOut(e.message);
+      } else if (e.status !== 401) {
+        unreachable(e);
       }
       return;
     }
     document.body.classList.remove('signed-out');
     const who = $('#whoami');
-    fill(who, h('span', { class: 'who-name' }, auth.who.name), h('span', { class: `pill role-${auth.who.role}` }, auth.who.role));
-    who.dataset.role = auth.who.role;
+    const scope = scopeText(auth.who);
+    fill(
+      who,
+      h('span', { class: 'who-name' }, auth.who.name),
+      h('span', { class: `pill role-${auth.who.role || 'none'}` }, auth.who.role || 'no role'),
+      scope ? h('span', { class: 'who-scope', id: 'who-scope', title: scope }, `· ${scope}`) : null,
+    );
+    who.dataset.role = auth.who.role || 'none';
     who.hidden = false;
     $('#signout').hidden = false;
     fill($('#feed'), h('li', { class: 'feed-empty muted' }, 'Waiting for events…'));
