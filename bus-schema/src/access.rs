@@ -108,12 +108,21 @@ impl Role {
     /// The buckets a hub service reads (gets, scans, watches).
     fn buckets_read(&self) -> &'static [&'static str] {
         match self {
-            Role::Orchestrator | Role::Api => &[
+            Role::Orchestrator => &[
                 names::SITES_BUCKET,
                 names::PACKAGES_BUCKET,
                 names::OBSERVED_BUCKET,
                 names::SAGAS_BUCKET,
                 names::LEDGER_BUCKET,
+            ],
+            // The commands it holds for a second person, too.
+            Role::Api => &[
+                names::SITES_BUCKET,
+                names::PACKAGES_BUCKET,
+                names::OBSERVED_BUCKET,
+                names::SAGAS_BUCKET,
+                names::LEDGER_BUCKET,
+                names::APPROVALS_BUCKET,
             ],
             // The sagas and rollouts too: a site's report counts only as the answer to their jobs;
             // the sites, to hear only registered ones.
@@ -148,7 +157,9 @@ impl Role {
                 &[(names::PACKAGES_BUCKET, keys::ARTIFACT_STORE), (names::PACKAGES_BUCKET, "render.>")]
             }
             Role::Identity => &[(names::IDENTITY_BUCKET, ">")],
-            Role::Api | Role::Operator | Role::Site(_) => &[],
+            // The commands it holds until a second person decides.
+            Role::Api => &[(names::APPROVALS_BUCKET, ">")],
+            Role::Operator | Role::Site(_) => &[],
         }
     }
 

@@ -138,10 +138,20 @@ pub const LEDGER_BUCKET: &str = "landfall-ledger";
 pub fn kv_stream(bucket: &str) -> String {
     format!("KV_{bucket}")
 }
+/// Commands the API holds until a second person approves or refuses them (the API's).
+pub const APPROVALS_BUCKET: &str = "landfall-approvals";
 /// Sites' identities, enrollments and the keys they connect with (the identity service's).
 pub const IDENTITY_BUCKET: &str = "landfall-identity";
-pub const ALL_BUCKETS: [&str; 7] =
-    [SITES_BUCKET, PACKAGES_BUCKET, OBSERVED_BUCKET, SAGAS_BUCKET, KUBECONFIGS_BUCKET, LEDGER_BUCKET, IDENTITY_BUCKET];
+pub const ALL_BUCKETS: [&str; 8] = [
+    SITES_BUCKET,
+    PACKAGES_BUCKET,
+    OBSERVED_BUCKET,
+    SAGAS_BUCKET,
+    KUBECONFIGS_BUCKET,
+    LEDGER_BUCKET,
+    IDENTITY_BUCKET,
+    APPROVALS_BUCKET,
+];
 
 /// Where the NATS server asks who a connecting client is (its auth callout): the identity
 /// service answers. Only the server publishes here.
@@ -529,6 +539,10 @@ pub mod keys {
         format!("saga.{saga_id}")
     }
     /// A node removal or reprovision, or a site decommission, by its command's id.
+    /// A command the API holds for a second person, by its id.
+    pub fn held(id: &str) -> String {
+        format!("approval.{id}")
+    }
     pub fn lifecycle(id: &str) -> String {
         format!("{LIFECYCLE_PREFIX}{id}")
     }

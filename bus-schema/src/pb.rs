@@ -72,6 +72,10 @@ macro_rules! bus_message {
 }
 
 bus_message!(
+    ApprovalRequested,
+    CommandApproved,
+    ApprovalRefused,
+    HeldCommand,
     RegisterSite,
     InstallSite,
     NodeAdded,
@@ -284,6 +288,9 @@ macro_rules! event {
 
 event!(
     SiteRegistered => "site"."registered",
+    ApprovalRequested => "approval"."requested",
+    CommandApproved => "approval"."approved",
+    ApprovalRefused => "approval"."refused",
     DesignApplied => "site"."design_applied",
     SiteInstallStarted => "site"."install_started",
     ArtifactsStaged => "site"."artifacts_staged",
@@ -485,6 +492,7 @@ pub mod json {
         LinkState => as_str_name,
         ClusterBuilder => label,
         EnrollmentState => as_str_name,
+        ApprovalState => as_str_name,
     );
 
     /// Writes an enum field by name (a number no value has, as the number).

@@ -84,6 +84,8 @@ use Party::{Api, Kubeconfig, Observer, Operator, Orchestrator, Site};
 const PEOPLE: &[Party] = &[Operator, Api];
 const PEOPLE_AND_SITES: &[Party] = &[Site, Operator, Api];
 const HUB: &[Party] = &[Orchestrator];
+/// What only the HTTP API says: a second person's decision on a command it holds.
+const API: &[Party] = &[Api];
 const SITE: &[Party] = &[Site];
 /// Any consumer of events or jobs may reject what it was given; a gateway rejects jobs it cannot
 /// read. Only the orchestrator consumes commands.
@@ -174,6 +176,9 @@ rules! {
     Job TearDownSite from HUB, sites ["site_id"];
 
     Event SiteRegistered from HUB, sites ["site_id"];
+    Event ApprovalRequested from API, sites ["site_id"];
+    Event CommandApproved from API, sites ["site_id"];
+    Event ApprovalRefused from API, sites ["site_id"];
     Event DesignApplied from HUB, sites ["site_id"];
     Event SiteInstallStarted from HUB, sites ["site_id"];
     Event SiteInstalled from HUB, sites ["site_id"];

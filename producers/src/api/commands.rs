@@ -387,12 +387,16 @@ where
     }
     cmd.check().map_err(|reason| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", reason))?;
     // The sender's grants: a site they may not change, a rollout over sites not theirs, is refused.
-    let narrowed = {
+    let (narrowed, share) = {
         let st = api.model.read();
         reach::authorize(&st, &who, C::KIND, &cmd.reach())?;
         match cmd.selector_mut() {
-            Some(selector) => reach::narrow(&st, &who, selector)?,
-            None => None,
+            Some(selector) => {
+                let narrowed = reach::narrow(&st, &who, selector)?;
+                let picked = st.designs.values().filter(|d| super::views::picks(selector, d)).count();
+                (narrowed, Some(picked as f64 / st.designs.len().max(1) as f64))
+            }
+            None => (None, None),
         }
     };
     // A key already used for a settled command, however long ago: its answer, nothing published.
@@ -408,6 +412,11 @@ where
         let mut body = crate::views::command::command_json(&record);
         body["duplicate"] = json!(true);
         return Ok((StatusCode::OK, axum::Json(body)));
+    }
+    // What the policy has wait for a second person is held, not published.
+    if let Some(why) = api.policy.waits(C::KIND, share) {
+        let payload = prost::Message::encode_to_vec(&cmd);
+        return super::approvals::hold(&api, C::KIND, C::TYPE, cmd.subject(), payload, &env, why).await;
     }
     let ack = api.bus.publish_command(&cmd, &env).await.map_err(|e| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable", format!("the command was not stored: {e}"))

@@ -5,6 +5,7 @@
 //! an in-memory [`model::Model`] kept up to date from KV watches and the events stream. Any
 //! number of replicas can run side by side.
 
+mod approvals;
 pub mod audit;
 pub mod auth;
 pub mod commands;
@@ -101,9 +102,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/events", get(sse::events))
         .route("/v1/whoami", get(whoami))
         .route("/v1/audit", get(audit::list))
+        .merge(approvals::read_routes())
         .merge(identity::read_routes().route_layer(middleware::from_fn(whole_fleet)))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_viewer));
     let write = commands::routes()
+        .merge(approvals::write_routes())
         .merge(identity::write_routes().route_layer(middleware::from_fn(whole_fleet)))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_operator));
     Router::new()

@@ -728,7 +728,9 @@ pub fn document() -> Value {
             "503": { "description": "Not ready yet.", "content": { "application/json": { "schema": { "type": "object" } } } } } } }),
         ),
     ];
-    let more = super::identity::paths(error_response).into_iter().chain(super::audit::paths(error_response));
+    let more = [super::identity::paths, super::audit::paths, super::approvals::paths]
+        .into_iter()
+        .flat_map(|paths| paths(error_response));
     for (path, item) in entries.into_iter().chain(more) {
         paths.insert(path.to_string(), item);
     }

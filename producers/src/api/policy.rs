@@ -11,6 +11,7 @@
 //! approval:
 //!   commands: [decommission_site, remove_site, remove_node]
 //!   rollout_share: 0.25   # a rollout over more than a quarter of the fleet's sites
+//!   by: admin             # who approves (default: an operator over what it reaches)
 //! ```
 //!
 //! A token the policy names gets the policy's grants instead of its file's role; one it does not
@@ -102,6 +103,16 @@ pub struct Approval {
     /// A rollout covering more than this share (0–1) of the fleet's sites waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_share: Option<f64>,
+    /// The role the second person holds over what the command reaches (default: operator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<Role>,
+}
+
+impl Approval {
+    /// The role that approves.
+    pub fn approver(&self) -> Role {
+        self.by.unwrap_or(Role::Operator)
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -212,9 +223,20 @@ impl Policy {
         if named.is_empty() { vec![Grant { role, sites: None }] } else { named }
     }
 
-    /// Whether a command of `kind` waits for a second person.
-    pub fn waits(&self, kind: &str) -> bool {
-        self.approval.commands.iter().any(|k| k == kind)
+    /// Why a command of `kind` waits for a second person, if it does; `share` is the part of
+    /// the fleet's sites a rollout covers.
+    pub fn waits(&self, kind: &str, share: Option<f64>) -> Option<String> {
+        if self.approval.commands.iter().any(|k| k == kind) {
+            return Some(format!("the policy has {kind} wait for a second person"));
+        }
+        match (self.approval.rollout_share, share) {
+            (Some(most), Some(share)) if share > most => Some(format!(
+                "the rollout covers {:.0}% of the fleet's sites; the policy has one over {:.0}% wait for a second person",
+                share * 100.0,
+                most * 100.0
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -245,7 +267,10 @@ mod tests {
             "the policy's grant replaces the file's role"
         );
         assert_eq!(p.token("ci", Role::Operator), vec![Grant { role: Role::Operator, sites: None }]);
-        assert!(p.waits("decommission_site") && !p.waits("install_site"));
+        assert!(p.waits("decommission_site", None).is_some() && p.waits("install_site", None).is_none());
+        assert!(p.waits("patch_package", Some(0.3)).unwrap().contains("30%"));
+        assert!(p.waits("patch_package", Some(0.2)).is_none());
+        assert_eq!(p.approval.approver(), Role::Operator);
         assert!(chooses(&eu[0].sites, &labels(&[("region", "eu-west"), ("tier", "a")])));
         assert!(!chooses(&eu[0].sites, &labels(&[("region", "us-east")])));
         assert!(!chooses(&eu[0].sites, &labels(&[])));
