@@ -33,11 +33,13 @@
 // `sso`: the API names an identity provider; the sign-in screen offers it and keeps the token
 //   form. USER (an operator) signs in at the provider's own page and comes back signed in, the
 //   code gone from the address bar, the tokens in sessionStorage only, the header naming them,
-//   their role and SCOPE. The fleet lists exactly the --visible sites; the first offers Install;
+//   their role and SCOPE. The fleet lists exactly the --visible sites. A rollout USER starts
+//   names them as its author; the first visible site offers Install, which installs it as USER;
 //   the first --hidden site is not found. The access token is renewed before it expires, and
 //   once more when the API refuses it. Signing out returns to the sign-in screen and offers to
 //   end the provider's session, which ends it. VIEWER, if given, then signs in and sees exactly
-//   the --hidden sites, with no Install button. The browser may reach 127.0.0.1 only.
+//   the --hidden sites, no Install button and not USER's rollout. The browser may reach
+//   127.0.0.1 only.
 //
 // playwright-core comes from LANDFALL_BROWSER_MODULES (scripts/ensure-browser prints it).
 // Exits non-zero with the reason on the first check that fails, after a screenshot.

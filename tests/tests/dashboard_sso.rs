@@ -165,4 +165,19 @@ fn people_sign_in_at_the_identity_provider_and_see_and_act_on_their_own_sites_on
         ],
     );
     assert!(printed.contains("sso: passed"), "the script did not say it passed:\n{printed}");
+
+    // The install alice started from the dashboard is on record as hers.
+    let path = format!("/v1/audit?kind=install_site&actor=user:alice&site={}", EU_WEST[0]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = http(up.api, "GET", &path, Some(&up.operator), None);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        let audit: serde_json::Value = serde_json::from_str(&body).expect("the audit list as JSON");
+        let items = audit["items"].as_array().expect("audit items");
+        if items.iter().any(|r| r["actor"] == "user:alice" && r["outcome"] == "carried_out") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the audit list has no install of {} by user:alice: {audit}", EU_WEST[0]);
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
