@@ -20,6 +20,16 @@ async function providerSignIn(page, base, shot, issuer, who) {
   await page.waitForURL((u) => u.origin === base);
 }
 
+/** Confirms the end of the provider's session on its page; back on the dashboard, signing in asks for a password again. */
+async function endProviderSession(page, base, issuer) {
+  await page.waitForURL((u) => u.href.startsWith(`${issuer}/`));
+  await page.click('button[name="logout"][value="yes"]');
+  await page.waitForURL((u) => u.origin === base);
+  await page.click('#sso-signin');
+  await page.waitForURL((u) => u.href.startsWith(`${issuer}/`));
+  await page.waitForSelector('input[name="login"]');
+}
+
 /** Waits until the sites table lists exactly `want`; says what it lists when it does not. */
 async function listsExactly(page, want) {
   const rows = () => page.evaluate(() => [...document.querySelectorAll('#sites-table tbody tr[data-site]')].map((r) => r.dataset.site).sort());
@@ -177,11 +187,7 @@ export async function ssoCase({ opt, base, newPage, step, shot, log, sel, watch 
   await step("ending the provider's session: signing in asks for a password again", async () => {
     await page.click('#sso-end-session');
     await page.waitForURL((u) => u.href.startsWith(`${issuer}/`));
-    await page.click('button[name="logout"][value="yes"]');
-    await page.waitForURL((u) => u.origin === base);
-    await page.click('#sso-signin');
-    await page.waitForURL((u) => u.href.startsWith(`${issuer}/`));
-    await page.waitForSelector('input[name="login"]');
+    await endProviderSession(page, base, issuer);
   });
   if (opt.viewer) {
     const viewer = credentials(opt.viewer, 'viewer');
@@ -197,6 +203,23 @@ export async function ssoCase({ opt, base, newPage, step, shot, log, sel, watch 
       if (await page.locator(`[data-rollout="${rollout}"]`).count()) throw new Error(`${viewer.name} is shown ${user.name}'s rollout`);
     });
     await shot(page, 'sso-viewer.png');
+  }
+  if (opt.nobody) {
+    const nobody = credentials(opt.nobody, 'nobody');
+    await step(`${nobody.name}, granted nothing, is told so and may end the provider session to sign in as someone else`, async () => {
+      if (opt.viewer) {
+        await page.click('#signout');
+        await page.click('#sso-end-session');
+        await endProviderSession(page, base, issuer);
+      }
+      await providerSignIn(page, base, shot, issuer, nobody);
+      const said = await (await page.waitForSelector('#login-error:not([hidden])')).textContent();
+      if (!said.includes('granted nothing')) throw new Error(`the sign-in screen says ${JSON.stringify(said)}`);
+      await page.waitForSelector('#sso-signed-out:not([hidden]) #sso-end-session');
+      const left = await page.evaluate(() => Object.keys(sessionStorage).filter((k) => k.startsWith('landfall.')));
+      if (left.length) throw new Error(`sessionStorage still holds ${left.join(', ')}`);
+    });
+    await shot(page, 'sso-nobody.png');
   }
   if (outside.length) throw new Error(`the dashboard asked for more than 127.0.0.1: ${[...new Set(outside)].join(', ')}`);
 }

@@ -102,7 +102,8 @@ fn run_case(up: &Up, case: &str, extra: &[&str]) -> String {
 }
 
 /// alice (group eu-ops) operates the eu-west sites and bob (group us-ops) views the us-east
-/// ones; each sees no other site. `landfall up`'s demo sites alternate between the two regions.
+/// ones; each sees no other site. carol's group has no grant. `landfall up`'s demo sites
+/// alternate between the two regions.
 #[test]
 fn people_sign_in_at_the_identity_provider_and_see_and_act_on_their_own_sites_only() {
     const EU_WEST: [&str; 2] = ["edge-01", "edge-03"];
@@ -114,7 +115,11 @@ fn people_sign_in_at_the_identity_provider_and_see_and_act_on_their_own_sites_on
     // The provider must know the dashboard's origin (its redirect URI) before `up` starts, and
     // `up` the provider's issuer: the API's address is chosen first.
     let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let users = [User::new("alice", "alice-password", &["eu-ops"]), User::new("bob", "bob-password", &["us-ops"])];
+    let users = [
+        User::new("alice", "alice-password", &["eu-ops"]),
+        User::new("bob", "bob-password", &["us-ops"]),
+        User::new("carol", "carol-password", &["visitors"]),
+    ];
     let options = Options {
         access_token_ttl: ACCESS_TOKEN_TTL,
         dashboard_redirect_uris: vec![format!("http://{api}/")],
@@ -156,6 +161,8 @@ fn people_sign_in_at_the_identity_provider_and_see_and_act_on_their_own_sites_on
             "alice:alice-password",
             "--viewer",
             "bob:bob-password",
+            "--nobody",
+            "carol:carol-password",
             "--scope",
             "region=eu-west",
             "--visible",
