@@ -8,7 +8,8 @@
 //   node tests/browser/dashboard.mjs --case cutoff --url ... --token ... --site SITE --out DIR
 //   node tests/browser/dashboard.mjs --case reimage --url ... --token ... --site SITE --out DIR
 //   node tests/browser/dashboard.mjs --case sso --url ... --token ... --user NAME:PASSWORD \
-//        --scope TEXT --visible SITE,... --hidden SITE,... [--viewer NAME:PASSWORD] --out DIR
+//        --scope TEXT --visible SITE,... --hidden SITE,... [--viewer NAME:PASSWORD] \
+//        [--nobody NAME:PASSWORD] --out DIR
 //
 // `install`: edge-01 shows as registered; the Install button on its page installs it, and the
 //   page follows it to installed with every node ready, without a reload. A viewer sees no
@@ -33,11 +34,14 @@
 // `sso`: the API names an identity provider; the sign-in screen offers it and keeps the token
 //   form. USER (an operator) signs in at the provider's own page and comes back signed in, the
 //   code gone from the address bar, the tokens in sessionStorage only, the header naming them,
-//   their role and SCOPE. The fleet lists exactly the --visible sites; the first offers Install;
+//   their role and SCOPE. The fleet lists exactly the --visible sites. A rollout USER starts
+//   names them as its author; the first visible site offers Install, which installs it as USER;
 //   the first --hidden site is not found. The access token is renewed before it expires, and
 //   once more when the API refuses it. Signing out returns to the sign-in screen and offers to
 //   end the provider's session, which ends it. VIEWER, if given, then signs in and sees exactly
-//   the --hidden sites, with no Install button. The browser may reach 127.0.0.1 only.
+//   the --hidden sites, no Install button and not USER's rollout. NOBODY, whom the policy
+//   grants nothing, is told so on the sign-in screen and offered to end the provider's session.
+//   The browser may reach 127.0.0.1 only.
 //
 // playwright-core comes from LANDFALL_BROWSER_MODULES (scripts/ensure-browser prints it).
 // Exits non-zero with the reason on the first check that fails, after a screenshot.
@@ -73,6 +77,7 @@ const { values: opt } = parseArgs({
     sites: { type: 'string' },
     user: { type: 'string' },
     viewer: { type: 'string' },
+    nobody: { type: 'string' },
     scope: { type: 'string' },
     visible: { type: 'string' },
     hidden: { type: 'string' },

@@ -20,6 +20,16 @@ async function providerSignIn(page, base, shot, issuer, who) {
   await page.waitForURL((u) => u.origin === base);
 }
 
+/** Confirms the end of the provider's session on its page; back on the dashboard, signing in asks for a password again. */
+async function endProviderSession(page, base, issuer) {
+  await page.waitForURL((u) => u.href.startsWith(`${issuer}/`));
+  await page.click('button[name="logout"][value="yes"]');
+  await page.waitForURL((u) => u.origin === base);
+  await page.click('#sso-signin');
+  await page.waitForURL((u) => u.href.startsWith(`${issuer}/`));
+  await page.waitForSelector('input[name="login"]');
+}
+
 /** Waits until the sites table lists exactly `want`; says what it lists when it does not. */
 async function listsExactly(page, want) {
   const rows = () => page.evaluate(() => [...document.querySelectorAll('#sites-table tbody tr[data-site]')].map((r) => r.dataset.site).sort());
@@ -94,12 +104,41 @@ export async function ssoCase({ opt, base, newPage, step, shot, log, sel, watch 
   await page.evaluate(() => {
     window.__sameDocument = true;
   });
-  await step(`${visible[0]}'s page offers Install`, async () => {
+  const rollout = await step(`a rollout ${user.name} starts names them, in the list and on its page`, async () => {
+    // The dashboard has no button for it: the page's own session sends the command.
+    const sent = await page.evaluate(async () => {
+      const token = JSON.parse(sessionStorage.getItem('landfall.sso')).access_token;
+      const call = (path, body) =>
+        fetch(path, {
+          method: body ? 'POST' : 'GET',
+          headers: { Authorization: `Bearer ${token}`, 'Content-Type': 'application/json' },
+          body: body && JSON.stringify(body),
+        }).then(async (r) => ({ status: r.status, body: await r.json() }));
+      const kubelet = (await call('/v1/packages')).body.find((p) => p.name === 'kubelet');
+      return call('/v1/commands/patch_package', { name: kubelet.name, version: kubelet.version });
+    });
+    if (sent.status !== 202 || sent.body.actor !== `user:${user.name}`) throw new Error(`patch_package answered ${sent.status}: ${JSON.stringify(sent.body)}`);
+    await page.click('a[data-nav="rollouts"]');
+    const row = `#rollouts-table tr[data-rollout="${sent.body.id}"]`;
+    await page.waitForSelector(`${row} [data-actor="user:${user.name}"]`);
+    await page.click(`${row} th a`);
+    const by = await page.waitForSelector('#rollout-actor');
+    if ((await by.textContent()) !== `user:${user.name}`) throw new Error(`the rollout's page says it was started by ${await by.textContent()}`);
+    return sent.body.id;
+  });
+  await shot(page, 'sso-rollout.png');
+  await step(`${visible[0]}'s page offers Install, and it installs as ${user.name}`, async () => {
+    await page.click('a.brand');
     await page.click(`${sel(visible[0])} a.site-link`);
     await page.waitForSelector(`#site-page[data-site="${visible[0]}"][data-state="registered"]`);
-    await page.waitForSelector('#install-btn');
+    await shot(page, 'sso-site.png');
+    const answer = page.waitForResponse((r) => r.url().endsWith('/v1/commands/install_site'));
+    await page.click('#install-btn');
+    const res = await answer;
+    const body = await res.json();
+    if (res.status() !== 202 || body.actor !== `user:${user.name}`) throw new Error(`install_site answered ${res.status()}: ${JSON.stringify(body)}`);
+    await page.waitForSelector(`#site-page[data-site="${visible[0]}"][data-state="installing"]`, { timeout: 60_000 });
   });
-  await shot(page, 'sso-site.png');
   await step(`${hidden[0]}'s page says it is not found`, async () => {
     const answer = page.waitForResponse((r) => new URL(r.url()).pathname === `/v1/sites/${hidden[0]}`);
     await page.evaluate((site) => {
@@ -148,11 +187,7 @@ export async function ssoCase({ opt, base, newPage, step, shot, log, sel, watch 
   await step("ending the provider's session: signing in asks for a password again", async () => {
     await page.click('#sso-end-session');
     await page.waitForURL((u) => u.href.startsWith(`${issuer}/`));
-    await page.click('button[name="logout"][value="yes"]');
-    await page.waitForURL((u) => u.origin === base);
-    await page.click('#sso-signin');
-    await page.waitForURL((u) => u.href.startsWith(`${issuer}/`));
-    await page.waitForSelector('input[name="login"]');
+    await endProviderSession(page, base, issuer);
   });
   if (opt.viewer) {
     const viewer = credentials(opt.viewer, 'viewer');
@@ -163,8 +198,28 @@ export async function ssoCase({ opt, base, newPage, step, shot, log, sel, watch 
       await page.click(`${sel(hidden[0])} a.site-link`);
       await page.waitForSelector(`#site-page[data-site="${hidden[0]}"][data-state="registered"]`);
       if (await page.locator('#install-btn').count()) throw new Error('a viewer was offered Install');
+      await page.click('a[data-nav="rollouts"]');
+      await page.waitForFunction(() => document.querySelector('#rollouts-table') || /No rollouts yet/.test(document.querySelector('#view').textContent));
+      if (await page.locator(`[data-rollout="${rollout}"]`).count()) throw new Error(`${viewer.name} is shown ${user.name}'s rollout`);
     });
     await shot(page, 'sso-viewer.png');
+  }
+  if (opt.nobody) {
+    const nobody = credentials(opt.nobody, 'nobody');
+    await step(`${nobody.name}, granted nothing, is told so and may end the provider session to sign in as someone else`, async () => {
+      if (opt.viewer) {
+        await page.click('#signout');
+        await page.click('#sso-end-session');
+        await endProviderSession(page, base, issuer);
+      }
+      await providerSignIn(page, base, shot, issuer, nobody);
+      const said = await (await page.waitForSelector('#login-error:not([hidden])')).textContent();
+      if (!said.includes('granted nothing')) throw new Error(`the sign-in screen says ${JSON.stringify(said)}`);
+      await page.waitForSelector('#sso-signed-out:not([hidden]) #sso-end-session');
+      const left = await page.evaluate(() => Object.keys(sessionStorage).filter((k) => k.startsWith('landfall.')));
+      if (left.length) throw new Error(`sessionStorage still holds ${left.join(', ')}`);
+    });
+    await shot(page, 'sso-nobody.png');
   }
   if (outside.length) throw new Error(`the dashboard asked for more than 127.0.0.1: ${[...new Set(outside)].join(', ')}`);
 }

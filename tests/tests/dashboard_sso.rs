@@ -102,7 +102,8 @@ fn run_case(up: &Up, case: &str, extra: &[&str]) -> String {
 }
 
 /// alice (group eu-ops) operates the eu-west sites and bob (group us-ops) views the us-east
-/// ones; each sees no other site. `landfall up`'s demo sites alternate between the two regions.
+/// ones; each sees no other site. carol's group has no grant. `landfall up`'s demo sites
+/// alternate between the two regions.
 #[test]
 fn people_sign_in_at_the_identity_provider_and_see_and_act_on_their_own_sites_only() {
     const EU_WEST: [&str; 2] = ["edge-01", "edge-03"];
@@ -114,7 +115,11 @@ fn people_sign_in_at_the_identity_provider_and_see_and_act_on_their_own_sites_on
     // The provider must know the dashboard's origin (its redirect URI) before `up` starts, and
     // `up` the provider's issuer: the API's address is chosen first.
     let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let users = [User::new("alice", "alice-password", &["eu-ops"]), User::new("bob", "bob-password", &["us-ops"])];
+    let users = [
+        User::new("alice", "alice-password", &["eu-ops"]),
+        User::new("bob", "bob-password", &["us-ops"]),
+        User::new("carol", "carol-password", &["visitors"]),
+    ];
     let options = Options {
         access_token_ttl: ACCESS_TOKEN_TTL,
         dashboard_redirect_uris: vec![format!("http://{api}/")],
@@ -156,6 +161,8 @@ fn people_sign_in_at_the_identity_provider_and_see_and_act_on_their_own_sites_on
             "alice:alice-password",
             "--viewer",
             "bob:bob-password",
+            "--nobody",
+            "carol:carol-password",
             "--scope",
             "region=eu-west",
             "--visible",
@@ -165,4 +172,19 @@ fn people_sign_in_at_the_identity_provider_and_see_and_act_on_their_own_sites_on
         ],
     );
     assert!(printed.contains("sso: passed"), "the script did not say it passed:\n{printed}");
+
+    // The install alice started from the dashboard is on record as hers.
+    let path = format!("/v1/audit?kind=install_site&actor=user:alice&site={}", EU_WEST[0]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = http(up.api, "GET", &path, Some(&up.operator), None);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        let audit: serde_json::Value = serde_json::from_str(&body).expect("the audit list as JSON");
+        let items = audit["items"].as_array().expect("audit items");
+        if items.iter().any(|r| r["actor"] == "user:alice" && r["outcome"] == "carried_out") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the audit list has no install of {} by user:alice: {audit}", EU_WEST[0]);
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }

@@ -1803,8 +1803,12 @@
     else $('#token-input').focus();
   }
 
-  /** Forgets the token; a person signed in through the identity provider may end its session too. */
-  function signOut(message) {
+  /**
+   * Forgets the token. A person signed in through the identity provider is offered to end its
+   * session too: when they chose to sign out, or were let in but may do nothing (so that they
+   * can sign in as someone else), not when their session ran out.
+   */
+  function signOut(message, offerEndSession = !message) {
     const endSession = auth.sso || sso.session() ? sso.forget() : null;
     auth.token = '';
     auth.who = null;
@@ -1815,8 +1819,7 @@
     setConn('offline');
     $('#whoami').hidden = true;
     $('#signout').hidden = true;
-    // Offered when the person chose to sign out, not when their session ran out.
-    showLogin(message, message ? null : endSession);
+    showLogin(message, offerEndSession ? endSession : null);
   }
 
   function unreachable(e) {
@@ -1873,7 +1876,7 @@
       auth.who = await api('/v1/whoami');
     } catch (e) {
       if (e.status === 403) {
-        signOut(e.message);
+        signOut(e.message, true);
       } else if (e.status !== 401) {
         unreachable(e);
       }
