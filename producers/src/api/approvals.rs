@@ -170,7 +170,7 @@ async fn list(
         .filter(|h| q.all || h.state == pb::ApprovalState::Waiting as i32)
         .filter(|h| h.requested_by == who.actor || covers(&api, &who, Role::Viewer, h))
         .collect();
-    held.sort_by(|a, b| b.requested_unix_ms.cmp(&a.requested_unix_ms));
+    held.sort_by_key(|h| std::cmp::Reverse(h.requested_unix_ms));
     Ok(axum::Json(json!({ "items": held.iter().map(held_json).collect::<Vec<_>>() })))
 }
 
