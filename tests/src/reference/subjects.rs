@@ -203,6 +203,7 @@ impl Rows {
             ("KUBECONFIGS_BUCKET", KUBECONFIGS_BUCKET),
             ("LEDGER_BUCKET", LEDGER_BUCKET),
             ("IDENTITY_BUCKET", IDENTITY_BUCKET),
+            ("APPROVALS_BUCKET", APPROVALS_BUCKET),
             ("SITE_STATE_BUCKET", SITE_STATE_BUCKET),
         ];
         for (name, bucket) in buckets {
@@ -238,6 +239,7 @@ impl Rows {
             ("headers::CORRELATION_ID", headers::CORRELATION_ID),
             ("headers::CAUSATION_ID", headers::CAUSATION_ID),
             ("headers::TRACEPARENT", headers::TRACEPARENT),
+            ("headers::ACTOR", headers::ACTOR),
             ("headers::CHUNK_SHA256", headers::CHUNK_SHA256),
             ("headers::REPLY_ERROR", headers::REPLY_ERROR),
             ("headers::KV_OPERATION", headers::KV_OPERATION),
