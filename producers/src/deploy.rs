@@ -626,7 +626,8 @@ mod tests {
         assert!(!site.contains("deny"), "{site}");
         let api = block("api");
         assert!(api.contains("deny: [\"$JS.API.CONSUMER.CREATE.LANDFALL_EVENTS.orchestrator-events\""), "{api}");
-        assert!(!api.contains("\"$KV."), "the API writes no bucket: {api}");
+        let writes: Vec<&str> = api.split('"').filter(|s| s.starts_with("$KV.")).collect();
+        assert_eq!(writes, ["$KV.landfall-approvals.>"], "the API writes only the commands it holds: {api}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 const EU_OPERATOR: &str = "eu-operator-token-000000001";
 const US_VIEWER: &str = "us-viewer-token-0000000001";
 const NOBODY: &str = "granted-nothing-token-00001";
+const ADMIN: &str = "fleet-admin-token-000000001";
 
 const POLICY: &str = "grants:\n  - {token: eu-op, role: operator, sites: {region: eu-west}}\n  \
                       - {token: us-view, role: viewer, sites: {region: us-east}}\n  \
@@ -42,6 +43,7 @@ async fn an_operator_of_one_region_changes_and_sees_only_its_sites_and_every_com
         ("eu-op", Role::Operator, EU_OPERATOR),
         ("us-view", Role::Viewer, US_VIEWER),
         ("nobody", Role::Viewer, NOBODY),
+        ("root", Role::Admin, ADMIN),
     ];
     let api = Api::start_with(&fleet.bus, POLICY, &more).await;
     let (eu, us) = (fleet.site_id(0), fleet.site_id(1));
@@ -62,6 +64,13 @@ async fn an_operator_of_one_region_changes_and_sees_only_its_sites_and_every_com
     let (_, who) = api.get(EU_OPERATOR, "/v1/whoami").await;
     assert_eq!(who["actor"], "token:eu-op");
     assert_eq!(who["grants"], json!([{ "role": "operator", "sites": { "region": "eu-west" } }]));
+
+    // The policy is shown to admins only.
+    assert_eq!(api.get(EU_OPERATOR, "/v1/policy").await.0, 403);
+    assert_eq!(api.get(OPERATOR, "/v1/policy").await.0, 403);
+    let (status, policy) = api.get(ADMIN, "/v1/policy").await;
+    assert_eq!(status, 200, "{policy}");
+    assert_eq!(policy["grants"][0], json!({ "token": "eu-op", "role": "operator", "sites": { "region": "eu-west" } }));
 
     // Reads: each sees its region only, and the other's site does not exist for them.
     let (_, page) = api.get(EU_OPERATOR, "/v1/sites").await;

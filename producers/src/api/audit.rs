@@ -26,7 +26,7 @@ pub struct AuditQuery {
     pub kind: Option<String>,
     /// `carried_out`, `rejected` or `dead_lettered`.
     pub outcome: Option<String>,
-    /// From this time (RFC 3339); default: the last 7 days.
+    /// From this time (RFC 3339); default: the 7 days up to `until`, or to now.
     pub since: Option<String>,
     /// Up to this time (RFC 3339).
     pub until: Option<String>,
@@ -46,14 +46,17 @@ fn time_of(field: &str, value: &Option<String>) -> Result<Option<OffsetDateTime>
 
 /// The filter a query asks for.
 pub fn filter(q: &AuditQuery) -> Result<Filter, String> {
-    let since = time_of("since", &q.since)?.unwrap_or_else(|| OffsetDateTime::now_utc() - DEFAULT_WINDOW);
+    let until = time_of("until", &q.until)?;
+    // Without `since`, the 7 days up to `until` (or now).
+    let since = time_of("since", &q.since)?
+        .unwrap_or_else(|| until.unwrap_or_else(OffsetDateTime::now_utc) - DEFAULT_WINDOW);
     let filter = Filter {
         actor: q.actor.clone().filter(|s| !s.is_empty()),
         site: q.site.clone().filter(|s| !s.is_empty()),
         kind: q.kind.clone().filter(|s| !s.is_empty()),
         outcome: q.outcome.clone().filter(|s| !s.is_empty()),
         since: Some(since),
-        until: time_of("until", &q.until)?,
+        until,
         limit: q.limit.map_or(DEFAULT_LIMIT, |l| l as usize),
     };
     filter.check()?;
@@ -110,7 +113,7 @@ pub(super) fn paths(error: fn(&str) -> Value) -> Vec<(&'static str, Value)> {
                     param("site", "The site the commands were about (`fleet`: fleet-wide ones)."),
                     param("kind", "The command kind: install_site, InstallSite or landfall.v1.InstallSite."),
                     { "name": "outcome", "in": "query", "schema": { "type": "string", "enum": ["carried_out", "rejected", "dead_lettered"] } },
-                    { "name": "since", "in": "query", "description": "From this time (default: 7 days ago).", "schema": { "type": "string", "format": "date-time" } },
+                    { "name": "since", "in": "query", "description": "From this time (default: the 7 days up to `until`, or to now).", "schema": { "type": "string", "format": "date-time" } },
                     { "name": "until", "in": "query", "description": "Up to this time.", "schema": { "type": "string", "format": "date-time" } },
                     { "name": "limit", "in": "query", "description": "The newest this many.", "schema": { "type": "integer", "minimum": 1, "maximum": crate::views::audit::MAX_LIMIT } },
                 ],

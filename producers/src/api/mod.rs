@@ -102,6 +102,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/events", get(sse::events))
         .route("/v1/whoami", get(whoami))
         .route("/v1/audit", get(audit::list))
+        .route("/v1/policy", get(policy::show))
         .merge(approvals::read_routes())
         .merge(identity::read_routes().route_layer(middleware::from_fn(whole_fleet)))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_viewer));

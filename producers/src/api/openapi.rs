@@ -728,7 +728,7 @@ pub fn document() -> Value {
             "503": { "description": "Not ready yet.", "content": { "application/json": { "schema": { "type": "object" } } } } } } }),
         ),
     ];
-    let more = [super::identity::paths, super::audit::paths, super::approvals::paths]
+    let more = [super::identity::paths, super::audit::paths, super::approvals::paths, super::policy::paths]
         .into_iter()
         .flat_map(|paths| paths(error_response));
     for (path, item) in entries.into_iter().chain(more) {

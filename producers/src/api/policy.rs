@@ -240,6 +240,41 @@ impl Policy {
     }
 }
 
+/// `GET /v1/policy`: the policy the API enforces, for an admin. It is the file's
+/// (`--api-policy`): changed there, and read again when the API starts.
+pub(super) async fn show(
+    axum::extract::State(api): axum::extract::State<super::ApiState>,
+    axum::Extension(who): axum::Extension<super::auth::Principal>,
+) -> Result<axum::Json<serde_json::Value>, super::ApiError> {
+    if who.role() < Some(Role::Admin) {
+        return Err(super::ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("{:?} is not an admin: the policy is shown to admins", who.name),
+        ));
+    }
+    Ok(axum::Json(api.policy.to_json()))
+}
+
+/// `/v1/policy`, for the OpenAPI document.
+pub(super) fn paths(error: fn(&str) -> serde_json::Value) -> Vec<(&'static str, serde_json::Value)> {
+    vec![(
+        "/v1/policy",
+        serde_json::json!({ "get": {
+            "summary": "The policy",
+            "description": "Who may do what on which sites (grants by group, user and token) and which commands wait for a second person, as the API enforces it. For admins. It is the `--api-policy` file's: changed there, read when the API starts.",
+            "operationId": "policy",
+            "tags": ["auth"],
+            "responses": {
+                "200": { "description": "The policy.", "content": { "application/json": { "schema": {
+                    "type": "object", "required": ["grants", "approval", "given"], "additionalProperties": true } } } },
+                "401": error("No token, or an unknown one."),
+                "403": error("Not an admin."),
+            },
+        }}),
+    )]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -54,7 +54,7 @@ impl Filter {
     /// Checks the filter's words.
     ///
     /// # Errors
-    /// An unknown outcome, a limit out of range, `until` before `since`.
+    /// An unknown outcome, a limit out of range.
     pub fn check(&self) -> Result<(), String> {
         if let Some(o) = &self.outcome
             && !["carried_out", "rejected", "dead_lettered"].contains(&o.as_str())
@@ -64,11 +64,7 @@ impl Filter {
         if self.limit == 0 || self.limit > MAX_LIMIT {
             return Err(format!("limit must be between 1 and {MAX_LIMIT}"));
         }
-        if let (Some(s), Some(u)) = (self.since, self.until)
-            && u < s
-        {
-            return Err("until is before since".into());
-        }
+        // `until` before `since` is an empty window, not a mistake to refuse.
         Ok(())
     }
 
