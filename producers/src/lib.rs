@@ -88,6 +88,12 @@ pub enum Command {
     Command(cli::command::CommandCommand),
     /// Who did what: the commands settled, newest first, with their authors, sites and outcomes.
     Audit(cli::audit::AuditArgs),
+    /// Commands held by the API for a second person (decommissions, rollouts over much of the
+    /// fleet): list, approve, refuse, through the API.
+    #[command(subcommand)]
+    Approval(cli::approval::ApprovalCommand),
+    /// Whom an API takes you for: your name, actor, role and grants.
+    Whoami(cli::whoami::WhoamiArgs),
     /// Show sites, their nodes, and the latest install.
     Status(cli::status::StatusArgs),
     /// Log in to an API with single sign-on (its identity provider); the tokens are saved for
@@ -177,6 +183,8 @@ async fn command(cli: Cli, url: String) -> anyhow::Result<ExitCode> {
         Command::Events(args) => cli::events::run(&url, &args).await,
         Command::Command(cmd) => cli::command::run(&url, cmd).await,
         Command::Audit(args) => cli::audit::run(&url, args).await,
+        Command::Approval(cmd) => cli::approval::run(cmd).await,
+        Command::Whoami(args) => cli::whoami::run(&args).await,
         Command::Status(args) => cli::status::run(&url, &args).await,
         Command::Login(args) => cli::login::login(&args).await,
         Command::Logout(args) => cli::login::logout(&args),

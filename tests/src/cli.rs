@@ -25,6 +25,20 @@ pub async fn landfall(url: &str, args: &[&str]) -> Output {
         .expect("run landfall")
 }
 
+/// Runs `landfall ARGS` with `NATS_URL=url` and these environment variables (a value of `None`
+/// removes the variable), and waits for it.
+pub async fn landfall_with(url: &str, env: &[(&str, Option<&str>)], args: &[&str]) -> Output {
+    let mut command = tokio::process::Command::new(binary());
+    command.args(args).env("NATS_URL", url).env_remove("RUST_LOG");
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
+    }
+    command.output().await.expect("run landfall")
+}
+
 /// Output bytes as text.
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

@@ -1,7 +1,10 @@
 //! The client commands, one module per command group, each owning its arguments: they
 //! publish commands and read events and KV state, through `bus-schema` alone (`package upload`
-//! and `site stage` also reach the artifact store).
+//! and `site stage` also reach the artifact store). `approval`, `whoami` and `audit --api` go
+//! through the HTTP API instead ([`api_client`]), as the person logged in to it.
 
+pub mod api_client;
+pub mod approval;
 pub mod artifacts;
 pub mod audit;
 pub mod chart;
@@ -24,3 +27,4 @@ pub mod rollout;
 pub mod secrets;
 pub mod site;
 pub mod status;
+pub mod whoami;
