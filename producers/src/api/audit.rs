@@ -48,8 +48,8 @@ fn time_of(field: &str, value: &Option<String>) -> Result<Option<OffsetDateTime>
 pub fn filter(q: &AuditQuery) -> Result<Filter, String> {
     let until = time_of("until", &q.until)?;
     // Without `since`, the 7 days up to `until` (or now).
-    let since = time_of("since", &q.since)?
-        .unwrap_or_else(|| until.unwrap_or_else(OffsetDateTime::now_utc) - DEFAULT_WINDOW);
+    let since =
+        time_of("since", &q.since)?.unwrap_or_else(|| until.unwrap_or_else(OffsetDateTime::now_utc) - DEFAULT_WINDOW);
     let filter = Filter {
         actor: q.actor.clone().filter(|s| !s.is_empty()),
         site: q.site.clone().filter(|s| !s.is_empty()),

@@ -38,7 +38,7 @@ pub struct Filter {
 }
 
 /// The longest a listing reads, and the most records it reads: past either it says it stopped.
-const READ_FOR: Duration = Duration::from_secs(20);
+const READ_FOR: Duration = Duration::from_secs(8);
 const READ_MAX: usize = 2_000_000;
 
 pub const DEFAULT_LIMIT: usize = 100;
@@ -109,6 +109,11 @@ pub async fn list(
             ..Default::default()
         })
         .await?;
+    let mut out = (Vec::new(), false);
+    // Nothing written in the window: nothing to wait for.
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(out);
+    }
     let mut messages = consumer.messages().await?;
     // A record is written again when a command given up is carried out later: the last stands.
     let mut order: Vec<String> = Vec::new();
@@ -144,14 +149,15 @@ pub async fn list(
             break;
         }
     }
-    let entries = order
+    out.0 = order
         .iter()
         .rev()
         .filter_map(|id| latest.remove(id))
         .take(filter.limit)
         .map(|record| Entry { record })
         .collect();
-    Ok((entries, stopped))
+    out.1 = stopped;
+    Ok(out)
 }
 
 /// An entry as JSON: the ledger record's fields (`command_json`).
