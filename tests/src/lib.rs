@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod bpa_rest;
+pub mod browser;
 pub mod cli;
 pub mod fleet;
 pub mod helm;

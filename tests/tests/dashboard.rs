@@ -10,141 +10,36 @@
 //! `scripts/test` exports it. Without them the tests fail and say so; they never skip.
 //! Screenshots go to `target/dashboard/<case>/`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bus_schema::pb;
 use futures::StreamExt;
+use landfall_tests::browser;
 use landfall_tests::up::{Up, http};
 use serde_json::json;
 
 /// How long one browser case may run (its own steps time out well before).
 const CASE_TIMEOUT: Duration = Duration::from_secs(540);
-const CHROMIUM: &str = "/usr/bin/chromium";
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/dashboard.mjs");
-
 /// One browser case at a time: each starts a whole landfall and a Chromium, and the scale
 /// case's timings mean more on a machine that is not also running the other.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Where playwright-core is; a clear failure, never a skip, when the browser side is missing.
-fn browser_modules() -> PathBuf {
-    const HOW: &str = "run `export LANDFALL_BROWSER_MODULES=\"$(scripts/ensure-browser)\"` (it installs Debian's chromium \
-                       and playwright-core), or run the suite with scripts/test";
-    let node = Command::new("node").arg("--version").output();
-    assert!(
-        node.is_ok_and(|o| o.status.success()),
-        "node is not installed: the dashboard test drives Chromium from Node.js; {HOW}"
-    );
-    assert!(Path::new(CHROMIUM).exists(), "{CHROMIUM} is missing; {HOW}");
-    let modules = std::env::var_os("LANDFALL_BROWSER_MODULES")
-        .filter(|m| !m.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("LANDFALL_BROWSER_MODULES is not set; {HOW}"));
-    assert!(
-        modules.join("playwright-core").join("package.json").exists(),
-        "LANDFALL_BROWSER_MODULES={} holds no playwright-core; {HOW}",
-        modules.display()
-    );
-    modules
-}
-
-/// `target/dashboard/<case>`, which outlives the test (the temp dirs do not).
-fn screenshots(case: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
-    let dir = target.join("dashboard").join(case);
-    std::fs::create_dir_all(&dir).expect("create the screenshot directory");
-    dir.canonicalize().expect("the screenshot directory")
-}
-
-/// A browser case under way.
-struct Case {
-    name: String,
-    child: Child,
-    log_path: PathBuf,
-    out_dir: PathBuf,
-    deadline: Instant,
-}
-
 /// Starts one case of the browser script against `up`.
-fn start_case(up: &Up, case: &str, extra: &[&str]) -> Case {
-    let modules = browser_modules();
-    let out_dir = screenshots(case);
-    let log_path = up.dir.path().join(format!("browser-{case}.log"));
-    let log = std::fs::File::create(&log_path).expect("create the browser log");
-    let child = Command::new("node")
-        .arg(SCRIPT)
-        .args(["--case", case, "--url", &up.url(), "--token", &up.operator, "--viewer-token", &up.viewer])
-        .args(["--out", &out_dir.display().to_string()])
-        .args(extra)
-        .env("LANDFALL_BROWSER_MODULES", &modules)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("share the log file"))
-        .stderr(log)
-        .spawn()
-        .expect("start node");
-    Case { name: case.to_string(), child, log_path, out_dir, deadline: Instant::now() + CASE_TIMEOUT }
-}
-
-impl Case {
-    fn printed(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
-    }
-
-    /// Waits until the script has printed `line`; panics if it ends or times out first.
-    fn until_printed(&mut self, line: &str) {
-        while !self.printed().contains(line) {
-            if let Some(status) = self.child.try_wait().expect("poll node") {
-                panic!(
-                    "the browser case {} ended ({status}) before it printed {line:?}:\n{}",
-                    self.name,
-                    self.printed()
-                );
-            }
-            assert!(Instant::now() < self.deadline, "the browser case {} never printed {line:?}", self.name);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits for the case to end; returns what it printed, panics with it when it failed.
-    fn wait(mut self) -> String {
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("poll node") {
-                break Some(status);
-            }
-            if Instant::now() > self.deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let (case, printed) = (&self.name, self.printed());
-        println!("--- browser case {case} ---\n{printed}");
-        match status {
-            Some(s) if s.success() => printed,
-            Some(s) => {
-                panic!("the browser case {case} failed ({s}); screenshots in {}:\n{printed}", self.out_dir.display())
-            }
-            None => panic!("the browser case {case} did not finish within {CASE_TIMEOUT:?}:\n{printed}"),
-        }
-    }
+fn start_case(up: &Up, case: &str, extra: &[&str]) -> browser::Case {
+    browser::start(up, case, extra, CASE_TIMEOUT)
 }
 
 /// Runs one case of the browser script against `up`; returns what it printed, panics with it
 /// when it fails.
 fn run_case(up: &Up, case: &str, extra: &[&str]) -> String {
-    start_case(up, case, extra).wait()
+    browser::run(up, case, extra, CASE_TIMEOUT)
 }
 
 #[test]
 fn an_operator_installs_a_site_from_the_dashboard_and_watches_it_live() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let modules = browser_modules();
+    let modules = browser::modules();
     println!("playwright-core from {}", modules.display());
     let up = Up::start(3);
     let printed = run_case(&up, "install", &[]);
@@ -167,7 +62,7 @@ fn an_operator_installs_a_site_from_the_dashboard_and_watches_it_live() {
 fn a_site_whose_gateway_goes_quiet_mid_install_shows_cut_off_not_failed_and_up_again_when_heard() {
     const SITE: &str = "edge-04";
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    browser_modules();
+    browser::modules();
     let up = Up::start_with(3, &["--cut-off-after", "2s"]);
     up.command("register_site", json!({ "design": pb::SiteDesign::from(&producers::up::demo_site(3, 1)) }));
     let dir = up.dir.path().join(SITE);
@@ -212,7 +107,7 @@ fn a_site_whose_gateway_goes_quiet_mid_install_shows_cut_off_not_failed_and_up_a
 #[test]
 fn an_os_image_rollout_shows_each_node_deprovisioned_and_provisioned_again_live() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    browser_modules();
+    browser::modules();
     let up = Up::start_with(1, &["--nodes", "2", "--time-scale", "120"]);
     up.command("install_site", json!({ "site_id": "edge-01" }));
     up.until_site("edge-01", "installed", Duration::from_secs(120), |s| s["state"] == "installed");
@@ -223,7 +118,7 @@ fn an_os_image_rollout_shows_each_node_deprovisioned_and_provisioned_again_live(
 #[test]
 fn a_thousand_sites_show_one_page_at_a_time_and_search_finds_one() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    browser_modules();
+    browser::modules();
     let up = Up::start(3);
     // 997 more sites like the demo's (one node each), registered by the browser script through
     // the API while the dashboard is open.
@@ -247,7 +142,7 @@ fn a_thousand_sites_show_one_page_at_a_time_and_search_finds_one() {
 fn the_first_page_of_ten_thousand_sites_paints_and_the_feed_replays_only_its_own() {
     const SITES: usize = 10_000;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    browser_modules();
+    browser::modules();
     let nats = landfall_tests::nats::NatsServer::start();
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let measured = runtime.block_on(async {

@@ -268,19 +268,13 @@ async fn whoami(axum::Extension(who): axum::Extension<Principal>) -> axum::Json<
 /// Whom a request is from (the guards put it there).
 type Who = axum::Extension<Principal>;
 
-/// The sites `who` may read, as the views take them: `f` is theirs to lend.
-fn sees<'a>(who: &Principal, f: &'a dyn Fn(&bus_schema::pb::SiteDesign) -> bool) -> views::Sees<'a> {
-    if who.over_fleet(Role::Viewer) { views::Sees::All } else { views::Sees::Only(f) }
-}
-
 /// A site that is not registered, or not one the reader may see: the same answer for both.
 fn no_site(site: &str) -> ApiError {
     ApiError::not_found(format!("site {site:?} is not registered"))
 }
 
 async fn overview(State(s): State<ApiState>, axum::Extension(who): Who) -> axum::Json<Value> {
-    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
-    axum::Json(views::overview(&s.model.read(), sees(&who, &f)))
+    axum::Json(views::overview(&s.model.read(), views::Sees::of(&who)))
 }
 
 async fn sites(
@@ -289,8 +283,7 @@ async fn sites(
     query: Result<Query<views::SiteQuery>, QueryRejection>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
-    views::sites_page(&s.model.read(), &q, sees(&who, &f)).map(axum::Json).map_err(ApiError::bad_request)
+    views::sites_page(&s.model.read(), &q, views::Sees::of(&who)).map(axum::Json).map_err(ApiError::bad_request)
 }
 
 async fn site(
@@ -298,8 +291,7 @@ async fn site(
     axum::Extension(who): Who,
     Path(site): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
-    views::site_detail(&s.model.read(), &site, sees(&who, &f)).map(axum::Json).ok_or_else(|| no_site(&site))
+    views::site_detail(&s.model.read(), &site, views::Sees::of(&who)).map(axum::Json).ok_or_else(|| no_site(&site))
 }
 
 async fn site_nodes(
@@ -332,8 +324,7 @@ async fn packages(State(s): State<ApiState>) -> axum::Json<Value> {
 }
 
 async fn rollouts(State(s): State<ApiState>, axum::Extension(who): Who) -> axum::Json<Value> {
-    let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
-    axum::Json(views::rollouts(&s.model.read(), sees(&who, &f)))
+    axum::Json(views::rollouts(&s.model.read(), views::Sees::of(&who)))
 }
 
 async fn rollout(
@@ -343,9 +334,8 @@ async fn rollout(
 ) -> Result<axum::Json<Value>, ApiError> {
     let id = rollout::rollout_id(&id).map_err(|e| ApiError::not_found(e.to_string()))?;
     if !who.over_fleet(Role::Viewer) {
-        let f = |d: &bus_schema::pb::SiteDesign| who.may(Role::Viewer, &d.labels);
         let st = s.model.read();
-        if !st.rollouts.get(&id).is_some_and(|r| sees(&who, &f).rollout(&st, r)) {
+        if !st.rollouts.get(&id).is_some_and(|r| views::Sees::of(&who).rollout(&st, r)) {
             return Err(ApiError::not_found(format!("there is no rollout {id}")));
         }
     }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bus_schema::pb;
 use serde_json::{Value, json};
 
+use super::auth::{Principal, Role};
 use super::facts::{progress_of, step_label};
 use super::model::State;
 use crate::views::human::{kind_label, rfc3339, rfc3339_ms, role_label};
@@ -16,30 +17,41 @@ use crate::views::rollout::{rollout_summary_json, sort_newest_first};
 
 pub use super::facts::{NODE_STEPS, SITE_STATES, site_state};
 
-/// Which sites a reader may see: every one, or those whose design this says yes to (a reader
-/// whose grants cover part of the fleet). What they may not see is left out of every view as
-/// if it did not exist.
+/// Which sites a reader may see: every one, or those their grants cover (a reader of part of
+/// the fleet). What they may not see is left out of every view as if it did not exist.
 #[derive(Clone, Copy)]
 pub enum Sees<'a> {
     All,
-    Only(&'a dyn Fn(&pb::SiteDesign) -> bool),
+    Only(&'a Principal),
 }
 
-impl Sees<'_> {
-    /// Whether the reader sees registered site `site`.
-    pub fn site(&self, st: &State, site: &str) -> bool {
+impl<'a> Sees<'a> {
+    /// What `who` sees.
+    pub fn of(who: &'a Principal) -> Self {
+        if who.over_fleet(Role::Viewer) { Sees::All } else { Sees::Only(who) }
+    }
+
+    /// Whether the reader sees the site of design `d`.
+    pub fn design(&self, d: &pb::SiteDesign) -> bool {
         match self {
             Sees::All => true,
-            Sees::Only(f) => st.designs.get(site).is_some_and(f),
+            Sees::Only(who) => who.may(Role::Viewer, &d.labels),
         }
+    }
+
+    /// Whether the reader sees registered site `site`.
+    pub fn site(&self, st: &State, site: &str) -> bool {
+        matches!(self, Sees::All) || st.designs.get(site).is_some_and(|d| self.design(d))
     }
 
     /// Whether the reader sees a rollout: every reader of the whole fleet does; another, one
     /// that picks at least one site they see.
     pub fn rollout(&self, st: &State, r: &pb::Rollout) -> bool {
-        let Sees::Only(f) = self else { return true };
+        if matches!(self, Sees::All) {
+            return true;
+        }
         let selector = r.selector.clone().unwrap_or_default();
-        st.designs.values().any(|d| picks(&selector, d) && f(d))
+        st.designs.values().any(|d| picks(&selector, d) && self.design(d))
     }
 }
 
@@ -251,10 +263,7 @@ pub fn sites_page(st: &State, q: &SiteQuery, sees: Sees<'_>) -> Result<Value, St
     let matching: Vec<(&String, &pb::SiteDesign)> = st
         .designs
         .iter()
-        .filter(|(_, d)| match sees {
-            Sees::All => true,
-            Sees::Only(f) => f(d),
-        })
+        .filter(|(_, d)| sees.design(d))
         .filter(|(site, _)| ids.as_ref().is_none_or(|ids| ids.contains(site.as_str())))
         .filter(|(site, _)| q.q.as_deref().is_none_or(|needle| site.contains(needle)))
         .filter(|(site, _)| q.state.as_deref().is_none_or(|want| st.facts(site).is_some_and(|f| f.state() == want)))

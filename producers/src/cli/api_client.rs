@@ -3,7 +3,6 @@
 //! `landfall login`), JSON both ways, and the API's refusals as messages and exit codes.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
@@ -65,14 +64,7 @@ impl Client {
                 None => bail!("not logged in: run `landfall login --api {base}` (or set {TOKEN_ENV})"),
             },
         };
-        // reqwest is built without a crypto provider; ring's is the one the workspace builds.
-        let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(60))
-            .build()
-            .context("build the http client")?;
-        Ok(Self { http, base, token })
+        Ok(Self { http: super::login::http()?, base, token })
     }
 
     /// The URL of `path` with `query` (the pairs whose value is `None` left out).

@@ -191,7 +191,8 @@ fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-fn http() -> anyhow::Result<reqwest::Client> {
+/// The HTTP client of the commands that speak to the API or the identity provider.
+pub(super) fn http() -> anyhow::Result<reqwest::Client> {
     // reqwest is built without a crypto provider; ring's is the one the workspace builds.
     let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
