@@ -10,7 +10,7 @@
 //! the [`NatsServer`] kills the process and removes the directory.
 //!
 //! The binary is `$LANDFALL_NATS_SERVER` when set, else whatever `scripts/ensure-nats-server`
-//! prints (it fetches a nats-server >= 2.10.8 into `~/.cache/landfall` when none is installed).
+//! prints (it fetches a nats-server >= 2.12.0 into `~/.cache/landfall` when none is installed).
 //! It is resolved once per test binary.
 
 use producers::embedded::tied;
@@ -346,7 +346,7 @@ fn run_ensure_script(args: &[&str]) -> Result<PathBuf, String> {
     let path = stdout.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
     if !output.status.success() || path.is_empty() {
         return Err(format!(
-            "{ENSURE_SCRIPT} failed ({}); install nats-server >= 2.10.8 and set LANDFALL_NATS_SERVER\n{}{}",
+            "{ENSURE_SCRIPT} failed ({}); install nats-server >= 2.12.0 and set LANDFALL_NATS_SERVER\n{}{}",
             output.status,
             stdout,
             String::from_utf8_lossy(&output.stderr)

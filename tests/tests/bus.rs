@@ -10,7 +10,7 @@ use bus_schema::runtime::{Bus, BusError, Envelope, ErrorKind};
 use landfall_tests::fleet::Fleet;
 use landfall_tests::nats::NatsServer;
 
-/// A nats-server older than 2.10.8 is refused at connect with an error naming its version.
+/// A nats-server older than 2.12.0 is refused at connect with an error naming its version.
 #[tokio::test]
 async fn an_old_nats_server_is_refused_with_its_version_named() {
     let old = NatsServer::start_debian("bookworm");
@@ -21,7 +21,7 @@ async fn an_old_nats_server_is_refused_with_its_version_named() {
     assert!(matches!(err, BusError::ServerTooOld { .. }), "{err}");
     assert_eq!(err.kind(), ErrorKind::Fatal);
     let text = err.to_string();
-    assert!(text.contains("2.9.10") && text.contains("2.10.8 or newer"), "{text}");
+    assert!(text.contains("2.9.10") && text.contains("2.12.0 or newer"), "{text}");
 }
 
 #[tokio::test]
@@ -492,4 +492,44 @@ async fn a_job_stranded_past_its_durable_is_delivered_again() {
     got.double_ack().await.unwrap();
     let held_info = jobs.consumer_info(names::gateway_consumer(held)).await.unwrap();
     assert_eq!(held_info.num_pending, 1, "edge-02's job still waits in its own durable");
+}
+
+/// nats-server 2.15 lets a stream that names no limit hold 1,000 consumers, and the jobs stream
+/// holds a durable per site: it names its own limit, and a jobs stream made before it did (as an
+/// older landfall made it) is given that limit when the orchestrator's topology aligns it. Then
+/// a thousand and first site's durable is made.
+#[tokio::test]
+async fn the_jobs_stream_holds_a_durable_for_each_of_more_than_a_thousand_sites() {
+    use async_nats::jetstream::{consumer, stream};
+    use bus_schema::runtime::{JOBS_MAX_CONSUMERS, Topology};
+    let nats = NatsServer::start();
+    let bus = Bus::connect(&nats.url(), "landfall-test").await.unwrap();
+    let js = bus.jetstream();
+    js.create_stream(stream::Config {
+        name: names::JOBS_STREAM.into(),
+        subjects: vec![names::JOBS_ALL.into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    bus.ensure_topology(&Topology::default().aligning()).await.unwrap();
+    let mut jobs = js.get_stream(names::JOBS_STREAM).await.unwrap();
+    assert_eq!(jobs.info().await.unwrap().config.max_consumers, JOBS_MAX_CONSUMERS);
+    for i in 0..1_001 {
+        let site = format!("edge-{i:04}");
+        let made = jobs
+            .create_consumer(consumer::push::Config {
+                durable_name: Some(names::gateway_consumer(&site)),
+                deliver_subject: names::site_deliver(&site),
+                filter_subject: names::site_jobs(&site),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await;
+        if let Err(e) = made {
+            panic!("site {i}'s durable was refused: {e}");
+        }
+    }
+    assert_eq!(jobs.info().await.unwrap().state.consumer_count, 1_001);
 }

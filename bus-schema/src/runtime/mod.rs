@@ -64,7 +64,7 @@ pub use kv::{Cas, Kv, KvChange};
 pub use kv_update::{UPDATE_ATTEMPTS, Update};
 pub use request::RequestError;
 pub use serve::{Reply, error_reply, reply_error_text, serve_requests};
-pub use topology::Topology;
+pub use topology::{JOBS_MAX_CONSUMERS, Topology};
 pub use version::{MIN_SERVER_VERSION, parse_server_version, server_supported};
 
 pub use crate::envelope::{Envelope, trace_id};

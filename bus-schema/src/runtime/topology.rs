@@ -14,6 +14,10 @@ use crate::names;
 /// The most jobs of one kind one site may have waiting (`provision_os` goes out per node, so
 /// this sits well above any site's node count).
 pub const JOBS_PER_SUBJECT: i64 = 10_000;
+/// Durable consumers the jobs stream may hold: one per site's gateway. nats-server 2.15 gives a
+/// stream that names no limit 1,000 (`default_max_consumers`), and takes no value below one for
+/// "unlimited": past 1,000 sites, registering the next was refused.
+pub const JOBS_MAX_CONSUMERS: i32 = 1_000_000;
 
 /// How the streams and buckets are laid out on the server, and how long they keep things.
 #[derive(Debug, Clone)]
@@ -108,6 +112,7 @@ impl Bus {
             stream::Config {
                 max_age: topology.retention,
                 max_messages_per_subject: JOBS_PER_SUBJECT,
+                max_consumers: JOBS_MAX_CONSUMERS,
                 discard: stream::DiscardPolicy::New,
                 discard_new_per_subject: true,
                 ..base(names::JOBS_STREAM, names::JOBS_ALL, stream::RetentionPolicy::WorkQueue)
@@ -148,7 +153,20 @@ impl Bus {
         if !align {
             return Ok(());
         }
-        let current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
+        let mut current = stream.info().await.map_err(|e| topology_err(boxed(e)))?.config.clone();
+        // A stream made before it named its limit of consumers (nats-server 2.15 reads none as
+        // 1,000). Older servers could not change that limit, and have no such default: their
+        // refusal is only a warning.
+        if config.max_consumers > 0 && current.max_consumers != config.max_consumers {
+            let updated = stream::Config { max_consumers: config.max_consumers, ..current.clone() };
+            match self.jetstream().update_stream(updated).await {
+                Ok(_) => {
+                    info!(stream = %config.name, max_consumers = config.max_consumers, "limit of consumers set");
+                    current.max_consumers = config.max_consumers;
+                }
+                Err(e) => warn!(stream = %config.name, error = %e, "could not set the stream's limit of consumers"),
+            }
+        }
         if current.duplicate_window != config.duplicate_window
             || current.max_age != config.max_age
             || current.allow_direct != config.allow_direct

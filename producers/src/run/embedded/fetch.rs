@@ -3,7 +3,7 @@
 //!
 //! Looked for, in order: `$LANDFALL_NATS_SERVER` (when set it must do; it is never replaced),
 //! the cache's `nats-server/current/nats-server`, and `nats-server` on `PATH`. When none is new
-//! enough, the package is fetched from Debian `$LANDFALL_NATS_SUITE` (default trixie) on the
+//! enough, the package is fetched from Debian `$LANDFALL_NATS_SUITE` (default sid, which carries the current release) on the
 //! mirror this machine's apt already uses (`$LANDFALL_DEBIAN_MIRROR` overrides it): apt reads
 //! the suite's package lists into a private directory of the cache (the system's apt state is
 //! left alone), names the package's URL, size and SHA-256, the download is shown with its size
@@ -20,10 +20,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
 
-/// The oldest nats-server landfall runs on (older ones lack what the JetStream client needs).
-pub const MIN_VERSION: Version = Version(2, 10, 8);
-/// The Debian suite fetched from when no suite is named.
-const DEFAULT_SUITE: &str = "trixie";
+/// The oldest nats-server landfall runs on (`bus_schema::runtime::version::MIN_SERVER_VERSION`
+/// says why).
+pub const MIN_VERSION: Version = {
+    let (major, minor, patch) = bus_schema::runtime::MIN_SERVER_VERSION;
+    Version(major as u32, minor as u32, patch as u32)
+};
+/// The Debian suite fetched from when no suite is named: sid carries the current release
+/// (trixie's 2.10 is older than `MIN_VERSION`).
+const DEFAULT_SUITE: &str = "sid";
 
 /// A nats-server version, as `nats-server --version` prints it (`nats-server: v2.10.27`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -175,7 +180,7 @@ async fn fetch(cache: &Path, suite: &str) -> anyhow::Result<PathBuf> {
     let path = dest.join("nats-server");
     let version = supported(&path).await.map_err(|why| {
         anyhow::anyhow!(
-            "fetched nats-server {} from Debian {suite}, but {why} (try LANDFALL_NATS_SUITE=sid)",
+            "fetched nats-server {} from Debian {suite}, but {why} (LANDFALL_NATS_SUITE names another suite)",
             package.version
         )
     })?;
@@ -459,7 +464,7 @@ mod tests {
         assert_eq!(Version::parse("nats-server: v2.9.10\n"), Some(Version(2, 9, 10)));
         assert_eq!(Version::parse("v2.11"), Some(Version(2, 11, 0)));
         assert_eq!(Version::parse("no version"), None);
-        assert!(Version(2, 9, 10) < MIN_VERSION && MIN_VERSION < Version(2, 10, 27));
+        assert!(Version(2, 10, 27) < MIN_VERSION && MIN_VERSION < Version(2, 15, 1));
     }
 
     #[test]
