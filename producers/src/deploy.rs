@@ -299,7 +299,7 @@ fn tls_block(tls: &Tls, indent: &str, verify: bool) -> String {
     if verify {
         let _ = writeln!(out, "{indent}  verify: true");
     }
-    let _ = writeln!(out, "{indent}}}");
+    let _ = writeln!(out, "{indent}  timeout: {TLS_TIMEOUT_S}\n{indent}}}");
     out
 }
 
@@ -364,17 +364,45 @@ fn hub_server(plan: &Plan, i: usize, hub: &Hub, route_password: &str) -> String 
         out.push_str("}\n\n");
     }
     let _ = writeln!(out, "leafnodes {{\n  listen: \"{}:{}\"", hub.host, hub.leaf);
-    if plan.site_auth == SiteAuth::Enroll {
-        // A leaf node's link waits for the identity service's answer as a client does.
-        let _ = writeln!(out, "  authorization {{ timeout: {CALLOUT_TIMEOUT_S} }}");
-    }
     if let Some(address) = &hub.leaf_advertise {
         let _ = writeln!(out, "  advertise: {address:?}");
     }
+    let _ = writeln!(out, "{HUB_LEAF_SETTINGS}");
+    // A leaf node's link waits for its answer (the identity service's, or the server's own
+    // check of the site's key) as long as a client does: a storm of returning sites queues.
+    let _ = writeln!(out, "  authorization {{ timeout: {CALLOUT_TIMEOUT_S} }}");
     if let Some(tls) = &plan.tls {
         out.push_str(&tls_block(tls, "  ", false));
     }
     out.push_str("}\n\ninclude \"accounts.conf\"\n");
+    out
+}
+
+/// The hub's settings for thousands of leaf nodes (docs/src/benchmarks.md, "A hub for many leaf
+/// nodes", has the measurements):
+/// - Interest isolated per leaf node: what one site subscribes to is not propagated to every
+///   other site's leaf node (sites never hear each other), only to the hub's own clients.
+/// - No compression: nats-server's default (`s2_auto`) keeps an S2 encoder per leaf link, about
+///   1 MiB of the hub's memory each (70 KiB per link without); what crosses is small protobuf and
+///   artifacts that are archives already.
+const HUB_LEAF_SETTINGS: &str = "  isolate_leafnode_interest: true\n  compression: off";
+
+/// How a leaf node comes back after its link drops: it waits this long (nats-server adds a
+/// random delay of up to as much again after each failed attempt), so a restarted hub is not met
+/// by every site in the same second.
+const LEAF_RECONNECT: &str = "2s";
+
+/// A TLS handshake may take this long (nats-server's default is 2 s, which thousands of
+/// handshakes at once on a restarted hub outlast, each failure bringing another attempt).
+const TLS_TIMEOUT_S: u32 = 10;
+
+/// The remote's settings a site's leaf node gets: its compression as the hub's, and how long
+/// its TLS handshake may take.
+fn leaf_remote_settings(plan: &Plan) -> String {
+    let mut out = String::from("      compression: off\n");
+    if let Some(tls) = &plan.tls {
+        let _ = writeln!(out, "      tls {{ ca_file: {:?}, timeout: {TLS_TIMEOUT_S} }}", tls.ca.display().to_string());
+    }
     out
 }
 
@@ -388,7 +416,7 @@ fn leaf(plan: &Plan, site: &str, user: &User) -> String {
          server_name: leaf-{site}\nlisten: {:?}\nmax_payload: {}\n{}\n\
          jetstream {{\n  domain: {site:?}\n  store_dir: {:?}\n}}\n\n\
          authorization {{\n  users: [ {{ nkey: {:?} }} ]\n}}\n\n\
-         leafnodes {{\n  remotes: [\n    {{\n      urls: [{}]\n      nkey: {:?}\n",
+         leafnodes {{\n  reconnect: {LEAF_RECONNECT:?}\n  remotes: [\n    {{\n      urls: [{}]\n      nkey: {:?}\n",
         plan.site_listen,
         bus_schema::names::MAX_PAYLOAD + 64 * 1024,
         slow_link_settings(),
@@ -397,9 +425,7 @@ fn leaf(plan: &Plan, site: &str, user: &User) -> String {
         quoted(&urls),
         user.key.seed,
     );
-    if let Some(tls) = &plan.tls {
-        let _ = writeln!(out, "      tls {{ ca_file: {:?} }}", tls.ca.display().to_string());
-    }
+    out.push_str(&leaf_remote_settings(plan));
     out.push_str("    }\n  ]\n}\n");
     out
 }
@@ -420,7 +446,7 @@ fn leaf_enrolled(plan: &Plan, site: &str) -> String {
          # holds everything the site sends or receives to the site's permissions.\n\
          server_name: leaf-{site}\nlisten: {:?}\nmax_payload: {}\n{}\n\
          jetstream {{\n  domain: {site:?}\n  store_dir: {:?}\n}}\n\n\
-         leafnodes {{\n  remotes: [\n    {{\n      urls: [{}]\n      credentials: {:?}\n",
+         leafnodes {{\n  reconnect: {LEAF_RECONNECT:?}\n  remotes: [\n    {{\n      urls: [{}]\n      credentials: {:?}\n",
         plan.site_listen,
         bus_schema::names::MAX_PAYLOAD + 64 * 1024,
         slow_link_settings(),
@@ -428,9 +454,7 @@ fn leaf_enrolled(plan: &Plan, site: &str) -> String {
         quoted(&urls),
         plan.site_creds.display().to_string(),
     );
-    if let Some(tls) = &plan.tls {
-        let _ = writeln!(out, "      tls {{ ca_file: {:?} }}", tls.ca.display().to_string());
-    }
+    out.push_str(&leaf_remote_settings(plan));
     out.push_str("    }\n  ]\n}\n");
     out
 }
@@ -671,6 +695,16 @@ mod tests {
         let site = User { role: Role::Site("edge-01".into()), key: key_pair(None).unwrap() };
         for conf in [hub_server(&p, 0, &p.hubs[0], "pw"), leaf(&p, "edge-01", &site)] {
             assert!(conf.contains("\nwrite_deadline: \"60s\"\n"), "{conf}");
+        }
+        // Many leaf nodes: interest isolated and no compression at the hub, a reconnect delay
+        // (jittered by the server) at the site, and the same compression on both ends.
+        let hub = hub_server(&p, 0, &p.hubs[0], "pw");
+        let leafnodes = &hub[hub.find("leafnodes {").unwrap()..];
+        assert!(leafnodes.contains("isolate_leafnode_interest: true\n  compression: off"), "{hub}");
+        assert!(leafnodes.contains("authorization { timeout: 10 }"), "{hub}");
+        for conf in [leaf(&p, "edge-01", &site), leaf_enrolled(&p, "edge-01")] {
+            assert!(conf.contains("leafnodes {\n  reconnect: \"2s\"\n"), "{conf}");
+            assert!(conf.contains("      compression: off\n"), "{conf}");
         }
     }
 
