@@ -9,6 +9,16 @@
 //! - `push`: one jobs stream, a durable push consumer per site delivering to a subject of the
 //!   site's own, no heartbeat: an idle site costs no traffic.
 //! - `stream`: a stream per site, with one unfiltered durable pull consumer.
+//!
+//! The three layouts above keep their jobs by limits, as first measured. Three more keep them as
+//! landfall's jobs stream does, or could, each with a durable push consumer per site:
+//! - `push-work-queue`: one work-queue stream (as deployed). nats-server checks each new
+//!   consumer's filter against every other consumer's, so making them grows with the square of
+//!   the sites.
+//! - `push-interest`: one stream kept by interest: no such check, but a job no consumer is
+//!   interested in when it is stored is dropped, and one whose consumer is deleted goes with it.
+//! - `push-sharded`: `SHARDS` work-queue streams, a site's jobs in the one its number picks
+//!   (the shard a token of the job's subject): each check covers one shard's consumers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,6 +39,9 @@ pub enum Layout {
     Pull,
     Push,
     Stream,
+    PushWorkQueue,
+    PushInterest,
+    PushSharded,
 }
 
 impl Layout {
@@ -37,7 +50,33 @@ impl Layout {
             Layout::Pull => "pull",
             Layout::Push => "push",
             Layout::Stream => "stream",
+            Layout::PushWorkQueue => "push-work-queue",
+            Layout::PushInterest => "push-interest",
+            Layout::PushSharded => "push-sharded",
         }
+    }
+
+    fn retention(self) -> stream::RetentionPolicy {
+        match self {
+            Layout::Pull | Layout::Push | Layout::Stream => stream::RetentionPolicy::Limits,
+            Layout::PushWorkQueue | Layout::PushSharded => stream::RetentionPolicy::WorkQueue,
+            Layout::PushInterest => stream::RetentionPolicy::Interest,
+        }
+    }
+
+    fn push(self) -> bool {
+        !matches!(self, Layout::Pull | Layout::Stream)
+    }
+}
+
+/// Work-queue streams of the `push-sharded` layout.
+const SHARDS: usize = 64;
+
+/// The subjects site `i`'s jobs are stored under (a wildcard for its kinds).
+fn site_jobs(layout: Layout, i: usize) -> String {
+    match layout {
+        Layout::PushSharded => format!("bench.job.{}.{}.>", i % SHARDS, site(i)),
+        _ => format!("bench.job.{}.>", site(i)),
     }
 }
 
@@ -50,6 +89,7 @@ fn site(i: usize) -> String {
 fn stream_name(layout: Layout, i: usize) -> String {
     match layout {
         Layout::Stream => format!("BENCH_JOBS_{}", site(i)),
+        Layout::PushSharded => format!("BENCH_JOBS_{}", i % SHARDS),
         _ => "BENCH_JOBS".into(),
     }
 }
@@ -76,12 +116,15 @@ async fn measure(
     let mut hub = Process::spawn(cmd, &log)?;
     wait_listening(&mut hub, port, &log).await?;
     let url = format!("nats://127.0.0.1:{port}");
-    let admin = jetstream::new(async_nats::connect(&url).await?);
+    let mut admin = jetstream::new(async_nats::connect(&url).await?);
+    // Making the ten thousandth consumer of a work-queue stream takes the hub seconds: wait.
+    admin.set_timeout(Duration::from_secs(120));
     let base_rss = hub.rss_mib();
 
     let t = Instant::now();
     let streams: Vec<String> = match layout {
         Layout::Stream => (0..sites).map(|i| stream_name(layout, i)).collect(),
+        Layout::PushSharded => (0..SHARDS.min(sites)).map(|i| stream_name(layout, i)).collect(),
         _ => vec![stream_name(layout, 0)],
     };
     let made: Vec<anyhow::Result<()>> = futures::stream::iter(streams.iter().enumerate())
@@ -89,10 +132,17 @@ async fn measure(
             let admin = admin.clone();
             let subjects = match layout {
                 Layout::Stream => vec![format!("bench.job.{}.>", site(i))],
+                Layout::PushSharded => vec![format!("bench.job.{i}.>")],
                 _ => vec!["bench.job.>".into()],
             };
+            let retention = layout.retention();
             async move {
-                admin.create_stream(stream::Config { name: name.clone(), subjects, ..Default::default() }).await?;
+                // As landfall's jobs stream: a consumer per site (nats-server 2.15 allows 1,000
+                // to a stream that names no limit).
+                let max_consumers = bus_schema::runtime::JOBS_MAX_CONSUMERS;
+                let config =
+                    stream::Config { name: name.clone(), subjects, retention, max_consumers, ..Default::default() };
+                admin.create_stream(config).await?;
                 anyhow::Ok(())
             }
         })
@@ -136,8 +186,8 @@ async fn measure(
     let t = Instant::now();
     let mut acks = futures::stream::FuturesUnordered::new();
     for i in 0..sites {
-        let ack =
-            admin.publish(format!("bench.job.{}.patch", site(i)), bytes::Bytes::from_static(&[b'x'; 200])).await?;
+        let subject = site_jobs(layout, i).replace('>', "patch");
+        let ack = admin.publish(subject, bytes::Bytes::from_static(&[b'x'; 200])).await?;
         acks.push(std::future::IntoFuture::into_future(ack));
         while acks.len() >= 1024 {
             acks.next().await.context("ack")??;
@@ -180,10 +230,10 @@ async fn make_consumer(js: &jetstream::Context, layout: Layout, i: usize) -> any
     let durable = format!("gateway-{}", site(i));
     let filter = match layout {
         Layout::Stream => String::new(),
-        _ => format!("bench.job.{}.>", site(i)),
+        _ => site_jobs(layout, i),
     };
     match layout {
-        Layout::Push => {
+        l if l.push() => {
             s.create_consumer(consumer::push::Config {
                 durable_name: Some(durable),
                 deliver_subject: format!("bench.deliver.{}", site(i)),
@@ -216,7 +266,7 @@ async fn take_jobs(
     let js = jetstream::new(client);
     let s = js.get_stream(stream_name(layout, i)).await?;
     let durable = format!("gateway-{}", site(i));
-    if layout == Layout::Push {
+    if layout.push() {
         let c: consumer::PushConsumer = s.get_consumer(&durable).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut messages = c.messages().await?;
         while let Some(m) = messages.next().await {

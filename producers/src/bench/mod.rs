@@ -11,9 +11,11 @@
 //!   stay flat over them ([`soak`]).
 
 pub mod api;
+mod hub_costs;
 mod layout;
 mod production;
 mod site_auth;
+mod slopes;
 pub mod soak;
 pub mod transfer;
 
@@ -49,7 +51,8 @@ pub enum FanoutShape {
 pub enum BenchCommand {
     /// One PatchPackage over S simulated sites of N nodes each (instant backends): wall time
     /// from the publish to RolloutCompleted, node updates per second, bus messages per node
-    /// update, and efficiency against raw JetStream publishing measured in the same run.
+    /// update, and node updates per second against raw JetStream messages per second measured
+    /// in the same run; in the production shape, the hub's memory per site and CPU per update.
     Fanout {
         #[arg(long, default_value_t = 1000)]
         sites: usize,
@@ -152,6 +155,17 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 10)]
         nodes: usize,
     },
+    /// The hub's costs across `fanout --shape production` runs of different sizes (each run's
+    /// JSON in a file): per site and per node update at each size, the slopes between sizes,
+    /// the targets checked at the largest, and with --svg the slopes drawn.
+    Slopes {
+        /// The runs' JSON reports.
+        #[arg(required = true)]
+        runs: Vec<std::path::PathBuf>,
+        /// Draw hub memory per site and hub CPU per node update against the fleet's size here.
+        #[arg(long)]
+        svg: Option<std::path::PathBuf>,
+    },
 }
 
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
@@ -163,11 +177,13 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
             | BenchCommand::JobLayout { .. }
             | BenchCommand::SiteAuth { .. }
     );
+    // Slopes reads earlier runs' reports: no server.
+    let no_server = own_hub || matches!(cmd, BenchCommand::Slopes { .. });
     anyhow::ensure!(
         !(own_hub && nats_url.is_some()),
         "the production shape starts a hub of its own, configured for its sites: unset NATS_URL, or use --shape shared"
     );
-    let server = if own_hub { Server { url: String::new(), child: None } } else { Server::start(nats_url).await? };
+    let server = if no_server { Server { url: String::new(), child: None } } else { Server::start(nats_url).await? };
     let url = server.url.clone();
     let work = async move {
         match cmd {
@@ -219,6 +235,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
             BenchCommand::Soak(args) => soak::soak(&url, args).await,
             BenchCommand::JobLayout { sites, layout, idle } => layout::job_layout(sites, layout, idle).await,
             BenchCommand::SiteAuth { sites } => site_auth::site_auth(sites).await,
+            BenchCommand::Slopes { runs, svg } => slopes::slopes(&runs, svg.as_deref()).await,
             BenchCommand::Api { sites, nodes } => {
                 anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
                 api::api(&url, sites, nodes).await
@@ -593,7 +610,7 @@ pub(super) async fn patch_fleet(
 
 impl Patched {
     /// What every fanout reports of its rollout: node updates and the backends' patches, the
-    /// rate, bus messages per update (`messages_after`: stored when it ended), and efficiency
+    /// rate, bus messages per update (`messages_after`: stored when it ended), and the rate
     /// against `raw` JetStream messages per second.
     pub(super) fn figures(&self, messages_after: u64, raw: f64, sims: &[SimSite]) -> serde_json::Value {
         let patched_effects: u64 =
@@ -611,7 +628,10 @@ impl Patched {
             "bus_messages": messages,
             "bus_messages_per_node_update": round(per_update, 2),
             "raw_jetstream_msgs_per_second": round(raw, 0),
-            "efficiency": round(per_update * rate / raw, 3),
+            // What one node update costs against one raw message, however many messages it
+            // takes: the old "efficiency" multiplied by messages per update, so it rose when an
+            // update got costlier.
+            "node_updates_per_raw_jetstream_msg": round(rate / raw, 4),
         })
     }
 }

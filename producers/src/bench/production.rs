@@ -31,6 +31,7 @@ use site_gateway::sim::{SimConfig, SimSite};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::hub_costs::{self, HubSample};
 use super::{
     extend, patch_fleet, raw_publish_rate, register_fleet, representative_payload, rollout_phases, round,
     stored_messages, target_package,
@@ -102,6 +103,8 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             .await
             .with_context(|| format!("the orchestrator did not make {stream} within 60 s"))??;
     }
+    // Before the raw measurement, whose messages the hub holds for a while.
+    let hub_empty = hub.sample().await?;
     let payload = representative_payload();
     eprintln!("raw JetStream: {raw_messages} async publishes of {payload} bytes ...");
     let raw = raw_publish_rate(&bus, payload, raw_messages).await?;
@@ -128,6 +131,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     eprintln!("installed {installed} sites ({install_failed} failed) in {install_s:.1} s");
     anyhow::ensure!(install_failed == 0, "{install_failed} installs failed");
     let sample_after_install = CpuSample::take(&hub, &services);
+    let hub_installed = hub.sample().await?;
     let hub_rss_setup = hub.process.rss_mib();
     // Idle: what the fleet costs while nothing happens (each gateway's heartbeat, heard by the
     // observer, is most of it).
@@ -162,6 +166,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
 
     let patched = patch_fleet(&bus, target, &strategy).await?;
     let sample_after_patch = CpuSample::take(&hub, &services);
+    let hub_patched = hub.sample().await?;
     let figures = patched.figures(stored_messages(&bus).await?, raw, &sims);
     let phases = rollout_phases(&bus, &patched.rollout_id).await?;
 
@@ -178,6 +183,14 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let cpu_setup = sample_after_install.since(&sample_at_start);
     let cpu_patch = sample_after_patch.since(&sample_after_setup);
     let per_site_kib = |mib: f64| round(mib * 1024.0 / sites as f64, 1);
+    let per_site = hub_costs::per_site(hub_empty, hub_installed, sites);
+    let updates = figures["node_updates"].as_f64().unwrap_or(0.0).max(1.0);
+    let hub_cpu_us = round(cpu_patch["hub_nats"].as_f64().unwrap_or(0.0) * 1e6 / updates, 1);
+    eprintln!(
+        "hub per site: {} KiB RSS, {} KiB heap, {} goroutines; per node update: {hub_cpu_us} µs of hub CPU; \
+         {} node updates/s against {raw:.0} raw JetStream msgs/s",
+        per_site["rss_kib"], per_site["heap_kib"], per_site["goroutines"], figures["node_updates_per_second"]
+    );
     let mut report = json!({
         "bench": "fanout",
         "shape": "production",
@@ -207,6 +220,15 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             "rss_kib_per_site": per_site_kib(hub_rss),
             "cpu_seconds_setup": cpu_setup["hub_nats"],
             "cpu_seconds_patch": cpu_patch["hub_nats"],
+        },
+        // The hub by its own monitoring: empty (services connected), installed, patched; its
+        // growth per site from empty to installed, and its CPU per node update of the patch.
+        "hub_costs": {
+            "empty": hub_empty.to_json(),
+            "installed": hub_installed.to_json(),
+            "patched": hub_patched.to_json(),
+            "per_site": per_site,
+            "per_node_update": { "hub_cpu_us": hub_cpu_us },
         },
         "services_rss_mib": service_memory,
         // Where the machine's CPU went: register, connect and install; then the patch.
@@ -504,6 +526,9 @@ struct Hub {
     client: u16,
     /// The monitoring port.
     http: u16,
+    /// Go's profiler: the hub's live heap and goroutines (`LANDFALL_BENCH_HUB_PROF_PORT` names
+    /// it, to profile the hub while the benchmark runs).
+    prof: u16,
 }
 
 impl Hub {
@@ -530,20 +555,19 @@ impl Hub {
             Ok(args)
         })
         .await??;
+        let prof = match std::env::var("LANDFALL_BENCH_HUB_PROF_PORT") {
+            Ok(port) => port.parse().context("LANDFALL_BENCH_HUB_PROF_PORT is not a port")?,
+            Err(_) => free_port()?,
+        };
+        let conf = args.out.join(format!("hub/{}.conf", deploy::hub_name(0)));
+        let text = std::fs::read_to_string(&conf)?;
+        std::fs::write(&conf, format!("prof_port: {prof}\n{text}"))?;
         let process = Self::spawn(binary, &args.out, client).await?;
-        Ok(Self { process, url: format!("nats://127.0.0.1:{client}"), config: args.out, client, http })
+        Ok(Self { process, url: format!("nats://127.0.0.1:{client}"), config: args.out, client, http, prof })
     }
 
     async fn spawn(binary: &Path, config: &Path, client: u16) -> anyhow::Result<Process> {
         let log = config.join("hub.log");
-        // Go's profiler on this port, to see where the hub's CPU and memory go.
-        if let Ok(port) = std::env::var("LANDFALL_BENCH_HUB_PROF_PORT") {
-            let conf = config.join(format!("hub/{}.conf", deploy::hub_name(0)));
-            let text = std::fs::read_to_string(&conf)?;
-            if !text.starts_with("prof_port") {
-                std::fs::write(&conf, format!("prof_port: {port}\n{text}"))?;
-            }
-        }
         let mut cmd = tied::command(binary);
         cmd.arg("-c").arg(config.join(format!("hub/{}.conf", deploy::hub_name(0))));
         let mut process = Process::spawn(cmd, &log)?;
@@ -601,6 +625,10 @@ impl Hub {
 
     fn cpu_seconds(&self) -> f64 {
         self.process.cpu_seconds()
+    }
+
+    async fn sample(&self) -> anyhow::Result<HubSample> {
+        HubSample::take(self.http, self.prof, self.cpu_seconds()).await
     }
 }
 
