@@ -620,6 +620,10 @@ impl Patched {
         let rate = updates / self.wall;
         let per_update = messages as f64 / updates.max(1.0);
         json!({
+            // The nodes the rollout planned: each node of the sites that had reported what it
+            // runs, at another version. A node the observer had not recorded yet is left out, so
+            // fewer than the fleet's nodes says the observer was behind when the patch began.
+            "planned_nodes": self.completed.planned_nodes,
             "node_updates": self.completed.patched,
             "node_updates_failed": self.completed.failed,
             "backend_patch_effects": patched_effects,

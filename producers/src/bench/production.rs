@@ -184,6 +184,13 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let cpu_patch = sample_after_patch.since(&sample_after_setup);
     let per_site_kib = |mib: f64| round(mib * 1024.0 / sites as f64, 1);
     let per_site = hub_costs::per_site(hub_empty, hub_installed, sites);
+    let planned = figures["planned_nodes"].as_u64().unwrap_or(0);
+    if planned < (sites * nodes) as u64 {
+        eprintln!(
+            "the rollout planned {planned} of {} nodes: the observer had not recorded the others yet",
+            sites * nodes
+        );
+    }
     let updates = figures["node_updates"].as_f64().unwrap_or(0.0).max(1.0);
     let hub_cpu_us = round(cpu_patch["hub_nats"].as_f64().unwrap_or(0.0) * 1e6 / updates, 1);
     eprintln!(
