@@ -25,16 +25,7 @@ pub fn modules() -> PathBuf {
         "node is not installed: the dashboard test drives Chromium from Node.js; {HOW}"
     );
     assert!(Path::new(CHROMIUM).exists(), "{CHROMIUM} is missing; {HOW}");
-    let modules = std::env::var_os("LANDFALL_BROWSER_MODULES")
-        .filter(|m| !m.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("LANDFALL_BROWSER_MODULES is not set; {HOW}"));
-    assert!(
-        modules.join("playwright-core").join("package.json").exists(),
-        "LANDFALL_BROWSER_MODULES={} holds no playwright-core; {HOW}",
-        modules.display()
-    );
-    modules
+    crate::node::modules("LANDFALL_BROWSER_MODULES", "playwright-core", HOW)
 }
 
 /// `target/dashboard/<case>`, which outlives the test (the temp dirs do not).

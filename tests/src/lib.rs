@@ -11,6 +11,7 @@ pub mod intruder;
 pub mod kube;
 pub mod kube_site;
 pub mod nats;
+pub mod node;
 pub mod oidc;
 pub mod procs;
 pub mod reference;

@@ -103,16 +103,7 @@ pub struct Provider {
 pub fn modules() -> PathBuf {
     const HOW: &str = "run `export LANDFALL_OIDC_MODULES=\"$(scripts/ensure-oidc-provider)\"` (it installs \
                        oidc-provider with npm into the cache), or run the suite with scripts/test";
-    let modules = std::env::var_os("LANDFALL_OIDC_MODULES")
-        .filter(|m| !m.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("LANDFALL_OIDC_MODULES is not set; {HOW}"));
-    assert!(
-        modules.join("oidc-provider").join("package.json").exists(),
-        "LANDFALL_OIDC_MODULES={} holds no oidc-provider; {HOW}",
-        modules.display()
-    );
-    modules
+    crate::node::modules("LANDFALL_OIDC_MODULES", "oidc-provider", HOW)
 }
 
 impl Provider {

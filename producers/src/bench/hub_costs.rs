@@ -25,17 +25,6 @@ impl HubSample {
     /// Reads the hub's monitoring port `http` and profiler port `prof`; `cpu_seconds` is its
     /// CPU so far (from `/proc`).
     pub(super) async fn take(http: u16, prof: u16, cpu_seconds: f64) -> anyhow::Result<Self> {
-        // reqwest is built without a crypto provider and asks for the process's default even for
-        // plain http; ring's is the one the workspace builds.
-        let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
-        let get = |url: String| {
-            let client = client.clone();
-            async move {
-                let body = client.get(&url).send().await?.error_for_status()?.text().await?;
-                anyhow::Ok(body)
-            }
-        };
         let varz: serde_json::Value = serde_json::from_str(&get(format!("http://127.0.0.1:{http}/varz")).await?)?;
         let rss_bytes = varz["mem"].as_f64().context("/varz has no mem")?;
         let goroutines = get(format!("http://127.0.0.1:{prof}/debug/pprof/goroutine?debug=1")).await?;
@@ -66,6 +55,15 @@ pub(super) fn per_site(empty: HubSample, installed: HubSample, sites: usize) -> 
         "heap_kib": round((installed.heap_bytes - empty.heap_bytes) / 1024.0 / n, 1),
         "goroutines": round((installed.goroutines - empty.goroutines) / n, 2),
     })
+}
+
+/// The body of `GET url` on the hub's monitoring or profiling port.
+pub(super) async fn get(url: String) -> anyhow::Result<String> {
+    // reqwest is built without a crypto provider and asks for the process's default even for
+    // plain http; ring's is the one the workspace builds.
+    let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
+    Ok(client.get(&url).send().await?.error_for_status()?.text().await?)
 }
 
 /// `goroutine profile: total 1234` on the first line.

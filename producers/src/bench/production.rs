@@ -599,13 +599,8 @@ impl Hub {
 
     /// Client connections the hub has now (its monitoring endpoint).
     async fn connections(&self) -> anyhow::Result<usize> {
-        // reqwest is built without a crypto provider and asks for the process's default even for
-        // plain http; ring's is the one the workspace builds.
-        let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder().build()?;
-        let url = format!("http://127.0.0.1:{}/varz", self.http);
-        let body = http.get(url).send().await?.error_for_status()?.bytes().await?;
-        let varz: serde_json::Value = serde_json::from_slice(&body)?;
+        let varz: serde_json::Value =
+            serde_json::from_str(&hub_costs::get(format!("http://127.0.0.1:{}/varz", self.http)).await?)?;
         // Gateways behind leaf nodes reach the hub through their leaf node's link.
         let count = |field: &str| varz[field].as_u64().with_context(|| format!("/varz has no {field} count"));
         Ok((count("connections")? + count("leafnodes")?) as usize)

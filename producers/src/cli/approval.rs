@@ -99,7 +99,7 @@ async fn decide(
 ) -> anyhow::Result<ExitCode> {
     let client = Client::new(api).await?;
     let verb = if approve { "approve" } else { "refuse" };
-    let path = format!("/v1/approvals/{}/{verb}", urlencoding(id.trim()));
+    let path = decision_path(id.trim(), verb);
     let body = match reason {
         Some(reason) => json!({ "reason": reason }),
         None => json!({}),
@@ -120,14 +120,12 @@ async fn decide(
     Ok(ExitCode::SUCCESS)
 }
 
-/// An id as one path segment (ids are UUIDs; anything else is escaped so it stays one).
-fn urlencoding(id: &str) -> String {
-    id.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// `/v1/approvals/<id>/<verb>`, the id one path segment whatever it holds (ids are UUIDs;
+/// anything else is escaped by the URL's own path encoding).
+fn decision_path(id: &str, verb: &str) -> String {
+    let mut url = reqwest::Url::parse("http://api/v1/approvals").expect("a fixed URL parses");
+    url.path_segments_mut().expect("an http URL has a path").extend([id, verb]);
+    url.path().to_string()
 }
 
 #[cfg(test)]
@@ -150,7 +148,7 @@ mod tests {
 
     #[test]
     fn ids_stay_one_path_segment() {
-        assert_eq!(urlencoding("0b9c8a4e-0000"), "0b9c8a4e-0000");
-        assert_eq!(urlencoding("a/b c"), "a%2Fb%20c");
+        assert_eq!(decision_path("0b9c8a4e-0000", "approve"), "/v1/approvals/0b9c8a4e-0000/approve");
+        assert_eq!(decision_path("a/b c", "refuse"), "/v1/approvals/a%2Fb%20c/refuse");
     }
 }
