@@ -200,7 +200,7 @@ impl Role {
         // Every hub service makes sure the streams and buckets exist when it starts.
         p.publish.push(js_api("INFO"));
         for stream in
-            names::STREAMS.iter().map(|s| s.to_string()).chain(names::ALL_BUCKETS.iter().map(|b| kv_stream(b)))
+            names::streams().into_iter().map(String::from).chain(names::ALL_BUCKETS.iter().map(|b| kv_stream(b)))
         {
             p.publish.push(js_api(&format!("STREAM.INFO.{stream}")));
             p.publish.push(js_api(&format!("STREAM.CREATE.{stream}")));
@@ -211,6 +211,9 @@ impl Role {
                 p.publish.push(js_api(&format!("STREAM.UPDATE.{stream}")));
             }
         }
+        // Whether an earlier version's one jobs stream is still there: only the orchestrator
+        // moves its jobs into the shards (`runtime::job_shards`).
+        p.publish.push(js_api(&format!("STREAM.INFO.{}", names::LEGACY_JOBS_STREAM)));
         // What the table of kinds (`trust::RULES`) says the role sends, and nothing else.
         p.publish.extend(self.party().map(sends).unwrap_or_default());
         for (stream, durable) in self.durables() {
@@ -236,22 +239,38 @@ impl Role {
             Role::Orchestrator => {
                 // The order check reads the commands of a scope that came before one.
                 p.publish.extend(getter(names::COMMANDS_STREAM));
-                let jobs = names::JOBS_STREAM;
-                p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
-                // Durables an earlier version made as pull consumers are made anew as push ones.
-                p.publish.push(js_api(&format!("CONSUMER.LIST.{jobs}")));
+                for shard in 0..names::JOB_SHARDS {
+                    let jobs = names::jobs_stream(shard);
+                    p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
+                    // A job its site's durable holds nothing of is looked at, by the time it was
+                    // stored.
+                    p.publish.push(js_api(&format!("STREAM.MSG.GET.{jobs}")));
+                    // A durable of a shard takes only that shard's jobs.
+                    p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::shard_jobs(shard))));
+                    // Removing a site deletes its gateway's durable and drops its jobs.
+                    // (Only gateways have durables on the jobs streams.)
+                    p.publish.push(js_api(&format!("CONSUMER.DELETE.{jobs}.*")));
+                    p.publish.push(js_api(&format!("STREAM.PURGE.{jobs}")));
+                }
                 // The store watch reads how far behind each durable of the commands and events is
                 // (`landfall_consumer_pending`).
                 for stream in [names::COMMANDS_STREAM, names::EVENTS_STREAM] {
                     p.publish.push(js_api(&format!("CONSUMER.LIST.{stream}")));
                 }
-                // A job its site's durable holds nothing of is looked at, by the time it was stored.
-                p.publish.push(js_api(&format!("STREAM.MSG.GET.{jobs}")));
-                p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::site_jobs("*"))));
-                // Removing a site deletes its gateway's durable and drops its jobs.
-                // (Only gateways have durables on the jobs stream.)
-                p.publish.push(js_api(&format!("CONSUMER.DELETE.{jobs}.*")));
-                p.publish.push(js_api(&format!("STREAM.PURGE.{jobs}")));
+                // Moving an earlier version's jobs into the shards: its stream's jobs and
+                // durables are read, kept aside until each is in its shard, and both streams
+                // deleted.
+                let (legacy, moving) = (names::LEGACY_JOBS_STREAM, names::MOVING_JOBS_STREAM);
+                p.publish.extend([
+                    js_api(&format!("CONSUMER.LIST.{legacy}")),
+                    js_api(&format!("STREAM.MSG.GET.{legacy}")),
+                    js_api(&format!("STREAM.DELETE.{legacy}")),
+                    js_api(&format!("STREAM.INFO.{moving}")),
+                    js_api(&format!("STREAM.CREATE.{moving}")),
+                    js_api(&format!("STREAM.MSG.GET.{moving}")),
+                    js_api(&format!("STREAM.DELETE.{moving}")),
+                    names::MOVING_JOBS_ALL.to_string(),
+                ]);
                 // Compaction sweeps the markers deletions leave in the buckets it owns.
                 for bucket in [names::SAGAS_BUCKET, names::SITES_BUCKET] {
                     p.publish.push(js_api(&format!("STREAM.PURGE.{}", kv_stream(bucket))));
@@ -319,7 +338,7 @@ fn sends(party: Party) -> Vec<String> {
         .map(|r| match r.channel {
             Channel::Command if r.site_fields.is_empty() => names::command_subject(r.kind, names::FLEET),
             Channel::Command => names::command_subject(r.kind, "*"),
-            Channel::Job => names::job_subject("*", r.kind),
+            Channel::Job => names::jobs_of_kind(r.kind),
             Channel::Event if r.site_fields.is_empty() && !pb::rejection::in_answered_scope(r.kind) => {
                 names::event_subject(names::FLEET, r.aggregate, r.kind)
             }
@@ -334,7 +353,7 @@ fn sends(party: Party) -> Vec<String> {
     out
 }
 
-/// A JetStream API subject, e.g. `$JS.API.STREAM.INFO.LANDFALL_JOBS`.
+/// A JetStream API subject, e.g. `$JS.API.STREAM.INFO.LANDFALL_JOBS_07`.
 fn js_api(rest: &str) -> String {
     format!("$JS.API.{rest}")
 }
@@ -442,7 +461,7 @@ pub fn enrollment(key: &str) -> Permissions {
 /// sent it.
 fn site_permissions(site: &str) -> Permissions {
     let durable = names::gateway_consumer(site);
-    let jobs = names::JOBS_STREAM;
+    let jobs = names::site_jobs_stream(site);
     let design =
         format!("DIRECT.GET.{}.$KV.{}.{}", kv_stream(names::SITES_BUCKET), names::SITES_BUCKET, keys::site(site));
     // The hub's JetStream API: the hub checks a client's request to its own domain

@@ -4,7 +4,8 @@
 //! ([`SCOPE_TOKEN`]), so a site's permissions are a few wildcards (see `access`):
 //! - commands: `landfall.cmd.<scope>.<origin>.<kind>` (scope = site id, or [`FLEET`]; origin
 //!   [`Origin`]: `hub` or `gateway`)
-//! - jobs: `landfall.job.<site>.<kind>`, pushed to each site's gateway on
+//! - jobs: `landfall.job.<site>.<shard>.<kind>`, stored in the site's shard of the jobs
+//!   ([`JOB_SHARDS`] work queues, [`jobs_stream`]) and pushed to each site's gateway on
 //!   `landfall.to.<site>.jobs`
 //! - events: `landfall.evt.<scope>.<origin>.<aggregate>.<kind>`
 //! - to a site, never stored: its jobs, the hub's requests of it
@@ -22,13 +23,63 @@ use std::time::Duration;
 pub const FLEET: &str = "fleet";
 
 pub const COMMANDS_STREAM: &str = "LANDFALL_COMMANDS";
-pub const JOBS_STREAM: &str = "LANDFALL_JOBS";
+/// The one jobs stream of landfall before its jobs were spread over [`JOB_SHARDS`] streams: the
+/// orchestrator moves what it holds into them when it starts (`runtime::job_shards`).
+pub const LEGACY_JOBS_STREAM: &str = "LANDFALL_JOBS";
+/// Where the orchestrator keeps the jobs it moves out of [`LEGACY_JOBS_STREAM`] until each is in
+/// its shard, so that a move cut short goes on where it stopped.
+pub const MOVING_JOBS_STREAM: &str = "LANDFALL_JOBS_MOVING";
+pub const MOVING_JOBS_ALL: &str = "landfall.moving.>";
 pub const EVENTS_STREAM: &str = "LANDFALL_EVENTS";
 /// Messages a consumer gave up on (too many transient failures, or a process lost every time it
 /// handled them), each with what it takes to look at it and replay it (`pb::DeadLetter`).
 pub const DEAD_STREAM: &str = "LANDFALL_DEAD";
+/// How many work-queue streams the fleet's jobs are spread over, by site ([`job_shard`]).
+///
+/// nats-server checks a new consumer against every other consumer of its stream, and from 2.14
+/// on a work queue checks every consumer at each acknowledgement; with a durable per site, one
+/// stream made both grow with the fleet (ARCHITECTURE.md, "Jobs at 10,000 sites"). Spread over
+/// 64 streams, 10,000 sites are about 156 durables each. Changing it moves every site's jobs, so
+/// it is fixed.
+pub const JOB_SHARDS: usize = 64;
+
+/// The shard of the jobs a site's jobs are kept in: FNV-1a (32 bits) of its id, modulo
+/// [`JOB_SHARDS`]. Any client can compute it; only the hub publishes jobs.
+pub fn job_shard(site: &str) -> usize {
+    let hash = site.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    hash as usize % JOB_SHARDS
+}
+
+/// The jobs stream of shard `shard` (modulo [`JOB_SHARDS`]): `LANDFALL_JOBS_00` …
+/// `LANDFALL_JOBS_63`.
+pub fn jobs_stream(shard: usize) -> &'static str {
+    static NAMES: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| (0..JOB_SHARDS).map(|shard| format!("LANDFALL_JOBS_{shard:02}")).collect());
+    &NAMES[shard % JOB_SHARDS]
+}
+
+/// The jobs stream that keeps one site's jobs.
+pub fn site_jobs_stream(site: &str) -> &'static str {
+    jobs_stream(job_shard(site))
+}
+
+/// Every job of one shard: the subjects of its stream.
+pub fn shard_jobs(shard: usize) -> String {
+    format!("landfall.job.*.{shard:02}.>")
+}
+
+/// Every jobs stream, shard by shard.
+pub fn jobs_streams() -> impl Iterator<Item = &'static str> {
+    (0..JOB_SHARDS).map(jobs_stream)
+}
+
 /// Every stream landfall keeps (its buckets' streams are [`kv_stream`] of [`ALL_BUCKETS`]).
-pub const STREAMS: [&str; 4] = [COMMANDS_STREAM, JOBS_STREAM, EVENTS_STREAM, DEAD_STREAM];
+pub fn streams() -> Vec<&'static str> {
+    let mut all = vec![COMMANDS_STREAM];
+    all.extend(jobs_streams());
+    all.extend([EVENTS_STREAM, DEAD_STREAM]);
+    all
+}
 
 /// Whether `subject` matches `pattern` as NATS matches them: in the pattern, `*` is one token
 /// and `>` the rest; a subject's own `*` or `>` tokens (a consumer's filter in a create subject)
@@ -48,11 +99,11 @@ pub fn subject_matches(pattern: &str, subject: &str) -> bool {
 
 /// The stream a message published on `subject` is stored in, when it is one of landfall's.
 pub fn stream_of_subject(subject: &str) -> Option<&'static str> {
-    match subject.split('.').take(2).collect::<Vec<_>>()[..] {
-        ["landfall", "cmd"] => Some(COMMANDS_STREAM),
-        ["landfall", "job"] => Some(JOBS_STREAM),
-        ["landfall", "evt"] => Some(EVENTS_STREAM),
-        ["landfall", "dead"] => Some(DEAD_STREAM),
+    match subject.split('.').take(3).collect::<Vec<_>>()[..] {
+        ["landfall", "cmd", ..] => Some(COMMANDS_STREAM),
+        ["landfall", "job", site] => Some(site_jobs_stream(site)),
+        ["landfall", "evt", ..] => Some(EVENTS_STREAM),
+        ["landfall", "dead", ..] => Some(DEAD_STREAM),
         _ => None,
     }
 }
@@ -266,7 +317,12 @@ pub fn command_subject_from(origin: Origin, kind: &str, scope: &str) -> String {
 }
 
 pub fn job_subject(site: &str, kind: &str) -> String {
-    format!("landfall.job.{site}.{kind}")
+    format!("landfall.job.{site}.{:02}.{kind}", job_shard(site))
+}
+
+/// Jobs of one kind, at every site: what the hub may publish of them.
+pub fn jobs_of_kind(kind: &str) -> String {
+    format!("landfall.job.*.*.{kind}")
 }
 
 /// An event the hub sends.
@@ -278,8 +334,14 @@ pub fn event_subject_from(origin: Origin, scope: &str, aggregate: &str, kind: &s
     format!("landfall.evt.{scope}.{}.{aggregate}.{kind}", origin.token())
 }
 
-/// Every job of one site: what that site's gateway consumes.
+/// Every job of one site, in its shard: what that site's gateway's durable consumes.
 pub fn site_jobs(site: &str) -> String {
+    format!("landfall.job.{site}.{:02}.>", job_shard(site))
+}
+
+/// Every job of one site, whatever the layout it came in: a site's inbox keeps jobs an earlier
+/// version sent (`landfall.job.<site>.<kind>`) beside the sharded ones.
+pub fn site_every_job(site: &str) -> String {
     format!("landfall.job.{site}.>")
 }
 
@@ -476,6 +538,11 @@ pub fn parse_subject(subject: &str) -> Option<ParsedSubject<'_>> {
         ["landfall", "cmd", scope, origin, kind] => {
             Some(ParsedSubject::Command { kind, scope, origin: Origin::from_token(origin)? })
         }
+        // A job's shard follows from its site: a subject whose shard does not is no job.
+        ["landfall", "job", site, shard, kind] => {
+            (*shard == format!("{:02}", job_shard(site))).then_some(ParsedSubject::Job { site, kind })
+        }
+        // As an earlier version sent it, before the shards; still kept in a site's inbox.
         ["landfall", "job", site, kind] => Some(ParsedSubject::Job { site, kind }),
         ["landfall", "evt", scope, origin, aggregate, kind] => {
             Some(ParsedSubject::Event { scope, origin: Origin::from_token(origin)?, aggregate, kind })
@@ -748,11 +815,34 @@ mod tests {
         assert_eq!(kept("landfall.evt.e.gateway.node.patched").unwrap(), "landfall.evt.e.gateway.node.patched");
         assert_eq!(outbox_destination("landfall.evt.e.gateway.node.patched"), None);
         assert_eq!(parse_subject("landfall.job.a.b"), Some(ParsedSubject::Job { site: "a", kind: "b" }));
+        let job = job_subject("edge-1", "patch_node");
+        assert_eq!(parse_subject(&job), Some(ParsedSubject::Job { site: "edge-1", kind: "patch_node" }));
+        assert!(subject_matches(&site_jobs("edge-1"), &job) && subject_matches(&site_every_job("edge-1"), &job));
+        assert!(subject_matches(&shard_jobs(job_shard("edge-1")), &job));
+        assert_eq!(stream_of_subject(&job), Some(site_jobs_stream("edge-1")));
+        // A shard that is not its site's is no job.
+        let wrong = format!("landfall.job.edge-1.{:02}.patch_node", (job_shard("edge-1") + 1) % JOB_SHARDS);
+        assert_eq!(parse_subject(&wrong), None);
         assert_eq!(
             parse_subject(&artifact_chunk_svc("edge-1")),
             Some(ParsedSubject::Service { site: "edge-1", kind: ARTIFACT_CHUNK })
         );
         assert_eq!(parse_subject("landfall.cmd.x"), None);
+    }
+
+    #[test]
+    fn sites_spread_over_every_shard_and_each_keeps_its_own() {
+        // FNV-1a, fixed: a site's jobs stay in the stream its durable reads.
+        assert_eq!(job_shard(""), 0x811c_9dc5_usize % JOB_SHARDS);
+        assert_eq!(job_shard("a"), 0xe40c_292c_usize % JOB_SHARDS);
+        let mut counts = [0usize; JOB_SHARDS];
+        for i in 0..10_000 {
+            counts[job_shard(&format!("site-{i:05}"))] += 1;
+        }
+        let (least, most) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(*least > 100 && *most < 220, "10,000 sites spread {least}..{most} per shard");
+        assert_eq!(jobs_stream(7), "LANDFALL_JOBS_07");
+        assert_eq!(streams().len(), 3 + JOB_SHARDS);
     }
 
     #[test]

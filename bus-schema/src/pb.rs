@@ -26,7 +26,7 @@ pub trait BusCommand: BusMessage {
     }
 }
 
-/// A job for one site's gateway: `landfall.job.<site>.<KIND>`.
+/// A job for one site's gateway: `landfall.job.<site>.<shard>.<KIND>` ([`names::job_subject`]).
 pub trait BusJob: BusMessage {
     const KIND: &'static str;
     fn site(&self) -> &str;
@@ -552,7 +552,7 @@ mod tests {
         assert_eq!(evt.subject_from(names::Origin::Gateway), "landfall.evt.edge-1.gateway.node.os_provisioned");
         assert_eq!(NodeOsProvisioned::filter(), "landfall.evt.*.*.node.os_provisioned");
         let job = ProvisionOs { site_id: "edge-1".into(), ..Default::default() };
-        assert_eq!(job.subject(), "landfall.job.edge-1.provision_os");
+        assert_eq!(job.subject(), "landfall.job.edge-1.54.provision_os");
     }
 
     #[test]

@@ -36,7 +36,8 @@ pub enum Party {
 pub enum Channel {
     /// `landfall.cmd.<scope>.<origin>.<kind>`, stored in `LANDFALL_COMMANDS`.
     Command,
-    /// `landfall.job.<site>.<kind>`, stored in `LANDFALL_JOBS`.
+    /// `landfall.job.<site>.<shard>.<kind>`, stored in the site's shard of the jobs
+    /// (`LANDFALL_JOBS_00` … `LANDFALL_JOBS_63`).
     Job,
     /// `landfall.evt.<scope>.<origin>.<aggregate>.<kind>`, stored in `LANDFALL_EVENTS`.
     Event,

@@ -543,8 +543,8 @@ pub enum HostScope {
     EverySite,
 }
 
-/// The gateways of many sites run by one process on one durable consumer, `durable`; each
-/// job goes to its site's gateway.
+/// The gateways of many sites run by one process on one durable consumer, `durable`, in each
+/// shard of the jobs its sites' jobs are kept in; each job goes to its site's gateway.
 ///
 /// With one durable pull consumer per site, at 10,000 sites nats-server logged read loops of
 /// seconds on the gateways' connections; a host of sites costs the server one consumer,
@@ -579,16 +579,41 @@ pub async fn run_gateway_host<B: SiteBackend>(
             }
         });
     }
-    let filters = match scope {
-        HostScope::ItsSites => sites.iter().map(|(s, _)| names::site_jobs(s.as_str())).collect(),
-        HostScope::EverySite => vec![names::JOBS_ALL.to_string()],
-    };
-    // A gateway files no dead letters (a site may not): its jobs are retried until settled.
-    let spec = ConsumerSpec::new(names::JOBS_STREAM, durable.clone(), filters, RejectAs::Message { consumer: durable })
+    // One durable of the same name in each shard that holds jobs of its sites.
+    let mut shards: std::collections::BTreeMap<usize, Vec<String>> = std::collections::BTreeMap::new();
+    match scope {
+        HostScope::ItsSites => {
+            for (site, _) in &sites {
+                shards.entry(names::job_shard(site.as_str())).or_default().push(names::site_jobs(site.as_str()));
+            }
+        }
+        HostScope::EverySite => {
+            for shard in 0..names::JOB_SHARDS {
+                shards.insert(shard, vec![names::shard_jobs(shard)]);
+            }
+        }
+    }
+    info!(sites = sites.len(), shards = shards.len(), "gateway host running");
+    let host = Arc::new(Host { gateways });
+    let mut consumers = tokio::task::JoinSet::new();
+    for (shard, filters) in shards {
+        // A gateway files no dead letters (a site may not): its jobs are retried until settled.
+        let spec = ConsumerSpec::new(
+            names::jobs_stream(shard),
+            durable.clone(),
+            filters,
+            RejectAs::Message { consumer: durable.clone() },
+        )
         .concurrency(4096)
         .max_attempts(None);
-    info!(sites = sites.len(), "gateway host running");
-    runtime::consume(bus, spec, Arc::new(Host { gateways }), shutdown).await?;
+        consumers.spawn(runtime::consume(bus.clone(), spec, host.clone(), shutdown.clone()));
+    }
+    while let Some(done) = consumers.join_next().await {
+        if let Err(e) = done? {
+            shutdown.cancel();
+            return Err(e.into());
+        }
+    }
     while side.join_next().await.is_some() {}
     Ok(())
 }

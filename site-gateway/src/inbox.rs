@@ -58,7 +58,7 @@ pub fn spec(site: &str) -> ConsumerSpec {
     ConsumerSpec::new(
         names::INBOX_STREAM,
         names::INBOX_CONSUMER,
-        vec![names::inbox_subject(&names::site_jobs(site))],
+        vec![names::inbox_subject(&names::site_every_job(site))],
         RejectAs::Message { consumer: names::gateway_consumer(site) },
     )
     .concurrency(CONCURRENCY)

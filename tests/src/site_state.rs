@@ -57,7 +57,7 @@ impl SiteState {
             let d = e.expect("an event").delivery;
             events.push((d.stream_sequence, d.type_name, d.envelope.id));
         }
-        let stream = bus.jetstream().get_stream(names::JOBS_STREAM).await.expect("the jobs stream");
+        let stream = bus.jetstream().get_stream(names::site_jobs_stream(site)).await.expect("the site's jobs stream");
         let mut jobs = BTreeMap::new();
         let mut subjects = stream.info_with_subjects(names::site_jobs(site)).await.expect("the jobs stream's subjects");
         while let Some(subject) = subjects.next().await {
@@ -127,4 +127,17 @@ impl SiteState {
         }
         out
     }
+}
+
+/// The one jobs stream an earlier version of landfall made (`LANDFALL_JOBS`, a work queue of
+/// `landfall.job.>`), as it made it: what the orchestrator moves into the shards.
+pub async fn earlier_jobs_stream(js: &async_nats::jetstream::Context) -> async_nats::jetstream::stream::Stream {
+    use async_nats::jetstream::stream;
+    let config = stream::Config {
+        name: names::LEGACY_JOBS_STREAM.into(),
+        subjects: vec![names::JOBS_ALL.into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        ..Default::default()
+    };
+    js.create_stream(config).await.expect("the earlier version's jobs stream")
 }

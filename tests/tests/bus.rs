@@ -345,47 +345,133 @@ async fn publish_all_stores_more_messages_than_the_client_lets_wait() {
     assert_eq!(commands.info().await.unwrap().state.messages, 12_000);
 }
 
-/// A site's gateway durable that an earlier version made as a pull consumer is made anew as a
-/// push consumer when the orchestrator starts, and the job waiting in it is delivered.
+/// The one jobs stream of an earlier version, with a site's durable (a pull consumer, as an
+/// earlier version still made them) and jobs no gateway took, is moved into the shards when the
+/// orchestrator's topology aligns: each job lands in its site's shard under the sharded subject
+/// with its own id, each site's durable is made there as this version makes it and delivers the
+/// job, and both old streams are gone. A service that starts before the orchestrator leaves the
+/// old stream alone, and aligning again moves nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateways_pull_durable_from_an_earlier_version_is_pushed_and_keeps_its_job() {
+async fn an_earlier_versions_jobs_stream_is_moved_into_the_shards_with_its_durables_and_jobs() {
     use async_nats::jetstream::consumer;
+    use bus_schema::runtime::Topology;
     use futures::StreamExt;
     let server = NatsServer::start();
     let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
-    bus.ensure_topology(&Default::default()).await.unwrap();
-    let site = "edge-01";
-    let jobs = bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
-    let earlier = consumer::pull::Config {
-        durable_name: Some(names::gateway_consumer(site)),
-        filter_subject: names::site_jobs(site),
-        ack_policy: consumer::AckPolicy::Explicit,
-        ..Default::default()
+    let js = bus.jetstream();
+    let legacy = landfall_tests::site_state::earlier_jobs_stream(js).await;
+    let sites = ["edge-01", "edge-02", "edge-17"];
+    for site in sites {
+        legacy
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some(names::gateway_consumer(site)),
+                filter_subject: names::site_every_job(site),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    // Jobs as the earlier version sent them: `landfall.job.<site>.<kind>`.
+    let old_job = |site: &str, kind: &str, id: &str| {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(names::headers::MSG_ID, id);
+        (format!("landfall.job.{site}.{kind}"), headers)
     };
-    jobs.create_consumer(earlier).await.unwrap();
-    let job = pb::StageArtifacts { site_id: site.into(), artifacts: vec![] };
-    bus.publish_job(&job, &Envelope::root()).await.unwrap();
+    for (site, id) in [("edge-01", "job-a"), ("edge-17", "job-b"), ("edge-01", "job-c")] {
+        let kind = if id == "job-c" { pb::ProvisionOs::KIND } else { pb::StageArtifacts::KIND };
+        let (subject, headers) = old_job(site, kind, id);
+        js.publish_with_headers(subject, headers, id.as_bytes().to_vec().into()).await.unwrap().await.unwrap();
+    }
 
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let orchestrator = tokio::spawn(consumers::run_orchestrator(bus.clone(), Default::default(), shutdown.clone()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let pushed = loop {
-        let info = jobs.consumer_info(names::gateway_consumer(site)).await;
-        if let Ok(info) = &info
-            && info.config.deliver_subject.as_deref() == Some(names::site_deliver(site).as_str())
-        {
-            break jobs.get_consumer::<consumer::push::Config>(&names::gateway_consumer(site)).await.unwrap();
+    // A service other than the orchestrator leaves it be, and makes no shard beside it.
+    bus.ensure_topology(&Topology::default()).await.unwrap();
+    assert!(js.get_stream(names::LEGACY_JOBS_STREAM).await.is_ok());
+    assert!(js.get_stream(names::jobs_stream(0)).await.is_err(), "a shard was made beside the old stream");
+
+    bus.ensure_topology(&Topology::default().aligning()).await.unwrap();
+    assert!(js.get_stream(names::LEGACY_JOBS_STREAM).await.is_err(), "the old stream is still there");
+    assert!(js.get_stream(names::MOVING_JOBS_STREAM).await.is_err(), "the holding stream is still there");
+    // Aligned again (the orchestrator's next start): nothing moves twice.
+    bus.ensure_topology(&Topology::default().aligning()).await.unwrap();
+    let mut stored = 0;
+    for stream in names::jobs_streams() {
+        stored += js.get_stream(stream).await.unwrap().cached_info().state.messages;
+    }
+    assert_eq!(stored, 3, "each job once, in the shards");
+    for site in sites {
+        let shard = js.get_stream(names::site_jobs_stream(site)).await.unwrap();
+        let info = shard.consumer_info(names::gateway_consumer(site)).await.unwrap();
+        assert_eq!(info.config.deliver_subject.as_deref(), Some(names::site_deliver(site).as_str()), "{site}");
+        assert_eq!(info.config.filter_subject, names::site_jobs(site));
+    }
+    // Each site's durable delivers its own jobs, in order, with their ids, under the new subjects.
+    for (site, expected) in [("edge-01", vec!["job-a", "job-c"]), ("edge-17", vec!["job-b"]), ("edge-02", vec![])] {
+        let shard = js.get_stream(names::site_jobs_stream(site)).await.unwrap();
+        let durable = shard.get_consumer::<consumer::push::Config>(&names::gateway_consumer(site)).await.unwrap();
+        let mut deliveries = durable.messages().await.unwrap();
+        let mut got = Vec::new();
+        while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(2), deliveries.next()).await {
+            let m = m.unwrap();
+            let id = m.headers.as_ref().and_then(|h| h.get(names::headers::MSG_ID)).unwrap().to_string();
+            assert_eq!(m.payload.as_ref(), id.as_bytes());
+            assert!(matches!(
+                names::parse_subject(&m.subject),
+                Some(names::ParsedSubject::Job { site: s, .. }) if s == site
+            ));
+            assert!(names::subject_matches(&names::site_jobs(site), &m.subject), "{}", m.subject);
+            got.push(id);
+            m.double_ack().await.unwrap();
         }
-        assert!(std::time::Instant::now() < deadline, "still {info:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(got, expected, "{site}");
+    }
+}
+
+/// A move of the old jobs stream that stopped part way through putting the jobs kept aside into
+/// their shards (the old stream deleted, the shards made, one job put) is finished at the
+/// orchestrator's next start: the jobs kept aside reach their shards once, and the durables kept
+/// aside are made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_of_the_old_jobs_stream_cut_short_goes_on_at_the_next_start() {
+    use async_nats::jetstream::stream;
+    use bus_schema::runtime::Topology;
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    let js = bus.jetstream();
+    let site = "edge-05";
+    let job = |id: &str| {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(names::headers::MSG_ID, id);
+        headers
     };
-    let mut deliveries = pushed.messages().await.unwrap();
-    let got =
-        tokio::time::timeout(Duration::from_secs(10), deliveries.next()).await.expect("the job").unwrap().unwrap();
-    assert_eq!(got.subject.as_str(), job.subject());
-    got.double_ack().await.unwrap();
-    shutdown.cancel();
-    orchestrator.await.unwrap().unwrap();
+    // The shards were made, and the first job kept aside was put into its shard.
+    bus.ensure_topology(&Topology::default()).await.unwrap();
+    let put = names::job_subject(site, pb::PatchNodes::KIND);
+    js.publish_with_headers(put, job("job-x"), "x".into()).await.unwrap().await.unwrap();
+    // What the move had kept aside: edge-05's durable and two of its jobs, the first put already.
+    js.create_stream(stream::Config {
+        name: names::MOVING_JOBS_STREAM.into(),
+        subjects: vec![names::MOVING_JOBS_ALL.into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.publish(format!("landfall.moving.durable.{site}"), Default::default()).await.unwrap().await.unwrap();
+    for id in ["job-x", "job-y"] {
+        let subject = format!("landfall.moving.job.landfall.job.{site}.{}", pb::PatchNodes::KIND);
+        js.publish_with_headers(subject, job(id), id.as_bytes().to_vec().into()).await.unwrap().await.unwrap();
+    }
+
+    bus.ensure_topology(&Topology::default().aligning()).await.unwrap();
+    assert!(js.get_stream(names::MOVING_JOBS_STREAM).await.is_err(), "the holding stream is still there");
+    let mut shard = js.get_stream(names::site_jobs_stream(site)).await.unwrap();
+    let info = shard.info().await.unwrap();
+    assert_eq!(info.state.messages, 2, "each job once: the one put before is dropped by its id");
+    assert_eq!(info.state.consumer_count, 1);
+    let last = shard.get_last_raw_message_by_subject(&names::job_subject(site, pb::PatchNodes::KIND)).await.unwrap();
+    assert_eq!(last.payload.as_ref(), b"job-y");
+    let durable = shard.consumer_info(names::gateway_consumer(site)).await.unwrap();
+    assert_eq!(durable.num_pending, 2, "its durable holds both jobs");
 }
 
 /// Only what a site's durable delivers is a job to its gateway: a message published straight
@@ -448,8 +534,9 @@ async fn a_job_stranded_past_its_durable_is_delivered_again() {
     let server = NatsServer::start();
     let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
     bus.ensure_topology(&Default::default()).await.unwrap();
-    let jobs = bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
     let (stranded, held) = ("edge-01", "edge-02");
+    let jobs = bus.jetstream().get_stream(names::site_jobs_stream(stranded)).await.unwrap();
+    let held_jobs = bus.jetstream().get_stream(names::site_jobs_stream(held)).await.unwrap();
     let job = |site: &str| pb::StageArtifacts { site_id: site.into(), artifacts: vec![] };
     // edge-01's durable delivers its job once, is not answered, and gives it up.
     let once = consumer::push::Config {
@@ -490,34 +577,34 @@ async fn a_job_stranded_past_its_durable_is_delivered_again() {
         tokio::time::timeout(Duration::from_secs(10), deliveries.next()).await.expect("the job").unwrap().unwrap();
     assert_eq!(got.subject.as_str(), job(stranded).subject());
     got.double_ack().await.unwrap();
-    let held_info = jobs.consumer_info(names::gateway_consumer(held)).await.unwrap();
+    let held_info = held_jobs.consumer_info(names::gateway_consumer(held)).await.unwrap();
     assert_eq!(held_info.num_pending, 1, "edge-02's job still waits in its own durable");
 }
 
-/// nats-server 2.15 lets a stream that names no limit hold 1,000 consumers, and the jobs stream
-/// holds a durable per site: it names its own limit, and a jobs stream made before it did (as an
-/// older landfall made it) is given that limit when the orchestrator's topology aligns it. Then
-/// a thousand and first site's durable is made.
+/// nats-server 2.15 lets a stream that names no limit 1,000 consumers, and a jobs stream holds a
+/// durable per site of its shard: each names its own limit, and a shard made before it did is
+/// given that limit when the orchestrator's topology aligns it. Then a thousand and first site's
+/// durable is made in one shard.
 #[tokio::test]
-async fn the_jobs_stream_holds_a_durable_for_each_of_more_than_a_thousand_sites() {
+async fn a_jobs_stream_holds_a_durable_for_each_of_more_than_a_thousand_sites() {
     use async_nats::jetstream::{consumer, stream};
     use bus_schema::runtime::{JOBS_MAX_CONSUMERS, Topology};
     let nats = NatsServer::start();
     let bus = Bus::connect(&nats.url(), "landfall-test").await.unwrap();
     let js = bus.jetstream();
     js.create_stream(stream::Config {
-        name: names::JOBS_STREAM.into(),
-        subjects: vec![names::JOBS_ALL.into()],
+        name: names::jobs_stream(0).into(),
+        subjects: vec![names::shard_jobs(0)],
         retention: stream::RetentionPolicy::WorkQueue,
         ..Default::default()
     })
     .await
     .unwrap();
     bus.ensure_topology(&Topology::default().aligning()).await.unwrap();
-    let mut jobs = js.get_stream(names::JOBS_STREAM).await.unwrap();
+    let mut jobs = js.get_stream(names::jobs_stream(0)).await.unwrap();
     assert_eq!(jobs.info().await.unwrap().config.max_consumers, JOBS_MAX_CONSUMERS);
-    for i in 0..1_001 {
-        let site = format!("edge-{i:04}");
+    let in_shard = (0..).map(|i| format!("edge-{i:05}")).filter(|s| names::job_shard(s) == 0);
+    for (i, site) in in_shard.take(1_001).enumerate() {
         let made = jobs
             .create_consumer(consumer::push::Config {
                 durable_name: Some(names::gateway_consumer(&site)),

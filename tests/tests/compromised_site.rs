@@ -88,7 +88,7 @@ struct Scene {
     /// B's second install, waiting at staging while B's gateway is offline; its StageArtifacts job.
     b_saga: String,
     b_stage_job: String,
-    /// Where that job is in LANDFALL_JOBS.
+    /// Where that job is in B's shard of the jobs.
     b_job_seq: u64,
     /// A rollout that patched B, and one waiting for B's lease.
     r1: pb::Rollout,
@@ -537,7 +537,7 @@ fn js(rest: &str) -> String {
 /// A's own durable consumer's info, as the hub has it (the thief may not ask for it, and could
 /// know it all the same: it is what every gateway's durable is).
 async fn own_consumer_info(t: &Intruder) -> serde_json::Value {
-    let subject = format!("$JS.API.CONSUMER.INFO.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A));
+    let subject = format!("$JS.API.CONSUMER.INFO.{}.{}", names::site_jobs_stream(A), names::gateway_consumer(A));
     let reply = t.watcher().client().request(subject, "".into()).await.expect("the hub's answer");
     serde_json::from_slice(&reply.payload).expect("JSON")
 }
@@ -558,7 +558,7 @@ async fn own_consumer_with(t: &Intruder, filters: &[String]) -> serde_json::Valu
             object.insert("filter_subjects".into(), json!(many));
         }
     }
-    json!({ "stream_name": names::JOBS_STREAM, "config": config })
+    json!({ "stream_name": names::site_jobs_stream(A), "config": config })
 }
 
 /// The last stream sequence A's own consumer delivered.
@@ -577,7 +577,7 @@ async fn create_own_consumer(t: &Intruder, s: &Scene, subject: &str, filters: &[
     let Outcome::Through(answer) = outcome else { return outcome };
     // The thief asks for a job; the server hands the first waiting request (the thief's, or
     // A's gateway's) whatever the filter now covers.
-    let next = js(&format!("CONSUMER.MSG.NEXT.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A)));
+    let next = js(&format!("CONSUMER.MSG.NEXT.{}.{}", names::site_jobs_stream(A), names::gateway_consumer(A)));
     let pull = serde_json::to_vec(&json!({ "batch": 1, "expires": 2_000_000_000u64 })).unwrap();
     let pulled = match t.client.request(next, pull.into()).await {
         Ok(m) if m.status.is_none() => Some(m.subject.to_string()),
@@ -601,7 +601,7 @@ async fn create_own_consumer(t: &Intruder, s: &Scene, subject: &str, filters: &[
 }
 
 fn own_create() -> String {
-    js(&format!("CONSUMER.CREATE.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A)))
+    js(&format!("CONSUMER.CREATE.{}.{}", names::site_jobs_stream(A), names::gateway_consumer(A)))
 }
 
 /// The create subject of its own durable with its own jobs, and B's in the body (the server
@@ -622,7 +622,7 @@ async fn js_own_consumer_as_push_consumer(t: &Intruder, _: &Scene) -> Outcome {
         "deliver_subject": names::command_subject(pb::NodeAdded::KIND, B),
         "ack_policy": "explicit",
     });
-    t.js_api(&subject, json!({ "stream_name": names::JOBS_STREAM, "config": config })).await
+    t.js_api(&subject, json!({ "stream_name": names::site_jobs_stream(A), "config": config })).await
 }
 
 async fn js_own_consumer_filtered_on_b_jobs(t: &Intruder, s: &Scene) -> Outcome {
@@ -645,7 +645,7 @@ async fn js_own_consumer_filtered_on_b_through_hub_domain(t: &Intruder, s: &Scen
 }
 
 async fn js_own_consumer_by_the_legacy_durable_api(t: &Intruder, s: &Scene) -> Outcome {
-    let subject = js(&format!("CONSUMER.DURABLE.CREATE.{}.{}", names::JOBS_STREAM, names::gateway_consumer(A)));
+    let subject = js(&format!("CONSUMER.DURABLE.CREATE.{}.{}", names::site_jobs_stream(A), names::gateway_consumer(A)));
     create_own_consumer(t, s, &subject, &[names::site_jobs(B)]).await
 }
 
@@ -657,22 +657,24 @@ async fn js_own_consumer_claims_jobs_of_a_site_not_yet_online(t: &Intruder, s: &
 }
 
 async fn js_fetch_from_b_durable(t: &Intruder, _: &Scene) -> Outcome {
-    let subject = js(&format!("CONSUMER.MSG.NEXT.{}.{}", names::JOBS_STREAM, names::gateway_consumer(B)));
+    let subject = js(&format!("CONSUMER.MSG.NEXT.{}.{}", names::site_jobs_stream(B), names::gateway_consumer(B)));
     t.js_api(&subject, json!({ "batch": 1, "expires": 1_000_000_000u64 })).await
 }
 
 async fn js_ack_b_job(t: &Intruder, s: &Scene) -> Outcome {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let subject = format!("$JS.ACK.{}.{}.1.{}.1.{now}.0", names::JOBS_STREAM, names::gateway_consumer(B), s.b_job_seq);
+    let subject =
+        format!("$JS.ACK.{}.{}.1.{}.1.{now}.0", names::site_jobs_stream(B), names::gateway_consumer(B), s.b_job_seq);
     t.publish(&subject, b"+ACK".to_vec()).await
 }
 
 async fn js_delete_b_consumer(t: &Intruder, _: &Scene) -> Outcome {
-    t.js_api(&js(&format!("CONSUMER.DELETE.{}.{}", names::JOBS_STREAM, names::gateway_consumer(B))), json!({})).await
+    t.js_api(&js(&format!("CONSUMER.DELETE.{}.{}", names::site_jobs_stream(B), names::gateway_consumer(B))), json!({}))
+        .await
 }
 
 async fn js_delete_jobs_stream(t: &Intruder, _: &Scene) -> Outcome {
-    t.js_api(&js(&format!("STREAM.DELETE.{}", names::JOBS_STREAM)), json!({})).await
+    t.js_api(&js(&format!("STREAM.DELETE.{}", names::site_jobs_stream(B))), json!({})).await
 }
 
 async fn js_purge_b_events(t: &Intruder, _: &Scene) -> Outcome {
@@ -685,7 +687,7 @@ async fn js_stream_sourcing_b_jobs(t: &Intruder, _: &Scene) -> Outcome {
         "subjects": [],
         "retention": "limits",
         "storage": "file",
-        "sources": [{ "name": names::JOBS_STREAM, "filter_subject": names::site_jobs(B) }],
+        "sources": [{ "name": names::site_jobs_stream(B), "filter_subject": names::site_jobs(B) }],
     });
     t.js_api(&js("STREAM.CREATE.STOLEN"), config).await
 }
@@ -788,7 +790,7 @@ async fn reply_as_own_site_to_the_kubeconfig_collector_unasked(t: &Intruder, s: 
 
 async fn reply_into_orchestrator_inbox(t: &Intruder, s: &Scene) -> Outcome {
     let subject = format!("{}.forged.1", bus_schema::access::inbox(&s.orchestrator_key));
-    t.publish(&subject, b"{\"stream\":\"LANDFALL_JOBS\",\"seq\":1}".to_vec()).await
+    t.publish(&subject, format!("{{\"stream\":\"{}\",\"seq\":1}}", names::site_jobs_stream(B)).into_bytes()).await
 }
 
 /// The collector's own inbox, where its requests of hub services are answered: a site answers
@@ -823,7 +825,7 @@ async fn job_into_b_deliveries(t: &Intruder, _: &Scene) -> Outcome {
 
 /// Flow control of B's durable answered, so its deliveries run on (or stall).
 async fn js_flow_control_of_b_durable(t: &Intruder, _: &Scene) -> Outcome {
-    t.publish(&format!("$JS.FC.{}.{}.1", names::JOBS_STREAM, names::gateway_consumer(B)), Vec::new()).await
+    t.publish(&format!("$JS.FC.{}.{}.1", names::site_jobs_stream(B), names::gateway_consumer(B)), Vec::new()).await
 }
 
 async fn subscribe_every_site_bmc_request(t: &Intruder, _: &Scene) -> Outcome {
@@ -1032,7 +1034,7 @@ async fn a_stolen_site_key_reaches_nothing_of_another_site() {
     let (b_saga, _) = sagas.get::<pb::InstallSaga>(&keys::saga(&b_again.id)).await.unwrap().expect("B's saga");
     let stage = b_saga.jobs.iter().find(|j| j.kind == pb::StageArtifacts::KIND).expect("the StageArtifacts job");
     let stage_job = pb::StageArtifacts { site_id: B.into(), ..Default::default() };
-    let jobs = bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    let jobs = bus.jetstream().get_stream(names::site_jobs_stream(B)).await.unwrap();
     let pending = jobs.get_last_raw_message_by_subject(&stage_job.subject()).await.expect("B's job waits");
     let key = |role: Role| d.access(&role).public_key().unwrap().unwrap();
     let scene = Scene {

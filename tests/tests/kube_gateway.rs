@@ -680,6 +680,6 @@ async fn until_reported(rig: &KubeSiteRig, rollout: &str, state: &str) {
 
 /// The site's job consumer as the hub sees it (its delivered sequence counts redeliveries too).
 async fn job_consumer(rig: &KubeSiteRig) -> async_nats::jetstream::consumer::Info {
-    let jobs = rig.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    let jobs = rig.bus.jetstream().get_stream(names::site_jobs_stream(SITE)).await.unwrap();
     jobs.consumer_info(names::gateway_consumer(SITE)).await.unwrap()
 }

@@ -79,7 +79,7 @@ fn create(name: &str, config: Value) -> Value {
     for (k, v) in config.as_object().unwrap() {
         c[k] = v.clone();
     }
-    json!({"stream_name": names::JOBS_STREAM, "config": c})
+    json!({"stream_name": names::site_jobs_stream("edge-01"), "config": c})
 }
 
 fn filter(site: &str) -> Value {
@@ -90,7 +90,7 @@ fn filter(site: &str) -> Value {
 async fn a_site_creates_no_consumer_not_even_its_own() {
     let (d, _hubs, url, operator) = hub().await;
     let (client, errors) = raw_client(&url, &d.access(&site("edge-01"))).await;
-    let jobs = names::JOBS_STREAM;
+    let jobs = names::site_jobs_stream("edge-01");
     let own = names::gateway_consumer("edge-01");
     let other = names::gateway_consumer("edge-02");
     let pinned = |api: &str| format!("{api}.CONSUMER.CREATE.{jobs}.{own}.{}", names::site_jobs("edge-01"));
@@ -137,6 +137,16 @@ async fn a_site_creates_no_consumer_not_even_its_own() {
         let answer = js_request(&orchestrator, &pinned("$JS.API"), &body).await;
         assert_eq!(answer["error"]["code"], 400, "{answer}");
     }
+    // Nor in another shard's stream than the site's.
+    let elsewhere = names::jobs_stream((names::job_shard("edge-01") + 1) % names::JOB_SHARDS);
+    let (orchestrator_raw, orchestrator_errors) = raw_client(&url, &d.access(&Role::Orchestrator)).await;
+    publish_refused(
+        &orchestrator_raw,
+        &orchestrator_errors,
+        &format!("$JS.API.CONSUMER.CREATE.{elsewhere}.{own}.{}", names::site_jobs("edge-01")),
+        &json!({"stream_name": elsewhere, "config": {"durable_name": own, "filter_subject": names::site_jobs("edge-01")}}),
+    )
+    .await;
     let answer = js_request(&orchestrator, &pinned("$JS.API"), &create(&own, filter("edge-01"))).await;
     assert_eq!(answer["config"]["filter_subject"], names::site_jobs("edge-01"), "{answer}");
     let info = stream.consumer_info(own.as_str()).await.unwrap();
@@ -165,7 +175,7 @@ async fn a_gateway_waits_for_the_durable_the_hub_makes_then_consumes_through_the
     let handled = std::sync::Arc::new(Count(Default::default()));
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(runtime::consume(bus, spec, handled.clone(), shutdown.clone()));
-    let stream = operator.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    let stream = operator.jetstream().get_stream(names::site_jobs_stream("edge-01")).await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(stream.consumer_info(durable.as_str()).await.is_err(), "the site made its own consumer");
 
@@ -326,7 +336,7 @@ async fn the_api_writes_only_what_it_holds_and_no_service_touches_anothers_consu
         (Role::Orchestrator, format!("$JS.API.CONSUMER.DELETE.{evt}.{}", names::OBSERVER_EVENTS)),
         (Role::Orchestrator, format!("$JS.API.CONSUMER.CREATE.{evt}.{}", names::KUBECONFIG_EVENTS)),
         (Role::Observer, format!("$JS.API.CONSUMER.MSG.NEXT.{evt}.{}", names::ORCHESTRATOR_EVENTS)),
-        (Role::Kubeconfig, format!("$JS.API.STREAM.PURGE.{}", names::JOBS_STREAM)),
+        (Role::Kubeconfig, format!("$JS.API.STREAM.PURGE.{}", names::site_jobs_stream("edge-01"))),
         (Role::Orchestrator, format!("$KV.{}.kubeconfig.edge-01", names::KUBECONFIGS_BUCKET)),
         (Role::Observer, format!("$KV.{}.site.edge-01", names::SITES_BUCKET)),
         (Role::Kubeconfig, format!("$KV.{}.saga.x", names::SAGAS_BUCKET)),
@@ -360,4 +370,65 @@ async fn the_api_writes_only_what_it_holds_and_no_service_touches_anothers_consu
     let read = tokio::time::timeout(Duration::from_secs(5), reader.next()).await.unwrap().unwrap().unwrap();
     assert_eq!(read.delivery.type_name, bus_schema::pb::SiteRegistered::TYPE);
     assert!(sagas.put(&bus_schema::names::keys::rollout("r2"), &bus_schema::pb::Rollout::default()).await.is_err());
+}
+
+/// The orchestrator moves an earlier version's one jobs stream into the shards with nothing but
+/// its own permissions (the hub logs no refusal), and a site's gateway then takes its moved job
+/// through its durable in its shard, with its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orchestrator_moves_an_earlier_versions_jobs_stream_with_its_own_permissions() {
+    let d = Deployment::generate(&["edge-01", "edge-02"], 1, None);
+    let hubs = d.start_hubs();
+    let url = d.hub_urls("nats");
+    let operator = connect_when_ready(&url, "landfall-test-operator", &d.access(&Role::Operator)).await;
+    let js = operator.jetstream();
+    let legacy = landfall_tests::site_state::earlier_jobs_stream(js).await;
+    legacy
+        .create_consumer(consumer::push::Config {
+            durable_name: Some(names::gateway_consumer("edge-01")),
+            deliver_subject: names::site_deliver("edge-01"),
+            filter_subject: names::site_every_job("edge-01"),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(names::headers::MSG_ID, "moved-job");
+    js.publish_with_headers("landfall.job.edge-01.stage_artifacts", headers, "job".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    let orchestrator =
+        Bus::connect_with(&url, "landfall-test-orchestrator", &d.access(&Role::Orchestrator)).await.unwrap();
+    orchestrator.ensure_topology(&Topology::default().aligning()).await.expect("the move");
+    assert!(js.get_stream(names::LEGACY_JOBS_STREAM).await.is_err());
+
+    let access = Access { js_domain: Some(HUB_DOMAIN.into()), ..d.access(&site("edge-01")) };
+    let gateway = Bus::connect_with(&url, "landfall-test-gateway", &access).await.unwrap();
+    struct Seen(tokio::sync::mpsc::UnboundedSender<String>);
+    impl runtime::Handler for Seen {
+        async fn handle(&self, d: &runtime::Delivery) -> Result<(), runtime::HandlerError> {
+            self.0.send(d.subject.clone()).ok();
+            Ok(())
+        }
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    let spec = runtime::ConsumerSpec::gateway("edge-01");
+    let run = tokio::spawn(runtime::consume(gateway, spec, std::sync::Arc::new(Seen(tx)), shutdown.clone()));
+    let got = tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("the moved job").unwrap();
+    assert_eq!(got, names::job_subject("edge-01", "stage_artifacts"));
+    let shard = js.get_stream(names::site_jobs_stream("edge-01")).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while shard.clone().info().await.unwrap().state.messages > 0 {
+        assert!(std::time::Instant::now() < deadline, "the job was not acknowledged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    let log = hubs[0].log();
+    assert!(!log.contains("Permissions Violation"), "refused:\n{log}");
 }

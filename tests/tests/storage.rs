@@ -352,7 +352,7 @@ async fn a_removed_site_leaves_nothing_behind_but_its_install_summary() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let stage = Envelope::root();
     fleet.bus.publish_command(&pb::StageSite { site_id: site.clone(), design_revision: 0 }, &stage).await.unwrap();
-    let jobs = fleet.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
+    let jobs = fleet.bus.jetstream().get_stream(names::site_jobs_stream(&site)).await.unwrap();
     until("the stage job in the stream", async || {
         let mut info = jobs.clone();
         info.info().await.unwrap().state.messages >= 1
@@ -364,7 +364,8 @@ async fn a_removed_site_leaves_nothing_behind_but_its_install_summary() {
     let mut info = jobs.clone();
     assert_eq!(info.info().await.unwrap().state.messages, 0, "its jobs are gone");
     assert!(jobs.consumer_info(names::gateway_consumer(&site)).await.is_err(), "its consumer is gone");
-    assert!(jobs.consumer_info(names::gateway_consumer(&other)).await.is_ok(), "the other site's stays");
+    let others = fleet.bus.jetstream().get_stream(names::site_jobs_stream(&other)).await.unwrap();
+    assert!(others.consumer_info(names::gateway_consumer(&other)).await.is_ok(), "the other site's stays");
     let sites = fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
     assert!(sites.get::<pb::SiteDesign>(&keys::site(&site)).await.unwrap().is_none());
     assert!(sites.get::<pb::SiteDesign>(&keys::site(&other)).await.unwrap().is_some());
@@ -416,8 +417,10 @@ async fn a_rollout_skips_a_site_removed_after_it_was_planned() {
     let (record, _) = sagas.get::<pb::RolloutSite>(&keys::rollout_site(&rollout.id, &second)).await.unwrap().unwrap();
     assert_eq!(record.skipped, ["node-1", "node-2"], "{record:?}");
     assert!(record.patched.is_empty() && record.failed.is_empty());
-    // No job went to the removed site: the jobs stream (a work queue) holds none at all.
-    let mut jobs = fleet.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap();
-    assert_eq!(jobs.info().await.unwrap().state.messages, 0, "a job waits for the removed site");
+    // No job went to the removed site: the jobs streams (work queues) hold none at all.
+    for stream in names::jobs_streams() {
+        let mut jobs = fleet.bus.jetstream().get_stream(stream).await.unwrap();
+        assert_eq!(jobs.info().await.unwrap().state.messages, 0, "a job waits in {stream}");
+    }
     fleet.stop().await;
 }

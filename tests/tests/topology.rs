@@ -52,11 +52,12 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
     assert!(e.contains("Permissions Violation for Subscription"), "{e}");
     tried += 1;
     let js = async_nats::jetstream::with_domain(client.clone(), bus_schema::access::HUB_DOMAIN);
-    let stream = js.get_stream_no_info(names::JOBS_STREAM).await.expect("no request is made");
+    let stream = js.get_stream_no_info(names::site_jobs_stream("edge-02")).await.expect("no request is made");
     let durable = names::gateway_consumer("edge-02");
     let other = stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>(&durable);
     assert!(tokio::time::timeout(Duration::from_secs(3), other).await.map_or(true, |r| r.is_err()));
-    refused(&errors, &format!("CONSUMER.INFO.{}.{}", names::JOBS_STREAM, names::gateway_consumer("edge-02"))).await;
+    let info = format!("CONSUMER.INFO.{}.{}", names::site_jobs_stream("edge-02"), names::gateway_consumer("edge-02"));
+    refused(&errors, &info).await;
     tried += 1;
     // Everyone's replies.
     let _inbox = client.subscribe("_INBOX.>").await.unwrap();
@@ -107,7 +108,9 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
     let operator = d.access(&Role::Operator);
     let _ready = connect_when_ready(&url, "landfall-test-ready", &operator).await;
     let fleet = Fleet::builder(&url).sites(3).nodes(3).access(d.users(None)).start().await;
-    for name in [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM] {
+    let first_site = fleet.sites[0].0.site.to_string();
+    let jobs = names::site_jobs_stream(&first_site);
+    for name in [names::COMMANDS_STREAM, jobs, names::EVENTS_STREAM] {
         let info = fleet.bus.jetstream().get_stream(name).await.unwrap().info().await.unwrap().clone();
         assert_eq!(info.config.num_replicas, 3, "{name} is replicated on the cluster");
     }
@@ -115,14 +118,14 @@ async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_a
     let before = commands_stored(&fleet.bus).await;
 
     let cmd = roll_out_kubelet_one_node_at_a_time(&fleet, "1.30.0").await;
-    // Mid-rollout: the server that leads the jobs stream dies. (A three-server cluster on a
+    // Mid-rollout: the server that leads the first site's shard of the jobs dies. (A three-server cluster on a
     // loaded two-core machine can take a while to hand out the first jobs.)
     let deadline = Instant::now() + Duration::from_secs(60);
     while fleet.sites.iter().map(|(_, s)| s.effects().patches.len()).sum::<usize>() < 2 {
         assert!(Instant::now() < deadline, "the rollout did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let info = fleet.bus.jetstream().get_stream(names::JOBS_STREAM).await.unwrap().info().await.unwrap().clone();
+    let info = fleet.bus.jetstream().get_stream(jobs).await.unwrap().info().await.unwrap().clone();
     let leader = info.cluster.and_then(|c| c.leader).expect("the jobs stream has a leader");
     let victim = hubs.iter().position(|h| h.name == leader).expect("the leader is one of the hubs");
     hubs[victim].kill();

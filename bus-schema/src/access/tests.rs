@@ -11,6 +11,17 @@ fn may_publish(p: &Permissions, subject: &str) -> bool {
     allows(&p.publish, subject) && !allows(&p.publish_deny, subject)
 }
 
+/// `subject` as written with the jobs' layout before the shards (`LANDFALL_JOBS`,
+/// `landfall.job.<site>.<kind>`) in the sharded layout: the stream and subjects of the shard of
+/// the site it names (edge-02, or else edge-01).
+fn sharded(subject: &str) -> String {
+    let site = if subject.contains("edge-02") { "edge-02" } else { "edge-01" };
+    let shard = names::job_shard(site);
+    subject
+        .replace("LANDFALL_JOBS", names::jobs_stream(shard))
+        .replace(&format!("landfall.job.{site}."), &format!("landfall.job.{site}.{shard:02}."))
+}
+
 fn site(id: &str) -> Permissions {
     Role::Site(id.into()).permissions("UKEY")
 }
@@ -48,6 +59,7 @@ fn a_site_reaches_its_own_work_and_nothing_of_another_site() {
         // lets them through, `trust::check` refuses them (see the trust tests).
         gw("site.installed"),
     ] {
+        let ok = sharded(&ok);
         assert!(may_publish(&p, &ok), "{ok}");
     }
     for denied in [
@@ -91,9 +103,13 @@ fn a_site_reaches_its_own_work_and_nothing_of_another_site() {
         "_INBOX_UAPI.reply.1",
         "_INBOX_UKC.site.edge-01.reply1",
     ] {
-        assert!(!may_publish(&p, denied), "{denied}");
+        let denied = sharded(denied);
+        assert!(!may_publish(&p, &denied), "{denied}");
     }
     assert!(p.publish_deny.is_empty(), "a site's list is only what it may do");
+    // Another shard's stream, with its own durable's name.
+    let elsewhere = names::jobs_stream((names::job_shard("edge-01") + 1) % names::JOB_SHARDS);
+    assert!(!may_publish(&p, &format!("$JS.ACK.{elsewhere}.gateway-edge-01.1.2.3.4.5")));
     for ok in ["landfall.to.edge-01.rpc.kubeconfig", "landfall.to.edge-01.jobs", "landfall.to.edge-01.inbox.ab.1"] {
         assert!(allows(&p.subscribe, ok), "{ok}");
     }
@@ -108,7 +124,8 @@ fn a_site_reaches_its_own_work_and_nothing_of_another_site() {
         "landfall.svc.*.reply._INBOX_UKC.>",
         ">",
     ] {
-        assert!(!allows(&p.subscribe, denied), "{denied}");
+        let denied = sharded(denied);
+        assert!(!allows(&p.subscribe, &denied), "{denied}");
     }
 }
 
@@ -138,7 +155,7 @@ fn a_site_creates_no_consumer_and_uses_only_the_one_the_hub_made_for_it() {
             "CONSUMER.DELETE.LANDFALL_JOBS.gateway-edge-01",
             "CONSUMER.DELETE.LANDFALL_JOBS.gateway-edge-02",
         ] {
-            let subject = format!("{api}.{denied}");
+            let subject = sharded(&format!("{api}.{denied}"));
             assert!(!may_publish(&p, &subject), "{subject}");
         }
     }
@@ -178,7 +195,7 @@ fn sites_answer_the_hub_under_their_own_subjects_and_only_the_asker_hears() {
 fn hub_services_keep_to_their_role() {
     let api = Role::Api.permissions("UAPI");
     assert!(may_publish(&api, "landfall.cmd.edge-01.hub.install_site"));
-    assert!(!may_publish(&api, "landfall.job.edge-01.provision_os"));
+    assert!(!may_publish(&api, &sharded("landfall.job.edge-01.provision_os")));
     assert!(!may_publish(&api, "$JS.API.DIRECT.GET.KV_landfall-kubeconfigs.$KV.landfall-kubeconfigs.x"));
     assert!(!may_publish(&api, "landfall.evt.edge-01.hub.site.installed"), "the API publishes commands only");
     let observer = Role::Observer.permissions("UOBS");
@@ -192,12 +209,14 @@ fn hub_services_keep_to_their_role() {
     assert!(may_publish(&observer, "$KV.landfall-observed.node.edge-01.m-1.kubelet"));
     assert!(!may_publish(&observer, "$KV.landfall-sites.site.edge-01"));
     let orchestrator = Role::Orchestrator.permissions("UORC");
-    assert!(may_publish(&orchestrator, "landfall.job.edge-01.provision_os"));
+    assert!(may_publish(&orchestrator, &sharded("landfall.job.edge-01.provision_os")));
     assert!(may_publish(&orchestrator, "landfall.cmd.fleet.hub.patch_package"), "auto-rollouts");
     assert!(!may_publish(&orchestrator, "landfall.cmd.edge-01.hub.install_site"));
     assert!(!may_publish(&orchestrator, "landfall.evt.edge-01.hub.node.os_provisioned"), "a site's report");
     assert!(!may_publish(&orchestrator, "landfall.evt.edge-01.hub.cluster.kubeconfig_stored"));
-    assert!(!may_publish(&orchestrator, "$JS.API.STREAM.DELETE.LANDFALL_JOBS"));
+    assert!(!may_publish(&orchestrator, &sharded("$JS.API.STREAM.DELETE.LANDFALL_JOBS")));
+    // Only the stream of an earlier version, whose jobs it moves into the shards.
+    assert!(may_publish(&orchestrator, "$JS.API.STREAM.DELETE.LANDFALL_JOBS"));
     let kubeconfig = Role::Kubeconfig.permissions("UKC");
     assert!(allows(&kubeconfig.subscribe, names::KUBECONFIG_GET_ADMIN));
     assert!(may_publish(&kubeconfig, "$KV.landfall-kubeconfigs.kubeconfig.edge-01"));
@@ -307,13 +326,13 @@ fn each_service_runs_its_own_durables_and_no_others() {
                 assert!(!may_publish(&p, &never), "{role:?}: {never}");
             }
         }
-        for stream in [names::COMMANDS_STREAM, names::JOBS_STREAM, names::EVENTS_STREAM] {
+        for stream in [names::COMMANDS_STREAM, names::site_jobs_stream("edge-01"), names::EVENTS_STREAM] {
             for never in ["STREAM.DELETE", "STREAM.PURGE", "STREAM.UPDATE", "STREAM.MSG.DELETE"] {
                 let subject = format!("$JS.API.{never}.{stream}");
                 // Removing a site drops its jobs (a purge filtered to them); the keeping times
                 // follow the orchestrator's settings.
                 if role == Role::Orchestrator
-                    && (subject == "$JS.API.STREAM.PURGE.LANDFALL_JOBS" || never == "STREAM.UPDATE")
+                    && (subject == sharded("$JS.API.STREAM.PURGE.LANDFALL_JOBS") || never == "STREAM.UPDATE")
                 {
                     assert!(may_publish(&p, &subject));
                     continue;
@@ -325,8 +344,12 @@ fn each_service_runs_its_own_durables_and_no_others() {
             let unnamed = format!("$JS.API.CONSUMER.CREATE.{stream}");
             assert!(!may_publish(&p, &unnamed), "{role:?}: {unnamed}");
         }
-        let site_durable = "$JS.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>";
-        assert_eq!(may_publish(&p, site_durable), role == Role::Orchestrator, "{role:?}: only the orchestrator");
+        let site_durable = sharded("$JS.API.CONSUMER.CREATE.LANDFALL_JOBS.gateway-edge-01.landfall.job.edge-01.>");
+        assert_eq!(may_publish(&p, &site_durable), role == Role::Orchestrator, "{role:?}: only the orchestrator");
+        // Not a durable of one shard filtered on another's jobs.
+        let elsewhere = names::jobs_stream((names::job_shard("edge-01") + 1) % names::JOB_SHARDS);
+        let crossed = format!("$JS.API.CONSUMER.CREATE.{elsewhere}.gateway-edge-01.{}", names::site_jobs("edge-01"));
+        assert!(!may_publish(&p, &crossed), "{role:?}: {crossed}");
     }
     // A site's jobs are pushed to it alone: no hub user reads its delivery subject or
     // writes into it (operators publish every other landfall subject).

@@ -150,7 +150,7 @@ impl ConsumerSpec {
     pub fn gateway(site: &str) -> Self {
         let durable = names::gateway_consumer(site);
         let mut spec = Self::new(
-            names::JOBS_STREAM,
+            names::site_jobs_stream(site),
             durable.clone(),
             vec![names::site_jobs(site)],
             RejectAs::Message { consumer: durable },
@@ -478,8 +478,8 @@ mod tests {
 
     #[test]
     fn one_filter_is_the_filter_subject_so_the_create_subject_carries_it() {
-        let one = vec!["landfall.job.edge-01.>".to_string()];
-        assert_eq!(filters(&one), ("landfall.job.edge-01.>".to_string(), Vec::new()));
+        let one = vec!["landfall.job.edge-01.40.>".to_string()];
+        assert_eq!(filters(&one), ("landfall.job.edge-01.40.>".to_string(), Vec::new()));
         let two = vec!["a.>".to_string(), "b.>".to_string()];
         assert_eq!(filters(&two), (String::new(), two.clone()));
         assert_eq!(filters(&[]), (String::new(), Vec::new()));

@@ -276,5 +276,6 @@ mod tests {
         assert_eq!(answered_scope("something.else"), "fleet");
         // A job kept in a site's inbox is answered in its site's scope, where the site may publish.
         assert_eq!(answered_scope("inbox.landfall.job.edge-01.provision_os"), "edge-01");
+        assert_eq!(answered_scope("inbox.landfall.job.edge-01.40.provision_os"), "edge-01");
     }
 }

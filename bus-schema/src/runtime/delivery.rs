@@ -42,7 +42,7 @@ impl Delivery {
     }
 
     /// The `<kind>` of a command (`landfall.cmd.<kind>.<scope>`) or job
-    /// (`landfall.job.<site>.<kind>`) subject.
+    /// (`landfall.job.<site>.<shard>.<kind>`) subject.
     ///
     /// # Errors
     /// A `MALFORMED` rejection for any other subject.

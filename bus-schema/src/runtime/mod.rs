@@ -39,6 +39,7 @@ mod delivery;
 mod error;
 mod events;
 mod headers;
+mod job_shards;
 mod keyed_order;
 mod kv;
 mod kv_compact;

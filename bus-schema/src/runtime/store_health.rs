@@ -8,6 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::context::GetStreamErrorKind;
+use futures::StreamExt;
+
 use super::connect::Bus;
 use super::error::{BoxError, BusError, boxed};
 use crate::names;
@@ -112,16 +116,34 @@ pub fn set_alarm(full: Vec<Full>) {
 pub async fn store_use(bus: &Bus) -> Result<StoreUse, BusError> {
     let js = bus.jetstream();
     let mut out = StoreUse { account_limit: -1, ..StoreUse::default() };
-    let streams =
-        names::STREAMS.iter().map(|s| s.to_string()).chain(names::ALL_BUCKETS.iter().map(|b| names::kv_stream(b)));
-    for name in streams {
-        // A stream not made yet (the dead letters before anything died) has nothing in it.
-        let Ok(mut stream) = js.get_stream(&name).await else { continue };
-        let info = stream.info().await.map_err(|e| BusError::Topology {
-            what: "stream",
-            name: name.clone(),
-            source: boxed(e),
-        })?;
+    let streams: Vec<String> = names::streams()
+        .into_iter()
+        .map(String::from)
+        .chain(names::ALL_BUCKETS.iter().map(|b| names::kv_stream(b)))
+        .collect();
+    // Sixteen at a time: there are seventy-odd, the jobs' shards among them.
+    let infos: Vec<_> = futures::stream::iter(streams)
+        .map(|name| {
+            let js = js.clone();
+            async move {
+                let stream = js.get_stream(&name).await;
+                (name, stream)
+            }
+        })
+        .buffered(16)
+        .collect()
+        .await;
+    for (name, stream) in infos {
+        let stream = match stream {
+            Ok(stream) => stream,
+            // A stream not made yet (the dead letters before anything died) has nothing in it.
+            Err(e) if matches!(e.kind(), GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                continue;
+            }
+            Err(e) => return Err(BusError::Topology { what: "stream", name: name.clone(), source: boxed(e) }),
+        };
+        let info = stream.cached_info();
         out.streams.push(StreamUse {
             stream: name.clone(),
             bytes: info.state.bytes,

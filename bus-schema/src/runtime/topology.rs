@@ -14,9 +14,9 @@ use crate::names;
 /// The most jobs of one kind one site may have waiting (`provision_os` goes out per node, so
 /// this sits well above any site's node count).
 pub const JOBS_PER_SUBJECT: i64 = 10_000;
-/// Durable consumers the jobs stream may hold: one per site's gateway. nats-server 2.15 gives a
-/// stream that names no limit 1,000 (`default_max_consumers`), and takes no value below one for
-/// "unlimited": past 1,000 sites, registering the next was refused.
+/// Durable consumers a jobs stream may hold: one per site's gateway of its shard. nats-server
+/// 2.15 gives a stream that names no limit 1,000 (`default_max_consumers`), and takes no value
+/// below one for "unlimited": past 1,000 sites in one stream, registering the next was refused.
 pub const JOBS_MAX_CONSUMERS: i32 = 1_000_000;
 
 /// How the streams and buckets are laid out on the server, and how long they keep things.
@@ -101,21 +101,21 @@ impl Bus {
             max_message_size: names::MAX_PAYLOAD as i32,
             ..Default::default()
         };
+        // A job nobody took within the retention was for a site long gone. Per subject (a
+        // site's kind of job), a runaway sender is refused at publish, where it is seen and
+        // retried, rather than older jobs other nodes wait for being dropped.
+        let jobs = |shard: usize| stream::Config {
+            max_age: topology.retention,
+            max_messages_per_subject: JOBS_PER_SUBJECT,
+            max_consumers: JOBS_MAX_CONSUMERS,
+            discard: stream::DiscardPolicy::New,
+            discard_new_per_subject: true,
+            ..base(names::jobs_stream(shard), &names::shard_jobs(shard), stream::RetentionPolicy::WorkQueue)
+        };
         let streams = [
             stream::Config {
                 max_age: topology.retention,
                 ..base(names::COMMANDS_STREAM, names::COMMANDS_ALL, stream::RetentionPolicy::Limits)
-            },
-            // A job nobody took within the retention was for a site long gone. Per subject (a
-            // site's kind of job), a runaway sender is refused at publish, where it is seen and
-            // retried, rather than older jobs other nodes wait for being dropped.
-            stream::Config {
-                max_age: topology.retention,
-                max_messages_per_subject: JOBS_PER_SUBJECT,
-                max_consumers: JOBS_MAX_CONSUMERS,
-                discard: stream::DiscardPolicy::New,
-                discard_new_per_subject: true,
-                ..base(names::JOBS_STREAM, names::JOBS_ALL, stream::RetentionPolicy::WorkQueue)
             },
             // Direct gets: a site's outbox asks for the last report of a kind its site stored
             // here, to know what reached the hub before its forwarder stopped.
@@ -127,6 +127,22 @@ impl Bus {
         ];
         for config in streams {
             self.ensure_stream(config, topology.align).await?;
+        }
+        // The jobs of an earlier version's one stream are moved into the shards by the
+        // orchestrator (`job_shards`); until then the shards, whose subjects it holds, cannot be.
+        let moving = if topology.align { self.take_legacy_jobs(topology).await? } else { false };
+        if !topology.align && self.has_stream(names::LEGACY_JOBS_STREAM).await {
+            warn!(
+                stream = names::LEGACY_JOBS_STREAM,
+                "an earlier version's jobs stream: the orchestrator moves its jobs when it starts"
+            );
+        } else {
+            for shard in 0..names::JOB_SHARDS {
+                self.ensure_stream(jobs(shard), topology.align).await?;
+            }
+        }
+        if moving {
+            self.put_moved_jobs().await?;
         }
         // Dead letters: what consumers gave up on, kept as long as commands and events.
         let dead = stream::Config {

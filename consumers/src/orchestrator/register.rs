@@ -2,11 +2,10 @@
 //! (`RegisterPackage`), with the auto-rollout a newer version starts under an enabled policy.
 
 use bus_schema::domain::{Package, SiteDesign};
-use bus_schema::names::{self, keys};
+use bus_schema::names::keys;
 use bus_schema::pb;
-use bus_schema::runtime::{self, Bus, ConsumerSpec, Delivery, HandlerError, Update};
-use futures::StreamExt;
-use tracing::{debug, info, warn};
+use bus_schema::runtime::{self, ConsumerSpec, Delivery, HandlerError, Update};
+use tracing::{debug, info};
 
 use super::service::{Orchestrator, invalid};
 
@@ -150,28 +149,4 @@ enum Registered {
     Uploaded,
     /// The same entry was there already.
     Already,
-}
-
-/// Makes anew as push consumers to the site's own subject the gateways' durables an earlier
-/// version made as pull consumers or pushing elsewhere (see [`ConsumerSpec::gateway`]); a site
-/// whose durable is not yet this version's waits for it. Only a durable named and filtered as a
-/// site's gateway's is touched.
-pub(super) async fn push_gateway_durables(bus: &Bus) -> anyhow::Result<usize> {
-    let stream = bus.jetstream().get_stream(names::JOBS_STREAM).await?;
-    let mut pulled = Vec::new();
-    let mut list = stream.consumers();
-    while let Some(info) = list.next().await {
-        let info = info?;
-        let Some(site) = info.name.strip_prefix("gateway-") else { continue };
-        let pushes_to_site = info.config.deliver_subject.as_deref() == Some(names::site_deliver(site).as_str());
-        if !pushes_to_site && info.config.filter_subject == names::site_jobs(site) {
-            pulled.push(site.to_string());
-        }
-    }
-    for site in &pulled {
-        if let Err(e) = runtime::ensure_consumer(bus, &ConsumerSpec::gateway(site)).await {
-            warn!(%site, error = %e, "could not make the gateway's durable a push consumer now; its next registration will");
-        }
-    }
-    Ok(pulled.len())
 }

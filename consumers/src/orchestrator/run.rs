@@ -164,11 +164,6 @@ pub async fn run_orchestrator_with(
         Ok(n) => info!(sagas = n, "resumed sagas interrupted before publishing"),
         Err(e) => warn!(error = %runtime::error_chain(&e), "could not resume interrupted sagas now; redelivery will"),
     }
-    match super::register::push_gateway_durables(&bus).await {
-        Ok(0) => {}
-        Ok(n) => info!(sites = n, "gateways' pull durables made anew as push consumers"),
-        Err(e) => warn!(error = %e, "could not look for gateways' pull durables now"),
-    }
     let commands = ConsumerSpec::new(
         names::COMMANDS_STREAM,
         names::ORCHESTRATOR_COMMANDS,

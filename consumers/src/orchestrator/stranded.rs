@@ -1,4 +1,4 @@
-//! Jobs stranded in the jobs stream: a job still stored (the work queue drops a job once it is
+//! Jobs stranded in a shard of the jobs: a job still stored (the work queue drops a job once it is
 //! acknowledged) whose site's durable has nothing outstanding, neither waiting to be delivered
 //! nor delivered and unacknowledged. Its durable will never deliver it again on its own.
 //!
@@ -28,7 +28,16 @@ pub const STRANDED_AFTER: Duration = Duration::from_secs(60);
 /// # Errors
 /// When the jobs stream cannot be read.
 pub async fn redeliver_stranded_jobs(bus: &Bus, older_than: Duration) -> anyhow::Result<Vec<String>> {
-    let stream = bus.jetstream().get_stream(names::JOBS_STREAM).await?;
+    let mut stranded = Vec::new();
+    for stream in names::jobs_streams() {
+        stranded.extend(redeliver_stranded_in(bus, stream, older_than).await?);
+    }
+    Ok(stranded)
+}
+
+/// [`redeliver_stranded_jobs`] in one shard's stream.
+async fn redeliver_stranded_in(bus: &Bus, stream: &str, older_than: Duration) -> anyhow::Result<Vec<String>> {
+    let stream = bus.jetstream().get_stream(stream).await?;
     // Nothing stored for that long (the usual case): nothing to look at.
     let state = &stream.cached_info().state;
     if state.messages == 0 || !stored_for(state.first_timestamp.unix_timestamp_nanos(), older_than) {

@@ -426,11 +426,10 @@ async fn seed_observed(bus: &Bus, designs: &[SiteDesign], catalog: &[pb::Package
 /// shared shape gateway hosts take the sites' jobs, and a work-queue stream lets no two
 /// consumers' filters overlap.
 async fn drop_site_durables(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<()> {
-    let jobs = bus.jetstream().get_stream(names::JOBS_STREAM).await?;
     let deleted: Vec<_> = futures::stream::iter(designs)
-        .map(|d| {
-            let jobs = jobs.clone();
-            async move { jobs.delete_consumer(&names::gateway_consumer(d.site.as_str())).await }
+        .map(|d| async move {
+            let jobs = bus.jetstream().get_stream_no_info(names::site_jobs_stream(d.site.as_str())).await?;
+            jobs.delete_consumer(&names::gateway_consumer(d.site.as_str())).await.map_err(anyhow::Error::from)
         })
         .buffer_unordered(64)
         .collect()
@@ -441,17 +440,24 @@ async fn drop_site_durables(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result
     Ok(())
 }
 
-async fn wait_for_consumers(bus: &Bus, stream: &str, count: usize) -> anyhow::Result<()> {
+async fn wait_for_consumers(bus: &Bus, streams: &[&str], count: usize) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let mut s = bus.jetstream().get_stream(stream).await?;
-        let have = s.info().await?.state.consumer_count;
+        let mut have = 0;
+        for stream in streams {
+            have += bus.jetstream().get_stream(stream).await?.cached_info().state.consumer_count;
+        }
         if have >= count {
             return Ok(());
         }
-        anyhow::ensure!(Instant::now() < deadline, "only {have} of {count} consumers on {stream} after 600 s");
+        anyhow::ensure!(Instant::now() < deadline, "only {have} of {count} consumers on {streams:?} after 600 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Every shard of the jobs, for [`wait_for_consumers`].
+fn jobs_streams() -> Vec<&'static str> {
+    names::jobs_streams().collect()
 }
 
 /// How the services of a fanout run are laid out.
@@ -519,18 +525,26 @@ async fn fanout(
         for (i, (d, sim)) in designs.iter().zip(&sims).enumerate() {
             shares[i % gateway_hosts].push((d.site.clone(), Arc::new(sim.clone())));
         }
-        let mut hosts = 0;
+        // A host has a durable in each shard of the jobs it takes.
+        let mut durables = 0;
         let scope = if gateway_hosts == 1 { HostScope::EverySite } else { HostScope::ItsSites };
         for (i, share) in shares.into_iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+            durables += match scope {
+                HostScope::EverySite => names::JOB_SHARDS,
+                HostScope::ItsSites => share
+                    .iter()
+                    .map(|(s, _)| names::job_shard(s.as_str()))
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len(),
+            };
             let durable = format!("gateway-host-{i}");
             let bus = gateway_buses[i].clone();
             let host = site_gateway::run_gateway_host(durable, share, scope, scratch.clone(), bus, shutdown.clone());
             services.spawn(host);
-            hosts += 1;
         }
-        hosts
+        durables
     };
-    wait_for_consumers(&bus, names::JOBS_STREAM, consumers_expected).await?;
+    wait_for_consumers(&bus, &jobs_streams(), consumers_expected).await?;
     let setup_s = setup.elapsed().as_secs_f64();
     eprintln!("setup took {setup_s:.1} s; patching ...");
 
@@ -734,7 +748,7 @@ async fn install(url: &str, nodes: usize, time_scale: f64) -> anyhow::Result<ser
         names::ALIVE_EVERY,
         shutdown.clone(),
     ));
-    wait_for_consumers(&bus, names::JOBS_STREAM, 1).await?;
+    wait_for_consumers(&bus, &jobs_streams(), 1).await?;
 
     let mut events = bus.read_events(vec![names::scope_events(design.site.as_str())], DeliverPolicy::New).await?;
     let env = Envelope::root();

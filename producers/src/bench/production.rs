@@ -98,7 +98,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let services = Services::start(&hub, root, &store_dir)?;
     let bus = Bus::connect_with(&hub.url, "landfall-bench", &hub.access(&Role::Operator)?).await?;
     let never = CancellationToken::new();
-    for stream in [names::JOBS_STREAM, names::EVENTS_STREAM, names::COMMANDS_STREAM] {
+    for stream in [names::jobs_stream(names::JOB_SHARDS - 1), names::EVENTS_STREAM, names::COMMANDS_STREAM] {
         tokio::time::timeout(Duration::from_secs(60), bus.wait_for_stream(stream, &never))
             .await
             .with_context(|| format!("the orchestrator did not make {stream} within 60 s"))??;

@@ -25,7 +25,9 @@ use site_gateway::sim::{SimConfig, SimSite};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{raw_publish_rate, register_fleet, representative_payload, round, scratch_dir, wait_for_consumers};
+use super::{
+    jobs_streams, raw_publish_rate, register_fleet, representative_payload, round, scratch_dir, wait_for_consumers,
+};
 use crate::flags::parse_duration;
 use crate::run::demo::{demo_site, upload_demo_packages};
 use crate::run::embedded::tied;
@@ -226,10 +228,10 @@ pub async fn soak(url: &str, args: SoakArgs) -> anyhow::Result<serde_json::Value
             sites.push((design, sim));
         }
         // The orchestrator's consumers, then every gateway's, before anything is asked of them.
-        wait_for_consumers(&bus, names::COMMANDS_STREAM, 1).await?;
+        wait_for_consumers(&bus, &[names::COMMANDS_STREAM], 1).await?;
         let designs: Vec<SiteDesign> = sites.iter().map(|(d, _)| d.clone()).collect();
         register_fleet(&bus, &designs, &catalog).await?;
-        wait_for_consumers(&bus, names::JOBS_STREAM, args.sites).await?;
+        wait_for_consumers(&bus, &jobs_streams(), args.sites).await?;
         let mut fleet = SoakFleet::new(bus.clone(), sites, store.clone());
         eprintln!("installing {} sites x {} nodes ...", args.sites, args.nodes);
         let installed = fleet.install_all().await?;

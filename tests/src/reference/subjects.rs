@@ -21,11 +21,27 @@ const SITE: &str = "<site>";
 const SCOPE: &str = "<scope>";
 const KIND: &str = "<kind>";
 
+/// A name of a shard of the jobs with its shard as `<shard>`: `LANDFALL_JOBS_<shard>`,
+/// `landfall.job.<site>.<shard>.<kind>`.
+fn shard_placeholder(name: &str) -> String {
+    let tokens: Vec<&str> = name.split('.').collect();
+    match tokens.as_slice() {
+        ["landfall", "job", site, _, rest @ ..] => {
+            ["landfall", "job", site, "<shard>"].into_iter().chain(rest.iter().copied()).collect::<Vec<_>>().join(".")
+        }
+        _ => name.replace("_00", "_<shard>"),
+    }
+}
+
 /// Items of `names.rs` that name no subject, stream, bucket, consumer, group or header: helpers
 /// that parse or match subjects, limits and durations, and the KV keys (a module of their own).
 const NOT_NAMES: &[&str] = &[
     "subject_matches",
     "stream_of_subject",
+    "job_shard",
+    "site_jobs_stream",
+    "jobs_streams",
+    "JOB_SHARDS",
     "outbox_destination",
     "inbox_origin",
     "parse_subject",
@@ -118,23 +134,32 @@ impl Rows {
         use names::*;
         let streams = [
             ("COMMANDS_STREAM", COMMANDS_STREAM, "COMMANDS_ALL", COMMANDS_ALL),
-            ("JOBS_STREAM", JOBS_STREAM, "JOBS_ALL", JOBS_ALL),
             ("EVENTS_STREAM", EVENTS_STREAM, "EVENTS_ALL", EVENTS_ALL),
             ("DEAD_STREAM", DEAD_STREAM, "DEAD_ALL", DEAD_ALL),
             ("OUTBOX_STREAM", OUTBOX_STREAM, "OUTBOX_ALL", OUTBOX_ALL),
             ("INBOX_STREAM", INBOX_STREAM, "INBOX_ALL", INBOX_ALL),
             ("BENCH_STREAM", BENCH_STREAM, "BENCH_SUBJECT", BENCH_SUBJECT),
+            ("LEGACY_JOBS_STREAM", LEGACY_JOBS_STREAM, "JOBS_ALL", JOBS_ALL),
+            ("MOVING_JOBS_STREAM", MOVING_JOBS_STREAM, "MOVING_JOBS_ALL", MOVING_JOBS_ALL),
         ];
         for (name, stream, subjects_name, subjects) in streams {
             self.shown.extend([name, subjects_name]);
             self.streams.push((name, stream.to_string(), subjects.to_string()));
+            // The jobs, in JOB_SHARDS streams of their own, one per shard, after the commands.
+            if name == "COMMANDS_STREAM" {
+                self.shown.extend(["jobs_stream", "shard_jobs"]);
+                let jobs = (shard_placeholder(jobs_stream(0)), shard_placeholder(&shard_jobs(0)));
+                self.streams.push(("jobs_stream", jobs.0, jobs.1));
+            }
         }
-        self.shown.insert("STREAMS");
+        self.shown.insert("streams");
         let subjects: Vec<(&'static str, String)> = vec![
             ("to_site", to_site(SITE)),
             ("site_deliver", site_deliver(SITE)),
             ("site_inbox", site_inbox(SITE)),
-            ("site_jobs", site_jobs(SITE)),
+            ("site_jobs", shard_placeholder(&site_jobs(SITE))),
+            ("site_every_job", site_every_job(SITE)),
+            ("jobs_of_kind", jobs_of_kind(KIND)),
             ("scope_commands", scope_commands(SCOPE)),
             ("scope_events", scope_events(SCOPE)),
             ("sent_by_gateway", sent_by_gateway("<cmd|evt>", SITE)),
@@ -292,11 +317,19 @@ pub fn page(root: &Path) -> Page {
         writeln!(out, "| {} | `{}` |", message_link(type_name), origins(type_name, &subject)).unwrap();
     }
     writeln!(out, "\n## Jobs\n").unwrap();
-    writeln!(out, "Published by the hub for one site's gateway, stored in `{}`.\n", names::JOBS_STREAM).unwrap();
+    writeln!(
+        out,
+        "Published by the hub for one site's gateway, stored in the site's shard of the jobs, `{}` \
+         (`<shard>`: FNV-1a of the site's id modulo {}, two digits).\n",
+        shard_placeholder(names::jobs_stream(0)),
+        names::JOB_SHARDS
+    )
+    .unwrap();
     writeln!(out, "| message | subject |").unwrap();
     writeln!(out, "| --- | --- |").unwrap();
     for (kind, type_name) in pb::JOB_TYPES {
-        writeln!(out, "| {} | `{}` |", message_link(type_name), names::job_subject(SITE, kind)).unwrap();
+        writeln!(out, "| {} | `{}` |", message_link(type_name), shard_placeholder(&names::job_subject(SITE, kind)))
+            .unwrap();
     }
     writeln!(out, "\n## Events\n").unwrap();
     writeln!(

@@ -1,0 +1,142 @@
+//! Moving the jobs of an earlier version's one jobs stream ([`names::LEGACY_JOBS_STREAM`]) into
+//! the shards ([`names::JOB_SHARDS`]), when the orchestrator starts.
+//!
+//! The shards' subjects overlap the old stream's, so the shards can only be made once it is
+//! gone. What it holds (the jobs no gateway has acknowledged, and which sites' gateways had a
+//! durable) is first copied into [`names::MOVING_JOBS_STREAM`], then the old stream is deleted,
+//! the shards made, each job published again in its site's shard with its own `Nats-Msg-Id`, each
+//! site's durable made in its shard, and only then the holding stream deleted. A move cut short at
+//! any point goes on from what the streams hold at the next start: a copy repeated is dropped as a
+//! duplicate by its id, and a job delivered twice is carried out once by its gateway.
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::stream::{self, RawMessageErrorKind};
+use futures::StreamExt;
+use tracing::{info, warn};
+
+use super::connect::Bus;
+use super::consume::{ConsumerSpec, ensure_consumer};
+use super::error::{BoxError, BusError, boxed};
+use super::topology::Topology;
+use crate::names::{self, headers};
+
+/// Where a site's durable is recorded while the jobs move: its site's id follows.
+const DURABLE_PREFIX: &str = "landfall.moving.durable.";
+/// Where a job is kept while it moves: its old subject follows.
+const JOB_PREFIX: &str = "landfall.moving.job.";
+
+impl Bus {
+    /// Whether stream `name` exists.
+    pub(super) async fn has_stream(&self, name: &str) -> bool {
+        self.jetstream().get_stream(name).await.is_ok()
+    }
+
+    /// Copies what the old jobs stream holds into the holding stream and deletes the old stream;
+    /// whether the holding stream has anything to put into the shards (also when an earlier
+    /// start was cut short after the copy).
+    pub(super) async fn take_legacy_jobs(&self, topology: &Topology) -> Result<bool, BusError> {
+        let js = self.jetstream();
+        let err =
+            |what: &'static str, name: &str, e: BoxError| BusError::Topology { what, name: name.into(), source: e };
+        let Ok(legacy) = js.get_stream(names::LEGACY_JOBS_STREAM).await else {
+            return Ok(self.has_stream(names::MOVING_JOBS_STREAM).await);
+        };
+        let holding = stream::Config {
+            name: names::MOVING_JOBS_STREAM.to_string(),
+            subjects: vec![names::MOVING_JOBS_ALL.to_string()],
+            storage: stream::StorageType::File,
+            num_replicas: topology.replicas,
+            max_message_size: names::MAX_PAYLOAD as i32,
+            ..Default::default()
+        };
+        js.get_or_create_stream(holding).await.map_err(|e| err("stream", names::MOVING_JOBS_STREAM, boxed(e)))?;
+        // Which sites' gateways had a durable: each is made again in its shard.
+        let mut sites = Vec::new();
+        let mut list = legacy.consumers();
+        while let Some(info) = list.next().await {
+            let info = info.map_err(|e| err("consumer list", names::LEGACY_JOBS_STREAM, boxed(e)))?;
+            if let Some(site) = info.name.strip_prefix("gateway-") {
+                sites.push(site.to_string());
+            }
+        }
+        for site in &sites {
+            let mut id = HeaderMap::new();
+            id.insert(headers::MSG_ID, format!("durable-{site}").as_str());
+            self.store(&format!("{DURABLE_PREFIX}{site}"), id, Default::default()).await?;
+        }
+        let mut jobs = 0;
+        let mut sequence = 1;
+        loop {
+            let job = match legacy.get_first_raw_message_by_subject(names::JOBS_ALL, sequence).await {
+                Ok(job) => job,
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(err("stream read", names::LEGACY_JOBS_STREAM, boxed(e))),
+            };
+            sequence = job.sequence + 1;
+            let mut kept = job.headers.clone();
+            if kept.get(headers::MSG_ID).is_none() {
+                kept.insert(headers::MSG_ID, format!("legacy-job-{}", job.sequence).as_str());
+            }
+            self.store(&format!("{JOB_PREFIX}{}", job.subject), kept, job.payload).await?;
+            jobs += 1;
+        }
+        js.delete_stream(names::LEGACY_JOBS_STREAM)
+            .await
+            .map_err(|e| err("stream delete", names::LEGACY_JOBS_STREAM, boxed(e)))?;
+        info!(
+            jobs,
+            durables = sites.len(),
+            "the earlier version's jobs stream copied aside and deleted: its jobs go to their shards"
+        );
+        Ok(true)
+    }
+
+    /// Puts every job of the holding stream into its site's shard, makes each recorded site's
+    /// durable there, and deletes the holding stream.
+    pub(super) async fn put_moved_jobs(&self) -> Result<(), BusError> {
+        let js = self.jetstream();
+        let err = |what: &'static str, e: BoxError| BusError::Topology {
+            what,
+            name: names::MOVING_JOBS_STREAM.into(),
+            source: e,
+        };
+        let holding = js.get_stream_no_info(names::MOVING_JOBS_STREAM).await.map_err(|e| err("stream", boxed(e)))?;
+        let (mut jobs, mut durables) = (0, 0);
+        let mut sequence = 1;
+        loop {
+            let kept = match holding.get_first_raw_message_by_subject(names::MOVING_JOBS_ALL, sequence).await {
+                Ok(kept) => kept,
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(err("stream read", boxed(e))),
+            };
+            sequence = kept.sequence + 1;
+            if let Some(site) = kept.subject.strip_prefix(DURABLE_PREFIX) {
+                ensure_consumer(self, &ConsumerSpec::gateway(site)).await?;
+                durables += 1;
+                continue;
+            }
+            let old = kept.subject.strip_prefix(JOB_PREFIX).unwrap_or_default();
+            let Some(names::ParsedSubject::Job { site, kind }) = names::parse_subject(old) else {
+                warn!(subject = %kept.subject, "not a job: left out of the shards");
+                continue;
+            };
+            self.store(&names::job_subject(site, kind), kept.headers, kept.payload).await?;
+            jobs += 1;
+        }
+        js.delete_stream(names::MOVING_JOBS_STREAM).await.map_err(|e| err("stream delete", boxed(e)))?;
+        info!(jobs, durables, "the earlier version's jobs are in their shards");
+        Ok(())
+    }
+
+    /// Publishes into a stream and waits for the stream to have it.
+    async fn store(&self, subject: &str, headers: HeaderMap, payload: bytes::Bytes) -> Result<(), BusError> {
+        let err = |e: BoxError| BusError::Publish { subject: subject.to_string(), source: e };
+        let ack = self
+            .jetstream()
+            .publish_with_headers(subject.to_string(), headers, payload)
+            .await
+            .map_err(|e| err(boxed(e)))?;
+        ack.await.map_err(|e| err(boxed(e)))?;
+        Ok(())
+    }
+}
