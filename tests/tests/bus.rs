@@ -427,6 +427,46 @@ async fn an_earlier_versions_jobs_stream_is_moved_into_the_shards_with_its_durab
     }
 }
 
+/// Two orchestrator replicas starting together both move the old jobs stream: both start, and
+/// each job and durable is in its shard once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_orchestrators_moving_the_old_jobs_stream_at_once_both_start_and_move_each_job_once() {
+    use async_nats::jetstream::consumer;
+    use bus_schema::runtime::Topology;
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    let js = bus.jetstream();
+    let legacy = landfall_tests::site_state::earlier_jobs_stream(js).await;
+    let sites: Vec<String> = (0..20).map(|i| format!("edge-{i:02}")).collect();
+    for site in &sites {
+        let durable = consumer::pull::Config {
+            durable_name: Some(names::gateway_consumer(site)),
+            filter_subject: names::site_every_job(site),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        };
+        legacy.create_consumer(durable).await.unwrap();
+        for n in 0..5 {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(names::headers::MSG_ID, format!("{site}-{n}").as_str());
+            let subject = format!("landfall.job.{site}.{}", pb::ProvisionOs::KIND);
+            js.publish_with_headers(subject, headers, "job".into()).await.unwrap().await.unwrap();
+        }
+    }
+    let other = Bus::connect(&server.url(), "landfall-test-2").await.unwrap();
+    let aligning = Topology::default().aligning();
+    let (a, b) = tokio::join!(bus.ensure_topology(&aligning), other.ensure_topology(&aligning));
+    a.expect("the first replica");
+    b.expect("the second replica");
+    assert!(js.get_stream(names::LEGACY_JOBS_STREAM).await.is_err());
+    assert!(js.get_stream(names::MOVING_JOBS_STREAM).await.is_err());
+    for site in &sites {
+        let shard = js.get_stream(names::site_jobs_stream(site)).await.unwrap();
+        let info = shard.consumer_info(names::gateway_consumer(site)).await.unwrap();
+        assert_eq!(info.num_pending, 5, "{site}: each of its jobs once");
+    }
+}
+
 /// A move of the old jobs stream that stopped part way through putting the jobs kept aside into
 /// their shards (the old stream deleted, the shards made, one job put) is finished at the
 /// orchestrator's next start: the jobs kept aside reach their shards once, and the durables kept

@@ -7,9 +7,13 @@
 //! the shards made, each job published again in its site's shard with its own `Nats-Msg-Id`, each
 //! site's durable made in its shard, and only then the holding stream deleted. A move cut short at
 //! any point goes on from what the streams hold at the next start: a copy repeated is dropped as a
-//! duplicate by its id, and a job delivered twice is carried out once by its gateway.
+//! duplicate by its id, and a job delivered twice is carried out once by its gateway. Two
+//! orchestrator replicas starting together may both move: a stream the other deleted first counts
+//! as moved.
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::stream::{self, RawMessageErrorKind};
 use futures::StreamExt;
 use tracing::{info, warn};
@@ -35,12 +39,36 @@ impl Bus {
     /// whether the holding stream has anything to put into the shards (also when an earlier
     /// start was cut short after the copy).
     pub(super) async fn take_legacy_jobs(&self, topology: &Topology) -> Result<bool, BusError> {
+        let Ok(legacy) = self.jetstream().get_stream(names::LEGACY_JOBS_STREAM).await else {
+            return Ok(self.has_stream(names::MOVING_JOBS_STREAM).await);
+        };
+        let (jobs, durables) = match self.copy_aside(&legacy, topology).await {
+            Ok(copied) => copied,
+            // Another replica copied it whole and deleted it meanwhile.
+            Err(_) if !self.has_stream(names::LEGACY_JOBS_STREAM).await => return Ok(true),
+            Err(e) => return Err(e),
+        };
+        match self.jetstream().delete_stream(names::LEGACY_JOBS_STREAM).await {
+            Ok(_) => {}
+            Err(e) if stream_gone(e.kind()) => {}
+            Err(e) => {
+                let name = names::LEGACY_JOBS_STREAM.into();
+                return Err(BusError::Topology { what: "stream delete", name, source: boxed(e) });
+            }
+        }
+        info!(
+            jobs,
+            durables, "the earlier version's jobs stream copied aside and deleted: its jobs go to their shards"
+        );
+        Ok(true)
+    }
+
+    /// Copies the names of `legacy`'s gateway durables and its jobs into the holding stream; how
+    /// many jobs and durables.
+    async fn copy_aside(&self, legacy: &stream::Stream, topology: &Topology) -> Result<(usize, usize), BusError> {
         let js = self.jetstream();
         let err =
             |what: &'static str, name: &str, e: BoxError| BusError::Topology { what, name: name.into(), source: e };
-        let Ok(legacy) = js.get_stream(names::LEGACY_JOBS_STREAM).await else {
-            return Ok(self.has_stream(names::MOVING_JOBS_STREAM).await);
-        };
         let holding = stream::Config {
             name: names::MOVING_JOBS_STREAM.to_string(),
             subjects: vec![names::MOVING_JOBS_ALL.to_string()],
@@ -80,15 +108,7 @@ impl Bus {
             self.store(&format!("{JOB_PREFIX}{}", job.subject), kept, job.payload).await?;
             jobs += 1;
         }
-        js.delete_stream(names::LEGACY_JOBS_STREAM)
-            .await
-            .map_err(|e| err("stream delete", names::LEGACY_JOBS_STREAM, boxed(e)))?;
-        info!(
-            jobs,
-            durables = sites.len(),
-            "the earlier version's jobs stream copied aside and deleted: its jobs go to their shards"
-        );
-        Ok(true)
+        Ok((jobs, sites.len()))
     }
 
     /// Puts every job of the holding stream into its site's shard, makes each recorded site's
@@ -107,6 +127,11 @@ impl Bus {
             let kept = match holding.get_first_raw_message_by_subject(names::MOVING_JOBS_ALL, sequence).await {
                 Ok(kept) => kept,
                 Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
+                // Another replica put every job and deleted it.
+                Err(e) if read_stream_gone(e.kind()) => {
+                    info!("the earlier version's jobs were put into their shards by another replica");
+                    return Ok(());
+                }
                 Err(e) => return Err(err("stream read", boxed(e))),
             };
             sequence = kept.sequence + 1;
@@ -123,7 +148,12 @@ impl Bus {
             self.store(&names::job_subject(site, kind), kept.headers, kept.payload).await?;
             jobs += 1;
         }
-        js.delete_stream(names::MOVING_JOBS_STREAM).await.map_err(|e| err("stream delete", boxed(e)))?;
+        match js.delete_stream(names::MOVING_JOBS_STREAM).await {
+            Ok(_) => {}
+            // Another replica deleted it as it finished too.
+            Err(e) if stream_gone(e.kind()) => {}
+            Err(e) => return Err(err("stream delete", boxed(e))),
+        }
         info!(jobs, durables, "the earlier version's jobs are in their shards");
         Ok(())
     }
@@ -139,4 +169,14 @@ impl Bus {
         ack.await.map_err(|e| err(boxed(e)))?;
         Ok(())
     }
+}
+
+/// Whether the stream asked for is not there (any more).
+fn stream_gone(kind: GetStreamErrorKind) -> bool {
+    matches!(kind, GetStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// Whether the stream a message was asked of is not there (any more).
+fn read_stream_gone(kind: RawMessageErrorKind) -> bool {
+    matches!(kind, RawMessageErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
