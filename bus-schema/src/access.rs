@@ -270,6 +270,8 @@ impl Role {
                     js_api(&format!("STREAM.MSG.GET.{moving}")),
                     js_api(&format!("STREAM.DELETE.{moving}")),
                     names::MOVING_JOBS_ALL.to_string(),
+                    // What it held that is no job, filed where operators look.
+                    names::dead_letter_subject(names::JOBS_MOVE),
                 ]);
                 // Compaction sweeps the markers deletions leave in the buckets it owns.
                 for bucket in [names::SAGAS_BUCKET, names::SITES_BUCKET] {

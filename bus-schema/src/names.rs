@@ -30,6 +30,9 @@ pub const LEGACY_JOBS_STREAM: &str = "LANDFALL_JOBS";
 /// its shard, so that a move cut short goes on where it stopped.
 pub const MOVING_JOBS_STREAM: &str = "LANDFALL_JOBS_MOVING";
 pub const MOVING_JOBS_ALL: &str = "landfall.moving.>";
+/// The name a message of [`LEGACY_JOBS_STREAM`] that is no job is filed under as a dead letter
+/// when the jobs move (`landfall.dead.orchestrator-jobs-move`).
+pub const JOBS_MOVE: &str = "orchestrator-jobs-move";
 pub const EVENTS_STREAM: &str = "LANDFALL_EVENTS";
 /// Messages a consumer gave up on (too many transient failures, or a process lost every time it
 /// handled them), each with what it takes to look at it and replay it (`pb::DeadLetter`).

@@ -373,8 +373,9 @@ async fn the_api_writes_only_what_it_holds_and_no_service_touches_anothers_consu
 }
 
 /// The orchestrator moves an earlier version's one jobs stream into the shards with nothing but
-/// its own permissions (the hub logs no refusal), and a site's gateway then takes its moved job
-/// through its durable in its shard, with its own.
+/// its own permissions (the hub logs no refusal), filing what it held that is no job as a dead
+/// letter, and a site's gateway then takes its moved job through its durable in its shard, with
+/// its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_orchestrator_moves_an_earlier_versions_jobs_stream_with_its_own_permissions() {
     let d = Deployment::generate(&["edge-01", "edge-02"], 1, None);
@@ -400,11 +401,21 @@ async fn the_orchestrator_moves_an_earlier_versions_jobs_stream_with_its_own_per
         .unwrap()
         .await
         .unwrap();
+    // Something the old stream held that is no job: filed as a dead letter, not lost.
+    js.publish("landfall.job.edge-01.not.a.job", "stray".into()).await.unwrap().await.unwrap();
 
     let orchestrator =
         Bus::connect_with(&url, "landfall-test-orchestrator", &d.access(&Role::Orchestrator)).await.unwrap();
     orchestrator.ensure_topology(&Topology::default().aligning()).await.expect("the move");
     assert!(js.get_stream(names::LEGACY_JOBS_STREAM).await.is_err());
+    let letters = operator.read_dead_letters().await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0].letter;
+    assert_eq!(
+        (letter.subject.as_str(), letter.consumer.as_str()),
+        ("landfall.job.edge-01.not.a.job", names::JOBS_MOVE)
+    );
+    assert_eq!(letter.payload, b"stray");
 
     let access = Access { js_domain: Some(HUB_DOMAIN.into()), ..d.access(&site("edge-01")) };
     let gateway = Bus::connect_with(&url, "landfall-test-gateway", &access).await.unwrap();

@@ -36,7 +36,7 @@ pub struct Replayed {
 }
 
 /// A message's headers as a dead letter keeps them.
-fn header_list(headers: Option<&HeaderMap>) -> Vec<pb::Header> {
+pub(super) fn header_list(headers: Option<&HeaderMap>) -> Vec<pb::Header> {
     let mut out: Vec<pb::Header> = headers
         .into_iter()
         .flat_map(|h| h.iter())

@@ -23,6 +23,7 @@ use super::consume::{ConsumerSpec, ensure_consumer};
 use super::error::{BoxError, BusError, boxed};
 use super::topology::Topology;
 use crate::names::{self, headers};
+use crate::pb;
 
 /// Where a site's durable is recorded while the jobs move: its site's id follows.
 const DURABLE_PREFIX: &str = "landfall.moving.durable.";
@@ -142,7 +143,8 @@ impl Bus {
             }
             let old = kept.subject.strip_prefix(JOB_PREFIX).unwrap_or_default();
             let Some(names::ParsedSubject::Job { site, kind }) = names::parse_subject(old) else {
-                warn!(subject = %kept.subject, "not a job: left out of the shards");
+                warn!(subject = %old, "not a job: filed as a dead letter, not put into a shard");
+                self.file_left_out(old, kept.headers, kept.payload).await?;
                 continue;
             };
             self.store(&names::job_subject(site, kind), kept.headers, kept.payload).await?;
@@ -156,6 +158,36 @@ impl Bus {
         }
         info!(jobs, durables, "the earlier version's jobs are in their shards");
         Ok(())
+    }
+
+    /// Files a message of the old stream whose subject is no job's as a dead letter of
+    /// [`names::JOBS_MOVE`], where an operator sees it (`landfall dead-letters`) and may replay
+    /// it, rather than losing it with the holding stream. Filed again by a move repeated, it is
+    /// stored once (its id is its own message's).
+    async fn file_left_out(&self, subject: &str, headers: HeaderMap, payload: bytes::Bytes) -> Result<(), BusError> {
+        let header = |name: &str| headers.get(name).map(|v| v.as_str().to_string()).unwrap_or_default();
+        let message_id = header(headers::MSG_ID);
+        let mut letter = pb::DeadLetter {
+            subject: subject.to_string(),
+            headers: super::dead_letter::header_list(Some(&headers)),
+            payload: payload.to_vec(),
+            stream: names::LEGACY_JOBS_STREAM.to_string(),
+            consumer: names::JOBS_MOVE.to_string(),
+            message_id: message_id.clone(),
+            message_type: header(headers::TYPE),
+            error: "not a job's subject (landfall.job.<site>.<kind>): not put into a shard of the jobs".into(),
+            dead_unix_ms: (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64,
+            ..Default::default()
+        };
+        if prost::Message::encoded_len(&letter) + 1024 > names::MAX_PAYLOAD {
+            letter.payload.clear();
+            letter.payload_omitted = true;
+        }
+        let mut out = HeaderMap::new();
+        out.insert(headers::TYPE, <pb::DeadLetter as pb::BusMessage>::TYPE);
+        out.insert(headers::MSG_ID, format!("moved-{message_id}").as_str());
+        let body = prost::Message::encode_to_vec(&letter).into();
+        self.store(&names::dead_letter_subject(names::JOBS_MOVE), out, body).await
     }
 
     /// Publishes into a stream and waits for the stream to have it.

@@ -128,6 +128,17 @@ impl Bus {
         for config in streams {
             self.ensure_stream(config, topology.align).await?;
         }
+        // Dead letters: what consumers gave up on, kept as long as commands and events (and
+        // what the move of an earlier version's jobs below finds that is no job).
+        let dead = stream::Config {
+            max_age: names::RETENTION,
+            ..base(names::DEAD_STREAM, names::DEAD_ALL, stream::RetentionPolicy::Limits)
+        };
+        self.jetstream().get_or_create_stream(dead).await.map_err(|e| BusError::Topology {
+            what: "stream",
+            name: names::DEAD_STREAM.to_string(),
+            source: boxed(e),
+        })?;
         // The jobs of an earlier version's one stream are moved into the shards by the
         // orchestrator (`job_shards`); until then the shards, whose subjects it holds, cannot be.
         let moving = if topology.align { self.take_legacy_jobs(topology).await? } else { false };
@@ -144,16 +155,6 @@ impl Bus {
         if moving {
             self.put_moved_jobs().await?;
         }
-        // Dead letters: what consumers gave up on, kept as long as commands and events.
-        let dead = stream::Config {
-            max_age: names::RETENTION,
-            ..base(names::DEAD_STREAM, names::DEAD_ALL, stream::RetentionPolicy::Limits)
-        };
-        self.jetstream().get_or_create_stream(dead).await.map_err(|e| BusError::Topology {
-            what: "stream",
-            name: names::DEAD_STREAM.to_string(),
-            source: boxed(e),
-        })?;
         for bucket in names::ALL_BUCKETS {
             self.ensure_bucket(bucket, topology).await?;
         }
