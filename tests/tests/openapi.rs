@@ -37,7 +37,10 @@ async fn schemathesis_finds_nothing_wrong_with_the_api() {
     let run = tokio::process::Command::new(schemathesis())
         .args(["--no-color", "--config-file", config, "run", &api.url("/openapi.json")])
         .args(["--header", &format!("Authorization: Bearer {OPERATOR}")])
-        .args(["--exclude-path", "/v1/events", "--max-examples", "25", "--workers", "2"])
+        // One worker: with two, schemathesis itself crashed at times while generating cases
+        // ("AST constructor recursion depth mismatch", from Python's `ast` under hypothesis'
+        // description of a lambda), a failure of the tool's before any request, not of the API.
+        .args(["--exclude-path", "/v1/events", "--max-examples", "25", "--workers", "1"])
         .current_dir(scratch.path())
         .env("HOME", scratch.path())
         .kill_on_drop(true)

@@ -84,7 +84,10 @@ impl Bus {
         let mut list = legacy.consumers();
         while let Some(info) = list.next().await {
             let info = info.map_err(|e| err("consumer list", names::LEGACY_JOBS_STREAM, boxed(e)))?;
-            if let Some(site) = info.name.strip_prefix("gateway-") {
+            // Only a site's gateway's: named for the site and filtered on its jobs.
+            if let Some(site) = info.name.strip_prefix("gateway-")
+                && info.config.filter_subject == names::site_every_job(site)
+            {
                 sites.push(site.to_string());
             }
         }
