@@ -1067,6 +1067,38 @@
     let detail = null;
     let seq = 0;
     let confirmReinstall = false;
+    // Node → the Metal3 state its latest NodeOsProvisioning said, with that event's sequence:
+    // drawn at once, and over what the read model says until the read model has that event too
+    // (a reimage's deprovisioning can be over before the next read of the site).
+    const liveMetal3 = new Map();
+
+    /** The Metal3 state to draw for node `n` of the site read as `s`. */
+    function metal3Of(s, n) {
+      const live = liveMetal3.get(n.name);
+      if (!live) return n.metal3_state;
+      if (live.seq > ((s.last_event && s.last_event.seq) || 0)) return live.state;
+      liveMetal3.delete(n.name);
+      return n.metal3_state;
+    }
+
+    function metal3Cell(state) {
+      return state ? h('span', { class: 'metal3' }, state) : h('span', { class: 'muted' }, '—');
+    }
+
+    /** A NodeOsProvisioning of this site: its node's row shows the state now. */
+    function onMetal3(e) {
+      const ev = e.event || {};
+      if (!ev.node || !ev.state || ev.site_id !== site || !Number.isFinite(e.seq)) return;
+      const known = liveMetal3.get(ev.node);
+      if (known && known.seq >= e.seq) return;
+      if (detail && detail.last_event && detail.last_event.seq >= e.seq) return;
+      liveMetal3.set(ev.node, { state: ev.state, seq: e.seq });
+      const row = [...el.querySelectorAll('#nodes-table tbody tr[data-node]')].find((r) => r.dataset.node === ev.node);
+      if (!row) return;
+      row.dataset.metal3 = ev.state;
+      const cell = row.querySelector('td[data-field="metal3"]');
+      if (cell) fill(cell, metal3Cell(ev.state));
+    }
 
     function installButton(s) {
       if (!isOperator(s.labels || {})) return null;
@@ -1233,7 +1265,7 @@
                 s.node_list.map((n) =>
                   h(
                     'tr',
-                    { dataset: { node: n.name, step: n.step, metal3: n.metal3_state || '' } },
+                    { dataset: { node: n.name, step: n.step, metal3: metal3Of(s, n) || '' } },
                     h(
                       'th',
                       { scope: 'row' },
@@ -1243,7 +1275,7 @@
                     ),
                     h('td', {}, label(n.role)),
                     h('td', { dataset: { field: 'step' } }, badge('step', n.step)),
-                    h('td', { dataset: { field: 'metal3' } }, n.metal3_state ? h('span', { class: 'metal3' }, n.metal3_state) : h('span', { class: 'muted' }, '—')),
+                    h('td', { dataset: { field: 'metal3' } }, metal3Cell(metal3Of(s, n))),
                     h('td', {}, packageCell(n)),
                     h(
                       'td',
@@ -1299,6 +1331,7 @@
     const pendingTimeline = [];
     let timelineScheduled = false;
     function onSiteEvent(e) {
+      if (e.name === 'NodeOsProvisioning') onMetal3(e);
       pendingTimeline.push(e);
       if (pendingTimeline.length > TIMELINE_MAX) pendingTimeline.splice(0, pendingTimeline.length - TIMELINE_MAX);
       if (timelineScheduled) return;
