@@ -234,18 +234,25 @@ impl Bus {
         if let Some((cert, key)) = &access.client_cert {
             options = options.add_client_certificate(cert.clone(), key.clone());
         }
+        let (connected_tx, mut connected_rx) = tokio::sync::watch::channel(false);
         let client = options
             .max_reconnects(None)
             .reconnect_delay_callback(reconnect_delay)
             .connection_timeout(Duration::from_secs(5))
             .request_timeout(Some(Duration::from_secs(10)))
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Disconnected => warn!("nats disconnected"),
-                    async_nats::Event::Connected => info!("nats connected"),
-                    // A permission violation, say: the server refused what this user may not do.
-                    async_nats::Event::ServerError(e) => warn!(error = %e, "the nats server refused a request"),
-                    other => debug!(%other, "nats event"),
+            .event_callback(move |event| {
+                let connected = connected_tx.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Disconnected => warn!("nats disconnected"),
+                        async_nats::Event::Connected => {
+                            connected.send_replace(true);
+                            info!("nats connected")
+                        }
+                        // A permission violation, say: the server refused what this user may not do.
+                        async_nats::Event::ServerError(e) => warn!(error = %e, "the nats server refused a request"),
+                        other => debug!(%other, "nats event"),
+                    }
                 }
             });
         // A cluster is given as its servers' URLs, comma-separated (as `NATS_URL` usually is).
@@ -254,11 +261,18 @@ impl Bus {
             .await
             .map_err(|e| BusError::Connect { url: url.to_string(), source: boxed(e) })?
             .map_err(|e| BusError::Connect { url: url.to_string(), source: boxed(e) })?;
-        // With retry_on_initial_connect the server info arrives with the first connection.
+        // With retry_on_initial_connect the server info arrives with the first connection. It is
+        // looked for as soon as the connection says it is up (the client stores it a moment
+        // after), else every 20 ms: a fixed 20 ms poll cost each of 10,000 gateways starting at
+        // once that much.
         let mut info = client.server_info();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while info.version.is_empty() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            if *connected_rx.borrow_and_update() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            } else {
+                let _ = tokio::time::timeout(Duration::from_millis(20), connected_rx.changed()).await;
+            }
             info = client.server_info();
         }
         if info.version.is_empty() {
