@@ -562,6 +562,57 @@ async fn a_message_on_a_sites_delivery_subject_not_from_its_durable_is_not_a_job
     fleet.stop().await;
 }
 
+/// A site's registration makes its gateway's durable in one request; made again, it is left as it
+/// is; a durable of that name made otherwise (an earlier version's pull durable, or a push
+/// durable delivering elsewhere) is made anew as the gateway's push durable, and jobs reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateways_durable_is_made_once_left_as_it_is_and_made_anew_when_made_otherwise() {
+    use async_nats::jetstream::consumer;
+    use bus_schema::runtime::ConsumerSpec;
+    use futures::StreamExt;
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    bus.ensure_topology(&Default::default()).await.unwrap();
+    let site = "edge-07";
+    let jobs = bus.jetstream().get_stream(names::site_jobs_stream(site)).await.unwrap();
+    let durable = names::gateway_consumer(site);
+    let spec = ConsumerSpec::gateway(site);
+    let ensure = || bus_schema::runtime::ensure_consumer(&bus, &spec);
+    ensure().await.unwrap();
+    let made = jobs.consumer_info(&durable).await.unwrap();
+    assert_eq!(made.config.deliver_subject.as_deref(), Some(names::site_deliver(site).as_str()));
+    ensure().await.unwrap();
+    assert_eq!(jobs.consumer_info(&durable).await.unwrap().created, made.created, "made again, not left as it was");
+
+    let pull = consumer::pull::Config {
+        durable_name: Some(durable.clone()),
+        filter_subject: names::site_jobs(site),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ..Default::default()
+    };
+    let elsewhere = consumer::push::Config {
+        durable_name: Some(durable.clone()),
+        deliver_subject: "somewhere.else".into(),
+        filter_subject: names::site_jobs(site),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ..Default::default()
+    };
+    use consumer::IntoConsumerConfig;
+    for (i, made_otherwise) in [pull.into_consumer_config(), elsewhere.into_consumer_config()].into_iter().enumerate() {
+        jobs.delete_consumer(&durable).await.unwrap();
+        jobs.create_consumer(made_otherwise).await.unwrap();
+        ensure().await.unwrap();
+        let info = jobs.consumer_info(&durable).await.unwrap();
+        assert_eq!(info.config.deliver_subject.as_deref(), Some(names::site_deliver(site).as_str()), "case {i}");
+    }
+    let mut delivered = bus.client().subscribe(names::site_deliver(site)).await.unwrap();
+    let job = pb::StageArtifacts { site_id: site.into(), artifacts: vec![] };
+    bus.publish_job(&job, &Envelope::root()).await.unwrap();
+    let got =
+        tokio::time::timeout(Duration::from_secs(10), delivered.next()).await.expect("the job delivered").unwrap();
+    assert_eq!(got.subject.as_str(), job.subject(), "the job, on its durable's delivery subject");
+}
+
 /// A job still in the jobs stream that its site's durable holds nothing of (here: a durable that
 /// gave up on it after one delivery, as a restarted hub once left two durables past their jobs)
 /// is delivered again once the orchestrator's sweep makes the durable anew; a job a durable

@@ -219,11 +219,22 @@ impl ConsumerSpec {
 /// and the new one delivers them (a gateway carries out a job delivered again without effect).
 pub async fn ensure_consumer(bus: &Bus, spec: &ConsumerSpec) -> Result<(), BusError> {
     let consume_err = |e: BoxError| BusError::Consume { consumer: spec.durable.clone(), source: e };
-    let stream = spec.jetstream(bus).get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
+    let js = spec.jetstream(bus);
     let Some(deliver) = &spec.deliver_subject else {
+        let stream = js.get_stream(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
         stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map_err(|e| consume_err(boxed(e)))?;
         return Ok(());
     };
+    // One request where there was none, or the same one made again: a site's registration
+    // makes its gateway's durable, and ten thousand registrations asked three times each (the
+    // stream, the consumer, then the creation) kept the hub's JetStream API busy. A durable of
+    // another configuration is looked at and made anew below.
+    match js.create_consumer_strict_on_stream(spec.push_config(deliver), spec.stream).await {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == jetstream::stream::ConsumerCreateStrictErrorKind::AlreadyExists => {}
+        Err(e) => return Err(consume_err(boxed(e))),
+    }
+    let stream = js.get_stream_no_info(spec.stream).await.map_err(|e| consume_err(boxed(e)))?;
     match stream.consumer_info(&spec.durable).await {
         Ok(info) if info.config.deliver_subject.as_deref() == Some(deliver.as_str()) => return Ok(()),
         Ok(info) => {
