@@ -337,11 +337,13 @@ fn input_of(d: &Delivery) -> Result<Option<Input>, HandlerError> {
 }
 
 /// The events the saga consumer reads: every event. The kinds that move an install saga (those
-/// `input_of` knows) are most of what an install reports, and nats-server 2.10 finds the
-/// next message of a consumer with several filters that has fallen behind by walking every
-/// subject of the stream's block, which at thousands of sites cost the hub most of its CPU
-/// during installs; an unfiltered consumer reads on, and the kinds that move no saga are
-/// passed over without a read.
+/// `input_of` knows) are most of what an install reports, and nats-server finds the next message
+/// of a consumer with several filters that has fallen behind by walking the stream's subjects: at
+/// thousands of sites that cost the hub most of its CPU during installs on 2.10, and still does on
+/// 2.15.1 (2,500 sites: the install took 119.4 s instead of 48.1 s, the hub 139.1 CPU seconds
+/// instead of 43.5, though the patch, whose cordon, drain and uncordon events the saga passes
+/// over, took 10.0 s instead of 12.6). An unfiltered consumer reads on, and the kinds that move no
+/// saga are passed over without a read.
 pub fn saga_event_filters() -> Vec<String> {
     vec![names::EVENTS_ALL.to_string()]
 }
