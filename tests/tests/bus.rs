@@ -194,6 +194,42 @@ async fn a_scan_during_writes_sees_each_key_once() {
     }
 }
 
+/// A scan that keeps part of each entry as it reads it (the compaction pass keeps little of each
+/// of thousands of sagas) returns what it kept, in key order with each key's revision; a purged
+/// key, or one it kept nothing of, does not come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_keeping_part_of_each_entry_returns_only_what_it_kept() {
+    let server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    bus.ensure_topology(&Default::default()).await.unwrap();
+    let kv = bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    let value = |v: &str| pb::NodeObserved { node: v.into(), ..Default::default() };
+    for i in 0..10 {
+        kv.put(&format!("node.edge-01.n{i}.kubelet"), &value(&i.to_string())).await.unwrap();
+    }
+    kv.purge("node.edge-01.n4.kubelet").await.unwrap();
+    let rev6 = kv.put("node.edge-01.n6.kubelet", &value("66")).await.unwrap();
+    let got = kv
+        .scan_matching_map("node.*.*.kubelet", |key, v: pb::NodeObserved| {
+            let n: u32 = v.node.parse().ok()?;
+            n.is_multiple_of(2).then(|| (key.to_string(), n))
+        })
+        .await
+        .unwrap();
+    let kept: Vec<(&str, u32)> = got.iter().map(|(_, (key, n), _)| (key.as_str(), *n)).collect();
+    assert_eq!(
+        kept,
+        [
+            ("node.edge-01.n0.kubelet", 0),
+            ("node.edge-01.n2.kubelet", 2),
+            ("node.edge-01.n6.kubelet", 66),
+            ("node.edge-01.n8.kubelet", 8)
+        ]
+    );
+    assert!(got.iter().all(|(key, (kept_key, _), _)| key == kept_key), "each with its own key");
+    assert_eq!(got.iter().find(|(key, _, _)| key == "node.edge-01.n6.kubelet").unwrap().2, rev6, "its latest revision");
+}
+
 /// A key-by-key scan of one site's keys finds each live key of that site once, with a value it
 /// had during the scan, while its keys are rewritten, deleted and purged and other sites' keys
 /// are written around them.

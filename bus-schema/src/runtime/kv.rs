@@ -161,7 +161,16 @@ impl Kv {
             .buffer_unordered(16);
             while let Some(msg) = got.next().await {
                 if let Some(msg) = msg.map_err(err)? {
-                    latest.add(self, subject_prefix, &msg.subject, Some(&msg.headers), &msg.payload, msg.sequence);
+                    let whole = |_: &str, value: M| Some(value);
+                    latest.add(
+                        self,
+                        subject_prefix,
+                        &msg.subject,
+                        Some(&msg.headers),
+                        &msg.payload,
+                        msg.sequence,
+                        &whole,
+                    );
                 }
             }
             read.extend(unread);
@@ -169,7 +178,7 @@ impl Kv {
         Ok(latest
             .0
             .into_iter()
-            .filter_map(|(key, entry)| entry.map(|(value, revision)| (key, value, revision)))
+            .filter_map(|(key, entry)| entry.and_then(|(kept, revision)| kept.map(|kept| (key, kept, revision))))
             .collect())
     }
 
@@ -185,6 +194,17 @@ impl Kv {
         &self,
         pattern: &str,
     ) -> Result<Vec<(String, M, u64)>, BusError> {
+        self.scan_matching_map(pattern, |_, value: M| Some(value)).await
+    }
+
+    /// Like [`Kv::scan_matching`], keeping of each entry only what `keep` makes of its key and
+    /// value (nothing, for `None`), as the entry is read: a scan of thousands of large records
+    /// holds what is kept of them, never all of them at once.
+    pub async fn scan_matching_map<M: prost::Message + Default, T>(
+        &self,
+        pattern: &str,
+        keep: impl Fn(&str, M) -> Option<T>,
+    ) -> Result<Vec<(String, T, u64)>, BusError> {
         let err = |e: BoxError| self.err("scan", pattern, e);
         let subject_prefix = self.store.prefix.as_str(); // "$KV.<bucket>."
         let filter = format!("{subject_prefix}{pattern}");
@@ -196,7 +216,7 @@ impl Kv {
         };
         let consumer = self.store.stream.create_consumer(config).await.map_err(|e| err(boxed(e)))?;
         let mut messages = consumer.messages().await.map_err(|e| err(boxed(e)))?;
-        let mut latest = ScanEntries::<M>::default();
+        let mut latest = ScanEntries::<T>::default();
         let mut seen = 0;
         let mut stalled = false;
         while seen < end {
@@ -213,7 +233,15 @@ impl Kv {
             let msg = msg.map_err(|e| err(boxed(e)))?;
             let info = msg.info().map_err(err)?;
             seen = seen.max(info.stream_sequence);
-            latest.add(self, subject_prefix, &msg.subject, msg.headers.as_ref(), &msg.payload, info.stream_sequence);
+            latest.add(
+                self,
+                subject_prefix,
+                &msg.subject,
+                msg.headers.as_ref(),
+                &msg.payload,
+                info.stream_sequence,
+                &keep,
+            );
         }
         drop(messages);
         let written_since = self.last_raw(&filter).await.map_err(err)?.is_some_and(|last| last > seen);
@@ -227,9 +255,15 @@ impl Kv {
                     continue;
                 }
                 match self.store.stream.get_last_raw_message_by_subject(&subject).await {
-                    Ok(msg) => {
-                        latest.add(self, subject_prefix, &msg.subject, Some(&msg.headers), &msg.payload, msg.sequence)
-                    }
+                    Ok(msg) => latest.add(
+                        self,
+                        subject_prefix,
+                        &msg.subject,
+                        Some(&msg.headers),
+                        &msg.payload,
+                        msg.sequence,
+                        &keep,
+                    ),
                     Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {}
                     Err(e) => return Err(err(boxed(e))),
                 }
@@ -238,7 +272,7 @@ impl Kv {
         Ok(latest
             .0
             .into_iter()
-            .filter_map(|(key, entry)| entry.map(|(value, revision)| (key, value, revision)))
+            .filter_map(|(key, entry)| entry.and_then(|(kept, revision)| kept.map(|kept| (key, kept, revision))))
             .collect())
     }
 
@@ -300,17 +334,21 @@ impl Kv {
 const SCAN_STALL: Duration = Duration::from_secs(2);
 
 /// A scan's latest entry per key (`None`: deleted), by key.
-struct ScanEntries<M>(std::collections::BTreeMap<String, Option<(M, u64)>>);
+/// What a scan found of each key: `None` deleted, else what was kept of its value (nothing, if
+/// nothing was) and its revision.
+struct ScanEntries<T>(std::collections::BTreeMap<String, Option<(Option<T>, u64)>>);
 
-impl<M> Default for ScanEntries<M> {
+impl<T> Default for ScanEntries<T> {
     fn default() -> Self {
         Self(Default::default())
     }
 }
 
-impl<M: prost::Message + Default> ScanEntries<M> {
-    /// Takes one message of the bucket's stream, if it is newer than what the key has.
-    fn add(
+impl<T> ScanEntries<T> {
+    /// Takes one message of the bucket's stream, if it is newer than what the key has, keeping
+    /// what `keep` makes of its value.
+    #[allow(clippy::too_many_arguments)]
+    fn add<M: prost::Message + Default>(
         &mut self,
         kv: &Kv,
         subject_prefix: &str,
@@ -318,6 +356,7 @@ impl<M: prost::Message + Default> ScanEntries<M> {
         headers: Option<&HeaderMap>,
         payload: &Bytes,
         revision: u64,
+        keep: &impl Fn(&str, M) -> Option<T>,
     ) {
         let Some(key) = subject.strip_prefix(subject_prefix) else { return };
         if self.0.get(key).is_some_and(|e| e.as_ref().is_some_and(|(_, r)| *r >= revision)) {
@@ -332,7 +371,8 @@ impl<M: prost::Message + Default> ScanEntries<M> {
         }
         match M::decode(payload.clone()) {
             Ok(value) => {
-                self.0.insert(key.to_string(), Some((value, revision)));
+                let kept = keep(key, value);
+                self.0.insert(key.to_string(), Some((kept, revision)));
             }
             Err(e) => warn!(bucket = %kv.bucket, key, error = %e, "skipping an entry that does not decode"),
         }

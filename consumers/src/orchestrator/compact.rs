@@ -31,6 +31,14 @@ pub struct Compacted {
     pub summaries: usize,
 }
 
+/// What a compaction pass does with one install saga.
+enum SagaPass {
+    /// Ended and past its retention: summarized, then purged.
+    Due(pb::SagaSummary),
+    /// Under way: its entry in the index of what is under way is made if missing.
+    UnderWay { id: String, site: String, started: i64 },
+}
+
 impl Orchestrator {
     /// One compaction pass over `landfall-sagas` and `landfall-sites`.
     ///
@@ -39,17 +47,36 @@ impl Orchestrator {
     pub async fn compact(&self) -> Result<Compacted, HandlerError> {
         let now = now_ms();
         let mut done = Compacted::default();
-        for (key, s, rev) in self.sagas.scan::<pb::InstallSaga>(&keys::saga("")).await? {
-            if compaction::saga_due(&self.policy, &s, now) {
-                self.sagas.create(&keys::saga_summary(&s.saga_id), &compaction::saga_summary(&s, now)).await?;
-                if self.sagas.purge_if(&key, rev).await? == Cas::Written(rev) {
-                    self.sagas.purge(&keys::active_saga(&s.saga_id)).await?;
-                    done.sagas += 1;
+        // Of each saga only what the pass acts on is kept as it is read: ten thousand sagas
+        // installing at once, held whole, raised the orchestrator's memory by 145 MB at each pass.
+        let policy = &self.policy;
+        let sagas = self
+            .sagas
+            .scan_matching_map(&format!("{}>", keys::saga("")), |_, s: pb::InstallSaga| {
+                if compaction::saga_due(policy, &s, now) {
+                    Some(SagaPass::Due(compaction::saga_summary(&s, now)))
+                } else if !saga::is_terminal(&s) {
+                    Some(SagaPass::UnderWay { id: s.saga_id, site: s.site_id, started: s.started_unix_ms })
+                } else {
+                    None
                 }
-            } else if !saga::is_terminal(&s)
-                && self.index(&keys::active_saga(&s.saga_id), &s.site_id, s.started_unix_ms).await?
-            {
-                done.index_fixed += 1;
+            })
+            .await?;
+        for (key, pass, rev) in sagas {
+            match pass {
+                SagaPass::Due(summary) => {
+                    let id = summary.saga_id.clone();
+                    self.sagas.create(&keys::saga_summary(&id), &summary).await?;
+                    if self.sagas.purge_if(&key, rev).await? == Cas::Written(rev) {
+                        self.sagas.purge(&keys::active_saga(&id)).await?;
+                        done.sagas += 1;
+                    }
+                }
+                SagaPass::UnderWay { id, site, started } => {
+                    if self.index(&keys::active_saga(&id), &site, started).await? {
+                        done.index_fixed += 1;
+                    }
+                }
             }
         }
         for (key, r, rev) in self.sagas.scan_matching::<pb::Rollout>(&keys::every_rollout()).await? {
