@@ -225,10 +225,10 @@ pub async fn ensure_consumer(bus: &Bus, spec: &ConsumerSpec) -> Result<(), BusEr
         stream.get_or_create_consumer(&spec.durable, spec.pull_config()).await.map_err(|e| consume_err(boxed(e)))?;
         return Ok(());
     };
-    // One request where there was none, or the same one made again: a site's registration
-    // makes its gateway's durable, and ten thousand registrations asked three times each (the
-    // stream, the consumer, then the creation) kept the hub's JetStream API busy. A durable of
-    // another configuration is looked at and made anew below.
+    // One request: a site's registration makes its gateway's durable, and ten thousand
+    // registrations asking three times each (the stream, the durable, then the creation) kept
+    // the hub's JetStream API busy. Only a durable of that name made otherwise is looked at,
+    // below, and made anew unless it delivers where the gateway listens.
     match js.create_consumer_strict_on_stream(spec.push_config(deliver), spec.stream).await {
         Ok(_) => return Ok(()),
         Err(e) if e.kind() == jetstream::stream::ConsumerCreateStrictErrorKind::AlreadyExists => {}

@@ -333,7 +333,6 @@ impl Kv {
 /// How long a scan waits for the next message before it lists the keys instead.
 const SCAN_STALL: Duration = Duration::from_secs(2);
 
-/// A scan's latest entry per key (`None`: deleted), by key.
 /// What a scan found of each key: `None` deleted, else what was kept of its value (nothing, if
 /// nothing was) and its revision.
 struct ScanEntries<T>(std::collections::BTreeMap<String, Option<(Option<T>, u64)>>);
