@@ -80,12 +80,17 @@ pub(super) fn dead_letter(
         dead_unix_ms: now_ms,
         payload_omitted: false,
     };
-    // Room for the dead letter's own headers on top of its body.
-    if prost::Message::encoded_len(&letter) + 1024 > names::MAX_PAYLOAD {
+    leave_out_a_payload_too_big(&mut letter);
+    letter
+}
+
+/// Leaves `letter`'s payload out (and says so) when it does not fit beside the rest, with room
+/// for the dead letter's own headers on top of its body.
+pub(super) fn leave_out_a_payload_too_big(letter: &mut pb::DeadLetter) {
+    if prost::Message::encoded_len(letter) + 1024 > names::MAX_PAYLOAD {
         letter.payload.clear();
         letter.payload_omitted = true;
     }
-    letter
 }
 
 /// The scope a notice about a message on `subject` is published in: the site it names, else the

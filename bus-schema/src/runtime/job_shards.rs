@@ -182,10 +182,7 @@ impl Bus {
             dead_unix_ms: (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64,
             ..Default::default()
         };
-        if prost::Message::encoded_len(&letter) + 1024 > names::MAX_PAYLOAD {
-            letter.payload.clear();
-            letter.payload_omitted = true;
-        }
+        super::dead_letter::leave_out_a_payload_too_big(&mut letter);
         let mut out = HeaderMap::new();
         out.insert(headers::TYPE, <pb::DeadLetter as pb::BusMessage>::TYPE);
         out.insert(headers::MSG_ID, format!("moved-{message_id}").as_str());

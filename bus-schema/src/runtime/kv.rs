@@ -161,16 +161,7 @@ impl Kv {
             .buffer_unordered(16);
             while let Some(msg) = got.next().await {
                 if let Some(msg) = msg.map_err(err)? {
-                    let whole = |_: &str, value: M| Some(value);
-                    latest.add(
-                        self,
-                        subject_prefix,
-                        &msg.subject,
-                        Some(&msg.headers),
-                        &msg.payload,
-                        msg.sequence,
-                        &whole,
-                    );
+                    latest.add_raw(self, &msg, &|_: &str, value: M| Some(value));
                 }
             }
             read.extend(unread);
@@ -233,15 +224,7 @@ impl Kv {
             let msg = msg.map_err(|e| err(boxed(e)))?;
             let info = msg.info().map_err(err)?;
             seen = seen.max(info.stream_sequence);
-            latest.add(
-                self,
-                subject_prefix,
-                &msg.subject,
-                msg.headers.as_ref(),
-                &msg.payload,
-                info.stream_sequence,
-                &keep,
-            );
+            latest.add(self, &msg.subject, msg.headers.as_ref(), &msg.payload, info.stream_sequence, &keep);
         }
         drop(messages);
         let written_since = self.last_raw(&filter).await.map_err(err)?.is_some_and(|last| last > seen);
@@ -255,15 +238,7 @@ impl Kv {
                     continue;
                 }
                 match self.store.stream.get_last_raw_message_by_subject(&subject).await {
-                    Ok(msg) => latest.add(
-                        self,
-                        subject_prefix,
-                        &msg.subject,
-                        Some(&msg.headers),
-                        &msg.payload,
-                        msg.sequence,
-                        &keep,
-                    ),
+                    Ok(msg) => latest.add_raw(self, &msg, &keep),
                     Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {}
                     Err(e) => return Err(err(boxed(e))),
                 }
@@ -344,20 +319,18 @@ impl<T> Default for ScanEntries<T> {
 }
 
 impl<T> ScanEntries<T> {
-    /// Takes one message of the bucket's stream, if it is newer than what the key has, keeping
-    /// what `keep` makes of its value.
-    #[allow(clippy::too_many_arguments)]
+    /// Takes one message of `kv`'s stream, if it is newer than what the key has, keeping what
+    /// `keep` makes of its value.
     fn add<M: prost::Message + Default>(
         &mut self,
         kv: &Kv,
-        subject_prefix: &str,
         subject: &str,
         headers: Option<&HeaderMap>,
         payload: &Bytes,
         revision: u64,
         keep: &impl Fn(&str, M) -> Option<T>,
     ) {
-        let Some(key) = subject.strip_prefix(subject_prefix) else { return };
+        let Some(key) = subject.strip_prefix(kv.store.prefix.as_str()) else { return };
         if self.0.get(key).is_some_and(|e| e.as_ref().is_some_and(|(_, r)| *r >= revision)) {
             return;
         }
@@ -375,5 +348,15 @@ impl<T> ScanEntries<T> {
             }
             Err(e) => warn!(bucket = %kv.bucket, key, error = %e, "skipping an entry that does not decode"),
         }
+    }
+
+    /// [`ScanEntries::add`] of a message read by itself (by its subject).
+    fn add_raw<M: prost::Message + Default>(
+        &mut self,
+        kv: &Kv,
+        msg: &async_nats::jetstream::message::StreamMessage,
+        keep: &impl Fn(&str, M) -> Option<T>,
+    ) {
+        self.add(kv, &msg.subject, Some(&msg.headers), &msg.payload, msg.sequence, keep);
     }
 }

@@ -1262,10 +1262,11 @@
               h(
                 'tbody',
                 {},
-                s.node_list.map((n) =>
-                  h(
+                s.node_list.map((n) => {
+                  const metal3 = metal3Of(s, n);
+                  return h(
                     'tr',
-                    { dataset: { node: n.name, step: n.step, metal3: metal3Of(s, n) || '' } },
+                    { dataset: { node: n.name, step: n.step, metal3: metal3 || '' } },
                     h(
                       'th',
                       { scope: 'row' },
@@ -1275,7 +1276,7 @@
                     ),
                     h('td', {}, label(n.role)),
                     h('td', { dataset: { field: 'step' } }, badge('step', n.step)),
-                    h('td', { dataset: { field: 'metal3' } }, metal3Cell(metal3Of(s, n))),
+                    h('td', { dataset: { field: 'metal3' } }, metal3Cell(metal3)),
                     h('td', {}, packageCell(n)),
                     h(
                       'td',
@@ -1283,8 +1284,8 @@
                       n.failed_step || n.reason ? `${n.failed_step ? `${label(n.failed_step)}: ` : ''}${n.reason}` : h('span', { class: 'muted' }, '—'),
                     ),
                     h('td', { class: 'mono small' }, h('div', {}, n.boot_mac), h('div', { class: 'muted' }, n.bmc_address)),
-                  ),
-                ),
+                  );
+                }),
               ),
             ),
           ),
