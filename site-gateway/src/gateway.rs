@@ -27,6 +27,12 @@ use crate::credentials::Asked;
 use crate::inbox::{self, FromInbox, Keep};
 use crate::outbox::{self, Outbox};
 
+/// How long a node of a patch is out of service before its steps (cordoned, drained,
+/// uncordoned) are sent on their own rather than in its report: long enough that a node back
+/// within moments costs the hub one event, short enough that a person watching a drain or a
+/// reimage sees the node out of service.
+pub const STEPS_SHOWN_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The gateway of one site.
 pub struct Gateway<B> {
     site: SiteId,
@@ -38,12 +44,23 @@ pub struct Gateway<B> {
     outbox: Option<Arc<Outbox>>,
     /// Its latest report, which its heartbeat tells the hub.
     last_report: Arc<LastReport>,
+    /// How long a node of a patch is out of service before its steps are sent on their own
+    /// (see [`patch`]'s `steps`).
+    steps_shown_after: std::time::Duration,
 }
 
 impl<B: SiteBackend> Gateway<B> {
     pub fn new(site: SiteId, bus: Bus, backend: Arc<B>, cache: ArtifactCache) -> Self {
         let bus = bus.as_gateway();
-        Self { site, bus, backend, cache, outbox: None, last_report: Arc::default() }
+        let steps_shown_after = STEPS_SHOWN_AFTER;
+        Self { site, bus, backend, cache, outbox: None, last_report: Arc::default(), steps_shown_after }
+    }
+
+    /// Sends a patched node's steps on their own once it has been out of service for `after`
+    /// ([`STEPS_SHOWN_AFTER`] otherwise).
+    pub fn with_steps_shown_after(mut self, after: std::time::Duration) -> Self {
+        self.steps_shown_after = after;
+        self
     }
 
     /// Notes each report in `last` (see [`crate::alive`]).
@@ -460,6 +477,20 @@ pub async fn run_gateway<B: SiteBackend>(
     alive_every: std::time::Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    run_gateway_showing_steps(site, bus, backend, cache, alive_every, STEPS_SHOWN_AFTER, shutdown).await
+}
+
+/// [`run_gateway`], a patched node's steps sent on their own once it has been out of service
+/// for `steps_shown_after`.
+pub async fn run_gateway_showing_steps<B: SiteBackend>(
+    site: SiteId,
+    bus: Bus,
+    backend: Arc<B>,
+    cache: ArtifactCache,
+    alive_every: std::time::Duration,
+    steps_shown_after: std::time::Duration,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let bus = bus.as_gateway();
     // On its site's leaf node (the hub's JetStream named by its domain), the site keeps its
     // own record of what it reports and announces, and the jobs that reached it: kept, carried
@@ -493,7 +524,9 @@ pub async fn run_gateway<B: SiteBackend>(
         shutdown.clone(),
     ));
     side.spawn(announce_host_changes(site.clone(), bus.clone(), outbox.clone(), backend.clone(), shutdown.clone()));
-    let mut gateway = Gateway::new(site.clone(), bus.clone(), backend.clone(), cache).with_last_report(last_report);
+    let mut gateway = Gateway::new(site.clone(), bus.clone(), backend.clone(), cache)
+        .with_last_report(last_report)
+        .with_steps_shown_after(steps_shown_after);
     match outbox {
         Some(outbox) => gateway = gateway.with_outbox(outbox),
         // Its reports go straight to the hub: none ever waits at the site.

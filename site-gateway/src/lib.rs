@@ -19,5 +19,5 @@ pub mod sim;
 
 pub use backend::SiteBackend;
 pub use cache::ArtifactCache;
-pub use gateway::{Gateway, HostScope, run_gateway, run_gateway_host};
+pub use gateway::{Gateway, HostScope, STEPS_SHOWN_AFTER, run_gateway, run_gateway_host, run_gateway_showing_steps};
 pub use sim::control::serve_sim_control;

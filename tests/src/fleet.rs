@@ -451,9 +451,24 @@ pub struct Run {
     pub events: Vec<ReadEvent>,
 }
 
-/// Each node's steps of a patch, in the order they were reported: `m-1 cordoned`,
-/// `m-1 drained [ns/pod …]`, `m-1 uncordoned`, `m-1 patched` or `m-1 failed`.
+/// Each node's steps of a patch, in the order they were taken: `m-1 cordoned`,
+/// `m-1 drained [ns/pod …]`, `m-1 uncordoned`, `m-1 patched` or `m-1 failed`; the steps a
+/// node's report carries (held while it was out of service only a moment) come just before it.
 pub fn node_steps(events: &[ReadEvent]) -> Vec<String> {
+    let held = |node: &str, steps: Option<pb::NodeSteps>| {
+        let steps = steps.unwrap_or_default();
+        let mut out = Vec::new();
+        if steps.cordoned {
+            out.push(format!("{node} cordoned"));
+        }
+        if steps.drained {
+            out.push(format!("{node} drained [{}]", steps.evicted.join(" ")));
+        }
+        if steps.uncordoned {
+            out.push(format!("{node} uncordoned"));
+        }
+        out
+    };
     events
         .iter()
         .filter_map(|e| {
@@ -462,19 +477,30 @@ pub fn node_steps(events: &[ReadEvent]) -> Vec<String> {
                 t if t == pb::NodeCordoned::TYPE => (d.decode::<pb::NodeCordoned>().ok()?.node, "cordoned"),
                 t if t == pb::NodeDrained::TYPE => {
                     let e = d.decode::<pb::NodeDrained>().ok()?;
-                    return Some(format!("{} drained [{}]", e.node, e.evicted.join(" ")));
+                    return Some(vec![format!("{} drained [{}]", e.node, e.evicted.join(" "))]);
                 }
                 t if t == pb::NodeUncordoned::TYPE => (d.decode::<pb::NodeUncordoned>().ok()?.node, "uncordoned"),
-                t if t == pb::NodePatched::TYPE => (d.decode::<pb::NodePatched>().ok()?.node, "patched"),
-                t if t == pb::NodePatchFailed::TYPE => (d.decode::<pb::NodePatchFailed>().ok()?.node, "failed"),
+                t if t == pb::NodePatched::TYPE => {
+                    let e = d.decode::<pb::NodePatched>().ok()?;
+                    let mut steps = held(&e.node, e.steps);
+                    steps.push(format!("{} patched", e.node));
+                    return Some(steps);
+                }
+                t if t == pb::NodePatchFailed::TYPE => {
+                    let e = d.decode::<pb::NodePatchFailed>().ok()?;
+                    let mut steps = held(&e.node, e.steps);
+                    steps.push(format!("{} failed", e.node));
+                    return Some(steps);
+                }
                 t if t == pb::NodeRolledBack::TYPE => (d.decode::<pb::NodeRolledBack>().ok()?.node, "rolled back"),
                 t if t == pb::NodeRollbackFailed::TYPE => {
                     (d.decode::<pb::NodeRollbackFailed>().ok()?.node, "rollback failed")
                 }
                 _ => return None,
             };
-            Some(format!("{node} {step}"))
+            Some(vec![format!("{node} {step}")])
         })
+        .flatten()
         .collect()
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::Envelope;
-use landfall_tests::fleet::{Fleet, RolloutRun, kubelet};
+use landfall_tests::fleet::{Fleet, RolloutRun, kubelet, node_steps};
 use landfall_tests::nats::NatsServer;
 use producers::embedded::tied;
 use site_gateway::sim::SimConfig;
@@ -111,8 +111,10 @@ async fn a_node_that_fails_its_health_check_is_rolled_back_by_itself() {
     assert!(failed.contains("did not become Ready at kubelet@1.30.0"), "{failed}");
     assert_eq!(run.of_type::<pb::NodePatchFailed>().len(), 2);
     assert_eq!(count(&run, pb::NodeRollbackFailed::TYPE), 0);
-    // Out of service for the patch, and for the way back, then schedulable again.
-    assert_eq!(count(&run, pb::NodeUncordoned::TYPE), 4, "{:?}", run.kinds());
+    // Out of service for the patch, and for the way back, then schedulable again (each step said
+    // once: on its own, or in the node's report).
+    let steps = node_steps(&run.events);
+    assert_eq!(steps.iter().filter(|s| s.ends_with(" uncordoned")).count(), 4, "{steps:?}");
     assert_eq!(kubelets(&fleet, 1).values().collect::<Vec<_>>(), ["1.29.2", "1.29.2"]);
     assert_eq!(kubelets(&fleet, 0).values().collect::<Vec<_>>(), ["1.30.0", "1.30.0"]);
     assert!(fleet.backend(1).hosts().iter().all(|(n, _)| !fleet.backend(1).is_cordoned(n)));

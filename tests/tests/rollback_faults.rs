@@ -206,6 +206,9 @@ impl GatewayProcesses {
                     cache.to_str().unwrap(),
                     "--sim-state",
                     state.to_str().unwrap(),
+                    // Each node's drain as it happens: the kill is aimed by it.
+                    "--show-steps-after",
+                    "0s",
                 ];
                 Service::start(&format!("gateway-{site}"), url, dir.path(), &args)
             })

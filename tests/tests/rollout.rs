@@ -11,6 +11,8 @@ use bus_schema::pb::{self, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{self, Envelope};
 use landfall_tests::fleet::{Fleet, RolloutRun, kubelet, node_steps};
 use landfall_tests::nats::NatsServer;
+use site_gateway::STEPS_SHOWN_AFTER;
+use site_gateway::sim::SimConfig;
 
 const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -461,6 +463,45 @@ async fn each_node_is_cordoned_drained_and_uncordoned_and_a_blocked_drain_fails_
     assert_eq!((done.patched, done.failed), (2, 1));
     assert!(!fleet.backend(0).effects().patches.contains_key("node-3"), "node-3 was not patched");
     fleet.stop().await;
+}
+
+/// A node back in service within moments has its steps (cordoned, drained, uncordoned) in its
+/// report, one stored event in place of four; a node out of service for longer than the gateway's
+/// `STEPS_SHOWN_AFTER` has them sent on their own as they happen, so that whoever watches sees it
+/// out of service, and its report carries none of them. Either way each step is said once.
+#[tokio::test]
+async fn a_nodes_steps_come_in_its_report_when_it_is_back_at_once_and_on_their_own_when_it_is_out_long() {
+    for slow in [false, true] {
+        let server = NatsServer::start();
+        // A kubelet patch takes a quarter of the binaries' install.
+        let patch_takes = if slow { STEPS_SHOWN_AFTER + Duration::from_millis(500) } else { Duration::ZERO };
+        let sim = SimConfig { install_binaries: patch_takes * 4, ..SimConfig::instant() };
+        let fleet = Fleet::builder(&server.url()).sites(1).nodes(2).sim(sim).start().await;
+        fleet.install_all().await;
+        register(&fleet, kubelet("1.30.0"), None).await;
+        let cmd = fleet.patch(patch("1.30.0", Default::default())).await;
+        let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+        assert_eq!(completed(&run).patched, 2, "{:?}", run.kinds());
+        let live = [pb::NodeCordoned::TYPE, pb::NodeDrained::TYPE, pb::NodeUncordoned::TYPE];
+        let on_their_own = run.events.iter().filter(|e| live.contains(&e.delivery.type_name.as_str())).count();
+        let in_reports = run.of_type::<pb::NodePatched>().into_iter().filter(|p| p.steps.is_some()).count();
+        match slow {
+            false => assert_eq!((on_their_own, in_reports), (0, 2), "fast: {:?}", run.kinds()),
+            true => assert_eq!((on_their_own, in_reports), (6, 0), "slow: {:?}", run.kinds()),
+        }
+        // Each node: cordoned, drained, uncordoned, patched, once each and in that order.
+        let steps: Vec<String> =
+            node_steps(&run.events).iter().map(|s| s.split(' ').take(2).collect::<Vec<_>>().join(" ")).collect();
+        for node in ["node-1", "node-2"] {
+            let mine: Vec<&str> = steps
+                .iter()
+                .filter(|s| s.split(' ').next() == Some(node))
+                .map(|s| s.split(' ').nth(1).unwrap())
+                .collect();
+            assert_eq!(mine, ["cordoned", "drained", "uncordoned", "patched"], "slow {slow}, {node}: {steps:?}");
+        }
+        fleet.stop().await;
+    }
 }
 
 /// A node an earlier attempt patched but did not give back (its gateway died between the patch

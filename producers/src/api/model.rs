@@ -114,8 +114,9 @@ pub struct State {
     /// or a reimage's (a rollout of an os-image): newer than what the install's record says.
     pub metal3: HashMap<String, HashMap<String, String>>,
     /// Site id → node → `cordoned`, `drained` or `wiped`, for a node a patch or a reprovision has
-    /// taken out of service and not given back yet (`NodeCordoned`, `NodeDrained`, `NodeRetired`;
-    /// `NodeUncordoned` or the node's `NodeReady` ends it).
+    /// taken out of service and not given back yet (`NodeCordoned`, `NodeDrained`, `NodeRetired`,
+    /// a `NodePatchFailed` whose steps left it cordoned; `NodeUncordoned`, `NodePatched` or the
+    /// node's `NodeReady` ends it, `NodePatched` not for a node wiped for its reprovision).
     pub out_of_service: HashMap<String, HashMap<String, String>>,
     /// Site id → what the overview counts of it, for every site with a design; and their sum.
     /// Kept as the site's records change (see [`State::refresh`]).
@@ -441,12 +442,21 @@ impl Model {
         if let Some(m) = metal3 {
             st.metal3.entry(m.site_id).or_default().insert(m.node, m.state);
         }
-        if let Some((site, node, state)) = service {
+        if let Some((site, node, service)) = service {
             let nodes = st.out_of_service.entry(site).or_default();
-            match state {
-                Some(state) => nodes.insert(node, state.to_string()),
-                None => nodes.remove(&node),
-            };
+            match service {
+                Service::Out(state) => {
+                    nodes.insert(node, state.to_string());
+                }
+                Service::Back => {
+                    nodes.remove(&node);
+                }
+                Service::BackFromPatch => {
+                    if nodes.get(&node).is_some_and(|s| s != WIPED) {
+                        nodes.remove(&node);
+                    }
+                }
+            }
         }
         let newer = st.last_event.get(scope).is_none_or(|l| l.seq < last.seq);
         if newer {
@@ -474,25 +484,56 @@ fn metal3_of_event(type_name: &str, payload: &[u8]) -> Option<pb::NodeOsProvisio
     (type_name == pb::NodeOsProvisioning::TYPE).then(|| pb::NodeOsProvisioning::decode(payload).ok()).flatten()
 }
 
-/// A node going out of service or back: (site, node, `Some(state)` or `None` when back).
-fn service_of_event(type_name: &str, payload: &[u8]) -> Option<(String, String, Option<&'static str>)> {
+/// What an event says of a node's service.
+#[derive(Debug, PartialEq, Eq)]
+enum Service {
+    /// Out of service, in this state.
+    Out(&'static str),
+    Back,
+    /// Back from a patch's cordon: a node wiped for its reprovision stays out.
+    BackFromPatch,
+}
+
+/// A node's state while it is wiped for its reprovision.
+const WIPED: &str = "wiped";
+
+/// A node going out of service or back: (site, node, what of its service).
+fn service_of_event(type_name: &str, payload: &[u8]) -> Option<(String, String, Service)> {
     use pb::BusMessage;
     match type_name {
         t if t == pb::NodeCordoned::TYPE => {
-            pb::NodeCordoned::decode(payload).ok().map(|e| (e.site_id, e.node, Some("cordoned")))
+            pb::NodeCordoned::decode(payload).ok().map(|e| (e.site_id, e.node, Service::Out("cordoned")))
         }
         t if t == pb::NodeDrained::TYPE => {
-            pb::NodeDrained::decode(payload).ok().map(|e| (e.site_id, e.node, Some("drained")))
+            pb::NodeDrained::decode(payload).ok().map(|e| (e.site_id, e.node, Service::Out("drained")))
         }
         t if t == pb::NodeUncordoned::TYPE => {
-            pb::NodeUncordoned::decode(payload).ok().map(|e| (e.site_id, e.node, None))
+            pb::NodeUncordoned::decode(payload).ok().map(|e| (e.site_id, e.node, Service::Back))
+        }
+        // Seen Ready at its new version: given back, whether its steps came on their own or not.
+        t if t == pb::NodePatched::TYPE => {
+            pb::NodePatched::decode(payload).ok().map(|e| (e.site_id, e.node, Service::BackFromPatch))
+        }
+        // A failed node's steps held until its report: cordoned and not given back, it stays out.
+        t if t == pb::NodePatchFailed::TYPE => {
+            let e = pb::NodePatchFailed::decode(payload).ok()?;
+            let steps = e.steps?;
+            let service = match (steps.uncordoned, steps.drained, steps.cordoned) {
+                (true, ..) => Service::BackFromPatch,
+                (false, true, _) => Service::Out("drained"),
+                (false, false, true) => Service::Out("cordoned"),
+                (false, false, false) => return None,
+            };
+            Some((e.site_id, e.node, service))
         }
         // Wiped for its reprovision (a removed node leaves with NodeLeft): out of service until
         // its join sees it Ready.
         t if t == pb::NodeRetired::TYPE => {
-            pb::NodeRetired::decode(payload).ok().map(|e| (e.site_id, e.node, Some("wiped")))
+            pb::NodeRetired::decode(payload).ok().map(|e| (e.site_id, e.node, Service::Out(WIPED)))
         }
-        t if t == pb::NodeReady::TYPE => pb::NodeReady::decode(payload).ok().map(|e| (e.site_id, e.node, None)),
+        t if t == pb::NodeReady::TYPE => {
+            pb::NodeReady::decode(payload).ok().map(|e| (e.site_id, e.node, Service::Back))
+        }
         _ => None,
     }
 }

@@ -337,7 +337,8 @@ pub(super) async fn stored_messages(bus: &Bus) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-/// A representative landfall message: a NodePatched as a gateway sends it.
+/// A representative landfall message: a NodePatched as a gateway sends it, with the steps of a
+/// node back in service within moments.
 pub(super) fn representative_payload() -> usize {
     let evt = pb::NodePatched {
         site_id: "edge-0001".into(),
@@ -346,6 +347,7 @@ pub(super) fn representative_payload() -> usize {
         package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.30.0".into() }),
         from_version: "1.29.2".into(),
         unchanged: false,
+        steps: Some(pb::NodeSteps { cordoned: true, drained: true, evicted: Vec::new(), uncordoned: true }),
     };
     prost::Message::encoded_len(&evt)
 }

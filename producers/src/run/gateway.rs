@@ -58,6 +58,11 @@ pub struct GatewayArgs {
     /// off after its `--cut-off-after` without word of it).
     #[arg(long, env = "LANDFALL_ALIVE_EVERY", value_parser = parse_duration, default_value = "15s")]
     pub alive_every: std::time::Duration,
+    /// How long a node of a patch is out of service before its steps (cordoned, drained,
+    /// uncordoned) are sent as events of their own; a node back sooner carries them in its
+    /// report, one event instead of four. `0s`: every step on its own, as it happens.
+    #[arg(long, env = "LANDFALL_SHOW_STEPS_AFTER", value_parser = parse_duration, default_value = "2s")]
+    pub show_steps_after: std::time::Duration,
     #[command(flatten)]
     pub kube: KubeArgs,
 }
@@ -219,7 +224,7 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
     let access = Access { site: Some(site.to_string()), ..nats_access::get().clone() };
     let bus = Bus::connect_with(url, &format!("landfall-gateway-{site}"), &access).await?;
     let cache = site_gateway::ArtifactCache::new(&args.cache_dir).with_max_bytes(args.cache_max_bytes);
-    let alive_every = args.alive_every;
+    let (alive_every, steps_after) = (args.alive_every, args.show_steps_after);
     match args.backend {
         BackendKind::Sim => {
             let design = sim_design(&bus, &site, args.sim_state.as_deref(), &shutdown).await?;
@@ -233,7 +238,9 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
             let control =
                 site_gateway::serve_sim_control(site.clone(), bus.clone(), (*backend).clone(), shutdown.clone());
             let control = tokio::spawn(control);
-            let result = site_gateway::run_gateway(site, bus, backend, cache, alive_every, shutdown).await;
+            let result =
+                site_gateway::run_gateway_showing_steps(site, bus, backend, cache, alive_every, steps_after, shutdown)
+                    .await;
             control.abort();
             result
         }
@@ -243,7 +250,7 @@ pub async fn gateway(args: GatewayArgs, url: &str, shutdown: CancellationToken) 
             let client = args.kube.client().await?;
             tracing::info!(%site, namespace = %cfg.namespace, cluster = %cfg.cluster, "kube backend");
             let backend = Arc::new(KubeSite::new(client, cfg, cache.clone())?);
-            site_gateway::run_gateway(site, bus, backend, cache, alive_every, shutdown).await
+            site_gateway::run_gateway_showing_steps(site, bus, backend, cache, alive_every, steps_after, shutdown).await
         }
     }
 }

@@ -1,7 +1,8 @@
 //! A site's part of a rollout (`PatchNodes`): its nodes patched batch after batch, masters first
 //! and one at a time, each node that a patch takes down cordoned, drained, patched, seen Ready at
-//! its new version and uncordoned, each step and a reimage's Metal3 states reported as they
-//! happen. Nodes whose host the site does not have as the hub believes (none, or not
+//! its new version and uncordoned, each step reported (as it happens once the node has been out
+//! of service for a while, in the node's report otherwise: see [`steps`]) and a reimage's Metal3
+//! states as they happen. Nodes whose host the site does not have as the hub believes (none, or not
 //! provisioned) are left alone, skipped, and said (`SiteDisagrees`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,9 +19,11 @@ use super::{Gateway, invalid, nodes, packages};
 use bus_schema::envelope::Envelope;
 use moved::Moved;
 use run::{End, PatchRun, RolledBack};
+use steps::{Step, Steps};
 
 mod moved;
 mod run;
+mod steps;
 use crate::backend::{BackendError, Cordon, PatchRequest, ProvisioningState, ProvisioningState as S, SiteBackend};
 
 /// How long a master waits for the site's other masters to be Ready before it is failed rather
@@ -307,10 +310,11 @@ impl<B: SiteBackend> Gateway<B> {
     /// event ids derived, so the redelivery does nothing twice.
     ///
     /// A patch that takes the node down is done on a node out of service: cordoned, drained,
-    /// patched, then seen `Ready` at the new version and uncordoned, each step reported. A drain
-    /// that fails leaves the node as it was (schedulable, old version) and fails it; a node not
-    /// seen Ready stays cordoned and fails. A node already at the version has nothing moved off
-    /// it; an earlier attempt's cordon on it is lifted once it is seen Ready.
+    /// patched, then seen `Ready` at the new version and uncordoned, each step reported (see
+    /// [`steps`]: a rollback's on their own from the first). A drain that fails leaves the node
+    /// as it was (schedulable, old version) and fails it; a node not seen Ready stays cordoned and
+    /// fails. A node already at the version has nothing moved off it; an earlier attempt's cordon
+    /// on it is lifted once it is seen Ready.
     async fn patch_node(
         &self,
         env: &Envelope,
@@ -319,6 +323,25 @@ impl<B: SiteBackend> Gateway<B> {
         masters: &[String],
         unstaged: Option<BackendError>,
         purpose: Purpose,
+    ) -> Result<NodeEnd, HandlerError> {
+        let steps = Steps::new(env, rollout_id, req.node.name.as_str(), purpose == Purpose::RollBack);
+        tokio::select! {
+            end = self.patch_node_with(env, rollout_id, &req, masters, unstaged, purpose, &steps) => end,
+            never = steps.show_when_long(self) => never,
+        }
+    }
+
+    /// [`Self::patch_node`], its steps taken through `steps`.
+    #[allow(clippy::too_many_arguments)]
+    async fn patch_node_with(
+        &self,
+        env: &Envelope,
+        rollout_id: &str,
+        req: &PatchRequest,
+        masters: &[String],
+        unstaged: Option<BackendError>,
+        purpose: Purpose,
+        steps: &Steps<'_>,
     ) -> Result<NodeEnd, HandlerError> {
         let node = req.node.name.as_str();
         let step = |what: &str, e: BackendError| match e {
@@ -329,7 +352,7 @@ impl<B: SiteBackend> Gateway<B> {
         if disruptive(req.package.kind) && unstaged.is_none() {
             let already = match self.backend.runs(node, &req.package).await {
                 Ok(already) => already,
-                Err(e) => return self.not_started(env, rollout_id, &req, purpose, step("looking at", e)?).await,
+                Err(e) => return self.not_started(env, rollout_id, req, purpose, steps, step("looking at", e)?).await,
             };
             // At the version already: a job come again after its gateway died. Its node was
             // taken out of service by the first attempt if landfall's cordon is on it; then it
@@ -337,44 +360,39 @@ impl<B: SiteBackend> Gateway<B> {
             if already {
                 registered = match self.backend.cordoned(node).await {
                     Ok(ours) => ours,
-                    Err(e) => return self.not_started(env, rollout_id, &req, purpose, step("looking at", e)?).await,
+                    Err(e) => {
+                        return self.not_started(env, rollout_id, req, purpose, steps, step("looking at", e)?).await;
+                    }
                 };
+                // The earlier attempt may have sent the cordon on its own: so is the uncordon.
+                if registered {
+                    steps.show(self).await?;
+                }
             } else {
                 if req.node.role == Role::Master
                     && let Some(reason) = self.wait_for_masters(node, masters).await?
                 {
-                    return self.not_started(env, rollout_id, &req, purpose, reason).await;
+                    return self.not_started(env, rollout_id, req, purpose, steps, reason).await;
                 }
                 match self.backend.cordon(node).await {
                     Ok(Cordon::NotInCluster) => {}
                     Ok(held) => {
                         registered = true;
                         if held == Cordon::Done {
-                            self.node_step(env, "node_cordoned", node, |site, node| pb::NodeCordoned {
-                                site_id: site,
-                                node,
-                                rollout_id: rollout_id.to_string(),
-                            })
-                            .await?;
+                            steps.took(self, Step::Cordoned).await?;
                         }
                         match self.backend.drain(node).await {
-                            Ok(evicted) => {
-                                let evt = pb::NodeDrained {
-                                    site_id: self.site.to_string(),
-                                    node: node.to_string(),
-                                    rollout_id: rollout_id.to_string(),
-                                    evicted,
-                                };
-                                self.publish(&evt, &env.derive("node_drained", Some(node))).await?;
-                            }
+                            Ok(evicted) => steps.took(self, Step::Drained { evicted }).await?,
                             Err(e) => {
                                 let reason = step("draining", e)?;
-                                self.lift_cordon(env, rollout_id, node).await?;
-                                return self.not_started(env, rollout_id, &req, purpose, reason).await;
+                                self.give_back(node, steps).await?;
+                                return self.not_started(env, rollout_id, req, purpose, steps, reason).await;
                             }
                         }
                     }
-                    Err(e) => return self.not_started(env, rollout_id, &req, purpose, step("cordoning", e)?).await,
+                    Err(e) => {
+                        return self.not_started(env, rollout_id, req, purpose, steps, step("cordoning", e)?).await;
+                    }
                 }
             }
         }
@@ -385,10 +403,10 @@ impl<B: SiteBackend> Gateway<B> {
             if registered && let Err(e) = self.backend.observe_patched(node, &req.package).await {
                 return Ok(Some(step("watching", e)?));
             }
-            self.lift_cordon(env, rollout_id, node).await?;
+            self.give_back(node, steps).await?;
             Ok::<_, HandlerError>(None)
         };
-        self.patch_and_report(env, rollout_id, req.clone(), unstaged, observed, purpose).await
+        self.patch_and_report(env, rollout_id, req.clone(), unstaged, observed, purpose, steps).await
     }
 
     /// Waits until every other master of the job is Ready: `Some(reason)` when the wait ends
@@ -418,6 +436,28 @@ impl<B: SiteBackend> Gateway<B> {
         }
     }
 
+    /// Makes a node of a patch schedulable again when landfall had cordoned it: a step of
+    /// `steps`.
+    async fn give_back(&self, node: &str, steps: &Steps<'_>) -> Result<(), HandlerError> {
+        match self.backend.uncordon(node).await {
+            Ok(true) => steps.took(self, Step::Uncordoned).await,
+            Ok(false) => Ok(()),
+            Err(e) => self.not_uncordoned(node, e),
+        }
+    }
+
+    /// An uncordon that failed: transient, to be tried again with the job; otherwise said and
+    /// left.
+    fn not_uncordoned(&self, node: &str, e: BackendError) -> Result<(), HandlerError> {
+        match e {
+            e @ BackendError::Transient { .. } => Err(HandlerError::transient(format!("uncordoning {node}"), e)),
+            e => {
+                warn!(site = %self.site, node, reason = %e.reason(), "cannot uncordon");
+                Ok(())
+            }
+        }
+    }
+
     /// Makes the node schedulable again when landfall had cordoned it, and says so (`rollout_id`
     /// empty for a node's removal or reprovision).
     pub(super) async fn lift_cordon(&self, env: &Envelope, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
@@ -431,11 +471,7 @@ impl<B: SiteBackend> Gateway<B> {
                 .await
             }
             Ok(false) => Ok(()),
-            Err(e @ BackendError::Transient { .. }) => Err(HandlerError::transient(format!("uncordoning {node}"), e)),
-            Err(e) => {
-                warn!(site = %self.site, node, reason = %e.reason(), "cannot uncordon");
-                Ok(())
-            }
+            Err(e) => self.not_uncordoned(node, e),
         }
     }
 
@@ -457,19 +493,22 @@ impl<B: SiteBackend> Gateway<B> {
         rollout_id: &str,
         req: &PatchRequest,
         purpose: Purpose,
+        steps: &Steps<'_>,
         reason: String,
     ) -> Result<NodeEnd, HandlerError> {
-        self.node_patch_failed(env, rollout_id, req, purpose, reason.clone()).await?;
+        self.node_patch_failed(env, rollout_id, req, purpose, steps, reason.clone()).await?;
         Ok(NodeEnd::Failed { reason, tried: false })
     }
 
-    /// Publishes the node's failure (a rollback's is said by [`Self::roll_back`]).
+    /// Publishes the node's failure, with its steps held so far (a rollback's is said by
+    /// [`Self::roll_back`]).
     async fn node_patch_failed(
         &self,
         env: &Envelope,
         rollout_id: &str,
         req: &PatchRequest,
         purpose: Purpose,
+        steps: &Steps<'_>,
         reason: String,
     ) -> Result<(), HandlerError> {
         let node = req.node.name.as_str();
@@ -483,13 +522,15 @@ impl<B: SiteBackend> Gateway<B> {
             rollout_id: rollout_id.to_string(),
             package: Some(pb::PackageRef::from(&req.package.reference())),
             reason,
+            steps: steps.for_report().await,
         };
         self.publish(&evt, &env.derive("node_patch_failed", Some(node))).await
     }
 
     /// Runs the patch itself, relaying a reimage's Metal3 states, then `observed` (which says
     /// why the node was not seen at its new version, if it was not), and reports the node
-    /// patched or failed.
+    /// patched or failed, with its steps held so far.
+    #[allow(clippy::too_many_arguments)]
     async fn patch_and_report(
         &self,
         env: &Envelope,
@@ -498,6 +539,7 @@ impl<B: SiteBackend> Gateway<B> {
         unstaged: Option<BackendError>,
         observed: impl Future<Output = Result<Option<String>, HandlerError>>,
         purpose: Purpose,
+        steps: &Steps<'_>,
     ) -> Result<NodeEnd, HandlerError> {
         let node = req.node.name.as_str();
         let package = Some(pb::PackageRef::from(&req.package.reference()));
@@ -569,6 +611,7 @@ impl<B: SiteBackend> Gateway<B> {
                         package,
                         from_version: outcome.from_version.unwrap_or_default(),
                         unchanged,
+                        steps: steps.for_report().await,
                     };
                     self.publish(&evt, &env.derive("node_patched", Some(node))).await?;
                 }
@@ -577,7 +620,7 @@ impl<B: SiteBackend> Gateway<B> {
             Err(e @ BackendError::Transient { .. }) => Err(HandlerError::transient(format!("patching {node}"), e)),
             Err(e) => {
                 let reason = e.reason();
-                self.node_patch_failed(env, rollout_id, &req, purpose, reason.clone()).await?;
+                self.node_patch_failed(env, rollout_id, &req, purpose, steps, reason.clone()).await?;
                 Ok(NodeEnd::Failed { reason, tried })
             }
         }

@@ -180,20 +180,32 @@ fn strings_no_record_holds_are_dropped() {
 #[test]
 fn the_steps_of_a_node_out_of_service_read_as_its_state_until_it_is_back() {
     use pb::BusMessage;
-    let site = |node: &str| ("edge-01".to_string(), node.to_string());
+    let of = |t: &str, payload: Vec<u8>| service_of_event(t, &payload).map(|(_, _, s)| s);
     let cordoned = pb::NodeCordoned { site_id: "edge-01".into(), node: "w1".into(), rollout_id: "r".into() };
-    assert_eq!(service_of_event(pb::NodeCordoned::TYPE, &cordoned.encode_to_vec()), {
-        let (s, n) = site("w1");
-        Some((s, n, Some("cordoned")))
-    });
+    assert_eq!(
+        service_of_event(pb::NodeCordoned::TYPE, &cordoned.encode_to_vec()),
+        Some(("edge-01".to_string(), "w1".to_string(), Service::Out("cordoned")))
+    );
     let drained = pb::NodeDrained { site_id: "edge-01".into(), node: "w1".into(), ..Default::default() };
-    assert_eq!(service_of_event(pb::NodeDrained::TYPE, &drained.encode_to_vec()).unwrap().2, Some("drained"));
+    assert_eq!(of(pb::NodeDrained::TYPE, drained.encode_to_vec()), Some(Service::Out("drained")));
     let back = pb::NodeUncordoned { site_id: "edge-01".into(), node: "w1".into(), rollout_id: "r".into() };
-    assert_eq!(service_of_event(pb::NodeUncordoned::TYPE, &back.encode_to_vec()).unwrap().2, None);
+    assert_eq!(of(pb::NodeUncordoned::TYPE, back.encode_to_vec()), Some(Service::Back));
     let wiped = pb::NodeRetired { site_id: "edge-01".into(), node: "w1".into(), ..Default::default() };
-    assert_eq!(service_of_event(pb::NodeRetired::TYPE, &wiped.encode_to_vec()).unwrap().2, Some("wiped"));
+    assert_eq!(of(pb::NodeRetired::TYPE, wiped.encode_to_vec()), Some(Service::Out("wiped")));
     let ready = pb::NodeReady { site_id: "edge-01".into(), node: "w1".into(), ..Default::default() };
-    assert_eq!(service_of_event(pb::NodeReady::TYPE, &ready.encode_to_vec()).unwrap().2, None, "joined again");
-    assert_eq!(service_of_event(pb::NodePatched::TYPE, &[]), None);
+    assert_eq!(of(pb::NodeReady::TYPE, ready.encode_to_vec()), Some(Service::Back), "joined again");
+    let patched = pb::NodePatched { site_id: "edge-01".into(), node: "w1".into(), ..Default::default() };
+    assert_eq!(of(pb::NodePatched::TYPE, patched.encode_to_vec()), Some(Service::BackFromPatch));
+    // A failure's held steps: left cordoned (and drained) it stays out; given back, it is back;
+    // with no steps it says nothing of the node's service.
+    let failed = |steps: Option<pb::NodeSteps>| {
+        pb::NodePatchFailed { site_id: "edge-01".into(), node: "w1".into(), steps, ..Default::default() }
+            .encode_to_vec()
+    };
+    let steps = |cordoned, drained, uncordoned| pb::NodeSteps { cordoned, drained, uncordoned, evicted: Vec::new() };
+    assert_eq!(of(pb::NodePatchFailed::TYPE, failed(Some(steps(true, false, false)))), Some(Service::Out("cordoned")));
+    assert_eq!(of(pb::NodePatchFailed::TYPE, failed(Some(steps(true, true, false)))), Some(Service::Out("drained")));
+    assert_eq!(of(pb::NodePatchFailed::TYPE, failed(Some(steps(true, false, true)))), Some(Service::BackFromPatch));
+    assert_eq!(of(pb::NodePatchFailed::TYPE, failed(None)), None);
     assert_eq!(service_of_event(pb::NodeDrained::TYPE, &[0xff, 0xff]), None, "garbage is no state");
 }
