@@ -504,6 +504,32 @@ async fn a_nodes_steps_come_in_its_report_when_it_is_back_at_once_and_on_their_o
     }
 }
 
+/// A patch whose job goes back to be tried again (the watch for the node's new version cut off)
+/// sends the steps it held before it goes: the next attempt finds the node patched and cordoned,
+/// gives it back and reports it, and each step is said once.
+#[tokio::test]
+async fn a_patch_tried_again_sends_the_steps_it_held_before_the_job_goes_back() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(2).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet("1.30.0"), None).await;
+    fleet.backend(0).lose_watch("node-2", 1);
+    let cmd = fleet.patch(patch("1.30.0", Default::default())).await;
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    assert_eq!(completed(&run).patched, 2, "{:?}", run.kinds());
+    let steps: Vec<String> =
+        node_steps(&run.events).iter().map(|s| s.split(' ').take(2).collect::<Vec<_>>().join(" ")).collect();
+    let of_node_2: Vec<&String> = steps.iter().filter(|s| s.starts_with("node-2 ")).collect();
+    assert_eq!(of_node_2, ["node-2 cordoned", "node-2 drained", "node-2 uncordoned", "node-2 patched"], "{steps:?}");
+    // Its cordon and drain on their own (sent as the job went back), its uncordon too (the
+    // attempt that gave it back could not know whether the first had sent its cordon).
+    let on_their_own = |t: &str| run.events.iter().filter(|e| e.delivery.type_name == t).count();
+    assert_eq!(on_their_own(pb::NodeCordoned::TYPE), 1);
+    assert_eq!(on_their_own(pb::NodeUncordoned::TYPE), 1);
+    assert_eq!(fleet.backend(0).effects().patches.get("node-2"), Some(&1), "patched once");
+    fleet.stop().await;
+}
+
 /// A node an earlier attempt patched but did not give back (its gateway died between the patch
 /// and the uncordon) is, when the job comes again, not drained again: it is watched, given back
 /// (`NodeUncordoned`) and reported patched.

@@ -67,6 +67,7 @@ fn every_kind_on_the_bus_has_a_row() {
         "KeyRotated",
         "RoleArtifacts",
         "HostFound",
+        "NodeSteps",
     ];
     let set = prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET).unwrap();
     let mut missing = Vec::new();

@@ -325,10 +325,18 @@ impl<B: SiteBackend> Gateway<B> {
         purpose: Purpose,
     ) -> Result<NodeEnd, HandlerError> {
         let steps = Steps::new(env, rollout_id, req.node.name.as_str(), purpose == Purpose::RollBack);
-        tokio::select! {
+        let end = tokio::select! {
             end = self.patch_node_with(env, rollout_id, &req, masters, unstaged, purpose, &steps) => end,
-            never = steps.show_when_long(self) => never,
+            never = steps.show_when_long(self) => match never {},
+        };
+        // The job goes back to be tried again, from the node as the next attempt finds it: what
+        // was done to it so far is said now, not held for a report that will not come.
+        if end.is_err()
+            && let Err(e) = steps.show(self).await
+        {
+            warn!(site = %self.site, node = %req.node.name, error = %e, "cannot send a node's steps before the job is tried again");
         }
+        end
     }
 
     /// [`Self::patch_node`], its steps taken through `steps`.

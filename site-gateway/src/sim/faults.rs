@@ -1,7 +1,7 @@
 //! Failure injection: the nodes whose provisionings, binaries installs and patches are made to
 //! fail ([`Faults`]), and the error each failure shows, worded as the real component's would be.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bus_schema::domain::Package;
 
@@ -22,6 +22,9 @@ pub(super) struct Faults {
     /// the site: a binary's or an image's node is never Ready at it, a container's workloads
     /// never become available. A bad release, not a bad node: healing a node keeps them.
     pub(super) bad_versions: BTreeSet<String>,
+    /// The node's next watches for its new version are cut off, this many more times, as a
+    /// watch whose connection to the API server drops is: a transient failure.
+    pub(super) watch_lost: BTreeMap<String, u32>,
 }
 
 impl Faults {
@@ -31,6 +34,7 @@ impl Faults {
         self.binaries.remove(node);
         self.patch.remove(node);
         self.drain.remove(node);
+        self.watch_lost.remove(node);
     }
 }
 

@@ -226,6 +226,12 @@ impl SimSite {
         self.inner.lock().faults.drain.insert(node.to_string());
     }
 
+    /// Cuts off the next `times` watches of `node` for its new version after a patch (a
+    /// transient failure: the job is tried again).
+    pub fn lose_watch(&self, node: &str, times: u32) {
+        self.inner.lock().faults.watch_lost.insert(node.to_string(), times);
+    }
+
     pub fn fail_patch(&self, node: &str) {
         self.inner.lock().faults.patch.insert(node.to_string());
     }
@@ -305,7 +311,11 @@ impl SiteBackend for SimSite {
     async fn observe_patched(&self, node: &str, package: &Package) -> Result<(), BackendError> {
         // The simulated node runs what its patch installed as soon as the patch returns, and is
         // Ready there unless the version is a bad one.
-        let st = self.inner.lock();
+        let mut st = self.inner.lock();
+        if let Some(left) = st.faults.watch_lost.get_mut(node).filter(|left| **left > 0) {
+            *left -= 1;
+            return Err(BackendError::transient_reason(format!("the watch of node {node} was cut off")));
+        }
         st.provisioned(node)?;
         match st.faults.bad_versions.contains(&package.reference().key()) {
             true => Err(faults::unhealthy_at(node, package)),

@@ -11,6 +11,7 @@ use bus_schema::envelope::Envelope;
 use bus_schema::pb;
 use bus_schema::runtime::HandlerError;
 use tokio::sync::{Mutex, Notify};
+use tracing::warn;
 
 use super::super::Gateway;
 #[cfg(doc)]
@@ -63,25 +64,30 @@ impl<'a> Steps<'a> {
         Ok(())
     }
 
-    /// From now on every step is sent on its own, the held ones first.
+    /// From now on every step is sent on its own, the held ones first. A step that cannot be
+    /// sent stays held, with those after it, for the report.
     pub(super) async fn show<B: SiteBackend>(&self, gw: &Gateway<B>) -> Result<(), HandlerError> {
         let mut state = self.state.lock().await;
         if state.shown {
             return Ok(());
         }
-        for step in std::mem::take(&mut state.held) {
+        while let Some(step) = state.held.first().cloned() {
             self.send(gw, step).await?;
+            state.held.remove(0);
         }
         state.shown = true;
         Ok(())
     }
 
     /// Shows the steps once the node has been cordoned for the gateway's `steps_shown_after`;
-    /// never ends otherwise, to be raced against the patch.
-    pub(super) async fn show_when_long<B: SiteBackend, T>(&self, gw: &Gateway<B>) -> Result<T, HandlerError> {
+    /// never ends, to be raced against the patch (which it must not cut short: steps it cannot
+    /// send stay held for the report).
+    pub(super) async fn show_when_long<B: SiteBackend>(&self, gw: &Gateway<B>) -> std::convert::Infallible {
         self.cordoned.notified().await;
         tokio::time::sleep(gw.steps_shown_after).await;
-        self.show(gw).await?;
+        if let Err(e) = self.show(gw).await {
+            warn!(site = %gw.site, node = self.node, error = %e, "cannot send a node's steps yet; its report will carry them");
+        }
         std::future::pending().await
     }
 
