@@ -172,25 +172,26 @@ impl Rollouts {
         decide::not_moved_by_another(&req, &self.under_way().await?).map_err(reject)?;
         let entry = self.catalog_entry(req.name.as_str(), req.version.as_str()).await?;
         let entry = decide::in_catalog(&req, entry).map_err(reject)?;
+        // Each record is turned into what the plan needs as it is read: at 10,000 sites neither
+        // every design nor every observed version is held whole.
         let designs: Vec<SiteDesign> = self
             .sites
-            .scan::<pb::SiteDesign>(keys::SITE_PREFIX)
+            .scan_matching_map(&format!("{}>", keys::SITE_PREFIX), |key, d: pb::SiteDesign| {
+                SiteDesign::try_from(d)
+                    .inspect_err(|e| warn!(%key, error = %e, "skipping a site design that does not validate"))
+                    .ok()
+            })
             .await?
             .into_iter()
-            .filter_map(|(key, d, _)| match SiteDesign::try_from(d) {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    warn!(%key, error = %e, "skipping a site design that does not validate");
-                    None
-                }
-            })
+            .map(|(_, d, _)| d)
             .collect();
+        let everywhere = keys::observed_package_everywhere(req.name.as_str());
         let observed = self
             .observed
-            .scan_matching::<pb::ObservedVersion>(&keys::observed_package_everywhere(req.name.as_str()))
+            .scan_matching_map(&everywhere, |_, v: pb::ObservedVersion| Some(((v.site_id, v.node), Some(v.version))))
             .await?
             .into_iter()
-            .map(|(_, v, _)| ((v.site_id, v.node), Some(v.version)))
+            .map(|(_, seen, _)| seen)
             .collect();
         let planned = decide::plan(&cmd, &req, entry, &designs, &observed, &d.envelope, now_ms()).map_err(reject)?;
 
