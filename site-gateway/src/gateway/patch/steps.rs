@@ -1,7 +1,9 @@
 //! A node's steps out of service and back during its patch (cordoned, drained, uncordoned): sent
 //! on their own once the node has been out of service for the gateway's `steps_shown_after`
-//! ([`STEPS_SHOWN_AFTER`] unless set), so that someone watching sees it; held until then, and given to the node's end report when it is back sooner.
-//! Each step reaches the hub once, one way or the other.
+//! ([`STEPS_SHOWN_AFTER`] unless set), so that someone watching sees it; held until then, and
+//! given to the node's end report when it is back sooner, or sent before its job goes back to be
+//! tried again. Each step reaches the hub once, one way or the other, unless the gateway dies
+//! while it holds them (the next attempt then sends the uncordon and the report only).
 //!
 //! A node patched in a few seconds is cordoned, drained and given back before anyone could look:
 //! three events more for each node of a fleet, each stored and read by every consumer of the
