@@ -62,6 +62,16 @@
   const label = (s) => String(s || '').replace(/_/g, ' ');
   const shortId = (id) => String(id || '').slice(0, 8);
   const plural = (n, word) => `${num(n)} ${word}${Number(n) === 1 ? '' : 's'}`;
+  // The steps a node's report carries when it was out of service only a moment.
+  const heldSteps = (steps) => {
+    if (!steps) return '';
+    const done = [
+      steps.cordoned && 'cordoned',
+      steps.drained && `drained (${plural((steps.evicted || []).length, 'pod')} evicted)`,
+      steps.uncordoned && 'uncordoned',
+    ].filter(Boolean);
+    return done.length ? ` (${done.join(', ')})` : '';
+  };
 
   function relTime(iso) {
     if (!iso) return '';
@@ -463,13 +473,13 @@
       case 'LifecycleFailed':
         return `${e.operation}${e.node ? ` of ${e.node}` : ''}: ${e.reason}`;
       case 'NodePatched':
-        return e.unchanged ? `${e.node}: at ${pkg(e.package)} already, left as it was` : `${e.node}: ${e.from_version} → ${pkg(e.package)}`;
+        return (e.unchanged ? `${e.node}: at ${pkg(e.package)} already, left as it was` : `${e.node}: ${e.from_version} → ${pkg(e.package)}`) + heldSteps(e.steps);
       case 'NodeRolledBack':
         return `${e.node}: rolled back from ${e.failed_version} to ${pkg(e.package)}, healthy again (${e.reason})`;
       case 'NodeRollbackFailed':
         return `${e.node}: rollback to ${pkg(e.package)} failed: ${e.reason}`;
       case 'NodePatchFailed':
-        return `${e.node}: ${pkg(e.package)}: ${e.reason}`;
+        return `${e.node}: ${pkg(e.package)}: ${e.reason}` + heldSteps(e.steps);
       case 'SitePatched': {
         const skipped = (e.skipped || []).length;
         const unchanged = (e.unchanged || []).length;
