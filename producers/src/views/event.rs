@@ -36,7 +36,8 @@ pub fn event_line(e: &ReadEvent) -> String {
     format!("{time}  {kind:<40} {}", summary(&j["event"]))
 }
 
-/// `key=value` for the scalar fields of a payload; lists of names are joined, longer lists counted.
+/// `key=value` for the scalar fields of a payload; lists of names are joined, longer lists counted;
+/// of a nested message, the names of its fields that are true (a node's `steps`: what was done).
 pub fn summary(v: &Value) -> String {
     let Some(obj) = v.as_object() else { return v.to_string() };
     let mut parts = Vec::new();
@@ -52,7 +53,14 @@ pub fn summary(v: &Value) -> String {
                 a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")
             }
             Value::Array(a) => format!("[{}]", a.len()),
-            Value::Object(_) => continue,
+            Value::Object(o) => {
+                let set: Vec<&str> =
+                    o.iter().filter(|(_, v)| v.as_bool() == Some(true)).map(|(k, _)| k.as_str()).collect();
+                if set.is_empty() {
+                    continue;
+                }
+                set.join(",")
+            }
             Value::Null => continue,
         };
         let text = if text.contains(' ') { format!("{text:?}") } else { text };
@@ -69,5 +77,7 @@ mod tests {
     fn summary_keeps_what_matters() {
         let v = json!({"site_id": "edge-1", "node": "n1", "reason": "disk on fire", "nodes": [{"name": "x"}], "failed_nodes": ["n1", "n2"], "revision": 0});
         assert_eq!(summary(&v), "failed_nodes=n1,n2 node=n1 nodes=[1] reason=\"disk on fire\" site_id=edge-1");
+        let patched = json!({"node": "n1", "package": {"name": "kubelet", "version": "1.30.0"}, "steps": {"cordoned": true, "drained": true, "evicted": [], "uncordoned": true}});
+        assert_eq!(summary(&patched), "node=n1 steps=cordoned,drained,uncordoned");
     }
 }
