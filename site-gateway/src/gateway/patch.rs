@@ -445,21 +445,14 @@ impl<B: SiteBackend> Gateway<B> {
     }
 
     /// Makes a node of a patch schedulable again when landfall had cordoned it: a step of
-    /// `steps`.
+    /// `steps`. An uncordon that fails transiently is tried again with the job; otherwise it is
+    /// said and left.
     async fn give_back(&self, node: &str, steps: &Steps<'_>) -> Result<(), HandlerError> {
         match self.backend.uncordon(node).await {
             Ok(true) => steps.took(self, Step::Uncordoned).await,
             Ok(false) => Ok(()),
-            Err(e) => self.not_uncordoned(node, e),
-        }
-    }
-
-    /// An uncordon that failed: transient, to be tried again with the job; otherwise said and
-    /// left.
-    fn not_uncordoned(&self, node: &str, e: BackendError) -> Result<(), HandlerError> {
-        match e {
-            e @ BackendError::Transient { .. } => Err(HandlerError::transient(format!("uncordoning {node}"), e)),
-            e => {
+            Err(e @ BackendError::Transient { .. }) => Err(HandlerError::transient(format!("uncordoning {node}"), e)),
+            Err(e) => {
                 warn!(site = %self.site, node, reason = %e.reason(), "cannot uncordon");
                 Ok(())
             }
@@ -469,18 +462,7 @@ impl<B: SiteBackend> Gateway<B> {
     /// Makes the node schedulable again when landfall had cordoned it, and says so (`rollout_id`
     /// empty for a node's removal or reprovision).
     pub(super) async fn lift_cordon(&self, env: &Envelope, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
-        match self.backend.uncordon(node).await {
-            Ok(true) => {
-                self.node_step(env, "node_uncordoned", node, |site, node| pb::NodeUncordoned {
-                    site_id: site,
-                    node,
-                    rollout_id: rollout_id.to_string(),
-                })
-                .await
-            }
-            Ok(false) => Ok(()),
-            Err(e) => self.not_uncordoned(node, e),
-        }
+        self.give_back(node, &Steps::new(env, rollout_id, node, true)).await
     }
 
     pub(super) async fn node_step<E: bus_schema::BusEvent>(

@@ -40,7 +40,6 @@ pub(super) struct Steps<'a> {
     cordoned: Notify,
 }
 
-#[derive(Default)]
 struct State {
     shown: bool,
     held: Vec<Step>,
