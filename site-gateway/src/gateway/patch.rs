@@ -324,8 +324,7 @@ impl<B: SiteBackend> Gateway<B> {
         unstaged: Option<BackendError>,
         purpose: Purpose,
     ) -> Result<NodeEnd, HandlerError> {
-        let (node, shown) = (req.node.name.as_str(), purpose == Purpose::RollBack);
-        let steps = Steps::new(env, rollout_id, node, shown, Some(self.cache.dir()));
+        let steps = Steps::new(env, rollout_id, req.node.name.as_str(), purpose == Purpose::RollBack);
         let end = tokio::select! {
             end = self.patch_node_with(env, rollout_id, &req, masters, unstaged, purpose, &steps) => end,
             never = steps.show_when_long(self) => match never {},
@@ -463,7 +462,7 @@ impl<B: SiteBackend> Gateway<B> {
     /// Makes the node schedulable again when landfall had cordoned it, and says so (`rollout_id`
     /// empty for a node's removal or reprovision).
     pub(super) async fn lift_cordon(&self, env: &Envelope, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
-        self.give_back(node, &Steps::new(env, rollout_id, node, true, None)).await
+        self.give_back(node, &Steps::new(env, rollout_id, node, true)).await
     }
 
     pub(super) async fn node_step<E: bus_schema::BusEvent>(

@@ -31,7 +31,6 @@ impl SimSite {
     pub(super) fn delete_cluster_node(&self, node: &str) -> bool {
         let mut st = self.inner.lock();
         st.cordoned.remove(node);
-        st.drained.remove(node);
         let Some(host) = st.hosts.get_mut(node) else { return false };
         if host.binaries.take().is_none() {
             return false;
@@ -95,7 +94,6 @@ impl SimSite {
     pub(super) fn forget(&self, node: &str) -> bool {
         let mut st = self.inner.lock();
         st.cordoned.remove(node);
-        st.drained.remove(node);
         st.arrived.retain(|n| n.name.as_str() != node);
         let had = st.hosts.remove(node);
         if had {
@@ -120,7 +118,6 @@ impl SimSite {
         st.containers.clear();
         st.cache.clear();
         st.cordoned.clear();
-        st.drained.clear();
         gone.sort();
         gone
     }

@@ -301,9 +301,7 @@ impl SiteBackend for SimSite {
     }
 
     async fn uncordon(&self, node: &str) -> Result<bool, BackendError> {
-        let mut st = self.inner.lock();
-        st.drained.remove(node);
-        Ok(st.cordoned.remove(node))
+        Ok(self.inner.lock().cordoned.remove(node))
     }
 
     async fn not_ready(&self, nodes: &[String]) -> Result<Vec<String>, BackendError> {

@@ -243,9 +243,6 @@ struct Rest {
     /// come again gives back only a node that carries its cordon.
     #[serde(default)]
     cordoned: BTreeSet<String>,
-    /// Those of them drained already: their pods are gone.
-    #[serde(default)]
-    drained: BTreeSet<String>,
 }
 
 impl Rest {
@@ -262,7 +259,6 @@ impl Rest {
             bytes_handed: e.bytes_handed,
             bmc_logins: e.bmc_logins,
             cordoned: st.cordoned.clone(),
-            drained: st.drained.clone(),
         }
     }
 }
@@ -465,7 +461,6 @@ impl Saved {
         st.containers = rest.containers;
         st.cache = rest.cache;
         st.cordoned = rest.cordoned;
-        st.drained = rest.drained;
         Ok((st, resume))
     }
 }

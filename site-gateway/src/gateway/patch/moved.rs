@@ -53,29 +53,12 @@ impl Moved {
         Ok(())
     }
 
-    /// Drops the record, and the steps its nodes' patches held ([`super::steps`]): the site's
-    /// report is out.
+    /// Drops the record: the site's report is out.
     pub(super) fn forget(self) -> std::io::Result<()> {
-        let gone = |r: std::io::Result<()>| match r {
+        match std::fs::remove_file(&self.file) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
-        };
-        if let (Some(dir), Some(name)) = (self.file.parent(), self.file.file_name().and_then(|n| n.to_str())) {
-            let steps = format!("{name}.");
-            let entries = match std::fs::read_dir(dir) {
-                Ok(entries) => entries.collect::<Result<Vec<_>, _>>()?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(e),
-            };
-            for entry in entries {
-                let file = entry.file_name();
-                let file = file.to_string_lossy();
-                if file.starts_with(&steps) && file.ends_with(".steps") {
-                    gone(std::fs::remove_file(entry.path()))?;
-                }
-            }
         }
-        gone(std::fs::remove_file(&self.file))
     }
 }
 
@@ -93,14 +76,8 @@ mod tests {
         let again = Moved::open(dir.path(), "01a2-job").unwrap();
         assert!(again.has("node-1") && again.has("node-2") && !again.has("node-3"));
         assert!(!Moved::open(dir.path(), "another").unwrap().has("node-1"), "a job's record is its own");
-        let held = super::super::steps::kept_file(dir.path(), "01a2-job", "node-1");
-        let others = super::super::steps::kept_file(dir.path(), "01a2-jobs", "node-1");
-        std::fs::write(&held, "cordoned\n").unwrap();
-        std::fs::write(&others, "cordoned\n").unwrap();
         again.forget().unwrap();
         assert!(!Moved::open(dir.path(), "01a2-job").unwrap().has("node-1"));
-        assert!(!held.exists(), "the steps its nodes held go with the record");
-        assert!(others.exists(), "another job's are left");
         assert!(Moved::open(dir.path(), "../../etc/passwd").unwrap().file.starts_with(dir.path()));
     }
 }
