@@ -155,7 +155,7 @@ async fn live<H: Handler>(
     if lost_too_often(d.delivered, spec.max_attempts) {
         let reason =
             format!("delivered {} times and never settled: the process handling it was lost each time", d.delivered);
-        give_up(cx, handler, msg, d, u32::try_from(d.delivered).unwrap_or(u32::MAX), reason).await;
+        Box::pin(give_up(cx, handler, msg, d, u32::try_from(d.delivered).unwrap_or(u32::MAX), reason)).await;
         return;
     }
     // A site's gateway may publish anything under its own subjects: what it may not send is
@@ -178,8 +178,11 @@ async fn live<H: Handler>(
         let Some(permit) = alive(msg, every, Some(&cx.shutdown), cx.permits.clone().acquire_owned()).await else {
             return hand_back(msg).await;
         };
-        // A handler that has started finishes, shutdown or not.
-        let work = super::trace::handled(consumer, d, stored, handler.handle(d));
+        // A handler that has started finishes, shutdown or not. Its future is boxed, made only
+        // now: a handler's future is kilobytes (the orchestrator's, about 19 KiB), and held inline
+        // it would make every delivery waiting for its turn or a permit as large, thousands at
+        // once at 10,000 sites.
+        let work = super::trace::handled(consumer, d, stored, Box::pin(handler.handle(d)));
         let (outcome, span) = alive(msg, every, None, work).await.expect("no stop was given");
         drop(permit);
         if let Some(t) = &ticket {
@@ -205,7 +208,7 @@ async fn live<H: Handler>(
                 }
                 match failures.failed(store_full, spec.max_attempts) {
                     Next::GiveUp => {
-                        let gave_up = give_up(cx, handler, msg, d, failures.counted, error_chain(&e));
+                        let gave_up = Box::pin(give_up(cx, handler, msg, d, failures.counted, error_chain(&e)));
                         return super::trace::within(span, gave_up).await;
                     }
                     Next::Retry(delay) => {
