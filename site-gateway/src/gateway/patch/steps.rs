@@ -3,7 +3,9 @@
 //! ([`STEPS_SHOWN_AFTER`] unless set), so that someone watching sees it; held until then, and
 //! given to the node's end report when it is back sooner, or sent before its job goes back to be
 //! tried again. Each step reaches the hub once, one way or the other, unless the gateway dies
-//! while it holds them (the next attempt then sends the uncordon and the report only).
+//! while it holds them: the next attempt then cordons and drains a node cut short again (its
+//! drain evicting nothing more), and of a node found at its version and cordoned sends only the
+//! uncordon and the report.
 //!
 //! A node patched in a few seconds is cordoned, drained and given back before anyone could look:
 //! three events more for each node of a fleet, each stored and read by every consumer of the
