@@ -1,8 +1,9 @@
 //! Bounded redelivery and dead letters, parked deliveries, and per-site order across replicas,
 //! against a real nats-server: a message that keeps failing (or whose process is lost each time)
 //! ends in `LANDFALL_DEAD` with a `MessageDeadLettered` notice and can be replayed; messages
-//! queued behind a slow one are kept alive; a full store is told apart; two orchestrator
-//! replicas keep a site's commands in order.
+//! queued behind a slow one are kept alive; a message delivered again while its first attempt
+//! still runs is handled once; a full store is told apart; two orchestrator replicas keep a
+//! site's commands in order.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -206,6 +207,74 @@ async fn messages_queued_behind_a_slow_one_of_their_key_are_kept_alive_and_deliv
     assert!(seen.iter().all(|(_, delivered)| *delivered == 1), "{seen:?}");
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+/// Its first attempt stalls the whole process past the ack wait (no progress reaches the server,
+/// as when a hub is too busy to take it in time), then goes on a while; counts attempts, and
+/// those running at once.
+#[derive(Default)]
+struct Stalls {
+    calls: AtomicU32,
+    running: AtomicU32,
+    most_at_once: AtomicU32,
+}
+
+impl runtime::Handler for Stalls {
+    async fn handle(&self, _: &Delivery) -> Result<(), HandlerError> {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_at_once.fetch_max(now, Ordering::SeqCst);
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_secs(3));
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_delivered_again_while_its_attempt_runs_is_handled_once() {
+    let server = NatsServer::start();
+    let bus = bus(&server.url()).await;
+    let handler = Arc::new(Stalls::default());
+    let consumer = "test-stalls";
+    let spec = spec(consumer, "edge-10", 10).ack_wait(Duration::from_secs(1));
+    // The loop on a runtime of one thread of its own, which the stall stops whole.
+    let shutdown = CancellationToken::new();
+    let looped = {
+        let (bus, spec, handler, shutdown) = (bus.clone(), spec.clone(), handler.clone(), shutdown.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(runtime::consume(bus, spec, handler, shutdown))
+        })
+    };
+    publish_event(&bus, "edge-10", 1).await;
+    let stream = bus.jetstream().get_stream(names::EVENTS_STREAM).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let info = loop {
+        let info = stream.consumer_info(consumer).await;
+        if let Ok(info) = info
+            && handler.calls.load(Ordering::SeqCst) > 0
+            && handler.running.load(Ordering::SeqCst) == 0
+            && info.num_ack_pending == 0
+            && info.num_pending == 0
+        {
+            break info;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never settled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(info.delivered.stream_sequence > 0);
+    // Long enough for another delivery, had one been due.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let info = stream.consumer_info(consumer).await.unwrap();
+    // Its one message delivered more than once (a consumer sequence a delivery).
+    assert!(info.delivered.consumer_sequence >= 2, "the server delivered it again during the stall: {info:?}");
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "handled once, the delivery again dropped");
+    assert_eq!(handler.most_at_once.load(Ordering::SeqCst), 1);
+    assert_eq!((info.num_ack_pending, info.num_pending), (0, 0), "settled by the first attempt's ack");
+    shutdown.cancel();
+    tokio::task::spawn_blocking(move || looped.join().unwrap()).await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

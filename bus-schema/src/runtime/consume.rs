@@ -412,6 +412,7 @@ pub async fn consume<H: Handler>(
         permits: Arc::new(tokio::sync::Semaphore::new(spec.concurrency)),
         order: Arc::new(KeyedOrder::default()),
         shutdown: shutdown.clone(),
+        in_hand: Default::default(),
         spec,
     });
     let spec = &context.spec;
@@ -423,6 +424,7 @@ pub async fn consume<H: Handler>(
         "landfall_messages_rejected_total",
         "landfall_messages_retried_total",
         "landfall_redeliveries_total",
+        "landfall_deliveries_in_hand_total",
     ] {
         metrics::counter!(counter, "consumer" => spec.durable.clone()).increment(0);
     }

@@ -29,6 +29,33 @@ pub(super) struct Loop {
     pub permits: Arc<Semaphore>,
     pub order: Arc<KeyedOrder>,
     pub shutdown: CancellationToken,
+    /// The stream sequences of the messages this loop has in hand (waiting, running or parked).
+    pub in_hand: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+/// A message's place in [`Loop::in_hand`], given up when dropped.
+struct InHand<'a> {
+    cx: &'a Loop,
+    seq: u64,
+}
+
+impl<'a> InHand<'a> {
+    /// Takes the message stored at `seq` in hand; `None` when this loop has it already: the
+    /// server delivered it again because the progress of the attempt under way did not reach it
+    /// in time (a busy hub). That attempt's acks, progress and NAK name the message by its
+    /// sequence, whichever delivery they came with, so it alone settles the message: a second
+    /// attempt beside it would run the handler twice at once (two patches of the same nodes).
+    fn take(cx: &'a Loop, seq: u64) -> Option<Self> {
+        // A delivery without its reply subject's sequence (never seen from a server) is not held.
+        // The guard is made only for a sequence taken: dropped, it gives the sequence up.
+        (seq == 0 || cx.in_hand.lock().expect("in-hand lock").insert(seq)).then(|| Self { cx, seq })
+    }
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        self.cx.in_hand.lock().expect("in-hand lock").remove(&self.seq);
+    }
 }
 
 /// Takes one delivery through its life; see the module's comment.
@@ -40,6 +67,11 @@ pub(super) async fn settle<H: Handler>(cx: Arc<Loop>, handler: Arc<H>, msg: jets
     if delivered > 1 {
         metrics::counter!("landfall_redeliveries_total", "consumer" => cx.spec.durable.clone()).increment(1);
     }
+    let Some(_in_hand) = InHand::take(&cx, seq) else {
+        debug!(consumer = %cx.spec.durable, subject = %delivery.subject, seq, delivered, "delivered again while in hand here: the attempt under way settles it");
+        metrics::counter!("landfall_deliveries_in_hand_total", "consumer" => cx.spec.durable.clone()).increment(1);
+        return;
+    };
     // Every log line of this message's work, in every service, carries its trace id. The span
     // is at ERROR level so that it is there whenever any of those lines is logged at all.
     let span = tracing::error_span!(

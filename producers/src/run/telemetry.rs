@@ -221,6 +221,11 @@ fn describe() {
     describe_counter!("landfall_messages_rejected_total", "Messages a consumer refused for good (terminated).");
     describe_counter!("landfall_redeliveries_total", "Deliveries of a message after its first.");
     describe_counter!(
+        "landfall_deliveries_in_hand_total",
+        "Deliveries of a message the consumer was still handling (its progress late at the server): dropped, the \
+         attempt under way settles it."
+    );
+    describe_counter!(
         "landfall_events_published_total",
         "Events stored in LANDFALL_EVENTS (copies dropped by dedup are not counted)."
     );
