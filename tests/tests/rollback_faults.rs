@@ -1,7 +1,8 @@
 //! Rollbacks through faults at the sites: a site's gateway killed (-9) while the rollback
 //! patches its nodes, and a site cut off from the hub while the rollback runs. Each rollback
 //! ends once, with every node back at the version it ran and changed no more than its two
-//! moves (forward once, back once), by what the simulated sites themselves counted.
+//! moves (forward once, back once), by what the simulated sites themselves counted. And a
+//! patch whose gateway is killed while it holds a node's steps: they reach the hub once.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -182,8 +183,15 @@ struct GatewayProcesses {
 
 impl GatewayProcesses {
     /// One gateway for each of the fleet's sites (registered already: a simulated site is built
-    /// from its design).
+    /// from its design), each node's steps sent on their own as they happen: a kill is aimed by
+    /// a node's drain.
     fn start(fleet: &Fleet, url: &str) -> Self {
+        Self::showing_steps_after(fleet, url, "0s")
+    }
+
+    /// [`Self::start`], a node's steps held until its report unless it is out of service for
+    /// `after` (`--show-steps-after`).
+    fn showing_steps_after(fleet: &Fleet, url: &str, after: &str) -> Self {
         let dir = tempfile::Builder::new().prefix("landfall-rollback-faults-").tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("sim")).unwrap();
         let designs: Vec<SiteDesign> = fleet.sites.iter().map(|(d, _)| d.clone()).collect();
@@ -206,14 +214,31 @@ impl GatewayProcesses {
                     cache.to_str().unwrap(),
                     "--sim-state",
                     state.to_str().unwrap(),
-                    // Each node's drain as it happens: the kill is aimed by it.
                     "--show-steps-after",
-                    "0s",
+                    after,
                 ];
                 Service::start(&format!("gateway-{site}"), url, dir.path(), &args)
             })
             .collect();
         GatewayProcesses { gateways, designs, dir }
+    }
+
+    /// Where site `i`'s gateway keeps its jobs' records.
+    fn jobs_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join("caches").join(self.designs[i].site.as_str()).join("jobs")
+    }
+
+    /// The records of the jobs site `i`'s gateway has in hand, by file name (the job's id).
+    fn job_records(&self, i: usize) -> BTreeMap<String, String> {
+        let Ok(entries) = std::fs::read_dir(self.jobs_dir(i)) else { return BTreeMap::new() };
+        entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .map(|name| {
+                let text = std::fs::read_to_string(self.jobs_dir(i).join(&name)).unwrap_or_default();
+                (name, text)
+            })
+            .collect()
     }
 
     fn state_file(&self, i: usize) -> PathBuf {
@@ -420,5 +445,65 @@ async fn a_cut_off_site_is_rolled_back_once_its_link_returns() {
 
     linked.cancel();
     gateway.await.unwrap().unwrap();
+    fleet.stop().await;
+}
+
+/// One site of three nodes behind a gateway process that holds each node's steps for its report
+/// (`--show-steps-after 1h`); kubelet rolled out. Once the gateway holds a node's cordon and
+/// drain (written down in the job's record in its cache), it is killed (-9) and started again over the same files:
+/// the job's next attempt takes the held steps up, and that node's cordon, drain, uncordon and
+/// patch each reach the hub once, in order, whichever way they come (on their own, or in its
+/// report); every node is patched once, and nothing held is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_steps_held_by_a_gateway_killed_mid_patch_reach_the_hub_once() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(3).without_gateways().start().await;
+    let mut sites = GatewayProcesses::showing_steps_after(&fleet, &server.url(), "1h");
+    fleet.install_all().await;
+    register(&fleet, kubelet(TO)).await;
+    let cmd = fleet.patch(pb::PatchPackage { name: "kubelet".into(), version: TO.into(), ..Default::default() }).await;
+
+    let deadline = Instant::now() + TIMEOUT;
+    // A node's held drain, written down in its job's record: `held <node> drained <pod>…`.
+    let (record, node, evicted) = loop {
+        let found = sites.job_records(0).into_values().find_map(|text| {
+            let line = text.lines().find(|l| l.starts_with("held ") && l.contains(" drained"))?;
+            let (node, pods) = line.strip_prefix("held ")?.split_once(" drained")?;
+            Some((text.clone(), node.to_string(), pods.trim().to_string()))
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the gateway never held a node's drain");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    sites.gateways[0].kill();
+    assert!(record.contains(&format!("held {node} cordoned\n")), "{record:?}");
+    sites.gateways[0].restart();
+
+    let run = fleet.wait_rollout(&cmd.id, TIMEOUT).await;
+    let done = run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("rolled out: {:?}", run.kinds()));
+    assert_eq!((done.patched, done.failed), (3, 0), "{:?}", run.kinds());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = events_of(&fleet.bus, &cmd.id).await;
+    // What the first drain evicted: the next attempt finds the node drained, and evicts nothing.
+    assert!(!evicted.is_empty(), "the drain evicted the node's pods: {record:?}");
+    let steps: Vec<String> = landfall_tests::fleet::node_steps(&events)
+        .into_iter()
+        .filter_map(|s| s.strip_prefix(&format!("{node} ")).map(String::from))
+        .collect();
+    assert_eq!(
+        steps,
+        ["cordoned".to_string(), format!("drained [{evicted}]"), "uncordoned".into(), "patched".into()],
+        "{node}'s steps, held by the gateway killed ({record:?}), reach the hub once each, the pods its drain \
+         evicted with them: {:?}",
+        kinds(&events)
+    );
+    let patches = sites.patches(0);
+    assert!(patches.len() == 3 && patches.values().all(|n| *n == 1), "each node patched once: {patches:?}");
+    assert!(sites.job_records(0).is_empty(), "a job's record left behind: {:?}", sites.job_records(0));
+    assert_eq!(sites.gateways[0].starts(), 2);
+    sites.assert_running();
+    drop(sites);
     fleet.stop().await;
 }

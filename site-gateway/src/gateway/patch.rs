@@ -17,11 +17,11 @@ use tracing::{debug, info, warn};
 
 use super::{Gateway, invalid, nodes, packages};
 use bus_schema::envelope::Envelope;
-use moved::Moved;
+use record::JobRecord;
 use run::{End, PatchRun, RolledBack};
 use steps::{Step, Steps};
 
-mod moved;
+mod record;
 mod run;
 mod steps;
 use crate::backend::{BackendError, Cordon, PatchRequest, ProvisioningState, ProvisioningState as S, SiteBackend};
@@ -164,9 +164,10 @@ impl<B: SiteBackend> Gateway<B> {
                 let back =
                     per_node.previous.get(name).map(|p| request(node, as_rendered(p).unwrap_or_else(|| p.clone())));
                 let (env, rollout, masters, unstaged) = (&d.envelope, &job.rollout_id, &masters, unstaged.clone());
+                let steps = Steps::held(env, rollout, name, &moved);
                 let purpose = Purpose::Patch { found_at: found_at.contains(name) };
                 async move {
-                    let end = self.patch_node(env, rollout, req.clone(), masters, unstaged, purpose).await?;
+                    let end = self.patch_node(env, rollout, req.clone(), masters, unstaged, purpose, steps).await?;
                     match (end, back) {
                         (NodeEnd::Failed { reason, tried: true }, Some(back)) => {
                             self.roll_back(env, rollout, &req, back, masters, reason).await
@@ -197,7 +198,7 @@ impl<B: SiteBackend> Gateway<B> {
         Ok(())
     }
 
-    /// The job's record of the nodes it sets out to move, with every node not at its version
+    /// The job's record ([`record`]) of the nodes it sets out to move, with every node not at its version
     /// (or moved by an earlier delivery) in it, on disk before anything changes; and the nodes
     /// at their version before the job came, which are left and reported unchanged. A chart is
     /// never found so: its render, not its version, says whether it changes.
@@ -207,9 +208,9 @@ impl<B: SiteBackend> Gateway<B> {
         nodes: &[NodeDesign],
         package: &Package,
         per_node: &PerNode,
-    ) -> Result<(Moved, BTreeSet<String>), HandlerError> {
+    ) -> Result<(JobRecord, BTreeSet<String>), HandlerError> {
         let record = |e: std::io::Error| HandlerError::transient("keeping the job's record of moved nodes", e);
-        let mut moved = Moved::open(self.cache.dir(), job_id).map_err(record)?;
+        let mut moved = JobRecord::open(self.cache.dir(), job_id).map_err(record)?;
         let (mut found_at, mut to_move) = (BTreeSet::new(), Vec::new());
         for node in nodes {
             let name = node.name.as_str();
@@ -251,7 +252,8 @@ impl<B: SiteBackend> Gateway<B> {
         let to = back.package.version.to_string();
         info!(site = %self.site, node, rollout = rollout_id, to = %to, %reason, "rolling the node back");
         let base = env.derive("rollback", Some(node));
-        let end = self.patch_node(&base, rollout_id, back.clone(), masters, None, Purpose::RollBack).await?;
+        let steps = Steps::shown(&base, rollout_id, node);
+        let end = self.patch_node(&base, rollout_id, back.clone(), masters, None, Purpose::RollBack, steps).await?;
         let rollback = match end {
             NodeEnd::Patched | NodeEnd::Unchanged => {
                 let evt = pb::NodeRolledBack {
@@ -315,6 +317,7 @@ impl<B: SiteBackend> Gateway<B> {
     /// as it was (schedulable, old version) and fails it; a node not seen Ready stays cordoned and
     /// fails. A node already at the version has nothing moved off it; an earlier attempt's cordon
     /// on it is lifted once it is seen Ready.
+    #[allow(clippy::too_many_arguments)]
     async fn patch_node(
         &self,
         env: &Envelope,
@@ -323,8 +326,8 @@ impl<B: SiteBackend> Gateway<B> {
         masters: &[String],
         unstaged: Option<BackendError>,
         purpose: Purpose,
+        steps: Steps<'_>,
     ) -> Result<NodeEnd, HandlerError> {
-        let steps = Steps::new(env, rollout_id, req.node.name.as_str(), purpose == Purpose::RollBack);
         let end = tokio::select! {
             end = self.patch_node_with(env, rollout_id, &req, masters, unstaged, purpose, &steps) => end,
             never = steps.show_when_long(self) => match never {},
@@ -462,7 +465,7 @@ impl<B: SiteBackend> Gateway<B> {
     /// Makes the node schedulable again when landfall had cordoned it, and says so (`rollout_id`
     /// empty for a node's removal or reprovision).
     pub(super) async fn lift_cordon(&self, env: &Envelope, rollout_id: &str, node: &str) -> Result<(), HandlerError> {
-        self.give_back(node, &Steps::new(env, rollout_id, node, true)).await
+        self.give_back(node, &Steps::shown(env, rollout_id, node)).await
     }
 
     pub(super) async fn node_step<E: bus_schema::BusEvent>(

@@ -38,18 +38,23 @@ impl SimSite {
         Cordon::Done
     }
 
-    /// Evicts one pod of each applied container package from the node.
+    /// Evicts one pod of each applied container package from the node; none from a node drained
+    /// already since its cordon (its pods are gone until it is given back).
     pub(super) async fn drain_node(&self, node: &str) -> Result<Vec<String>, BackendError> {
         let pods: Vec<String> = {
-            let st = self.inner.lock();
+            let mut st = self.inner.lock();
             if !st.cordoned.contains(node) {
                 return Err(BackendError::permanent_reason(format!("draining {node}: it is not cordoned")));
+            }
+            if st.drained.contains(node) {
+                return Ok(Vec::new());
             }
             let pods: Vec<String> = st.containers.keys().map(|name| format!("{name}/{name}-{node}")).collect();
             if st.faults.drain.contains(node) {
                 let held = pods.first().cloned().unwrap_or_else(|| format!("default/db-{node}"));
                 return Err(drain_blocked(node, &held));
             }
+            st.drained.insert(node.to_string());
             pods
         };
         Ok(pods)

@@ -31,6 +31,7 @@ impl SimSite {
     pub(super) fn delete_cluster_node(&self, node: &str) -> bool {
         let mut st = self.inner.lock();
         st.cordoned.remove(node);
+        st.drained.remove(node);
         let Some(host) = st.hosts.get_mut(node) else { return false };
         if host.binaries.take().is_none() {
             return false;
@@ -94,6 +95,7 @@ impl SimSite {
     pub(super) fn forget(&self, node: &str) -> bool {
         let mut st = self.inner.lock();
         st.cordoned.remove(node);
+        st.drained.remove(node);
         st.arrived.retain(|n| n.name.as_str() != node);
         let had = st.hosts.remove(node);
         if had {
@@ -118,6 +120,7 @@ impl SimSite {
         st.containers.clear();
         st.cache.clear();
         st.cordoned.clear();
+        st.drained.clear();
         gone.sort();
         gone
     }

@@ -301,7 +301,9 @@ impl SiteBackend for SimSite {
     }
 
     async fn uncordon(&self, node: &str) -> Result<bool, BackendError> {
-        Ok(self.inner.lock().cordoned.remove(node))
+        let mut st = self.inner.lock();
+        st.drained.remove(node);
+        Ok(st.cordoned.remove(node))
     }
 
     async fn not_ready(&self, nodes: &[String]) -> Result<Vec<String>, BackendError> {

@@ -243,6 +243,9 @@ struct Rest {
     /// come again gives back only a node that carries its cordon.
     #[serde(default)]
     cordoned: BTreeSet<String>,
+    /// Those of them drained already: their pods are gone.
+    #[serde(default)]
+    drained: BTreeSet<String>,
 }
 
 impl Rest {
@@ -259,6 +262,7 @@ impl Rest {
             bytes_handed: e.bytes_handed,
             bmc_logins: e.bmc_logins,
             cordoned: st.cordoned.clone(),
+            drained: st.drained.clone(),
         }
     }
 }
@@ -461,6 +465,7 @@ impl Saved {
         st.containers = rest.containers;
         st.cache = rest.cache;
         st.cordoned = rest.cordoned;
+        st.drained = rest.drained;
         Ok((st, resume))
     }
 }

@@ -30,6 +30,9 @@ pub(super) struct State {
     pub(super) effects: SimEffects,
     /// Nodes the gateway made unschedulable for a patch.
     pub(super) cordoned: BTreeSet<String>,
+    /// Cordoned nodes drained since: their pods are gone until the cordon is lifted, and a drain
+    /// again evicts none.
+    pub(super) drained: BTreeSet<String>,
 }
 
 impl State {

@@ -2,10 +2,10 @@
 //! on their own once the node has been out of service for the gateway's `steps_shown_after`
 //! ([`STEPS_SHOWN_AFTER`] unless set), so that someone watching sees it; held until then, and
 //! given to the node's end report when it is back sooner, or sent before its job goes back to be
-//! tried again. Each step reaches the hub once, one way or the other, unless the gateway dies
-//! while it holds them: the next attempt then cordons and drains a node cut short again (its
-//! drain evicting nothing more), and of a node found at its version and cordoned sends only the
-//! uncordon and the report.
+//! tried again. Each step reaches the hub once, one way or the other: held steps are written down
+//! in the job's record ([`super::record`]) as they are held, so a gateway killed while it holds
+//! them leaves them to the job's next attempt, which starts from them (a drain again evicts
+//! nothing more, and adds nothing).
 //!
 //! A node patched in a few seconds is cordoned, drained and given back before anyone could look:
 //! three events more for each node of a fleet, each stored and read by every consumer of the
@@ -20,6 +20,7 @@ use tracing::warn;
 use super::super::Gateway;
 #[cfg(doc)]
 use super::super::STEPS_SHOWN_AFTER;
+use super::record::JobRecord;
 use crate::backend::SiteBackend;
 
 /// A step of a node out of service and back.
@@ -40,6 +41,8 @@ pub(super) struct Steps<'a> {
     state: Mutex<State>,
     /// Told when the node is cordoned: the clock of [`Self::show_when_long`] starts then.
     cordoned: Notify,
+    /// The job's record, where held steps are written down.
+    record: Option<&'a JobRecord>,
 }
 
 struct State {
@@ -48,10 +51,23 @@ struct State {
 }
 
 impl<'a> Steps<'a> {
-    /// The steps of `node`, sent on their own from the first (`shown`) or held.
-    pub(super) fn new(env: &'a Envelope, rollout_id: &'a str, node: &'a str, shown: bool) -> Self {
-        let state = Mutex::new(State { shown, held: Vec::new() });
-        Self { env, rollout_id, node, state, cordoned: Notify::new() }
+    /// The steps of `node`, sent on their own from the first.
+    pub(super) fn shown(env: &'a Envelope, rollout_id: &'a str, node: &'a str) -> Self {
+        let state = Mutex::new(State { shown: true, held: Vec::new() });
+        Self { env, rollout_id, node, state, cordoned: Notify::new(), record: None }
+    }
+
+    /// The steps of `node`, held and written down in the job's `record`, starting from those an
+    /// earlier attempt of the job held when it ended.
+    pub(super) fn held(env: &'a Envelope, rollout_id: &'a str, node: &'a str, record: &'a JobRecord) -> Self {
+        let held = record.held(node);
+        // A node an earlier attempt cordoned has been out of service since: its clock runs.
+        let cordoned = Notify::new();
+        if held.contains(&Step::Cordoned) {
+            cordoned.notify_one();
+        }
+        let state = Mutex::new(State { shown: false, held });
+        Self { env, rollout_id, node, state, cordoned, record: Some(record) }
     }
 
     /// A step taken: sent when the steps are shown, held otherwise.
@@ -63,7 +79,12 @@ impl<'a> Steps<'a> {
         if state.shown {
             return self.send(gw, step).await;
         }
-        state.held.push(step);
+        if let Some(new) = hold(&mut state.held, step)
+            && let Some(record) = self.record
+            && let Err(e) = record.note_held(self.node, &new)
+        {
+            warn!(site = %gw.site, node = self.node, error = %e, "cannot write a held step down; a gateway killed now loses it");
+        }
         Ok(())
     }
 
@@ -74,11 +95,19 @@ impl<'a> Steps<'a> {
         if state.shown {
             return Ok(());
         }
+        let had = !state.held.is_empty();
         while let Some(step) = state.held.first().cloned() {
             self.send(gw, step).await?;
             state.held.remove(0);
         }
         state.shown = true;
+        if had
+            && let Some(record) = self.record
+            && let Err(e) = record.note_sent(self.node)
+        {
+            // The next attempt sends them again: copies, dropped by their ids.
+            warn!(site = %gw.site, node = self.node, error = %e, "cannot note a node's held steps sent");
+        }
         Ok(())
     }
 
@@ -129,5 +158,71 @@ impl<'a> Steps<'a> {
                 gw.publish(&pb::NodeUncordoned { site_id, node, rollout_id }, &env("node_uncordoned")).await
             }
         }
+    }
+}
+
+impl Step {
+    /// The step as written down: `cordoned`, `drained <pod>…`, `uncordoned`.
+    pub(super) fn line(&self) -> String {
+        match self {
+            Step::Cordoned => "cordoned".into(),
+            Step::Drained { evicted } => {
+                std::iter::once("drained").chain(evicted.iter().map(String::as_str)).collect::<Vec<_>>().join(" ")
+            }
+            Step::Uncordoned => "uncordoned".into(),
+        }
+    }
+
+    /// The step [`Self::line`] wrote as `words`.
+    pub(super) fn from_words<'w>(mut words: impl Iterator<Item = &'w str>) -> Option<Self> {
+        match words.next()? {
+            "cordoned" => Some(Step::Cordoned),
+            "drained" => Some(Step::Drained { evicted: words.map(String::from).collect() }),
+            "uncordoned" => Some(Step::Uncordoned),
+            _ => None,
+        }
+    }
+}
+
+/// Adds `step` to `held` unless it says nothing new (a step an earlier attempt took is taken
+/// once; a drain again adds only the pods it evicted that the first did not): what it adds.
+pub(super) fn hold(held: &mut Vec<Step>, step: Step) -> Option<Step> {
+    if let Step::Drained { evicted } = &step
+        && let Some(before) = held.iter_mut().find_map(|s| match s {
+            Step::Drained { evicted } => Some(evicted),
+            _ => None,
+        })
+    {
+        let new: Vec<String> = evicted.iter().filter(|p| !before.contains(p)).cloned().collect();
+        before.extend(new.iter().cloned());
+        return (!new.is_empty()).then_some(Step::Drained { evicted: new });
+    }
+    if held.contains(&step) {
+        return None;
+    }
+    held.push(step.clone());
+    Some(step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_is_held_once_and_a_drain_again_adds_only_its_new_pods() {
+        let drained = |pods: &[&str]| Step::Drained { evicted: pods.iter().map(|p| p.to_string()).collect() };
+        let mut held = Vec::new();
+        assert_eq!(hold(&mut held, Step::Cordoned), Some(Step::Cordoned));
+        assert_eq!(hold(&mut held, drained(&["ns/a", "ns/b"])), Some(drained(&["ns/a", "ns/b"])));
+        assert_eq!(hold(&mut held, Step::Cordoned), None);
+        assert_eq!(hold(&mut held, drained(&["ns/b"])), None);
+        assert_eq!(hold(&mut held, drained(&["ns/b", "ns/c"])), Some(drained(&["ns/c"])));
+        assert_eq!(hold(&mut held, Step::Uncordoned), Some(Step::Uncordoned));
+        assert_eq!(held, [Step::Cordoned, drained(&["ns/a", "ns/b", "ns/c"]), Step::Uncordoned]);
+        for step in &held {
+            assert_eq!(Step::from_words(step.line().split_whitespace()).as_ref(), Some(step));
+        }
+        assert_eq!(Step::from_words("drained".split_whitespace()), Some(drained(&[])));
+        assert_eq!(Step::from_words("something else".split_whitespace()), None);
     }
 }
