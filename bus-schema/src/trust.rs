@@ -223,7 +223,7 @@ rules! {
     Event NodePatchFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event NodeRolledBack from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     Event NodeRollbackFailed from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
-    Event SitePatched from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
+    Event SitePatched from SITE, sites ["site_id", "nodes[].site_id"], answers [pb::PatchNodes::KIND];
     Event SiteDisagrees from SITE, sites ["site_id"], answers [pb::PatchNodes::KIND];
     // Unasked (the gateway's periodic check) or asked by an operator's DriftCheck: it answers
     // no job and moves nothing at the hub.
@@ -361,16 +361,35 @@ pub fn check<M: BusMessage>(subject: &str, message: &M) -> Result<(), Forbidden>
     };
     let json = serde_json::to_value(message).map_err(|e| Forbidden(format!("{} cannot be read: {e}", M::TYPE)))?;
     for field in rule.site_fields {
-        let value = field.split('.').try_fold(&json, |v, part| v.get(part));
-        let named = value.and_then(|v| v.as_str()).unwrap_or_default();
-        if named != site {
-            return Err(Forbidden(format!(
-                "{} on {subject} speaks for site {site} only, and its {field} names {named:?}",
-                M::TYPE
-            )));
+        let parts: Vec<&str> = field.split('.').collect();
+        for named in named_at(&json, &parts) {
+            if named != site {
+                return Err(Forbidden(format!(
+                    "{} on {subject} speaks for site {site} only, and its {field} names {named:?}",
+                    M::TYPE
+                )));
+            }
         }
     }
     Ok(())
+}
+
+/// What the field at `path` of `value` names: one string (empty when it is missing), or one per
+/// element of a list, for a part written `name[]` (none for an empty list).
+fn named_at<'v>(value: &'v serde_json::Value, path: &[&str]) -> Vec<&'v str> {
+    let Some((part, rest)) = path.split_first() else {
+        return vec![value.as_str().unwrap_or_default()];
+    };
+    match part.strip_suffix("[]") {
+        Some(list) => {
+            let items = value.get(list).and_then(|v| v.as_array()).map(Vec::as_slice).unwrap_or_default();
+            items.iter().flat_map(|item| named_at(item, rest)).collect()
+        }
+        None => match value.get(part) {
+            Some(v) => named_at(v, rest),
+            None => vec![""],
+        },
+    }
 }
 
 /// Why a message stored under a site's gateway subjects cannot be what it says, when it cannot

@@ -161,6 +161,15 @@ impl Observer {
         Ok(())
     }
 
+    /// Records what a node's report (`NodePatched`, alone or in its site's report `d`) says it
+    /// runs, once it is checked to answer the job the hub sent its site.
+    async fn node_patched(&self, d: &Delivery, e: pb::NodePatched) -> Result<(), HandlerError> {
+        let p = e.package.unwrap_or_default();
+        self.jobs.check(d, Some(&e.node), Some(&p)).await?;
+        let kind = self.kind_of(&p.name, &p.version).await?;
+        self.record(d, &e.site_id, &[e.node], &[(p.name, p.version, kind)]).await
+    }
+
     async fn on_event(&self, d: &Delivery) -> Result<(), HandlerError> {
         let Some(names::ParsedSubject::Event { aggregate, kind, .. }) = names::parse_subject(&d.subject) else {
             return Ok(());
@@ -180,10 +189,17 @@ impl Observer {
             self.record(d, &e.site_id, &[e.node], &found).await
         } else if is(pb::NodePatched::AGGREGATE, pb::NodePatched::KIND) {
             let e: pb::NodePatched = d.decode()?;
-            let p = e.package.unwrap_or_default();
-            self.jobs.check(d, Some(&e.node), Some(&p)).await?;
-            let kind = self.kind_of(&p.name, &p.version).await?;
-            self.record(d, &e.site_id, &[e.node], &[(p.name, p.version, kind)]).await
+            self.node_patched(d, e).await
+        } else if is(pb::SitePatched::AGGREGATE, pb::SitePatched::KIND) {
+            // Node reports that came in the site's report: each as if it had come alone.
+            let e: pb::SitePatched = d.decode()?;
+            if let Some(why) = unlike_its_site_report(&e) {
+                return Err(HandlerError::reject(pb::RejectCode::Forbidden, why));
+            }
+            for node in e.nodes {
+                self.node_patched(d, node).await?;
+            }
+            Ok(())
         } else if is(pb::NodeRolledBack::AGGREGATE, pb::NodeRolledBack::KIND) {
             // A failed node put back runs what it ran before again.
             let e: pb::NodeRolledBack = d.decode()?;
@@ -282,6 +298,69 @@ async fn sweep_markers(observer: Arc<Observer>, policy: retention::StorePolicy, 
         }
         if let Err(e) = observer.forget_old_departures(&policy, now_ms()).await {
             warn!(error = %runtime::error_chain(&e), "forgetting old departures failed; trying again later");
+        }
+    }
+}
+
+/// Why the node reports that came in a site's report cannot be its own, if they cannot: each
+/// must be of the report's rollout and package, and one of the nodes it says were patched or
+/// found at the version, once.
+fn unlike_its_site_report(e: &pb::SitePatched) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    for n in &e.nodes {
+        let said = if n.unchanged { &e.unchanged } else { &e.patched };
+        if !said.contains(&n.node) || !seen.insert(n.node.as_str()) {
+            return Some(format!(
+                "the report of site {} carries a report of node {} that it does not list as {} (or carries twice)",
+                e.site_id,
+                n.node,
+                if n.unchanged { "found at the version" } else { "patched" }
+            ));
+        }
+        if n.rollout_id != e.rollout_id || n.package != e.package {
+            return Some(format!(
+                "the report of site {} for rollout {} carries a report of node {} for another rollout or package",
+                e.site_id, e.rollout_id, n.node
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_reports_in_a_site_report_must_be_of_its_nodes_rollout_and_package() {
+        let package = Some(pb::PackageRef { name: "kubelet".into(), version: "1.31.2".into() });
+        let node = |name: &str, unchanged: bool| pb::NodePatched {
+            site_id: "edge-01".into(),
+            node: name.into(),
+            rollout_id: "r-1".into(),
+            package: package.clone(),
+            unchanged,
+            ..Default::default()
+        };
+        let honest = pb::SitePatched {
+            site_id: "edge-01".into(),
+            rollout_id: "r-1".into(),
+            package: package.clone(),
+            patched: vec!["w-1".into(), "w-2".into()],
+            unchanged: vec!["w-3".into()],
+            nodes: vec![node("w-1", false), node("w-3", true)],
+            ..Default::default()
+        };
+        assert_eq!(unlike_its_site_report(&honest), None);
+        let with = |nodes: Vec<pb::NodePatched>| pb::SitePatched { nodes, ..honest.clone() };
+        for (forged, what) in [
+            (with(vec![node("w-9", false)]), "a node the report does not list"),
+            (with(vec![node("w-1", true)]), "a patched node said found at the version"),
+            (with(vec![node("w-1", false), node("w-1", false)]), "a node twice"),
+            (with(vec![pb::NodePatched { rollout_id: "r-2".into(), ..node("w-1", false) }]), "another rollout"),
+            (with(vec![pb::NodePatched { package: None, ..node("w-1", false) }]), "another package"),
+        ] {
+            assert!(unlike_its_site_report(&forged).is_some(), "{what}");
         }
     }
 }

@@ -301,6 +301,28 @@ async fn node_patched_for_b_node(t: &Intruder, s: &Scene) -> Outcome {
     t.forge(&event_on::<pb::NodePatched>(A), &e, &answering(&s.r2.rollout_id, &patch_job_id(&s.r2, B))).await
 }
 
+/// A report of A's own, carrying a node report of B's node.
+async fn site_patched_carrying_a_report_of_b_node(t: &Intruder, s: &Scene) -> Outcome {
+    let r = &s.r2;
+    let node = pb::NodePatched {
+        site_id: B.into(),
+        node: s.b_nodes[0].name.clone(),
+        rollout_id: r.rollout_id.clone(),
+        package: package_ref(r),
+        from_version: "1.30.0".into(),
+        ..Default::default()
+    };
+    let e = pb::SitePatched {
+        site_id: A.into(),
+        rollout_id: r.rollout_id.clone(),
+        patched: vec![node.node.clone()],
+        package: package_ref(r),
+        nodes: vec![node],
+        ..Default::default()
+    };
+    t.forge(&e.subject_from(GW), &e, &answering(&r.rollout_id, &patch_job_id(r, B))).await
+}
+
 // ---- Events: install saga reports, as answers in B's saga ----
 
 fn in_b_saga(s: &Scene) -> Envelope {
@@ -879,6 +901,7 @@ async fn every_attack(t: &Intruder, s: &Scene) -> Vec<Tried> {
         RolloutJob: site_patched_with_no_job_sent_to_a,
         RolloutJob: site_patched_past_the_plan,
         TrustTable: node_patched_for_b_node,
+        TrustTable: site_patched_carrying_a_report_of_b_node,
         SagaJob: artifacts_staged_in_b_saga,
         SagaJob: node_os_provisioned_in_b_saga,
         SagaJob: cluster_ready_in_b_saga,

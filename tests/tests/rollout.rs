@@ -578,3 +578,76 @@ async fn a_node_patched_but_left_cordoned_by_an_earlier_attempt_is_given_back_no
     assert!(!record.exists(), "the job's record goes with its report");
     fleet.stop().await;
 }
+
+/// A site's report may carry its nodes' reports rather than send each alone: the hub takes each
+/// as that node's `NodePatched`. Site edge-01's gateway is stopped once the rollout's job is
+/// out; its report is written here as a gateway writes it, answering the job it was sent, with
+/// its three nodes' reports inside. The rollout counts it, and the observer records each node at
+/// the new version from it.
+#[tokio::test]
+async fn a_sites_report_carrying_its_nodes_reports_is_taken_as_each_of_them() {
+    const TO: &str = "1.31.9";
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(3).start().await;
+    fleet.install_all().await;
+    register(&fleet, kubelet(TO), None).await;
+    fleet.stop_gateway(0);
+    let site = fleet.site_id(0);
+    let cmd = fleet.patch(patch(TO, Default::default())).await;
+
+    // The job the hub sent the site, as the site has it.
+    let jobs = fleet.bus.jetstream().get_stream(names::jobs_stream(names::job_shard(&site))).await.unwrap();
+    let subject = names::job_subject(&site, pb::PatchNodes::KIND);
+    let deadline = tokio::time::Instant::now() + ROLLOUT_TIMEOUT;
+    let stored = loop {
+        if let Ok(m) = jobs.get_last_raw_message_by_subject(&subject).await {
+            break m;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no job sent to {site}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let job_env = Envelope::from_headers(Some(&stored.headers), || unreachable!("the job carries its id"));
+    let job = <pb::PatchNodes as prost::Message>::decode(stored.payload.clone()).unwrap();
+    let package = Some(pb::PackageRef { name: "kubelet".into(), version: TO.into() });
+    let nodes: Vec<String> = job.nodes.iter().map(|n| n.name.clone()).collect();
+    assert_eq!(nodes.len(), 3);
+    let report = pb::SitePatched {
+        site_id: site.clone(),
+        rollout_id: job.rollout_id.clone(),
+        plan_index: job.plan_index,
+        package: package.clone(),
+        patched: nodes.clone(),
+        nodes: nodes
+            .iter()
+            .map(|n| pb::NodePatched {
+                site_id: site.clone(),
+                node: n.clone(),
+                rollout_id: job.rollout_id.clone(),
+                package: package.clone(),
+                from_version: "1.30.0".into(),
+                steps: Some(pb::NodeSteps { cordoned: true, drained: true, uncordoned: true, evicted: vec![] }),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let subject = report.subject_from(names::Origin::Gateway);
+    fleet.bus.publish(subject, &report, &job_env.derive("site_patched", None)).await.unwrap();
+
+    let run = fleet.wait_rollout(&cmd.id, ROLLOUT_TIMEOUT).await;
+    assert_eq!(completed(&run).patched, 3, "{:?}", run.kinds());
+    assert!(run.of_type::<pb::NodePatched>().is_empty(), "no node report came alone");
+    let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    for node in &nodes {
+        let deadline = tokio::time::Instant::now() + ROLLOUT_TIMEOUT;
+        loop {
+            let seen = observed.get::<pb::ObservedVersion>(&keys::observed(&site, node, "kubelet")).await.unwrap();
+            if seen.as_ref().is_some_and(|(v, _)| v.version == TO) {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{node} not observed at {TO}: {seen:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    fleet.stop().await;
+}

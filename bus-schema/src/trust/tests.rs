@@ -36,7 +36,14 @@ fn message(rule: &Rule, site: &str, forged: Option<(&str, &str)>) -> Vec<u8> {
         let mut at = &mut doc;
         let parts: Vec<&str> = field.split('.').collect();
         for part in &parts[..parts.len() - 1] {
-            at = at.as_object_mut().unwrap().entry(part.to_string()).or_insert_with(|| json!({}));
+            // A list (`name[]`): its one element.
+            at = match part.strip_suffix("[]") {
+                Some(list) => {
+                    let items = at.as_object_mut().unwrap().entry(list.to_string()).or_insert_with(|| json!([{}]));
+                    &mut items[0]
+                }
+                None => at.as_object_mut().unwrap().entry(part.to_string()).or_insert_with(|| json!({})),
+            };
         }
         at[parts[parts.len() - 1]] = Value::String(value.into());
     }
@@ -116,6 +123,22 @@ fn every_row_is_refused_on_another_kinds_subject() {
         assert!(check_payload(&wrong, rule.type_name, &honest).unwrap().is_err(), "{} on {wrong}", rule.type_name);
         assert!(check_payload("landfall.bogus", rule.type_name, &honest).unwrap().is_err());
     }
+}
+
+#[test]
+fn each_node_report_in_a_sites_report_must_name_its_site() {
+    let subject = "landfall.evt.edge-01.gateway.rollout.site_patched";
+    let node =
+        |site: &str, node: &str| pb::NodePatched { site_id: site.into(), node: node.into(), ..Default::default() };
+    let mut report = pb::SitePatched { site_id: "edge-01".into(), ..Default::default() };
+    assert_eq!(check(subject, &report), Ok(()), "no node reports in it");
+    report.nodes = vec![node("edge-01", "w-1"), node("edge-01", "w-2")];
+    assert_eq!(check(subject, &report), Ok(()));
+    report.nodes.push(node("edge-02", "w-1"));
+    let e = check(subject, &report).unwrap_err();
+    assert!(e.0.contains("nodes[].site_id names \"edge-02\""), "{e}");
+    report.nodes[2].site_id = String::new();
+    assert!(check(subject, &report).is_err(), "a node report naming no site");
 }
 
 #[test]

@@ -429,7 +429,8 @@ impl Model {
         };
         let link = link_of_event(&e.delivery.type_name, &e.delivery.payload);
         let metal3 = metal3_of_event(&e.delivery.type_name, &e.delivery.payload).filter(|m| m.site_id == scope);
-        let service = service_of_event(&e.delivery.type_name, &e.delivery.payload).filter(|(site, ..)| site == scope);
+        let mut service = service_of_event(&e.delivery.type_name, &e.delivery.payload);
+        service.retain(|(site, ..)| site == scope);
         let disagrees = attention::disagreement_of(&e.delivery.type_name, &e.delivery.payload);
         let agrees = attention::clears_disagreement(&e.delivery.type_name, &e.delivery.payload);
         let mut st = self.write();
@@ -442,7 +443,7 @@ impl Model {
         if let Some(m) = metal3 {
             st.metal3.entry(m.site_id).or_default().insert(m.node, m.state);
         }
-        if let Some((site, node, service)) = service {
+        for (site, node, service) in service {
             let nodes = st.out_of_service.entry(site).or_default();
             match service {
                 Service::Out(state) => {
@@ -497,8 +498,19 @@ enum Service {
 /// A node's state while it is wiped for its reprovision.
 const WIPED: &str = "wiped";
 
+/// Nodes going out of service or back: (site, node, what of its service) each.
+fn service_of_event(type_name: &str, payload: &[u8]) -> Vec<(String, String, Service)> {
+    use pb::BusMessage;
+    // The node reports that came in a site's report, each as if it had come alone.
+    if type_name == pb::SitePatched::TYPE {
+        let nodes = pb::SitePatched::decode(payload).map(|e| e.nodes).unwrap_or_default();
+        return nodes.into_iter().map(|n| (n.site_id, n.node, Service::BackFromPatch)).collect();
+    }
+    service_of_node_event(type_name, payload).into_iter().collect()
+}
+
 /// A node going out of service or back: (site, node, what of its service).
-fn service_of_event(type_name: &str, payload: &[u8]) -> Option<(String, String, Service)> {
+fn service_of_node_event(type_name: &str, payload: &[u8]) -> Option<(String, String, Service)> {
     use pb::BusMessage;
     match type_name {
         t if t == pb::NodeCordoned::TYPE => {

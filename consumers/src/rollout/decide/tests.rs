@@ -370,6 +370,7 @@ fn a_site_report_counts_only_as_the_answer_to_the_job_that_site_was_sent() {
         skipped: vec![],
         package: Some(pb::PackageRef { name: "kubelet".into(), version: "1.31.0".into() }),
         unchanged: vec![],
+        nodes: vec![],
     };
     let cause = job_env.derive("site_patched", None);
     assert_eq!(job.plan_index, 1);

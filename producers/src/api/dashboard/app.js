@@ -72,6 +72,9 @@
     ].filter(Boolean);
     return done.length ? ` (${done.join(', ')})` : '';
   };
+  // A node's report, alone or in its site's report.
+  const nodePatched = (e) =>
+    (e.unchanged ? `${e.node}: at ${pkg(e.package)} already, left as it was` : `${e.node}: ${e.from_version} → ${pkg(e.package)}`) + heldSteps(e.steps);
 
   function relTime(iso) {
     if (!iso) return '';
@@ -473,7 +476,7 @@
       case 'LifecycleFailed':
         return `${e.operation}${e.node ? ` of ${e.node}` : ''}: ${e.reason}`;
       case 'NodePatched':
-        return (e.unchanged ? `${e.node}: at ${pkg(e.package)} already, left as it was` : `${e.node}: ${e.from_version} → ${pkg(e.package)}`) + heldSteps(e.steps);
+        return nodePatched(e);
       case 'NodeRolledBack':
         return `${e.node}: rolled back from ${e.failed_version} to ${pkg(e.package)}, healthy again (${e.reason})`;
       case 'NodeRollbackFailed':
@@ -484,7 +487,8 @@
         const skipped = (e.skipped || []).length;
         const unchanged = (e.unchanged || []).length;
         const back = (e.failed || []).filter((f) => f.rolled_back).length;
-        return `${(e.patched || []).length} patched, ${(e.failed || []).length} failed${back ? ` (${back} rolled back)` : ''}${unchanged ? `, ${unchanged} at the version already` : ''}${skipped ? `, ${skipped} left aside` : ''}`;
+        const nodes = (e.nodes || []).map(nodePatched).join('; ');
+        return `${(e.patched || []).length} patched, ${(e.failed || []).length} failed${back ? ` (${back} rolled back)` : ''}${unchanged ? `, ${unchanged} at the version already` : ''}${skipped ? `, ${skipped} left aside` : ''}${nodes ? `: ${nodes}` : ''}`;
       }
       case 'SiteDisagrees':
         return e.reason || '';

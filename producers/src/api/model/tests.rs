@@ -180,10 +180,10 @@ fn strings_no_record_holds_are_dropped() {
 #[test]
 fn the_steps_of_a_node_out_of_service_read_as_its_state_until_it_is_back() {
     use pb::BusMessage;
-    let of = |t: &str, payload: Vec<u8>| service_of_event(t, &payload).map(|(_, _, s)| s);
+    let of = |t: &str, payload: Vec<u8>| service_of_node_event(t, &payload).map(|(_, _, s)| s);
     let cordoned = pb::NodeCordoned { site_id: "edge-01".into(), node: "w1".into(), rollout_id: "r".into() };
     assert_eq!(
-        service_of_event(pb::NodeCordoned::TYPE, &cordoned.encode_to_vec()),
+        service_of_node_event(pb::NodeCordoned::TYPE, &cordoned.encode_to_vec()),
         Some(("edge-01".to_string(), "w1".to_string(), Service::Out("cordoned")))
     );
     let drained = pb::NodeDrained { site_id: "edge-01".into(), node: "w1".into(), ..Default::default() };
@@ -207,5 +207,16 @@ fn the_steps_of_a_node_out_of_service_read_as_its_state_until_it_is_back() {
     assert_eq!(of(pb::NodePatchFailed::TYPE, failed(Some(steps(true, true, false)))), Some(Service::Out("drained")));
     assert_eq!(of(pb::NodePatchFailed::TYPE, failed(Some(steps(true, false, true)))), Some(Service::BackFromPatch));
     assert_eq!(of(pb::NodePatchFailed::TYPE, failed(None)), None);
-    assert_eq!(service_of_event(pb::NodeDrained::TYPE, &[0xff, 0xff]), None, "garbage is no state");
+    assert_eq!(service_of_node_event(pb::NodeDrained::TYPE, &[0xff, 0xff]), None, "garbage is no state");
+    // Node reports that came in their site's report: each node back as from its own report.
+    let site = pb::SitePatched {
+        site_id: "edge-01".into(),
+        nodes: vec![patched.clone(), pb::NodePatched { node: "w2".into(), ..patched.clone() }],
+        ..Default::default()
+    };
+    let each: Vec<(String, Service)> =
+        service_of_event(pb::SitePatched::TYPE, &site.encode_to_vec()).into_iter().map(|(_, n, s)| (n, s)).collect();
+    assert_eq!(each, [("w1".to_string(), Service::BackFromPatch), ("w2".to_string(), Service::BackFromPatch)]);
+    assert_eq!(service_of_event(pb::NodeUncordoned::TYPE, &back.encode_to_vec()).len(), 1);
+    assert!(service_of_event(pb::SitePatched::TYPE, &[0xff, 0xff]).is_empty());
 }
