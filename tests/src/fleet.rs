@@ -453,7 +453,8 @@ pub struct Run {
 
 /// Each node's steps of a patch, in the order they were taken: `m-1 cordoned`,
 /// `m-1 drained [ns/pod …]`, `m-1 uncordoned`, `m-1 patched` or `m-1 failed`; the steps a
-/// node's report carries (held while it was out of service only a moment) come just before it.
+/// node's report carries (held while it was out of service only a moment) come just before it,
+/// and the node reports a site's report carries where it is.
 pub fn node_steps(events: &[ReadEvent]) -> Vec<String> {
     let held = |node: &str, steps: Option<pb::NodeSteps>| {
         let steps = steps.unwrap_or_default();
@@ -486,6 +487,16 @@ pub fn node_steps(events: &[ReadEvent]) -> Vec<String> {
                     steps.push(format!("{} patched", e.node));
                     return Some(steps);
                 }
+                // The node reports its site's report carries, in their order.
+                t if t == pb::SitePatched::TYPE => {
+                    let e = d.decode::<pb::SitePatched>().ok()?;
+                    let mut steps = Vec::new();
+                    for n in e.nodes {
+                        steps.extend(held(&n.node, n.steps));
+                        steps.push(format!("{} patched", n.node));
+                    }
+                    return Some(steps);
+                }
                 t if t == pb::NodePatchFailed::TYPE => {
                     let e = d.decode::<pb::NodePatchFailed>().ok()?;
                     let mut steps = held(&e.node, e.steps);
@@ -502,6 +513,20 @@ pub fn node_steps(events: &[ReadEvent]) -> Vec<String> {
         })
         .flatten()
         .collect()
+}
+
+/// [`Run::node_reports`] of any events.
+pub fn node_reports(events: &[ReadEvent]) -> Vec<pb::NodePatched> {
+    let mut out = Vec::new();
+    for e in events {
+        let d = &e.delivery;
+        if d.type_name == pb::NodePatched::TYPE {
+            out.push(d.decode::<pb::NodePatched>().expect("events decode"));
+        } else if d.type_name == pb::SitePatched::TYPE {
+            out.extend(d.decode::<pb::SitePatched>().expect("events decode").nodes);
+        }
+    }
+    out
 }
 
 /// An install's events, ending with `SiteInstalled`, `SiteInstallFailed` or `CommandRejected`.
@@ -521,6 +546,12 @@ impl Run {
             .filter(|e| e.delivery.type_name == M::TYPE)
             .map(|e| e.delivery.decode::<M>().expect("events decode"))
             .collect()
+    }
+
+    /// The nodes' reports, in stream order, each where it came: alone (`NodePatched`), or in
+    /// its site's report (`SitePatched.nodes`).
+    pub fn node_reports(&self) -> Vec<pb::NodePatched> {
+        node_reports(&self.events)
     }
 
     /// The type names, without the package, in stream order.

@@ -485,6 +485,18 @@ impl Deployment {
             pb::decode_to_json(&e.delivery.type_name, &e.delivery.payload).and_then(Result::ok).unwrap_or(Value::Null)
         };
         let field = |v: &Value, name: &str| v[name].as_str().unwrap_or_default().to_string();
+        // Every event as (correlation, type, body), and each node report a site's report carries
+        // as a `NodePatched` of its own, where that report is.
+        let mut unfolded: Vec<(String, String, Value)> = Vec::new();
+        for e in &events {
+            let (corr, v) = (e.delivery.envelope.correlation.clone(), json(e));
+            if e.delivery.type_name == pb::SitePatched::TYPE {
+                for n in v["nodes"].as_array().cloned().unwrap_or_default() {
+                    unfolded.push((corr.clone(), pb::NodePatched::TYPE.to_string(), n));
+                }
+            }
+            unfolded.push((corr, e.delivery.type_name.clone(), v));
+        }
 
         // Every command ends once, the way it should.
         let mut terminal = 0;
@@ -506,14 +518,8 @@ impl Deployment {
 
         // No step twice: each (command, step, site, node) once in the stream.
         let mut steps: BTreeMap<(String, String, String, String), usize> = BTreeMap::new();
-        for e in events.iter().filter(|e| STEPS.contains(&e.delivery.type_name.as_str())) {
-            let v = json(e);
-            let key = (
-                e.delivery.envelope.correlation.clone(),
-                e.delivery.type_name.clone(),
-                field(&v, "site_id"),
-                field(&v, "node"),
-            );
+        for (corr, type_name, v) in unfolded.iter().filter(|(_, t, _)| STEPS.contains(&t.as_str())) {
+            let key = (corr.clone(), type_name.clone(), field(v, "site_id"), field(v, "node"));
             *steps.entry(key).or_default() += 1;
         }
         let repeated: Vec<_> = steps.iter().filter(|(_, n)| **n > 1).collect();
@@ -575,11 +581,12 @@ impl Deployment {
                 ));
             }
             for node in &names {
-                let patched: Vec<Value> = events
+                let patched: Vec<&Value> = unfolded
                     .iter()
-                    .filter(|e| e.delivery.type_name == pb::NodePatched::TYPE)
-                    .map(json)
-                    .filter(|v| field(v, "site_id") == site && &field(v, "node") == node)
+                    .filter(|(_, t, v)| {
+                        t == pb::NodePatched::TYPE && field(v, "site_id") == site && &field(v, "node") == node
+                    })
+                    .map(|(_, _, v)| v)
                     .collect();
                 let changes = patched.iter().filter(|v| field(v, "from_version") != field(&v["package"], "version"));
                 let (reported, as_changes) = (patched.len() as u32, changes.count() as u32);
@@ -594,13 +601,12 @@ impl Deployment {
         // The observer, killed or not, ends up with what each node last reported running.
         let observed = client.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
         let mut reported: BTreeMap<(String, String), String> = BTreeMap::new();
-        for e in &events {
-            let v = json(e);
+        for (_, type_name, v) in &unfolded {
             let kubelet = |list: &Value| {
                 let list = list.as_array().cloned().unwrap_or_default();
                 list.into_iter().find(|p| p["name"] == "kubelet").map(|p| field(&p, "version"))
             };
-            let version = match e.delivery.type_name.as_str() {
+            let version = match type_name.as_str() {
                 t if t == pb::NodeBinariesInstalled::TYPE => kubelet(&v["binaries"]),
                 t if t == pb::NodeReady::TYPE => kubelet(&v["packages"]),
                 t if t == pb::NodePatched::TYPE && v["package"]["name"] == "kubelet" => {
@@ -609,7 +615,7 @@ impl Deployment {
                 _ => None,
             };
             if let Some(version) = version {
-                reported.insert((field(&v, "site_id"), field(&v, "node")), version);
+                reported.insert((field(v, "site_id"), field(v, "node")), version);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -124,7 +124,7 @@ async fn a_chart_registered_once_is_installed_with_each_sites_values_and_rolled_
     let run =
         fleet::collect(&fleet.bus, names::EVENTS_ALL.into(), "rollout", &env.id, &ends, Duration::from_secs(90)).await;
     assert_eq!(run.terminal().delivery.type_name, pb::RolloutCompleted::TYPE, "{:?}", run.kinds());
-    assert_eq!(run.of_type::<pb::NodePatched>().len(), 3);
+    assert_eq!(run.node_reports().len(), 3);
     for i in 0..3 {
         let site = fleet.site_id(i);
         let made = renders(&fleet, &site, "2.0.0").await;

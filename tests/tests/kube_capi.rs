@@ -492,7 +492,7 @@ async fn a_cluster_api_site_rolls_a_kubernetes_version_and_an_image_through_its_
         rig.capi.log(),
         rig.gateway_log()
     );
-    let patched: Vec<pb::NodePatched> = of_type(&rollout);
+    let patched: Vec<pb::NodePatched> = landfall_tests::fleet::node_reports(&rollout);
     let mut nodes: Vec<(&str, &str)> = patched.iter().map(|p| (p.node.as_str(), p.from_version.as_str())).collect();
     nodes.sort();
     assert_eq!(nodes, [("m-1", "1.29.2"), ("m-2", "1.29.2"), ("m-3", "1.29.2"), ("w-1", "1.29.2"), ("w-2", "1.29.2")]);
@@ -527,7 +527,7 @@ async fn a_cluster_api_site_rolls_a_kubernetes_version_and_an_image_through_its_
     let rollout = patch(&rig, ubuntu, 2).await;
     let kinds: Vec<&str> = rollout.iter().map(|e| e.delivery.type_name.as_str()).collect();
     assert_eq!(kinds.last(), Some(&pb::RolloutCompleted::TYPE), "{kinds:?}\n{}", rig.gateway_log());
-    assert_eq!(of_type::<pb::NodePatched>(&rollout).len(), 5);
+    assert_eq!(landfall_tests::fleet::node_reports(&rollout).len(), 5);
     let templates: Vec<String> = capi_objects(&rig, "infrastructure.cluster.x-k8s.io", "Metal3MachineTemplate")
         .await
         .iter()

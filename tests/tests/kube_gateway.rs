@@ -258,7 +258,7 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
         pb::Package { version: "1.29.3".into(), ..demo.iter().find(|p| p.name == "kubelet").unwrap().clone() };
     let rollout = patch(&rig, kubelet).await;
     assert_eq!(types(&rollout).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{:?}", types(&rollout));
-    let patched: Vec<pb::NodePatched> = of_type(&rollout);
+    let patched: Vec<pb::NodePatched> = landfall_tests::fleet::node_reports(&rollout);
     assert_eq!(patched.len(), 2, "{patched:?}");
     assert!(patched.iter().all(|p| p.from_version == "1.29.2"), "{patched:?}");
     // The master first, then the worker, each out of service while it was patched and patched
@@ -303,7 +303,7 @@ async fn patches_go_through_the_bpa_software_and_metal3_reimages() {
     };
     let rollout = patch(&rig, ubuntu).await;
     assert_eq!(types(&rollout).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{}", rig.gateway_log());
-    let patched: Vec<pb::NodePatched> = of_type(&rollout);
+    let patched: Vec<pb::NodePatched> = landfall_tests::fleet::node_reports(&rollout);
     assert_eq!(patched.len(), 2, "{patched:?}");
     assert!(patched.iter().all(|p| p.from_version == "22.04.4"), "{patched:?}");
     for name in ["m-1", "w-1"] {
@@ -617,7 +617,7 @@ async fn a_reimage_whose_gateway_dies_halfway_is_taken_up_and_done_once() {
 
     let run = rollout.await.unwrap().events;
     assert_eq!(types(&run).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{}", rig.gateway_log());
-    let patched: Vec<pb::NodePatched> = of_type(&run);
+    let patched: Vec<pb::NodePatched> = landfall_tests::fleet::node_reports(&run);
     assert_eq!(patched.len(), 1, "{patched:?}");
     assert_eq!((patched[0].node.as_str(), patched[0].from_version.as_str()), ("m-1", "22.04.4"));
     assert!(of_type::<pb::NodePatchFailed>(&run).is_empty(), "{:?}", types(&run));

@@ -319,11 +319,7 @@ async fn a_chart_is_installed_with_the_sites_values_and_upgraded_by_a_rollout() 
     let rolled = roll_out_with(&rig, "2.0.0", true).await;
     assert_eq!(types(&rolled).last().map(String::as_str), Some(pb::RolloutCompleted::TYPE), "{}", rig.gateway_log());
     assert_eq!(data(&config(&rig, "gizmo-config").await.unwrap(), "greeting"), "from-the-design");
-    let patched: Vec<pb::NodePatched> = rolled
-        .iter()
-        .filter(|e| e.delivery.type_name == pb::NodePatched::TYPE)
-        .map(|e| e.delivery.decode().unwrap())
-        .collect();
+    let patched: Vec<pb::NodePatched> = landfall_tests::fleet::node_reports(&rolled);
     assert_eq!(patched.len(), 1, "{patched:?}");
     // Nothing changed since: again, nothing is applied (the node counts as patched, unchanged).
     let quiet = rig.client.clone();

@@ -254,7 +254,8 @@ async fn a_rollback_survives_a_killed_orchestrator_and_finishes_once() {
     let rb = pb::RollbackRollout { rollout_id: cmd.id.clone(), cancel: true, reason: "bad canary".into() };
     fleet.bus.publish_command(&rb, &undo).await.unwrap();
     let rollback_id = bus_schema::rollout::rollback_id(&cmd.id);
-    fleet.wait_for(pb::NodePatched::filter(), &rollback_id, TIMEOUT).await.expect("rolling back");
+    // A site moved back; the others are still to go.
+    fleet.wait_for(pb::SitePatched::filter(), &rollback_id, TIMEOUT).await.expect("rolling back");
     orch.kill().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut orch = orchestrator(&server.url());

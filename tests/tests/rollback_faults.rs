@@ -110,7 +110,7 @@ fn kinds(events: &[ReadEvent]) -> Vec<&str> {
 /// How many times each node was reported patched, by site and node: once each is right.
 fn reports(events: &[ReadEvent]) -> BTreeMap<(String, String), usize> {
     let mut out = BTreeMap::new();
-    for p in of_type::<pb::NodePatched>(events) {
+    for p in landfall_tests::fleet::node_reports(events) {
         *out.entry((p.site_id, p.node)).or_default() += 1;
     }
     out
@@ -133,7 +133,7 @@ async fn ended_once(fleet: &Fleet, rollback_id: &str, nodes: usize) -> Vec<ReadE
     assert_eq!(reported.len(), nodes, "every node reported back: {reported:?}");
     assert!(reported.values().all(|n| *n == 1), "each node reported back once: {reported:?}");
     let unchanged: Vec<pb::NodePatched> =
-        of_type::<pb::NodePatched>(&events).into_iter().filter(|p| p.unchanged).collect();
+        landfall_tests::fleet::node_reports(&events).into_iter().filter(|p| p.unchanged).collect();
     assert!(unchanged.is_empty(), "every node was moved back, none found there: {unchanged:?}");
     let done = &of_type::<pb::RolloutCompleted>(&events)[0];
     assert_eq!((done.planned_nodes, done.failed), (nodes as u32, 0), "{done:?}");
@@ -499,6 +499,14 @@ async fn a_nodes_steps_held_by_a_gateway_killed_mid_patch_reach_the_hub_once() {
          evicted with them: {:?}",
         kinds(&events)
     );
+    // Each node reported once, from the version it ran: the reports the killed attempt held
+    // for the site's report (nodes done before the kill) come from the next, alone, their
+    // version before the patch read from the job's record.
+    let reported = reports(&events);
+    assert!(reported.len() == 3 && reported.values().all(|n| *n == 1), "each node reported once: {reported:?}");
+    for r in landfall_tests::fleet::node_reports(&events) {
+        assert_eq!(r.from_version, FROM, "{}: {:?}", r.node, kinds(&events));
+    }
     let patches = sites.patches(0);
     assert!(patches.len() == 3 && patches.values().all(|n| *n == 1), "each node patched once: {patches:?}");
     assert!(sites.job_records(0).is_empty(), "a job's record left behind: {:?}", sites.job_records(0));

@@ -43,7 +43,7 @@ fn completed(run: &RolloutRun) -> pb::RolloutCompleted {
 
 /// The site of each NodePatched, in stream order.
 fn patched_sites(run: &RolloutRun) -> Vec<String> {
-    run.of_type::<pb::NodePatched>().into_iter().map(|e| e.site_id).collect()
+    run.node_reports().into_iter().map(|e| e.site_id).collect()
 }
 
 #[tokio::test]
@@ -466,9 +466,10 @@ async fn each_node_is_cordoned_drained_and_uncordoned_and_a_blocked_drain_fails_
 }
 
 /// A node back in service within moments has its steps (cordoned, drained, uncordoned) in its
-/// report, one stored event in place of four; a node out of service for longer than the gateway's
-/// `STEPS_SHOWN_AFTER` has them sent on their own as they happen, so that whoever watches sees it
-/// out of service, and its report carries none of them. Either way each step is said once.
+/// report, one stored event in place of four, and its report in its site's; a node out of service
+/// for longer than the gateway's `STEPS_SHOWN_AFTER` has them sent on their own as they happen,
+/// so that whoever watches sees it out of service, its report carries none of them, and it comes
+/// alone. Either way each step and report is said once.
 #[tokio::test]
 async fn a_nodes_steps_come_in_its_report_when_it_is_back_at_once_and_on_their_own_when_it_is_out_long() {
     for slow in [false, true] {
@@ -484,10 +485,18 @@ async fn a_nodes_steps_come_in_its_report_when_it_is_back_at_once_and_on_their_o
         assert_eq!(completed(&run).patched, 2, "{:?}", run.kinds());
         let live = [pb::NodeCordoned::TYPE, pb::NodeDrained::TYPE, pb::NodeUncordoned::TYPE];
         let on_their_own = run.events.iter().filter(|e| live.contains(&e.delivery.type_name.as_str())).count();
-        let in_reports = run.of_type::<pb::NodePatched>().into_iter().filter(|p| p.steps.is_some()).count();
+        let in_reports = run.node_reports().into_iter().filter(|p| p.steps.is_some()).count();
         match slow {
             false => assert_eq!((on_their_own, in_reports), (0, 2), "fast: {:?}", run.kinds()),
             true => assert_eq!((on_their_own, in_reports), (6, 0), "slow: {:?}", run.kinds()),
+        }
+        // The nodes' reports too: in the site's report when the site is done at once, on their
+        // own when its job runs long.
+        let alone = run.of_type::<pb::NodePatched>().len();
+        let carried: usize = run.of_type::<pb::SitePatched>().iter().map(|s| s.nodes.len()).sum();
+        match slow {
+            false => assert_eq!((alone, carried), (0, 2), "fast: {:?}", run.kinds()),
+            true => assert_eq!((alone, carried), (2, 0), "slow: {:?}", run.kinds()),
         }
         // Each node: cordoned, drained, uncordoned, patched, once each and in that order.
         let steps: Vec<String> =

@@ -501,6 +501,36 @@ async fn try_outbox_ids(at_site: &bus_schema::runtime::Bus, type_name: &str) -> 
     Ok(ids)
 }
 
+/// The reports of nodes the site's outbox keeps, in the order they were stored: each message
+/// that carries any (a `NodePatched`, or a `SitePatched` with node reports inside) as its id and
+/// the nodes it reports.
+async fn outbox_node_reports(at_site: &bus_schema::runtime::Bus) -> Result<Vec<(String, Vec<String>)>, String> {
+    use prost::Message as _;
+    let mut outbox = at_site.local_jetstream().get_stream(names::OUTBOX_STREAM).await.map_err(|e| e.to_string())?;
+    let last = outbox.info().await.map_err(|e| e.to_string())?.state.last_sequence;
+    let mut out = Vec::new();
+    for seq in 1..=last {
+        let m = outbox.direct_get(seq).await.map_err(|e| e.to_string())?;
+        let id = m.headers.get(names::headers::MSG_ID).map(|v| v.to_string()).unwrap_or_default();
+        let nodes = match m.headers.get(names::headers::TYPE).map(|t| t.as_str().to_string()) {
+            Some(t) if t == pb::NodePatched::TYPE => vec![pb::NodePatched::decode(m.payload).unwrap().node],
+            Some(t) if t == pb::SitePatched::TYPE => {
+                pb::SitePatched::decode(m.payload).unwrap().nodes.into_iter().map(|n| n.node).collect()
+            }
+            _ => continue,
+        };
+        if !nodes.is_empty() {
+            out.push((id, nodes));
+        }
+    }
+    Ok(out)
+}
+
+/// How many nodes the reports [`outbox_node_reports`] read report.
+fn nodes_reported(reports: &[(String, Vec<String>)]) -> usize {
+    reports.iter().map(|(_, nodes)| nodes.len()).sum()
+}
+
 /// The site keeps working through a cut, and keeps its own record of it: a rollout's job that
 /// reached the site runs to its end while the link is down (every node patched), the gateway is
 /// killed after it, and when the link is back the hub gets each node's report once, in the order
@@ -544,8 +574,10 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
     let site_view = HubView { fleet, d, ca };
     let work_on = async {
         until_site(&state, "the site did not patch its nodes while cut off", |e| e.patches.len() == 4).await;
-        // The gateway dies once the site has recorded every node's report.
-        while outbox_ids(&at_site, pb::NodePatched::TYPE).await.len() < 4 {
+        // The gateway dies once the site has recorded every node's report (on its own, or in
+        // the site's report).
+        while nodes_reported(&outbox_node_reports(&at_site).await.expect("the site's outbox")) < 4 {
+            assert!(Instant::now() < heals_at, "the site did not record every node's report during the cut");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(Instant::now() < heals_at, "every node was patched only after the link was back");
@@ -566,17 +598,22 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
                 assert_eq!(last["at_hub"], false, "{node}, patched during the cut: {last:#}");
             }
         }
-        let during = (before.len() - patched_before_cut.len()) as u64;
-        assert!(local["waiting"].as_u64() >= Some(during), "{local:#}");
+        // A report a message: those of the nodes patched during the cut are waiting, each on
+        // its own or several in their site's report.
+        let during: std::collections::BTreeSet<&str> = before
+            .keys()
+            .filter(|n| !patched_before_cut.contains(n))
+            .filter_map(|n| local["nodes"][n.as_str()]["id"].as_str())
+            .collect();
+        assert!(local["waiting"].as_u64() >= Some(during.len() as u64), "{local:#}");
         println!("leaf: `status --local` at the site shows {} reports waiting for the hub", local["waiting"]);
         // The leaf node's own server dies and starts again, still cut off: what the site kept is
         // on its disk.
         leaf.restart();
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            let kept =
-                tokio::time::timeout(Duration::from_secs(2), try_outbox_ids(&at_site, pb::NodePatched::TYPE)).await;
-            if kept.as_ref().is_ok_and(|k| k.as_ref().is_ok_and(|k| k.len() == 4)) {
+            let kept = tokio::time::timeout(Duration::from_secs(2), outbox_node_reports(&at_site)).await;
+            if kept.as_ref().is_ok_and(|k| k.as_ref().is_ok_and(|k| nodes_reported(k) == 4)) {
                 break;
             }
             assert!(Instant::now() < deadline, "the site's reports after its leaf node restarted: {kept:?}");
@@ -611,16 +648,25 @@ async fn a_site_cut_off_mid_rollout_patches_on_and_its_reports_reach_the_hub_onc
     assert_eq!((done.planned_nodes, done.patched, done.failed), (4, 4, 0));
     each_once(&run.events);
     // The site's own record, on its leaf node, and the hub's: the same reports in the same order.
-    let at_hub: Vec<String> = run
+    let at_hub: Vec<(String, Vec<String>)> = run
         .events
         .iter()
-        .filter(|e| e.delivery.type_name == pb::NodePatched::TYPE)
-        .map(|e| e.delivery.envelope.id.clone())
+        .filter_map(|e| {
+            let d = &e.delivery;
+            let nodes = match d.type_name.as_str() {
+                t if t == pb::NodePatched::TYPE => vec![d.decode::<pb::NodePatched>().unwrap().node],
+                t if t == pb::SitePatched::TYPE => {
+                    d.decode::<pb::SitePatched>().unwrap().nodes.into_iter().map(|n| n.node).collect()
+                }
+                _ => return None,
+            };
+            (!nodes.is_empty()).then(|| (d.envelope.id.clone(), nodes))
+        })
         .collect();
-    let kept = outbox_ids(&at_site, pb::NodePatched::TYPE).await;
-    assert_eq!(at_hub.len(), 4, "{:?}", run.kinds());
+    let kept = outbox_node_reports(&at_site).await.expect("the site's outbox");
+    assert_eq!(nodes_reported(&at_hub), 4, "{:?}", run.kinds());
     assert_eq!(at_hub, kept, "the hub got the site's reports in the order the site made them");
-    for r in &run.of_type::<pb::NodePatched>() {
+    for r in &run.node_reports() {
         assert_eq!(r.from_version, before[&r.node], "{}: the report made at the time, not a redone job's", r.node);
     }
 

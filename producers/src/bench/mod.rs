@@ -664,7 +664,8 @@ pub(super) fn extend(report: &mut serde_json::Value, more: serde_json::Value) {
 }
 
 /// When the rollout's milestones were stored, in seconds after the command was: planned, first
-/// and last node patched, first and last site report, completed.
+/// and last node report (alone, or carried in its site's report), first and last site report,
+/// completed.
 pub(super) async fn rollout_phases(bus: &Bus, rollout_id: &str) -> anyhow::Result<serde_json::Value> {
     let mut reader = bus.read_events(vec![names::EVENTS_ALL.to_string()], DeliverPolicy::All).await?;
     let mut times: std::collections::BTreeMap<&str, Vec<time::OffsetDateTime>> = Default::default();
@@ -682,7 +683,15 @@ pub(super) async fn rollout_phases(bus: &Bus, rollout_id: &str) -> anyhow::Resul
         if e.delivery.envelope.correlation == rollout_id {
             let kind = match e.delivery.type_name.as_str() {
                 t if t == pb::RolloutPlanned::TYPE => "planned",
-                t if t == pb::SitePatched::TYPE => "site_patched",
+                t if t == pb::SitePatched::TYPE => {
+                    // A site's report that carries node reports: those nodes' reports are there.
+                    let carries = <pb::SitePatched as prost::Message>::decode(e.delivery.payload.clone())
+                        .is_ok_and(|s| !s.nodes.is_empty());
+                    if carries {
+                        times.entry("node_patched").or_default().push(e.published);
+                    }
+                    "site_patched"
+                }
                 t if t == pb::NodePatched::TYPE => "node_patched",
                 t if t == pb::RolloutCompleted::TYPE => "completed",
                 _ => "",

@@ -228,11 +228,22 @@ async fn local_status(bus: &Bus, site: &str, output: Format) -> anyhow::Result<E
             })
         })
         .collect();
-    // Each node's latest report, as far as the reports read go.
+    // Each node's latest report, as far as the reports read go: its own, or the one its site's
+    // report carries.
     let mut nodes = serde_json::Map::new();
     for r in &reports {
         if let Some(node) = r["report"]["node"].as_str().filter(|n| !n.is_empty()) {
             nodes.insert(node.to_string(), r.clone());
+        }
+        if r["type"] == <pb::SitePatched as pb::BusMessage>::TYPE {
+            for carried in r["report"]["nodes"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                let Some(node) = carried["node"].as_str().filter(|n| !n.is_empty()) else { continue };
+                let mut one = r.clone();
+                one["type"] = json!(<pb::NodePatched as pb::BusMessage>::TYPE);
+                one["report"] = carried.clone();
+                one["in_site_report"] = json!(true);
+                nodes.insert(node.to_string(), one);
+            }
         }
     }
     let status = json!({

@@ -60,7 +60,9 @@ pub struct GatewayArgs {
     pub alive_every: std::time::Duration,
     /// How long a node of a patch is out of service before its steps (cordoned, drained,
     /// uncordoned) are sent as events of their own; a node back sooner carries them in its
-    /// report, one event instead of four. `0s`: every step on its own, as it happens.
+    /// report, one event instead of four. Likewise, how long a site's part of a rollout runs
+    /// before its nodes' reports are sent on their own; a site done sooner carries them in its
+    /// report. `0s`: every step and report on its own, as it happens.
     #[arg(long, env = "LANDFALL_SHOW_STEPS_AFTER", value_parser = parse_duration, default_value = "2s")]
     pub show_steps_after: std::time::Duration,
     #[command(flatten)]

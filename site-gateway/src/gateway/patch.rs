@@ -1,8 +1,9 @@
 //! A site's part of a rollout (`PatchNodes`): its nodes patched batch after batch, masters first
 //! and one at a time, each node that a patch takes down cordoned, drained, patched, seen Ready at
 //! its new version and uncordoned, each step reported (as it happens once the node has been out
-//! of service for a while, in the node's report otherwise: see [`steps`]) and a reimage's Metal3
-//! states as they happen. Nodes whose host the site does not have as the hub believes (none, or not
+//! of service for a while, in the node's report otherwise: see [`steps`]), each node's report
+//! (on its own once the job has run for a while, in the site's report otherwise: see
+//! [`reports`]) and a reimage's Metal3 states as they happen. Nodes whose host the site does not have as the hub believes (none, or not
 //! provisioned) are left alone, skipped, and said (`SiteDisagrees`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,10 +19,12 @@ use tracing::{debug, info, warn};
 use super::{Gateway, invalid, nodes, packages};
 use bus_schema::envelope::Envelope;
 use record::JobRecord;
+use reports::Reports;
 use run::{End, PatchRun, RolledBack};
 use steps::{Step, Steps};
 
 mod record;
+mod reports;
 mod run;
 mod steps;
 use crate::backend::{BackendError, Cordon, PatchRequest, ProvisioningState, ProvisioningState as S, SiteBackend};
@@ -150,37 +153,55 @@ impl<B: SiteBackend> Gateway<B> {
         };
         let (moved, found_at) = self.found_at_version(&d.envelope.id, &nodes, &package, &per_node).await?;
         let mut run = PatchRun::new(nodes, job.max_unavailable, job.max_failures, site_patched);
-        loop {
-            let batch = run.next_batch();
-            if batch.is_empty() {
-                break;
-            }
-            // Every node of the batch runs to its end even when another's error will NAK the
-            // job: a reimage abandoned halfway would only be redone on the redelivery.
-            let patches = batch.iter().map(|node| {
-                let name = node.name.as_str();
-                let to = per_node.targets.get(name).unwrap_or(&package);
-                let req = request(node, as_rendered(to).unwrap_or_else(|| to.clone()));
-                let back =
-                    per_node.previous.get(name).map(|p| request(node, as_rendered(p).unwrap_or_else(|| p.clone())));
-                let (env, rollout, masters, unstaged) = (&d.envelope, &job.rollout_id, &masters, unstaged.clone());
-                let steps = Steps::held(env, rollout, name, &moved);
-                let purpose = Purpose::Patch { found_at: found_at.contains(name) };
-                async move {
-                    let end = self.patch_node(env, rollout, req.clone(), masters, unstaged, purpose, steps).await?;
-                    match (end, back) {
-                        (NodeEnd::Failed { reason, tried: true }, Some(back)) => {
-                            self.roll_back(env, rollout, &req, back, masters, reason).await
-                        }
-                        (end, _) => Ok(end.into()),
-                    }
+        // A job tried again sends its nodes' reports on their own: the attempt before may have sent
+        // some already, and alone they are copies of those, dropped by their ids.
+        let shown = self.steps_shown_after.is_zero() || moved.left_by_an_earlier_attempt();
+        let reports = Reports::new(&moved, shown);
+        let batches = async {
+            loop {
+                let batch = run.next_batch();
+                if batch.is_empty() {
+                    return Ok::<_, HandlerError>(());
                 }
-            });
-            for (node, end) in batch.iter().zip(join_all(patches).await) {
-                run.record(node, end?);
+                // Every node of the batch runs to its end even when another's error will NAK the
+                // job: a reimage abandoned halfway would only be redone on the redelivery.
+                let patches = batch.iter().map(|node| {
+                    let name = node.name.as_str();
+                    let to = per_node.targets.get(name).unwrap_or(&package);
+                    let req = request(node, as_rendered(to).unwrap_or_else(|| to.clone()));
+                    let back =
+                        per_node.previous.get(name).map(|p| request(node, as_rendered(p).unwrap_or_else(|| p.clone())));
+                    let (env, rollout, masters, unstaged) = (&d.envelope, &job.rollout_id, &masters, unstaged.clone());
+                    let steps = Steps::held(env, rollout, name, &moved, &reports);
+                    let purpose = Purpose::Patch { found_at: found_at.contains(name) };
+                    async move {
+                        let end = self.patch_node(env, rollout, req.clone(), masters, unstaged, purpose, steps).await?;
+                        match (end, back) {
+                            (NodeEnd::Failed { reason, tried: true }, Some(back)) => {
+                                self.roll_back(env, rollout, &req, back, masters, reason).await
+                            }
+                            (end, _) => Ok(end.into()),
+                        }
+                    }
+                });
+                for (node, end) in batch.iter().zip(join_all(patches).await) {
+                    run.record(node, end?);
+                }
             }
+        };
+        let ended = tokio::select! {
+            ended = batches => ended,
+            never = reports.show_when_long(self) => match never {},
+        };
+        if let Err(e) = ended {
+            // The job goes back to be tried again: the reports of the nodes done are said now.
+            if let Err(e) = reports.show(self).await {
+                warn!(site = %self.site, error = %e, "cannot send the nodes' reports before the job is tried again");
+            }
+            return Err(e);
         }
-        let done = run.finish();
+        let mut done = run.finish();
+        done.nodes = reports.for_site_report().await;
         info!(
             site = %self.site,
             rollout = %done.rollout_id,
@@ -509,6 +530,7 @@ impl<B: SiteBackend> Gateway<B> {
         if purpose == Purpose::RollBack {
             return Ok(());
         }
+        steps.show_reports(self).await?;
         let evt = pb::NodePatchFailed {
             site_id: self.site.to_string(),
             node: node.to_string(),
@@ -606,7 +628,7 @@ impl<B: SiteBackend> Gateway<B> {
                         unchanged,
                         steps: steps.for_report().await,
                     };
-                    self.publish(&evt, &env.derive("node_patched", Some(node))).await?;
+                    steps.report(self, evt, env.derive("node_patched", Some(node))).await?;
                 }
                 Ok(if unchanged { NodeEnd::Unchanged } else { NodeEnd::Patched })
             }

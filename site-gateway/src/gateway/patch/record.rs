@@ -13,7 +13,8 @@
 //! delivery's report is the same message, dropped as a copy).
 //!
 //! One line each, in the order written: `<node>` (set out to move), `held <node> <step>` (a step
-//! held, see [`Step::line`]), `sent <node>` (its held steps sent on their own).
+//! held, see [`Step::line`]), `sent <node>` (its held steps sent on their own), `from <node>
+//! <version>` (the version a node whose report is held came from, see [`super::reports`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -28,6 +29,10 @@ pub(super) struct JobRecord {
     nodes: BTreeSet<String>,
     /// The steps each node's patch held when an earlier attempt ended, by node.
     held: BTreeMap<String, Vec<Step>>,
+    /// The version each node the job moved came from, as an earlier attempt wrote it down.
+    came_from: BTreeMap<String, String>,
+    /// Whether an earlier attempt of the job left the record.
+    earlier: bool,
 }
 
 impl JobRecord {
@@ -42,6 +47,7 @@ impl JobRecord {
             Err(e) => return Err(e),
         };
         let (mut nodes, mut held) = (BTreeSet::new(), BTreeMap::<String, Vec<Step>>::new());
+        let mut came_from = BTreeMap::new();
         for line in text.lines() {
             let mut words = line.split_whitespace();
             match (words.next(), words.next()) {
@@ -57,15 +63,26 @@ impl JobRecord {
                 (Some("sent"), Some(node)) => {
                     held.remove(node);
                 }
+                (Some("from"), Some(node)) => {
+                    if let Some(version) = words.next() {
+                        came_from.insert(node.to_string(), version.to_string());
+                    }
+                }
                 _ => {}
             }
         }
-        let record = Self { file, nodes, held };
+        let record = Self { file, nodes, held, came_from, earlier: !text.is_empty() };
         // A line the kill cut short is ended, so that the next line starts on its own.
         if !text.is_empty() && !text.ends_with('\n') {
             record.note("\n")?;
         }
         Ok(record)
+    }
+
+    /// Whether an earlier attempt of the job left this record: it may have sent some of the
+    /// nodes' reports on their own already.
+    pub(super) fn left_by_an_earlier_attempt(&self) -> bool {
+        self.earlier
     }
 
     /// Whether an earlier delivery of the job set out to move `node`.
@@ -76,6 +93,16 @@ impl JobRecord {
     /// The steps `node`'s patch held when the job's earlier attempt ended (none, mostly).
     pub(super) fn held(&self, node: &str) -> Vec<Step> {
         self.held.get(node).cloned().unwrap_or_default()
+    }
+
+    /// The version `node` came from, as an earlier attempt of the job wrote it down.
+    pub(super) fn came_from(&self, node: &str) -> Option<&str> {
+        self.came_from.get(node).map(String::as_str)
+    }
+
+    /// Notes the version `node` came from (its report held, see [`super::reports`]).
+    pub(super) fn note_from(&self, node: &str, version: &str) -> std::io::Result<()> {
+        self.note(&format!("from {node} {version}\n"))
     }
 
     /// Notes that the job sets out to move `nodes`, on disk (synced) before it returns.
@@ -141,8 +168,10 @@ mod tests {
         assert!(!first.has("node-1"));
         first.record(&["node-1".into(), "node-2".into()]).unwrap();
         first.record(&["node-2".into()]).unwrap();
+        assert!(!first.left_by_an_earlier_attempt());
         let again = JobRecord::open(dir.path(), "01a2-job").unwrap();
         assert!(again.has("node-1") && again.has("node-2") && !again.has("node-3"));
+        assert!(again.left_by_an_earlier_attempt());
         assert!(!JobRecord::open(dir.path(), "another").unwrap().has("node-1"), "a job's record is its own");
         again.forget().unwrap();
         assert!(!JobRecord::open(dir.path(), "01a2-job").unwrap().has("node-1"));
@@ -160,6 +189,7 @@ mod tests {
         first.note_held("w-2", &Step::Cordoned).unwrap();
         first.note_sent("w-2").unwrap();
         first.note_held("w-2", &Step::Uncordoned).unwrap();
+        first.note_from("w-1", "1.30.0").unwrap();
         // The kill cut the last write short.
         std::fs::OpenOptions::new().append(true).open(&first.file).unwrap().write_all(b"held w-3").unwrap();
         let again = JobRecord::open(dir.path(), "job").unwrap();
@@ -167,6 +197,7 @@ mod tests {
         assert_eq!(again.held("w-2"), [Step::Uncordoned], "the steps sent before are not held again");
         assert!(again.held("w-3").is_empty() && again.held("w-9").is_empty());
         assert!(again.has("held") && again.has("w-1") && !again.has("w-3"), "a node may be called held");
+        assert_eq!((again.came_from("w-1"), again.came_from("w-2")), (Some("1.30.0"), None));
         // A second attempt drains again (evicting nothing more) and goes on from there.
         again.note_held("w-1", &drained(&["ns/c"])).unwrap();
         again.note_held("w-1", &Step::Uncordoned).unwrap();

@@ -21,6 +21,7 @@ use super::super::Gateway;
 #[cfg(doc)]
 use super::super::STEPS_SHOWN_AFTER;
 use super::record::JobRecord;
+use super::reports::Reports;
 use crate::backend::SiteBackend;
 
 /// A step of a node out of service and back.
@@ -43,6 +44,8 @@ pub(super) struct Steps<'a> {
     cordoned: Notify,
     /// The job's record, where held steps are written down.
     record: Option<&'a JobRecord>,
+    /// The job's node reports, the node's among them ([`Self::report`]).
+    reports: Option<&'a Reports<'a>>,
 }
 
 struct State {
@@ -54,12 +57,18 @@ impl<'a> Steps<'a> {
     /// The steps of `node`, sent on their own from the first.
     pub(super) fn shown(env: &'a Envelope, rollout_id: &'a str, node: &'a str) -> Self {
         let state = Mutex::new(State { shown: true, held: Vec::new() });
-        Self { env, rollout_id, node, state, cordoned: Notify::new(), record: None }
+        Self { env, rollout_id, node, state, cordoned: Notify::new(), record: None, reports: None }
     }
 
     /// The steps of `node`, held and written down in the job's `record`, starting from those an
-    /// earlier attempt of the job held when it ended.
-    pub(super) fn held(env: &'a Envelope, rollout_id: &'a str, node: &'a str, record: &'a JobRecord) -> Self {
+    /// earlier attempt of the job held when it ended; its report one of the job's `reports`.
+    pub(super) fn held(
+        env: &'a Envelope,
+        rollout_id: &'a str,
+        node: &'a str,
+        record: &'a JobRecord,
+        reports: &'a Reports<'a>,
+    ) -> Self {
         let held = record.held(node);
         // A node an earlier attempt cordoned has been out of service since: its clock runs.
         let cordoned = Notify::new();
@@ -67,7 +76,30 @@ impl<'a> Steps<'a> {
             cordoned.notify_one();
         }
         let state = Mutex::new(State { shown: false, held });
-        Self { env, rollout_id, node, state, cordoned, record: Some(record) }
+        Self { env, rollout_id, node, state, cordoned, record: Some(record), reports: Some(reports) }
+    }
+
+    /// Sends the job's node reports held so far, and every later one on its own: a failure goes
+    /// alone and at once, and the reports of nodes done before it go first.
+    pub(super) async fn show_reports<B: SiteBackend>(&self, gw: &Gateway<B>) -> Result<(), HandlerError> {
+        match self.reports {
+            Some(reports) => reports.show(gw).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The node's report (`env` its own envelope): one of the job's reports, held with them or
+    /// sent (see [`super::reports`]); sent at once when the steps are not a job's.
+    pub(super) async fn report<B: SiteBackend>(
+        &self,
+        gw: &Gateway<B>,
+        evt: pb::NodePatched,
+        env: Envelope,
+    ) -> Result<(), HandlerError> {
+        match self.reports {
+            Some(reports) => reports.report(gw, evt, env).await,
+            None => gw.publish(&evt, &env).await,
+        }
     }
 
     /// A step taken: sent when the steps are shown, held otherwise.
