@@ -3,8 +3,9 @@
 //! its new version and uncordoned, each step reported (as it happens once the node has been out
 //! of service for a while, in the node's report otherwise: see [`steps`]), each node's report
 //! (on its own once the job has run for a while, in the site's report otherwise: see
-//! [`reports`]) and a reimage's Metal3 states as they happen. Nodes whose host the site does not have as the hub believes (none, or not
-//! provisioned) are left alone, skipped, and said (`SiteDisagrees`).
+//! [`reports`]) and a reimage's Metal3 states as they happen. Nodes whose host the site does not
+//! have as the hub believes (none, or not provisioned) are left alone, skipped, and said
+//! (`SiteDisagrees`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -219,8 +220,8 @@ impl<B: SiteBackend> Gateway<B> {
         Ok(())
     }
 
-    /// The job's record ([`record`]) of the nodes it sets out to move, with every node not at its version
-    /// (or moved by an earlier delivery) in it, on disk before anything changes; and the nodes
+    /// The job's record ([`record`]) of the nodes it sets out to move, with every node not at its
+    /// version (or moved by an earlier delivery) in it, on disk before anything changes; and the nodes
     /// at their version before the job came, which are left and reported unchanged. A chart is
     /// never found so: its render, not its version, says whether it changes.
     async fn found_at_version(
