@@ -34,7 +34,8 @@ pub(super) const MOST_HELD: usize = 256;
 /// The node reports of one attempt of a job.
 pub(super) struct Reports<'a> {
     record: &'a JobRecord,
-    /// When the job started: its reports are shown `steps_shown_after` later.
+    /// When the job's nodes started (its artifacts staged): its reports are shown
+    /// `steps_shown_after` later.
     started: Instant,
     state: Mutex<State>,
 }
@@ -45,8 +46,9 @@ struct State {
 }
 
 impl<'a> Reports<'a> {
-    /// The reports of a job started now, held from the first unless the gateway shows them at
-    /// once (`shown`: its `steps_shown_after` is zero).
+    /// The reports of a job whose nodes start now, held from the first unless they are sent on
+    /// their own from the first (`shown`: the gateway's `steps_shown_after` is zero, or the job
+    /// is tried again).
     pub(super) fn new(record: &'a JobRecord, shown: bool) -> Self {
         let state = Mutex::new(State { shown, held: Vec::new() });
         Self { record, started: Instant::now(), state }
