@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-/// A message's place: its stream sequence, then the order it arrived in (two deliveries of the
-/// same message are two places).
+/// A message's place: its stream sequence, then the order it arrived in, which keeps places
+/// apart whatever the loop hands in (the consume loop itself holds a message once at a time:
+/// a delivery of one still in hand is dropped before it takes a place, `settle::InHand`).
 type Place = (u64, u64);
 
 /// The messages of a consumer that are ordered, each waiting for its turn, running, or parked

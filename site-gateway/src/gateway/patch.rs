@@ -173,7 +173,7 @@ impl<B: SiteBackend> Gateway<B> {
                     let back =
                         per_node.previous.get(name).map(|p| request(node, as_rendered(p).unwrap_or_else(|| p.clone())));
                     let (env, rollout, masters, unstaged) = (&d.envelope, &job.rollout_id, &masters, unstaged.clone());
-                    let steps = Steps::held(env, rollout, name, &moved, &reports);
+                    let steps = Steps::held(env, rollout, name, &reports);
                     let purpose = Purpose::Patch { found_at: found_at.contains(name) };
                     async move {
                         let end = self.patch_node(env, rollout, req.clone(), masters, unstaged, purpose, steps).await?;

@@ -54,6 +54,11 @@ impl<'a> Reports<'a> {
         Self { record, started: Instant::now(), state }
     }
 
+    /// The job's record, which the reports and the nodes' steps write to.
+    pub(super) fn record(&self) -> &'a JobRecord {
+        self.record
+    }
+
     /// A node's report, `env` its own envelope: sent when the reports are shown, held otherwise.
     /// The version it came from, if the report does not say it, is the one an earlier attempt
     /// of the job wrote down.

@@ -20,7 +20,6 @@ use tracing::warn;
 use super::super::Gateway;
 #[cfg(doc)]
 use super::super::STEPS_SHOWN_AFTER;
-use super::record::JobRecord;
 use super::reports::Reports;
 use crate::backend::SiteBackend;
 
@@ -42,9 +41,8 @@ pub(super) struct Steps<'a> {
     state: Mutex<State>,
     /// Told when the node is cordoned: the clock of [`Self::show_when_long`] starts then.
     cordoned: Notify,
-    /// The job's record, where held steps are written down.
-    record: Option<&'a JobRecord>,
-    /// The job's node reports, the node's among them ([`Self::report`]).
+    /// The job's node reports, the node's among them ([`Self::report`]), and through them the
+    /// job's record, where held steps are written down.
     reports: Option<&'a Reports<'a>>,
 }
 
@@ -57,26 +55,20 @@ impl<'a> Steps<'a> {
     /// The steps of `node`, sent on their own from the first.
     pub(super) fn shown(env: &'a Envelope, rollout_id: &'a str, node: &'a str) -> Self {
         let state = Mutex::new(State { shown: true, held: Vec::new() });
-        Self { env, rollout_id, node, state, cordoned: Notify::new(), record: None, reports: None }
+        Self { env, rollout_id, node, state, cordoned: Notify::new(), reports: None }
     }
 
-    /// The steps of `node`, held and written down in the job's `record`, starting from those an
+    /// The steps of `node`, held and written down in the job's record, starting from those an
     /// earlier attempt of the job held when it ended; its report one of the job's `reports`.
-    pub(super) fn held(
-        env: &'a Envelope,
-        rollout_id: &'a str,
-        node: &'a str,
-        record: &'a JobRecord,
-        reports: &'a Reports<'a>,
-    ) -> Self {
-        let held = record.held(node);
+    pub(super) fn held(env: &'a Envelope, rollout_id: &'a str, node: &'a str, reports: &'a Reports<'a>) -> Self {
+        let held = reports.record().held(node);
         // A node an earlier attempt cordoned has been out of service since: its clock runs.
         let cordoned = Notify::new();
         if held.contains(&Step::Cordoned) {
             cordoned.notify_one();
         }
         let state = Mutex::new(State { shown: false, held });
-        Self { env, rollout_id, node, state, cordoned, record: Some(record), reports: Some(reports) }
+        Self { env, rollout_id, node, state, cordoned, reports: Some(reports) }
     }
 
     /// Sends the job's node reports held so far, and every later one on its own: a failure goes
@@ -112,8 +104,8 @@ impl<'a> Steps<'a> {
             return self.send(gw, step).await;
         }
         if let Some(new) = hold(&mut state.held, step)
-            && let Some(record) = self.record
-            && let Err(e) = record.note_held(self.node, &new)
+            && let Some(reports) = self.reports
+            && let Err(e) = reports.record().note_held(self.node, &new)
         {
             warn!(site = %gw.site, node = self.node, error = %e, "cannot write a held step down; a gateway killed now loses it");
         }
@@ -134,8 +126,8 @@ impl<'a> Steps<'a> {
         }
         state.shown = true;
         if had
-            && let Some(record) = self.record
-            && let Err(e) = record.note_sent(self.node)
+            && let Some(reports) = self.reports
+            && let Err(e) = reports.record().note_sent(self.node)
         {
             // The next attempt sends them again: copies, dropped by their ids.
             warn!(site = %gw.site, node = self.node, error = %e, "cannot note a node's held steps sent");
