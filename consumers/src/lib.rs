@@ -39,7 +39,9 @@ pub mod store_watch;
 pub use decision::outgoing;
 pub use distribution::{artifacts, run_distribution};
 pub use observer::{run_observer, run_observer_with};
-pub use orchestrator::{OrchestratorOptions, redeliver_stranded_jobs, run_orchestrator, run_orchestrator_with};
+pub use orchestrator::{
+    OrchestratorOptions, make_missing_durables, redeliver_stranded_jobs, run_orchestrator, run_orchestrator_with,
+};
 pub use secrets::kubeconfig::{self, run_kubeconfig};
 pub use secrets::service::run_secrets_service;
 

@@ -708,6 +708,66 @@ async fn a_job_stranded_past_its_durable_is_delivered_again() {
     assert_eq!(held_info.num_pending, 1, "edge-02's job still waits in its own durable");
 }
 
+/// The sites' durables live in the hub server's memory: a server started again has none, and a
+/// site's job published meanwhile waits in its stream. The orchestrator's look makes every
+/// registered site's durable again, which delivers the job; a look that finds every durable
+/// makes none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_started_again_has_its_sites_durables_made_again() {
+    use async_nats::jetstream::context::ConsumerInfoErrorKind;
+    use bus_schema::names::keys;
+    use bus_schema::runtime::ConsumerSpec;
+    use futures::StreamExt;
+    let mut server = NatsServer::start();
+    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    bus.ensure_topology(&Default::default()).await.unwrap();
+    let sites_kv = bus.kv(names::SITES_BUCKET).await.unwrap();
+    let sites = ["edge-01", "edge-02", "edge-03"];
+    for site in sites {
+        sites_kv.put(&keys::site(site), &pb::SiteDesign::default()).await.unwrap();
+        bus_schema::runtime::ensure_consumer(&bus, &ConsumerSpec::gateway(site)).await.unwrap();
+    }
+    assert_eq!(consumers::make_missing_durables(&bus, &sites_kv).await.unwrap(), 0, "none missing");
+
+    server.restart();
+    let durable = |site: &'static str| {
+        let bus = bus.clone();
+        async move {
+            let jobs = bus.jetstream().get_stream(names::site_jobs_stream(site)).await?;
+            jobs.consumer_info(names::gateway_consumer(site)).await.map_err(Box::<dyn std::error::Error>::from)
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let gone = loop {
+        match durable("edge-01").await {
+            Err(e)
+                if e.downcast_ref::<async_nats::jetstream::context::ConsumerInfoError>().map(|e| e.kind())
+                    == Some(ConsumerInfoErrorKind::NotFound) =>
+            {
+                break true;
+            }
+            Ok(_) => break false,
+            Err(_) => {}
+        }
+        assert!(std::time::Instant::now() < deadline, "the hub did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(gone, "a site's durable outlived its server");
+    let mut delivered = bus.client().subscribe(names::site_deliver("edge-01")).await.unwrap();
+    let job = pb::StageArtifacts { site_id: "edge-01".into(), artifacts: vec![] };
+    bus.publish_job(&job, &Envelope::root()).await.unwrap();
+
+    assert_eq!(consumers::make_missing_durables(&bus, &sites_kv).await.unwrap(), sites.len());
+    for site in sites {
+        let info = durable(site).await.unwrap_or_else(|e| panic!("{site}'s durable: {e}"));
+        assert_eq!(info.config.deliver_subject.as_deref(), Some(names::site_deliver(site).as_str()));
+    }
+    let got =
+        tokio::time::timeout(Duration::from_secs(10), delivered.next()).await.expect("the job delivered").unwrap();
+    assert_eq!(got.subject.as_str(), job.subject(), "the job, on its durable's delivery subject");
+    assert_eq!(consumers::make_missing_durables(&bus, &sites_kv).await.unwrap(), 0, "none missing any more");
+}
+
 /// nats-server 2.15 lets a stream that names no limit 1,000 consumers, and a jobs stream holds a
 /// durable per site of its shard: each names its own limit, and a shard made before it did is
 /// given that limit when the orchestrator's topology aligns it. Then a thousand and first site's

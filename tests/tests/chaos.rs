@@ -952,6 +952,16 @@ async fn restart_hub_mid_install(mut server: Hub, url: &str, users: Option<&User
     for log in server.logs() {
         assert!(!log.contains("Permissions Violation"), "the hub refused a service something:\n{log}");
     }
+    // One server keeps the sites' durables in its memory only: the orchestrator made them again
+    // once it was back (a cluster keeps them in its replicated assignments).
+    if matches!(server, Hub::One(_)) {
+        let (_, orchestrator) = d.services.iter().find(|(_, s)| s.name == "orchestrator-1").expect("an orchestrator");
+        assert!(
+            orchestrator.log_text().contains("durables were missing on this server: made again"),
+            "the orchestrator did not make the sites' durables again:\n{}",
+            orchestrator.log_tail(30)
+        );
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let verdict = d.judge().await;
     let starts: u32 = d.services.iter().map(|(_, s)| s.starts()).sum();

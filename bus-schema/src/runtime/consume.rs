@@ -183,6 +183,15 @@ impl ConsumerSpec {
 
     /// Flow control paces deliveries to what the subscriber takes in (a slow link); it needs
     /// the idle heartbeat, which also tells the subscriber its delivery is still live.
+    ///
+    /// The durable's state is kept in the server's memory: on disk, every job delivered and
+    /// every job acknowledged rewrote a file of the durable's (a fifth of the hub's CPU in a
+    /// rollout over 2,500 sites). Nothing is lost by it: the jobs stream is a work queue, so
+    /// what a durable has not had acknowledged is still stored, and a durable made again
+    /// delivers it (a gateway carries out a job delivered again without effect). A server
+    /// started again has no such durable; the orchestrator makes them again
+    /// (`consumers::orchestrator::durables`). A durable made on disk by an earlier version stays
+    /// so until it is made anew.
     fn push_config(&self, deliver_subject: &str) -> consumer::push::Config {
         let (filter_subject, filter_subjects) = filters(&self.filter_subjects);
         consumer::push::Config {
@@ -196,6 +205,7 @@ impl ConsumerSpec {
             max_ack_pending: self.max_ack_pending(),
             flow_control: true,
             idle_heartbeat: PUSH_HEARTBEAT,
+            memory_storage: true,
             ..Default::default()
         }
     }

@@ -14,10 +14,12 @@
 //! - `lifecycle`: a node removed or reprovisioned, a site decommissioned (its decisions are
 //!   [`crate::lifecycle`]);
 //! - `stranded`: a site's jobs its durable will not deliver again, delivered again;
+//! - `durables`: the sites' durables, which the hub keeps in memory, made again after it restarts;
 //! - `run`: the consumers, started, and commands dispatched to their handlers.
 
 mod compact;
 mod design;
+mod durables;
 mod install;
 mod ledger;
 mod lifecycle;
@@ -30,6 +32,7 @@ pub mod service;
 mod stranded;
 
 pub use compact::Compacted;
+pub use durables::make_missing_durables;
 pub use install::saga_event_filters;
 pub use run::{OrchestratorOptions, run_orchestrator, run_orchestrator_with};
 pub use service::Orchestrator;

@@ -196,6 +196,7 @@ pub async fn run_orchestrator_with(
         tokio::spawn(crate::store_watch::run_store_watch(bus.clone(), crate::store_watch::EVERY, shutdown.clone()));
     let compaction = tokio::spawn(super::compact::compact_periodically(orchestrator.clone(), shutdown.clone()));
     let stranded = tokio::spawn(super::stranded::sweep_periodically(bus.clone(), shutdown.clone()));
+    let durables = tokio::spawn(super::durables::keep_made(bus.clone(), orchestrator.sites.clone(), shutdown.clone()));
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());
     let r = runtime::consume(bus, rollouts, Arc::new(RolloutEvents(orchestrator)), shutdown);
@@ -207,6 +208,7 @@ pub async fn run_orchestrator_with(
     let _ = store.await;
     let _ = compaction.await;
     let _ = stranded.await;
+    let _ = durables.await;
     c?;
     e?;
     r?;

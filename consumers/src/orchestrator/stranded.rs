@@ -2,6 +2,9 @@
 //! acknowledged) whose site's durable has nothing outstanding, neither waiting to be delivered
 //! nor delivered and unacknowledged. Its durable will never deliver it again on its own.
 //!
+//! A job whose site has no durable at all is stranded too: the hub keeps the sites' durables in
+//! its memory ([`super::durables`]), and one not made again after a restart is made here.
+//!
 //! Seen once at 10,000 sites, right after the hub restarted under every gateway: two sites'
 //! durables had their acknowledgement floor past their patch job, which no gateway had seen,
 //! and the rollout waited for them. Making such a durable anew delivers again every job of its
@@ -63,6 +66,14 @@ async fn redeliver_stranded_in(bus: &Bus, stream: &str, older_than: Duration) ->
         // Read after the job: a durable that has it pending or unacknowledged will deliver it.
         match stream.consumer_info(names::gateway_consumer(&site)).await {
             Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {}
+            // No durable at all: the hub restarted without it (its durables are in its memory)
+            // and it was not made again yet, or it was deleted.
+            Err(e) if matches!(e.kind(), async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound) => {
+                warn!(%site, job = %first.subject, "a job whose site has no durable: making the durable");
+                runtime::ensure_consumer(bus, &ConsumerSpec::gateway(&site)).await?;
+                stranded.push(site);
+                continue;
+            }
             _ => continue,
         }
         warn!(%site, job = %first.subject, sequence = first.sequence, "a job its durable holds nothing of: making the durable anew to deliver it again");
