@@ -1,9 +1,10 @@
 //! The observer: keeps `landfall-observed` (what each node really runs) up to date from what
-//! gateways report. One key per node and package: a report costs one read (whether the node
-//! left its site, `left.<site>.<node>`), and a read and a compare-and-set write per package, so
-//! that what an earlier event reported never replaces what a later one did (see
-//! [`Observer::write_if_later`]). A node that leaves, or a site removed, is forgotten (purged,
-//! history and all).
+//! gateways report. One key per node and package: a report is checked against its node's
+//! departure (`left.<site>.<node>`, known from a watch: [`departures`]) and costs a
+//! compare-and-set write per package, so that what an earlier event reported never replaces
+//! what a later one did (see [`Observer::write_if_later`]; the key's revision is remembered from
+//! the last write, and read only when the write conflicts). A node that leaves, or a site
+//! removed, is forgotten (purged, history and all).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,8 @@ use futures::future::try_join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+mod departures;
+
 use crate::answers::Jobs;
 use crate::clock::now_ms;
 use crate::links::LinkWatch;
@@ -27,6 +30,49 @@ pub struct Observer {
     jobs: Jobs,
     /// Catalog kinds by "name@version": entries never change once registered.
     kinds: Mutex<HashMap<String, i32>>,
+    /// What this process last wrote or found at each observed key (see [`Remembered`]).
+    remembered: Mutex<Remembered>,
+    /// The nodes that left their sites, as this process knows them.
+    departures: departures::Departures,
+}
+
+/// Observed keys at most remembered (some 40 bytes each): past it, the memory starts over.
+const MOST_REMEMBERED: usize = 2_000_000;
+
+/// The revision and event of each observed key as this process last wrote or read it, so that a
+/// report costs one compare-and-set write on the remembered revision (or one create, for a key
+/// never seen), not a read first. Keys are remembered by a 64-bit hash, not whole (100,000 nodes'
+/// packages in some 25 MB rather than 100): what is remembered is only a guess, which the
+/// bucket checks. When another replica wrote the key since, it was purged, or two keys share a
+/// hash, the write conflicts and the key is read, as it is when nothing is remembered. A report
+/// no later than the remembered event reads the key too, before it is left unwritten.
+#[derive(Default)]
+struct Remembered {
+    revisions: HashMap<u64, (u64, u64)>,
+    hasher: std::hash::RandomState,
+}
+
+impl Remembered {
+    fn hash(&self, key: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, key)
+    }
+
+    fn get(&self, key: &str) -> Option<(u64, u64)> {
+        self.revisions.get(&self.hash(key)).copied()
+    }
+
+    fn note(&mut self, key: &str, revision: u64, event_seq: u64) {
+        let hash = self.hash(key);
+        if self.revisions.len() >= MOST_REMEMBERED && !self.revisions.contains_key(&hash) {
+            self.revisions.clear();
+        }
+        self.revisions.insert(hash, (revision, event_seq));
+    }
+
+    fn forget(&mut self, key: &str) {
+        let hash = self.hash(key);
+        self.revisions.remove(&hash);
+    }
 }
 
 impl Observer {
@@ -36,6 +82,8 @@ impl Observer {
             packages: bus.kv(names::PACKAGES_BUCKET).await?,
             jobs: Jobs::new(bus.kv(names::SAGAS_BUCKET).await?),
             kinds: Mutex::default(),
+            remembered: Mutex::default(),
+            departures: departures::Departures::default(),
         })
     }
 
@@ -89,20 +137,42 @@ impl Observer {
     /// handler wrote it and died before the ack, a newer report of the node was handled by the
     /// next replica, and the server delivers the first again once its ack wait ends. Written
     /// blindly, that old version would stand until the node's next report.
+    ///
+    /// The first try goes without a read, on the revision this process remembers of the key
+    /// ([`Remembered`]); a conflict, and every try after it, reads the key first.
     async fn write_if_later(&self, key: &str, value: &pb::ObservedVersion) -> Result<(), BusError> {
+        let remembered = self.remembered().get(key);
+        let mut written = match remembered {
+            // Late, it seems: the read below says.
+            Some((_, seq)) if seq >= value.event_seq => runtime::Cas::Conflict,
+            Some((rev, _)) => self.observed.update(key, value, rev).await?,
+            None => self.observed.create(key, value).await?,
+        };
         loop {
-            let written = match self.observed.get::<pb::ObservedVersion>(key).await? {
-                Some((held, _)) if held.event_seq >= value.event_seq => {
+            if let runtime::Cas::Written(rev) = written {
+                self.remembered().note(key, rev, value.event_seq);
+                return Ok(());
+            }
+            written = match self.observed.get::<pb::ObservedVersion>(key).await? {
+                Some((held, rev)) if held.event_seq >= value.event_seq => {
                     debug!(%key, held = held.event_seq, late = value.event_seq, "a later report is written: kept");
+                    self.remembered().note(key, rev, held.event_seq);
                     return Ok(());
                 }
                 Some((_, rev)) => self.observed.update(key, value, rev).await?,
                 None => self.observed.create(key, value).await?,
             };
-            if written != runtime::Cas::Conflict {
-                return Ok(());
-            }
         }
+    }
+
+    fn remembered(&self) -> std::sync::MutexGuard<'_, Remembered> {
+        self.remembered.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets what this process remembers of `keys`, which are purged.
+    fn forget<'k>(&self, keys: impl IntoIterator<Item = &'k String>) {
+        let mut remembered = self.remembered();
+        keys.into_iter().for_each(|k| remembered.forget(k));
     }
 
     /// Whether what `d` reports of `node` may be written: the node never left its site, or it
@@ -110,10 +180,19 @@ impl Observer {
     /// goes). A late report of a node that left is not written: it runs nothing of the site.
     async fn back_or_never_left(&self, d: &Delivery, site: &str, node: &str) -> Result<bool, HandlerError> {
         let key = keys::node_departed(site, node);
-        let Some((left, rev)) = self.observed.get::<pb::NodeDeparted>(&key).await? else { return Ok(true) };
+        let (left_unix_ms, rev) = match self.departures.of(&key) {
+            departures::Known::Never => return Ok(true),
+            departures::Known::Left(left, rev) => (left, rev),
+            departures::Known::Unknown => {
+                let Some((left, rev)) = self.observed.get::<pb::NodeDeparted>(&key).await? else { return Ok(true) };
+                (left.left_unix_ms, rev)
+            }
+        };
         let started = self.jobs.started_unix_ms(&d.envelope.correlation).await?;
-        if started.is_some_and(|t| t > left.left_unix_ms) {
-            self.observed.purge_if(&key, rev).await?;
+        if started.is_some_and(|t| t > left_unix_ms) {
+            if self.observed.purge_if(&key, rev).await? != runtime::Cas::Conflict {
+                self.departures.removed(&key, rev);
+            }
             return Ok(true);
         }
         debug!(%site, %node, event = %d.envelope.id, "report of a node that left its site: not written");
@@ -129,9 +208,12 @@ impl Observer {
             left_unix_ms: now_ms(),
             event_id: d.envelope.id.clone(),
         };
-        self.observed.put(&keys::node_departed(&e.site_id, &e.node), &departed).await?;
+        let key = keys::node_departed(&e.site_id, &e.node);
+        let rev = self.observed.put(&key, &departed).await?;
+        self.departures.wrote(&key, departed.left_unix_ms, rev);
         let prefix = keys::observed_node_prefix(&e.site_id, &e.node);
         let entries = self.observed.scan_few::<pb::ObservedVersion>(&prefix).await?;
+        self.forget(entries.iter().map(|(key, _, _)| key));
         try_join_all(entries.iter().map(|(key, _, rev)| self.observed.purge_if(key, *rev))).await?;
         Ok(())
     }
@@ -144,6 +226,7 @@ impl Observer {
             if policy.summary_due(d.left_unix_ms, now)
                 && self.observed.purge_if(&key, rev).await? != runtime::Cas::Conflict
             {
+                self.departures.removed(&key, rev);
                 forgotten += 1;
             }
         }
@@ -153,9 +236,11 @@ impl Observer {
     /// Forgets everything observed at a removed site, and its departed nodes.
     async fn site_removed(&self, site: &str) -> Result<(), HandlerError> {
         let observed = self.observed.scan_few::<pb::ObservedVersion>(&keys::observed_site_prefix(site)).await?;
+        self.forget(observed.iter().map(|(key, _, _)| key));
         try_join_all(observed.iter().map(|(key, _, _)| self.observed.purge(key))).await?;
         let departed = self.observed.scan_few::<pb::NodeDeparted>(&keys::departed_site_prefix(site)).await?;
         try_join_all(departed.iter().map(|(key, _, _)| self.observed.purge(key))).await?;
+        departed.iter().for_each(|(key, _, rev)| self.departures.removed(key, *rev));
         self.observed.purge(&keys::link(site)).await?;
         debug!(%site, keys = observed.len(), "observed state of a removed site forgotten");
         Ok(())
@@ -277,8 +362,13 @@ pub async fn run_observer_with(
     .ordered_by_token(names::SCOPE_TOKEN, None)
     .concurrency(512);
     let sweep = tokio::spawn(sweep_markers(observer.clone(), policy, shutdown.clone()));
+    let departures = {
+        let (observer, shutdown) = (observer.clone(), shutdown.clone());
+        tokio::spawn(async move { observer.departures.follow(&observer.observed, shutdown).await })
+    };
     runtime::consume(bus, spec, Arc::new(Events(observer)), shutdown).await?;
     let _ = sweep.await;
+    let _ = departures.await;
     links.await??;
     Ok(())
 }

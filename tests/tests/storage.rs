@@ -196,6 +196,25 @@ async fn observed_keys(fleet: &Fleet, site: &str, node: &str) -> usize {
     observed.scan::<pb::ObservedVersion>(&keys::observed_node_prefix(site, node)).await.unwrap().len()
 }
 
+/// Publishes a late report of node-3 from `install` (which started before it left), then one of
+/// `other`, handled after it (a site's events are handled in order); once `other`'s is written,
+/// node-3 still has no observed version.
+async fn late_reports_leave_node_3_out(fleet: &Fleet, site: &str, install: &Envelope, other: &str, version: &str) {
+    let packages = vec![pb::PackageRef { name: "kubelet".into(), version: version.into() }];
+    for node in ["node-3", other] {
+        let late =
+            pb::NodeReady { site_id: site.into(), node: node.into(), packages: packages.clone(), ..Default::default() };
+        fleet.bus.publish_event(&late, &install.derive("late", Some(node))).await.unwrap();
+    }
+    let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
+    until(&format!("{other}'s report written"), async || {
+        let got = observed.get::<pb::ObservedVersion>(&keys::observed(site, other, "kubelet")).await.unwrap();
+        got.is_some_and(|(v, _)| v.version == version)
+    })
+    .await;
+    assert_eq!(observed_keys(fleet, site, "node-3").await, 0, "the late report of node-3 was not written");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_left_is_forgotten_and_a_late_report_does_not_bring_it_back() {
     let server = NatsServer::start();
@@ -213,23 +232,39 @@ async fn a_node_that_left_is_forgotten_and_a_late_report_does_not_bring_it_back(
 
     // A report of node-3 from the install (which started before it left) arrives late; then
     // one of node-2, handled after it (a site's events are handled in order).
-    let packages = vec![pb::PackageRef { name: "kubelet".into(), version: "9.9.9".into() }];
-    for node in ["node-3", "node-2"] {
-        let late = pb::NodeReady {
-            site_id: site.clone(),
-            node: node.into(),
-            packages: packages.clone(),
-            ..Default::default()
-        };
-        fleet.bus.publish_event(&late, &install.derive("late", Some(node))).await.unwrap();
-    }
+    late_reports_leave_node_3_out(&fleet, &site, &install, "node-2", "9.9.9").await;
+    fleet.stop().await;
+}
+
+/// A departure another observer wrote (here: the test, writing the marker as a replica does) is
+/// known to the running observer through its watch of the markers, without a read per report:
+/// a late report of that node is not written, while the next report of another node is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departure_written_by_another_observer_keeps_a_late_report_out() {
+    let server = NatsServer::start();
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(3).start().await;
+    let site = fleet.site_id(0);
+    let install = fleet.install(&site).await;
+    fleet.wait_install(&install).await;
     let observed = fleet.bus.kv(names::OBSERVED_BUCKET).await.unwrap();
-    until("node-2's report written", async || {
-        let got = observed.get::<pb::ObservedVersion>(&keys::observed(&site, "node-2", "kubelet")).await.unwrap();
-        got.is_some_and(|(v, _)| v.version == "9.9.9")
-    })
-    .await;
-    assert_eq!(observed_keys(&fleet, &site, "node-3").await, 0, "the late report of node-3 was not written");
+    let departed = pb::NodeDeparted {
+        site_id: site.clone(),
+        node: "node-3".into(),
+        left_unix_ms: i64::try_from(
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis(),
+        )
+        .unwrap(),
+        ..Default::default()
+    };
+    observed.put(&keys::node_departed(&site, "node-3"), &departed).await.unwrap();
+    for (key, _, _) in observed.scan::<pb::ObservedVersion>(&keys::observed_node_prefix(&site, "node-3")).await.unwrap()
+    {
+        observed.purge(&key).await.unwrap();
+    }
+    // The watch brings the marker a moment after it is written (milliseconds; 2 s is room).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    late_reports_leave_node_3_out(&fleet, &site, &install, "node-1", "9.9.8").await;
     fleet.stop().await;
 }
 

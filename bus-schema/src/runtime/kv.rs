@@ -290,6 +290,14 @@ impl Kv {
         }))
     }
 
+    /// The bucket's last revision (its stream's last sequence): every change at or below it was
+    /// made before this call.
+    pub async fn last_revision(&self) -> Result<u64, BusError> {
+        let mut stream = self.store.stream.clone();
+        let info = stream.info().await.map_err(|e| self.err("info", "", boxed(e)))?;
+        Ok(info.state.last_sequence)
+    }
+
     /// Every live key starting with `prefix`.
     pub async fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, BusError> {
         let mut keys = self.store.keys().await.map_err(|e| self.err("keys", prefix, boxed(e)))?;
