@@ -709,9 +709,9 @@ async fn a_job_stranded_past_its_durable_is_delivered_again() {
 }
 
 /// The sites' durables live in the hub server's memory: a server started again has none, and a
-/// site's job published meanwhile waits in its stream. The orchestrator's look makes every
-/// registered site's durable again, which delivers the job; a look that finds every durable
-/// makes none.
+/// site's job published meanwhile waits in its stream. The stranded-job sweep makes the durable
+/// of a registered site whose job waits, and the orchestrator's look every registered site's;
+/// the job is delivered; a look that finds every durable makes none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_started_again_has_its_sites_durables_made_again() {
     use async_nats::jetstream::context::ConsumerInfoErrorKind;
@@ -756,8 +756,15 @@ async fn a_hub_started_again_has_its_sites_durables_made_again() {
     let mut delivered = bus.client().subscribe(names::site_deliver("edge-01")).await.unwrap();
     let job = pb::StageArtifacts { site_id: "edge-01".into(), artifacts: vec![] };
     bus.publish_job(&job, &Envelope::root()).await.unwrap();
+    // A job of a site no longer registered (its removal cut short) gets it no durable.
+    let stray = pb::StageArtifacts { site_id: "edge-09".into(), artifacts: vec![] };
+    bus.publish_job(&stray, &Envelope::root()).await.unwrap();
 
-    assert_eq!(consumers::make_missing_durables(&bus, &sites_kv).await.unwrap(), sites.len());
+    // The stranded-job sweep makes the durable of a registered site with a job waiting, and
+    // only that; the look at every site makes the others.
+    let found = consumers::redeliver_stranded_jobs(&bus, Duration::ZERO).await.unwrap();
+    assert_eq!(found, ["edge-01"], "a registered site with a job, without a durable");
+    assert!(consumers::make_missing_durables(&bus, &sites_kv).await.unwrap() > 0, "edge-02's and edge-03's");
     for site in sites {
         let info = durable(site).await.unwrap_or_else(|e| panic!("{site}'s durable: {e}"));
         assert_eq!(info.config.deliver_subject.as_deref(), Some(names::site_deliver(site).as_str()));
@@ -766,6 +773,7 @@ async fn a_hub_started_again_has_its_sites_durables_made_again() {
         tokio::time::timeout(Duration::from_secs(10), delivered.next()).await.expect("the job delivered").unwrap();
     assert_eq!(got.subject.as_str(), job.subject(), "the job, on its durable's delivery subject");
     assert_eq!(consumers::make_missing_durables(&bus, &sites_kv).await.unwrap(), 0, "none missing any more");
+    assert!(durable("edge-09").await.is_err(), "a site not registered has no durable made");
 }
 
 /// nats-server 2.15 lets a stream that names no limit 1,000 consumers, and a jobs stream holds a

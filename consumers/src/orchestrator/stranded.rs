@@ -2,8 +2,9 @@
 //! acknowledged) whose site's durable has nothing outstanding, neither waiting to be delivered
 //! nor delivered and unacknowledged. Its durable will never deliver it again on its own.
 //!
-//! A job whose site has no durable at all is stranded too: the hub keeps the sites' durables in
-//! its memory ([`super::durables`]), and one not made again after a restart is made here.
+//! A job whose registered site has no durable at all is stranded too: the hub keeps the sites'
+//! durables in its memory ([`super::durables`]), and one not made again after a restart is made
+//! here.
 //!
 //! Seen once at 10,000 sites, right after the hub restarted under every gateway: two sites'
 //! durables had their acknowledgement floor past their patch job, which no gateway had seen,
@@ -12,7 +13,8 @@
 
 use std::time::Duration;
 
-use bus_schema::names;
+use bus_schema::names::{self, keys};
+use bus_schema::pb;
 use bus_schema::runtime::{self, Bus, ConsumerSpec};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -67,8 +69,12 @@ async fn redeliver_stranded_in(bus: &Bus, stream: &str, older_than: Duration) ->
         match stream.consumer_info(names::gateway_consumer(&site)).await {
             Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {}
             // No durable at all: the hub restarted without it (its durables are in its memory)
-            // and it was not made again yet, or it was deleted.
+            // and it was not made again yet. A site no longer registered is left without one.
             Err(e) if matches!(e.kind(), async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound) => {
+                let registered = bus.kv(names::SITES_BUCKET).await?.get::<pb::SiteDesign>(&keys::site(&site)).await?;
+                if registered.is_none() {
+                    continue;
+                }
                 warn!(%site, job = %first.subject, "a job whose site has no durable: making the durable");
                 runtime::ensure_consumer(bus, &ConsumerSpec::gateway(&site)).await?;
                 stranded.push(site);
