@@ -438,6 +438,36 @@ pub fn site_link(site: &str) -> Permissions {
     site_permissions(site)
 }
 
+/// What a relay's link to the hub may carry: what any site may do (a site's grants with every
+/// site's id a wildcard), and nothing else. A relay lets each of its sites in as the site's own
+/// user, held to that site's grants where it connects; the hub holds the link to the shape of
+/// those grants. Not to its own sites' grants, one by one: nats-server (2.15) checks every
+/// message a leaf link sends against its allow list one entry at a time, so a list that grows
+/// with the sites costs the hub in proportion on every message (three quarters of its CPU with
+/// 10,000 sites' grants on each of three links). A relay's key therefore speaks for any site:
+/// it is the hub's, kept where the hub's servers are, never at a site.
+///
+/// A site's commands and events are granted as the whole channel less the hub's origin: the
+/// hub tells a leaf link of a stream's interest (`landfall.evt.>`) only when that subject
+/// covers one of the link's grants, and nats-server (2.15) finds no grant with a wildcard for
+/// the site in the middle (`landfall.evt.*.gateway.>`), so such a link would never forward a
+/// report.
+pub fn relay_link() -> Permissions {
+    let mut p = site_permissions("*");
+    for (channel, all) in [("cmd", names::COMMANDS_ALL), ("evt", names::EVENTS_ALL)] {
+        let own = names::sent_by_gateway(channel, "*");
+        p.publish.retain(|s| *s != own);
+        p.publish.push(all.to_string());
+        p.publish_deny.push(format!("landfall.{channel}.*.{}.>", names::Origin::Hub.token()));
+    }
+    // A site acknowledges its jobs on its own durable in its own shard; the link, on any
+    // site's durable in any shard (and on no other consumer).
+    let own = format!("$JS.*.{}.{}.>", names::site_jobs_stream("*"), names::gateway_consumer("*"));
+    p.publish.retain(|s| *s != own);
+    p.publish.extend(names::jobs_streams().map(|stream| format!("$JS.*.{stream}.*.>")));
+    p
+}
+
 /// What a site's identity key may do on its own connection: ask for new link credentials (a
 /// site cut off past its link credentials' expiry), nothing else.
 pub fn site_renewal(site: &str) -> Permissions {

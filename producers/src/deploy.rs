@@ -9,6 +9,9 @@
 //! - `sites/<site>/leaf.conf`: the site's leaf node, with a JetStream domain of its own (the
 //!   site id), linked to the hub as the site's user, so everything the site sends or receives
 //!   is held to that user's permissions.
+//! - `relays/<relay>.conf` (with `--relay`): servers in front of the hub that let sites in,
+//!   each as its own user with its own permissions, and carry them to the hub over one leaf
+//!   link each, so the hub holds one connection per relay, not one per site.
 //! - `users/<user>.nk` and `sites/<site>/gateway.nk`: the seeds, mode 0600, for each process's
 //!   `--nats-nkey-file`.
 //!
@@ -59,6 +62,16 @@ pub struct NatsConfigArgs {
     /// announced, which must then be reachable from the site.
     #[arg(long = "leaf-advertise")]
     pub leaf_advertise: Vec<String>,
+    /// A relay in front of the hub: HOST[:CLIENT[:LEAF[:HTTP]]] (ports default 4222, 7422,
+    /// 8222). Given once or more, the sites are spread over the relays by a hash of their ids
+    /// (adding sites moves none): each relay lets its sites in, each as its own user with its
+    /// own permissions, checked there, and carries them to the hub over one leaf link, held
+    /// there to what any site may do: a relay's key is the hub's, kept with the hub's servers.
+    /// For fleets past what one server's connections hold; static site users only. With
+    /// --tls-cert, its listeners use the same certificate, which must then name the relays'
+    /// hosts too.
+    #[arg(long = "relay")]
+    pub relays: Vec<String>,
     /// Where each server keeps its JetStream store (`<dir>/<server>`).
     #[arg(long, default_value = "/var/lib/nats")]
     pub store_dir: PathBuf,
@@ -103,31 +116,64 @@ impl Hub {
     }
 }
 
+/// A server's address, HOST[:PORT…]: its host, then each of `ports` (a name and a default)
+/// in order, as many as are given.
+fn parse_address<const N: usize>(s: &str, what: &str, ports: [(&str, u16); N]) -> Result<(String, [u16; N]), String> {
+    let mut parts = s.split(':');
+    let host = parts.next().filter(|h| !h.is_empty()).ok_or(format!("a {what} needs a host"))?.to_string();
+    let mut out = [0; N];
+    for (slot, (name, default)) in out.iter_mut().zip(ports) {
+        *slot = match parts.next() {
+            None => default,
+            Some(p) => p.parse().map_err(|_| format!("{name} port {p:?} of {what} {s:?} is not a port"))?,
+        };
+    }
+    if parts.next().is_some() {
+        let shape: Vec<String> = ports.iter().map(|(name, _)| name.to_uppercase()).collect();
+        return Err(format!("{what} {s:?} has more than HOST:{}", shape.join(":")));
+    }
+    Ok((host, out))
+}
+
 impl std::str::FromStr for Hub {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let mut parts = s.split(':');
-        let host = parts.next().filter(|h| !h.is_empty()).ok_or("a hub needs a host")?.to_string();
-        let mut port = |default: u16, what: &str| -> Result<u16, String> {
-            match parts.next() {
-                None => Ok(default),
-                Some(p) => p.parse().map_err(|_| format!("{what} port {p:?} of hub {s:?} is not a port")),
-            }
-        };
-        let hub = Hub {
-            host,
-            client: port(4222, "client")?,
-            cluster: port(6222, "cluster")?,
-            leaf: port(7422, "leaf")?,
-            http: port(8222, "monitoring")?,
-            leaf_advertise: None,
-        };
-        if parts.next().is_some() {
-            return Err(format!("hub {s:?} has more than HOST:CLIENT:CLUSTER:LEAF:HTTP"));
-        }
-        Ok(hub)
+        let ports = [("client", 4222), ("cluster", 6222), ("leaf", 7422), ("monitoring", 8222)];
+        let (host, [client, cluster, leaf, http]) = parse_address(s, "hub", ports)?;
+        Ok(Hub { host, client, cluster, leaf, http, leaf_advertise: None })
     }
+}
+
+/// One relay's addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relay {
+    pub host: String,
+    pub client: u16,
+    pub leaf: u16,
+    pub http: u16,
+}
+
+impl std::str::FromStr for Relay {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (host, [client, leaf, http]) =
+            parse_address(s, "relay", [("client", 4222), ("leaf", 7422), ("monitoring", 8222)])?;
+        Ok(Relay { host, client, leaf, http })
+    }
+}
+
+/// The name of relay `i` (0-based).
+pub fn relay_name(i: usize) -> String {
+    format!("relay-{}", i + 1)
+}
+
+/// Which of `relays` relays `site` lets in: a hash of the site's id (FNV-1a), so a site keeps
+/// its relay however many sites are added.
+pub fn relay_of(site: &str, relays: usize) -> usize {
+    let hash = site.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    (hash % relays.max(1) as u64) as usize
 }
 
 /// The TLS files of the hub's servers.
@@ -143,6 +189,8 @@ pub struct Tls {
 pub struct Plan {
     pub sites: Vec<SiteId>,
     pub hubs: Vec<Hub>,
+    /// Relays in front of the hub (none: every site connects to the hub itself).
+    pub relays: Vec<Relay>,
     pub store_dir: PathBuf,
     pub site_listen: String,
     pub tls: Option<Tls>,
@@ -182,10 +230,45 @@ pub const ACCOUNT: &str = "LANDFALL";
 
 /// The files of `plan`, with `users` (every service, the operator and each site) and the
 /// routes' password.
-pub fn render(plan: &Plan, users: &[User], system: &Key, issuer: &Key, route_password: &str) -> Vec<File> {
+pub fn render(
+    plan: &Plan,
+    users: &[User],
+    relays: &[Key],
+    system: &Key,
+    issuer: &Key,
+    route_password: &str,
+) -> Vec<File> {
     let mut files = Vec::new();
     let callout = (plan.site_auth == SiteAuth::Enroll).then_some(issuer);
-    files.push(File { path: "hub/accounts.conf".into(), text: accounts(users, system, callout), secret: false });
+    // A site behind a relay is a user of its relay, not of the hub.
+    let behind = |u: &&User| match &u.role {
+        Role::Site(site) if !plan.relays.is_empty() => Some(relay_of(site, plan.relays.len())),
+        _ => None,
+    };
+    let hub_users: Vec<&User> = users.iter().filter(|u| behind(u).is_none()).collect();
+    let links: Vec<LinkUser<'_>> = relays
+        .iter()
+        .enumerate()
+        .map(|(i, key)| LinkUser { name: relay_name(i), key, permissions: bus_schema::access::relay_link() })
+        .collect();
+    files.push(File {
+        path: "hub/accounts.conf".into(),
+        text: accounts(&hub_users, &links, system, callout),
+        secret: false,
+    });
+    for (i, (relay, link)) in plan.relays.iter().zip(&links).enumerate() {
+        let sites: Vec<&User> = users.iter().filter(|u| behind(u) == Some(i)).collect();
+        files.push(File {
+            path: format!("relays/{}.conf", relay_name(i)).into(),
+            text: relay_server(plan, i, relay, link.key, &sites),
+            secret: true,
+        });
+        files.push(File {
+            path: format!("relays/{}.nk", relay_name(i)).into(),
+            text: seed_file(&format!("relay {}", relay_name(i)), link.key),
+            secret: true,
+        });
+    }
     for (i, hub) in plan.hubs.iter().enumerate() {
         files.push(File {
             path: format!("hub/{}.conf", hub_name(i)).into(),
@@ -218,9 +301,10 @@ pub fn render(plan: &Plan, users: &[User], system: &Key, issuer: &Key, route_pas
         };
         files.push(File { path: path.into(), text: seed_file(&what, &user.key), secret: true });
         if let Role::Site(site) = &user.role {
+            let relay = behind(&user).map(|i| &plan.relays[i]);
             files.push(File {
                 path: format!("sites/{site}/leaf.conf").into(),
-                text: leaf(plan, site, user),
+                text: leaf(plan, site, user, relay),
                 secret: true,
             });
         }
@@ -254,12 +338,15 @@ fn permissions(p: &Permissions) -> String {
     out
 }
 
-fn accounts(users: &[User], system: &Key, callout: Option<&Key>) -> String {
-    let mut out = String::from(
-        "# Generated by `landfall deploy nats-config`: run it again instead of editing.\n\
-         # One user per hub service, one for operators, one per site; public keys only.\n\n",
-    );
-    let _ = writeln!(out, "accounts {{\n  {ACCOUNT} {{\n    jetstream: enabled\n    users: [");
+/// A relay's user at the hub: its link carries what any site may send and receive.
+struct LinkUser<'a> {
+    name: String,
+    key: &'a Key,
+    permissions: Permissions,
+}
+
+/// The `users` list entries of `users`, each with its role's permissions.
+fn user_entries(out: &mut String, users: &[&User]) {
     for user in users {
         let _ = writeln!(
             out,
@@ -269,13 +356,36 @@ fn accounts(users: &[User], system: &Key, callout: Option<&Key>) -> String {
             permissions(&user.role.permissions(&user.key.public_key))
         );
     }
+}
+
+fn accounts(users: &[&User], relays: &[LinkUser<'_>], system: &Key, callout: Option<&Key>) -> String {
+    let mut out = String::from(
+        "# Generated by `landfall deploy nats-config`: run it again instead of editing.\n\
+         # One user per hub service, one for operators, one per site (one per relay for the sites\n\
+         # behind relays); public keys only.\n\n",
+    );
+    let _ = writeln!(out, "accounts {{\n  {ACCOUNT} {{\n    jetstream: enabled\n    users: [");
+    user_entries(&mut out, users);
+    for relay in relays {
+        let _ = writeln!(
+            out,
+            "      # {}: what any site may do, each site held to its own at the relay\n      {{ nkey: {:?}\n      {}\n      }}",
+            relay.name,
+            relay.key.public_key,
+            permissions(&relay.permissions)
+        );
+    }
     let _ = writeln!(out, "    ]\n  }}\n  SYS {{\n    users: [ {{ nkey: {:?} }} ]\n  }}\n}}", system.public_key);
     out.push_str("system_account: SYS\n");
     if let Some(issuer) = callout {
         // Every other connection (a site's gateway or leaf node, a gateway asking to join) is
         // let in, or not, by the identity service: the list of sites is never written here.
-        let bypass: Vec<String> =
-            users.iter().map(|u| u.key.public_key.clone()).chain([system.public_key.clone()]).collect();
+        let bypass: Vec<String> = users
+            .iter()
+            .map(|u| u.key.public_key.clone())
+            .chain(relays.iter().map(|r| r.key.public_key.clone()))
+            .chain([system.public_key.clone()])
+            .collect();
         let _ = writeln!(
             out,
             "\n# Sites are let in by the identity service (landfall serve identity), which signs its answers\n\
@@ -406,9 +516,12 @@ fn leaf_remote_settings(plan: &Plan) -> String {
     out
 }
 
-fn leaf(plan: &Plan, site: &str, user: &User) -> String {
+fn leaf(plan: &Plan, site: &str, user: &User, relay: Option<&Relay>) -> String {
     let scheme = "nats-leaf";
-    let urls: Vec<String> = plan.hubs.iter().map(|h| format!("{scheme}://{}", h.leaf_address())).collect();
+    let urls: Vec<String> = match relay {
+        Some(r) => vec![format!("{scheme}://{}:{}", r.host, r.leaf)],
+        None => plan.hubs.iter().map(|h| format!("{scheme}://{}", h.leaf_address())).collect(),
+    };
     let mut out = format!(
         "# Generated by `landfall deploy nats-config`: the leaf node of site {site}.\n\
          # Its gateway connects here (as the site's user); the link to the hub carries the same\n\
@@ -424,6 +537,53 @@ fn leaf(plan: &Plan, site: &str, user: &User) -> String {
         user.key.public_key,
         quoted(&urls),
         user.key.seed,
+    );
+    out.push_str(&leaf_remote_settings(plan));
+    out.push_str("    }\n  ]\n}\n");
+    out
+}
+
+/// Relay `i`: its sites' users, each with its site's permissions (checked here, where the site
+/// connects), no JetStream of its own, and one leaf link to the hub as the relay's user.
+fn relay_server(plan: &Plan, i: usize, relay: &Relay, key: &Key, sites: &[&User]) -> String {
+    let name = relay_name(i);
+    let mut out = format!(
+        "# Generated by `landfall deploy nats-config`: relay {} of {}, in front of the hub.\n\
+         # Its {} sites' gateways (or their leaf nodes) connect here, each as its site's user and held here\n\
+         # to its site's permissions; one leaf link carries them all to the hub, as the relay's user.\n\
+         server_name: {name}\nlisten: \"{}:{}\"\nhttp: \"{}:{}\"\nmax_payload: {}\n{}\n",
+        i + 1,
+        plan.relays.len(),
+        sites.len(),
+        relay.host,
+        relay.client,
+        relay.host,
+        relay.http,
+        bus_schema::names::MAX_PAYLOAD + 64 * 1024,
+        slow_link_settings(),
+    );
+    if let Some(tls) = &plan.tls {
+        out.push_str(&tls_block(tls, "", false));
+        out.push('\n');
+    }
+    let _ = writeln!(out, "accounts {{\n  {ACCOUNT} {{\n    users: [");
+    user_entries(&mut out, sites);
+    let _ = writeln!(out, "    ]\n  }}\n}}\n");
+    let urls: Vec<String> = plan.hubs.iter().map(|h| format!("nats-leaf://{}", h.leaf_address())).collect();
+    // Not isolated, unlike the hub: at a relay, the hub's interest arrives over a leaf link, and
+    // isolation would keep it from the sites' leaf nodes (and theirs from the hub). A site's
+    // leaf node still learns no other site's interest: what a leaf link is told is held to its
+    // user's permissions.
+    let _ = writeln!(out, "leafnodes {{\n  listen: \"{}:{}\"\n  compression: off", relay.host, relay.leaf);
+    let _ = writeln!(out, "  authorization {{ timeout: {CALLOUT_TIMEOUT_S} }}");
+    if let Some(tls) = &plan.tls {
+        out.push_str(&tls_block(tls, "  ", false));
+    }
+    let _ = writeln!(
+        out,
+        "  reconnect: {LEAF_RECONNECT:?}\n  remotes: [\n    {{\n      urls: [{}]\n      nkey: {:?}\n      account: {ACCOUNT}",
+        quoted(&urls),
+        key.seed
     );
     out.push_str(&leaf_remote_settings(plan));
     out.push_str("    }\n  ]\n}\n");
@@ -523,6 +683,13 @@ pub fn plan(args: &NatsConfigArgs) -> anyhow::Result<Plan> {
             hub.leaf_advertise = Some(address.clone());
         }
     }
+    let relays =
+        args.relays.iter().map(|r| r.parse::<Relay>().map_err(anyhow::Error::msg)).collect::<Result<Vec<_>, _>>()?;
+    if !relays.is_empty() && args.site_auth == Some(SiteAuth::Enroll) {
+        bail!(
+            "--relay lets in sites with static users: enrolled sites connect to the hub, whose auth callout lets them in"
+        );
+    }
     let tls = match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
         (Some(cert), Some(key), Some(ca)) => {
             for f in [cert, key, ca] {
@@ -537,6 +704,7 @@ pub fn plan(args: &NatsConfigArgs) -> anyhow::Result<Plan> {
     Ok(Plan {
         sites,
         hubs,
+        relays,
         store_dir: args.store_dir.clone(),
         site_listen: args.site_listen.clone(),
         tls,
@@ -561,10 +729,13 @@ pub fn write(plan: &Plan, out: &Path) -> anyhow::Result<Vec<File>> {
         };
         users.push(User { role, key: key_pair(read_seed(&path))? });
     }
+    let relays = (0..plan.relays.len())
+        .map(|i| key_pair(read_seed(&out.join(format!("relays/{}.nk", relay_name(i))))))
+        .collect::<Result<Vec<_>, _>>()?;
     let system = key_pair(read_seed(&out.join("users/sys.nk")))?;
     let route_password = existing_route_password(out).map_or_else(random_password, Ok)?;
     let issuer = issuer_key(&out.join("identity/issuer.nk"))?;
-    let files = render(plan, &users, &system, &issuer, &route_password);
+    let files = render(plan, &users, &relays, &system, &issuer, &route_password);
     for file in &files {
         let path = out.join(&file.path);
         if let Some(dir) = path.parent() {
@@ -600,6 +771,13 @@ pub fn run(cmd: DeployCommand) -> anyhow::Result<ExitCode> {
                 println!("{}{}", args.out.join(&f.path).display(), if f.secret { "  (secret, 0600)" } else { "" });
             }
             let hubs = plan.hubs.len();
+            if !plan.relays.is_empty() {
+                println!(
+                    "\n{} relay(s) in front of the hub: start each with `nats-server -c relays/<relay>.conf`; \
+                     each site's gateway connects to its relay (its leaf.conf says which).",
+                    plan.relays.len()
+                );
+            }
             println!(
                 "\n{} hub server{} ({}), {} site leaf node{}. Start each with `nats-server -c FILE`; give each \
                  service its users/<name>.nk as --nats-nkey-file, and each site's gateway its \
@@ -635,7 +813,7 @@ mod tests {
     fn a_site_holds_a_handful_of_its_own_wildcards_and_services_are_denied_others_consumers() {
         let user = |role: Role| User { role, key: key_pair(None).unwrap() };
         let users = [user(Role::Kubeconfig), user(Role::Operator), user(Role::Api), user(Role::Site("edge-01".into()))];
-        let text = accounts(&users, &key_pair(None).unwrap(), None);
+        let text = accounts(&users.iter().collect::<Vec<_>>(), &[], &key_pair(None).unwrap(), None);
         let block = |name: &str| {
             let start = text.find(&format!("# {name}\n")).unwrap();
             text[start..].split("\n      # ").next().unwrap().to_string()
@@ -658,6 +836,7 @@ mod tests {
     fn sites_are_checked() {
         let args = |sites: &[&str], hubs: &[&str]| NatsConfigArgs {
             leaf_advertise: Vec::new(),
+            relays: Vec::new(),
             sites: sites.iter().map(|s| s.to_string()).collect(),
             out: "x".into(),
             hubs: hubs.iter().map(|s| s.to_string()).collect(),
@@ -683,6 +862,7 @@ mod tests {
             out: "x".into(),
             hubs: vec!["10.0.0.5".into()],
             leaf_advertise: Vec::new(),
+            relays: Vec::new(),
             store_dir: "/s".into(),
             site_listen: "127.0.0.1:4222".into(),
             tls_cert: None,
@@ -693,7 +873,7 @@ mod tests {
         };
         let p = plan(&args).unwrap();
         let site = User { role: Role::Site("edge-01".into()), key: key_pair(None).unwrap() };
-        for conf in [hub_server(&p, 0, &p.hubs[0], "pw"), leaf(&p, "edge-01", &site)] {
+        for conf in [hub_server(&p, 0, &p.hubs[0], "pw"), leaf(&p, "edge-01", &site, None)] {
             assert!(conf.contains("\nwrite_deadline: \"60s\"\n"), "{conf}");
         }
         // Many leaf nodes: interest isolated and no compression at the hub, a reconnect delay
@@ -702,10 +882,80 @@ mod tests {
         let leafnodes = &hub[hub.find("leafnodes {").unwrap()..];
         assert!(leafnodes.contains("isolate_leafnode_interest: true\n  compression: off"), "{hub}");
         assert!(leafnodes.contains("authorization { timeout: 10 }"), "{hub}");
-        for conf in [leaf(&p, "edge-01", &site), leaf_enrolled(&p, "edge-01")] {
+        for conf in [leaf(&p, "edge-01", &site, None), leaf_enrolled(&p, "edge-01")] {
             assert!(conf.contains("leafnodes {\n  reconnect: \"2s\"\n"), "{conf}");
             assert!(conf.contains("      compression: off\n"), "{conf}");
         }
+    }
+
+    #[test]
+    fn sites_behind_relays_are_users_of_their_relay_whose_link_holds_a_sites_grants_for_any_site() {
+        let sites: Vec<String> = (1..=6).map(|i| format!("edge-{i:02}")).collect();
+        let mut args = NatsConfigArgs {
+            sites: sites.clone(),
+            out: "x".into(),
+            hubs: vec!["10.0.0.5".into()],
+            leaf_advertise: Vec::new(),
+            relays: vec!["10.0.1.1".into(), "10.0.1.2:4333:7433:8333".into()],
+            store_dir: "/s".into(),
+            site_listen: "127.0.0.1:4222".into(),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            site_auth: None,
+            site_creds: PathBuf::from("/tmp/link.creds"),
+        };
+        let p = plan(&args).unwrap();
+        assert_eq!(p.relays[1], Relay { host: "10.0.1.2".into(), client: 4333, leaf: 7433, http: 8333 });
+        let users: Vec<User> = Role::services()
+            .into_iter()
+            .chain(sites.iter().map(|s| Role::Site(s.clone())))
+            .map(|role| User { role, key: key_pair(None).unwrap() })
+            .collect();
+        let relays = [key_pair(None).unwrap(), key_pair(None).unwrap()];
+        let files = render(&p, &users, &relays, &key_pair(None).unwrap(), &key_pair(None).unwrap(), "pw");
+        let text = |path: &str| files.iter().find(|f| f.path == Path::new(path)).unwrap().text.clone();
+        let hub = text("hub/accounts.conf");
+        let mut behind = [0, 0];
+        for (site, user) in sites.iter().zip(&users[Role::services().len()..]) {
+            let r = relay_of(site, 2);
+            behind[r] += 1;
+            assert!(!hub.contains(&user.key.public_key), "a relayed site is no user of the hub: {hub}");
+            let relay = text(&format!("relays/{}.conf", relay_name(r)));
+            let other = text(&format!("relays/{}.conf", relay_name(1 - r)));
+            assert!(relay.contains(&user.key.public_key) && !other.contains(&user.key.public_key), "{relay}");
+            assert!(relay.contains(&format!("\"landfall.to.{site}.>\"")), "checked at its relay: {relay}");
+            let leaf = text(&format!("sites/{site}/leaf.conf"));
+            let port = if r == 0 { 7422 } else { 7433 };
+            assert!(leaf.contains(&format!("\"nats-leaf://{}:{port}\"", p.relays[r].host)), "{leaf}");
+        }
+        assert!(behind[0] > 0 && behind[1] > 0, "six sites land on both relays: {behind:?}");
+        for (i, key) in relays.iter().enumerate() {
+            let relay = text(&format!("relays/{}.conf", relay_name(i)));
+            assert!(!relay.contains("jetstream"), "{relay}");
+            assert!(
+                !relay.contains("isolate_leafnode_interest"),
+                "the hub's interest reaches sites' leaf nodes: {relay}"
+            );
+            assert!(relay.contains(&format!("nkey: {:?}\n      account: LANDFALL", key.seed)), "{relay}");
+            assert!(relay.contains("\"nats-leaf://10.0.0.5:7422\""), "{relay}");
+            // At the hub, the relay's user may carry what any site may, and nothing of the hub's.
+            let start = hub.find(&format!("# {}:", relay_name(i))).unwrap();
+            let grant = hub[start..].split("\n      # ").next().unwrap();
+            assert!(grant.contains(&key.public_key), "{grant}");
+            assert!(grant.contains("\"landfall.to.*.>\"") && grant.contains("\"landfall.svc.*.>\""), "{grant}");
+            assert!(grant.contains("\"$JS.*.LANDFALL_JOBS_63.*.>\""), "any site's durable, in any shard: {grant}");
+            assert!(!sites.iter().any(|site| grant.contains(site.as_str())), "no site by name: {grant}");
+            for hubs_own in ["\"landfall.>\"", "\"$JS.ACK.>\"", "\"$JS.API.>\""] {
+                assert!(!grant.contains(hubs_own), "{hubs_own}: {grant}");
+            }
+            assert!(grant.contains("deny: [\"landfall.cmd.*.hub.>\", \"landfall.evt.*.hub.>\"]"), "{grant}");
+        }
+        args.site_auth = Some(SiteAuth::Enroll);
+        assert!(plan(&args).unwrap_err().to_string().contains("static users"));
+        args.site_auth = None;
+        args.relays = vec!["r:x".into()];
+        assert!(plan(&args).unwrap_err().to_string().contains("client port"));
     }
 
     #[test]
@@ -715,6 +965,7 @@ mod tests {
             out: "x".into(),
             hubs: vec!["10.0.0.5".into()],
             leaf_advertise: vec!["hub.example.net:443".into()],
+            relays: Vec::new(),
             store_dir: "/s".into(),
             site_listen: "127.0.0.1:4222".into(),
             tls_cert: None,
@@ -725,7 +976,7 @@ mod tests {
         };
         let p = plan(&args).unwrap();
         let site = User { role: Role::Site("edge-01".into()), key: key_pair(None).unwrap() };
-        let leaf_conf = leaf(&p, "edge-01", &site);
+        let leaf_conf = leaf(&p, "edge-01", &site, None);
         assert!(leaf_conf.contains("\"nats-leaf://hub.example.net:443\""), "{leaf_conf}");
         assert!(!leaf_conf.contains("10.0.0.5"), "{leaf_conf}");
         let hub_conf = hub_server(&p, 0, &p.hubs[0], "pw");

@@ -494,8 +494,10 @@ pub async fn run_gateway_showing_steps<B: SiteBackend>(
     let bus = bus.as_gateway();
     // On its site's leaf node (the hub's JetStream named by its domain), the site keeps its
     // own record of what it reports and announces, and the jobs that reached it: kept, carried
-    // out and forwarded from the start, even while the hub cannot be reached.
-    let at_leaf = bus.js_domain().is_some();
+    // out and forwarded from the start, even while the hub cannot be reached. A relay in front
+    // of the hub names the hub's domain too, but keeps nothing: there, as at the hub, the hub's
+    // durable keeps the jobs and a report is sent straight.
+    let at_leaf = bus.js_domain().is_some() && bus.has_local_jetstream();
     let outbox = match at_leaf {
         true => {
             let open = async {

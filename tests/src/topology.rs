@@ -48,6 +48,8 @@ pub struct Deployment {
     pub sites: Vec<String>,
     /// Where every site's leaf node listens for its gateway (each test runs one leaf per port).
     pub site_port: u16,
+    /// Relays in front of the hub (`--relay`), each's client, leaf and monitoring ports.
+    pub relays: Vec<HubPorts>,
 }
 
 /// TLS files for the hub: a CA and a certificate for 127.0.0.1 and localhost, made with openssl.
@@ -127,13 +129,19 @@ impl Deployment {
     /// `leaf_via[i]` (a proxy standing in for the network between them), which the hub
     /// announces to them, as a hub behind a NAT or a load balancer does (`--leaf-advertise`).
     pub fn generate_with(sites: &[&str], hubs: usize, tls: Option<&TlsFiles>, leaf_via: &[u16]) -> Deployment {
-        Deployment::generate_args(sites, hubs, tls, leaf_via, &[])
+        Deployment::generate_args(sites, hubs, tls, leaf_via, &[], 0)
+    }
+
+    /// [`Deployment::generate`] with one hub server and `relays` relays in front of it
+    /// (`--relay`): each site connects to its relay.
+    pub fn generate_relayed(sites: &[&str], relays: usize) -> Deployment {
+        Deployment::generate_args(sites, 1, None, &[], &[], relays)
     }
 
     /// [`Deployment::generate`] with sites that join by enrollment (`--site-auth enroll`): the
     /// hub lets them in through the identity service's auth callout.
     pub fn generate_enrolled(sites: &[&str], hubs: usize) -> Deployment {
-        Deployment::generate_args(sites, hubs, None, &[], &["--site-auth", "enroll"])
+        Deployment::generate_args(sites, hubs, None, &[], &["--site-auth", "enroll"], 0)
     }
 
     fn generate_args(
@@ -142,12 +150,17 @@ impl Deployment {
         tls: Option<&TlsFiles>,
         leaf_via: &[u16],
         extra: &[&str],
+        relays: usize,
     ) -> Deployment {
         let dir = tempfile::Builder::new().prefix("landfall-deploy-").tempdir().expect("a temporary directory");
         let ports: Vec<HubPorts> = (0..hubs)
             .map(|_| HubPorts { client: free_port(), cluster: free_port(), leaf: free_port(), http: free_port() })
             .collect();
         let site_port = free_port();
+        // A relay's cluster port is not used: only its client, leaf and monitoring ports.
+        let relays: Vec<HubPorts> = (0..relays)
+            .map(|_| HubPorts { client: free_port(), cluster: 0, leaf: free_port(), http: free_port() })
+            .collect();
         let mut cmd = Command::new(crate::cli::binary());
         cmd.args(["deploy", "nats-config", "--sites", &sites.join(",")])
             .arg("--out")
@@ -161,6 +174,9 @@ impl Deployment {
         for p in &ports {
             cmd.args(["--hub", &format!("127.0.0.1:{}:{}:{}:{}", p.client, p.cluster, p.leaf, p.http)]);
         }
+        for r in &relays {
+            cmd.args(["--relay", &format!("127.0.0.1:{}:{}:{}", r.client, r.leaf, r.http)]);
+        }
         for port in leaf_via {
             cmd.args(["--leaf-advertise", &format!("127.0.0.1:{port}")]);
         }
@@ -169,7 +185,7 @@ impl Deployment {
         }
         let out = cmd.output().expect("run landfall deploy nats-config");
         assert!(out.status.success(), "landfall deploy nats-config: {}", String::from_utf8_lossy(&out.stderr));
-        Deployment { dir, hubs: ports, sites: sites.iter().map(|s| s.to_string()).collect(), site_port }
+        Deployment { dir, hubs: ports, sites: sites.iter().map(|s| s.to_string()).collect(), site_port, relays }
     }
 
     pub fn nats_dir(&self) -> PathBuf {
@@ -278,6 +294,12 @@ impl Deployment {
             })
             .collect();
         servers
+    }
+
+    /// Starts relay `i` (0-based).
+    pub fn start_relay(&self, i: usize) -> ConfServer {
+        let conf = self.nats_dir().join(format!("relays/relay-{}.conf", i + 1));
+        ConfServer::start(&format!("relay-{}", i + 1), conf, self.relays[i].client)
     }
 
     /// Starts `site`'s leaf node.

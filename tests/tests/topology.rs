@@ -99,6 +99,101 @@ async fn each_service_and_site_works_as_its_own_user_and_a_site_is_refused_anoth
     fleet.stop().await;
 }
 
+/// Sites behind a relay (`deploy nats-config --relay`): one site's gateway, a process of its own,
+/// connects to the relay as its site's user, another site's to its own leaf node linked to the
+/// relay, and both are installed through it; the hub holds one leaf link, not the sites'
+/// connections. At the relay a site is held to its own subjects; the relay's own key, taken to
+/// the hub, may do what a site may, and nothing of the hub's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sites_behind_a_relay_are_installed_through_it_and_each_is_held_to_its_own_subjects_there() {
+    let d = Deployment::generate_relayed(&["edge-01", "edge-02"], 1);
+    let hubs = d.start_hubs();
+    let relay = d.start_relay(0);
+    let url = d.hub_urls("nats");
+    let relay_url = format!("nats://127.0.0.1:{}", relay.port);
+    let fleet = Fleet::builder(&url).sites(2).nodes(3).access(d.users(None)).without_gateways().start().await;
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let seed = d.seed_file(&Role::Site("edge-01".into()));
+    let args = [
+        "serve",
+        "gateway",
+        "--site",
+        "edge-01",
+        "--backend",
+        "sim",
+        "--time-scale",
+        "300",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--nats-nkey-file",
+        seed.to_str().unwrap(),
+        "--js-domain",
+        HUB_DOMAIN,
+    ];
+    let gateway = Service::start_with_env("gateway-edge-01", &relay_url, work.path(), &args, &[("RUST_LOG", "info")]);
+
+    // Site edge-02 keeps a leaf node of its own (its outbox and inbox there), linked to the relay.
+    let leaf = d.start_leaf("edge-02");
+    let leaf_url = format!("nats://127.0.0.1:{}", leaf.port);
+    let work_02 = tempfile::tempdir().unwrap();
+    let cache_02 = work_02.path().join("cache");
+    let seed_02 = d.seed_file(&Role::Site("edge-02".into()));
+    let mut args_02 = args;
+    (args_02[3], args_02[9], args_02[11]) = ("edge-02", cache_02.to_str().unwrap(), seed_02.to_str().unwrap());
+    let gateway_02 =
+        Service::start_with_env("gateway-edge-02", &leaf_url, work_02.path(), &args_02, &[("RUST_LOG", "info")]);
+
+    for site in ["edge-01", "edge-02"] {
+        let env = fleet.install(site).await;
+        let run = fleet.wait_install(&env).await;
+        assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE, "{site}: {:?}", run.kinds());
+    }
+    assert_eq!(leaf_links(d.hubs[0].http).await, 1, "the relay's one link carries both sites");
+    let outbox = gateway_02.log_text();
+    for (name, log) in
+        [("hub", hubs[0].log()), ("relay", relay.log()), ("gateway", gateway.log_text()), ("leaf gateway", outbox)]
+    {
+        assert!(!log.contains("Permissions Violation"), "the {name} refused something a site needs:\n{log}");
+    }
+    drop(gateway_02);
+    drop(leaf);
+
+    // Site edge-01 at the relay: not edge-02's jobs, not edge-02's host changes.
+    let (client, errors) = raw_client(&relay_url, &d.access(&Role::Site("edge-01".into()))).await;
+    let _sub = client.subscribe(names::site_jobs("edge-02")).await.unwrap();
+    let e = refused(&errors, &names::site_jobs("edge-02")).await;
+    assert!(e.contains("Permissions Violation for Subscription"), "{e}");
+    let gateway_origin = names::Origin::Gateway;
+    let foreign = pb::NodeAdded { site_id: "edge-02".into(), ..Default::default() };
+    let commands_before = commands_stored(&fleet.bus).await;
+    client.publish(foreign.subject_from(gateway_origin), foreign.encode_to_vec().into()).await.unwrap();
+    let e = refused(&errors, &foreign.subject_from(gateway_origin)).await;
+    assert!(e.contains("Permissions Violation for Publish"), "{e}");
+
+    // The relay's key straight at the hub: what any site may send, nothing of the hub's. Not a
+    // command of the hub's, not an event as the hub, not a stream's removal, not the events of
+    // the whole fleet.
+    let relay_seed = Access::seed_from_file(&d.nats_dir().join("relays/relay-1.nk")).expect("the relay's seed");
+    let as_relay = Access { nkey_seed: Some(relay_seed), ..Access::default() };
+    let (stolen, errors) = raw_client(&url, &as_relay).await;
+    let install = pb::InstallSite { site_id: "edge-01".into(), ..Default::default() };
+    let delete = format!("$JS.API.STREAM.DELETE.{}", names::EVENTS_STREAM);
+    for subject in [install.subject(), names::event_subject("edge-01", "site", "installed"), delete] {
+        stolen.publish(subject.clone(), Vec::new().into()).await.unwrap();
+        let e = refused(&errors, &subject).await;
+        assert!(e.contains("Permissions Violation for Publish"), "{e}");
+    }
+    let _sub = stolen.subscribe(names::EVENTS_ALL).await.unwrap();
+    refused(&errors, names::EVENTS_ALL).await;
+    client.flush().await.unwrap();
+    stolen.flush().await.unwrap();
+    assert_eq!(commands_stored(&fleet.bus).await, commands_before, "no refused command reached the stream");
+    drop(gateway);
+    drop(relay);
+    fleet.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_server_cluster_loses_a_server_mid_rollout_then_restarts_whole_and_each_node_is_patched_once_per_rollout()
  {

@@ -32,6 +32,10 @@ pub struct Access {
     /// a gateway sent them ([`names::Origin::Gateway`]), and the answers to its requests come to
     /// the site's inbox ([`names::site_inbox`]), both among the site's own subjects.
     pub site: Option<String>,
+    /// The connection's read buffer, in bytes, when not the client's 64 KiB: a process that
+    /// holds thousands of connections (simulated gateways) keeps them smaller. Longer
+    /// messages still arrive whole: the buffer grows for them.
+    pub read_buffer: Option<u16>,
 }
 
 /// What a connection presents when the hub's identity service lets it in: asked at every
@@ -170,6 +174,9 @@ pub struct Bus {
     /// inbox for a gateway.
     inbox_prefix: String,
     js_domain: Option<String>,
+    /// Whether the connected server runs JetStream of its own (a relay in front of the hub does
+    /// not: every JetStream request crosses to the hub's domain).
+    local_js: bool,
     /// Who the commands and events it sends say sent them.
     origin: names::Origin,
     /// Who asked, on what it publishes whose envelope names no one (`names::headers::ACTOR`):
@@ -234,6 +241,9 @@ impl Bus {
         if let Some((cert, key)) = &access.client_cert {
             options = options.add_client_certificate(cert.clone(), key.clone());
         }
+        if let Some(bytes) = access.read_buffer {
+            options = options.read_buffer_capacity(bytes);
+        }
         let (connected_tx, mut connected_rx) = tokio::sync::watch::channel(false);
         let client = options
             .max_reconnects(None)
@@ -284,7 +294,9 @@ impl Bus {
         if !server_supported(&info.version) {
             return Err(BusError::ServerTooOld { url: url.to_string(), found: info.version });
         }
-        if !info.jetstream {
+        // A client that names a JetStream domain reaches it across leaf links: the server it
+        // connects to (a relay in front of the hub) may have none of its own.
+        if !info.jetstream && access.js_domain.is_none() {
             return Err(BusError::NoJetStream { url: url.to_string() });
         }
         let js = match &access.js_domain {
@@ -294,7 +306,8 @@ impl Bus {
         // The hub's own domain named on the hub (a gateway connected to the hub directly, whose
         // user reaches the hub's JetStream through its domain only) is the server's own.
         let js_domain = access.js_domain.clone().filter(|d| info.domain.as_deref() != Some(d.as_str()));
-        Ok(Self { client, js, url: url.to_string(), inbox_prefix, js_domain, origin, actor: actor.into() })
+        let local_js = info.jetstream;
+        Ok(Self { client, js, url: url.to_string(), inbox_prefix, js_domain, local_js, origin, actor: actor.into() })
     }
 
     /// This connection, saying `actor` asked for what it publishes whose envelope names no one.
@@ -320,6 +333,12 @@ impl Bus {
     /// gateway on its site's leaf node names the hub's.
     pub fn js_domain(&self) -> Option<&str> {
         self.js_domain.as_deref()
+    }
+
+    /// Whether the server this connection reached runs JetStream of its own: a site's leaf node
+    /// does, a relay in front of the hub does not.
+    pub fn has_local_jetstream(&self) -> bool {
+        self.local_js
     }
 
     /// The JetStream of the server this connection reached, in its own domain: a gateway's

@@ -11,6 +11,7 @@
 //!   stay flat over them ([`soak`]).
 
 pub mod api;
+mod gateway_procs;
 mod hub_costs;
 mod layout;
 mod patch_run;
@@ -105,7 +106,20 @@ pub enum BenchCommand {
         /// Production shape: how often each gateway says it is there (as `--alive-every`).
         #[arg(long, default_value = "15s", value_parser = crate::flags::parse_duration)]
         alive_every: std::time::Duration,
+        /// Production shape: relays in front of the hub (`deploy nats-config --relay`), every
+        /// site's gateway connecting to its relay; 0 connects them to the hub.
+        #[arg(long, default_value_t = 0)]
+        relays: usize,
+        /// Production shape: processes the gateways are spread over (a process holds one
+        /// connection per gateway, and only as many as its file limit); 1 runs them in the
+        /// benchmark's own.
+        #[arg(long, default_value_t = 1)]
+        gateway_processes: usize,
     },
+    /// A share of a production-shape run's gateways, in a process of its own (started by
+    /// `fanout --gateway-processes`).
+    #[command(hide = true)]
+    Gateways(gateway_procs::GatewaysArgs),
     /// An artifact of --size bytes uploaded to the artifact store, read back raw from it, and
     /// staged into a site gateway's cache over the bus: MB/s of each, and peak RSS.
     Transfer {
@@ -172,6 +186,11 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<ExitCode> {
     let shutdown = crate::run::service::shutdown_on_signal();
+    // A child of a production-shape run: its gateways run until it is told to stop.
+    if let BenchCommand::Gateways(args) = cmd {
+        gateway_procs::serve(args, shutdown).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     // The production shape runs a hub of its own, configured as deployed.
     let own_hub = matches!(
         cmd,
@@ -204,6 +223,8 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                 restart_hub,
                 idle,
                 alive_every,
+                relays,
+                gateway_processes,
             } => {
                 anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
                 let strategy = pb::RolloutStrategy {
@@ -223,6 +244,8 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
                         restart_hub,
                         idle,
                         alive_every,
+                        relays,
+                        gateway_processes,
                     };
                     return production::fanout(run, strategy).await;
                 }
@@ -237,6 +260,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
             BenchCommand::Soak(args) => soak::soak(&url, args).await,
             BenchCommand::JobLayout { sites, layout, idle } => layout::job_layout(sites, layout, idle).await,
             BenchCommand::SiteAuth { sites } => site_auth::site_auth(sites).await,
+            BenchCommand::Gateways(_) => unreachable!("a gateway process runs above"),
             BenchCommand::Slopes { runs, svg } => slopes::slopes(&runs, svg.as_deref()).await,
             BenchCommand::Api { sites, nodes } => {
                 anyhow::ensure!(sites >= 1 && nodes >= 1, "--sites and --nodes must be at least 1");
@@ -553,7 +577,7 @@ async fn fanout(
     eprintln!("setup took {setup_s:.1} s; patching ...");
 
     let patched = patch_fleet(&bus, &target_package(), &strategy).await?;
-    let figures = patched.figures(stored_messages(&bus).await?, raw, &sims);
+    let figures = patched.figures(stored_messages(&bus).await?, raw, gateway_procs::patch_effects(&sims));
     let phases = rollout_phases(&bus, &patched.rollout_id).await?;
     shutdown.cancel();
     while services.join_next().await.is_some() {}

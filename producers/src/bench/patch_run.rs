@@ -10,7 +10,6 @@ use bus_schema::names;
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::runtime::{Bus, Envelope};
 use serde_json::json;
-use site_gateway::sim::SimSite;
 
 use super::{round, stored_messages};
 
@@ -62,12 +61,10 @@ pub(super) async fn patch_fleet(
 }
 
 impl Patched {
-    /// What every fanout reports of its rollout: node updates and the backends' patches, the
+    /// What every fanout reports of its rollout: node updates and the backends' patches (`patched_effects`), the
     /// rate, bus messages per update (`messages_after`: stored when it ended), and the rate
     /// against `raw` JetStream messages per second.
-    pub(super) fn figures(&self, messages_after: u64, raw: f64, sims: &[SimSite]) -> serde_json::Value {
-        let patched_effects: u64 =
-            sims.iter().map(|s| s.effects().patches.values().map(|&n| u64::from(n)).sum::<u64>()).sum();
+    pub(super) fn figures(&self, messages_after: u64, raw: f64, patched_effects: u64) -> serde_json::Value {
         let updates = f64::from(self.completed.patched);
         let messages = messages_after.saturating_sub(self.messages_before);
         let rate = updates / self.wall;

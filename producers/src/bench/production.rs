@@ -6,7 +6,9 @@
 //!   own, run as `landfall serve …` with its user's key, so its RSS and CPU are its own.
 //! - Every site's gateway has its own connection as its site's user and its own durable
 //!   consumer, made by the orchestrator when the site is registered. Gateways share the
-//!   benchmark's process; `--leaf-sites` of them reach the hub through leaf nodes of their own.
+//!   benchmark's process, or `--gateway-processes` children of it (a process holds only so many
+//!   connections); `--leaf-sites` of them reach the hub through leaf nodes of their own, and
+//!   with `--relays` every site connects to its relay, which carries it to the hub.
 //! - Packages carry bytes, staged from the artifact store at install and patch; the fleet is
 //!   registered and installed through the bus (timed as setup), so what each node runs comes
 //!   from its install's reports.
@@ -31,6 +33,7 @@ use site_gateway::sim::{SimConfig, SimSite};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::gateway_procs::{GatewayProcesses, patch_effects};
 use super::hub_costs::{self, HubSample};
 use super::{
     extend, patch_fleet, raw_publish_rate, register_fleet, representative_payload, rollout_phases, round,
@@ -56,6 +59,10 @@ pub struct Production {
     pub idle: Duration,
     /// How often each gateway says it is there.
     pub alive_every: Duration,
+    /// Relays in front of the hub, as `deploy nats-config --relay` writes them (0: none).
+    pub relays: usize,
+    /// Processes the gateways are spread over (0 or 1: the benchmark's own).
+    pub gateway_processes: usize,
 }
 
 pub async fn fanout(run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
@@ -82,15 +89,31 @@ impl Drop for Scratch {
 }
 
 async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) -> anyhow::Result<serde_json::Value> {
-    let Production { sites, nodes, leaf_sites, artifact_bytes, raw_messages, restart_hub, idle, alive_every } = run;
+    let Production {
+        sites,
+        nodes,
+        leaf_sites,
+        artifact_bytes,
+        raw_messages,
+        restart_hub,
+        idle,
+        alive_every,
+        relays,
+        gateway_processes,
+    } = run;
     anyhow::ensure!(leaf_sites <= sites, "--leaf-sites ({leaf_sites}) is more than --sites ({sites})");
     let designs: Vec<SiteDesign> = (0..sites).map(|i| demo_site(i, nodes)).collect();
     let binary = find_nats_server().await?;
 
     let t = Instant::now();
-    let mut hub = Hub::start(&binary, root, &designs).await?;
+    let mut hub = Hub::start(&binary, root, &designs, relays).await?;
+    let relays = Relays::start(&binary, &hub).await?;
     let config_s = t.elapsed().as_secs_f64();
-    eprintln!("hub: {} users configured and started in {config_s:.1} s", designs.len() + Role::services().len());
+    eprintln!(
+        "hub: {} users configured and started in {config_s:.1} s ({} relays)",
+        designs.len() + Role::services().len(),
+        relays.count()
+    );
 
     let store_dir = root.join("artifacts");
     let store = ArtifactStore::open(&store_dir.display().to_string(), &S3Options::default())?;
@@ -110,7 +133,8 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let raw = raw_publish_rate(&bus, payload, raw_messages).await?;
     eprintln!("raw JetStream: {raw:.0} msgs/s");
 
-    let sample_at_start = CpuSample::take(&hub, &services);
+    let mut gateways = Gateways::None;
+    let sample_at_start = CpuSample::take(&hub, &services, &relays, &gateways);
     let t = Instant::now();
     let (target, rest) = catalog.split_last().context("the catalog is empty")?;
     register_fleet(&bus, &designs, rest).await?;
@@ -120,17 +144,39 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let shutdown = CancellationToken::new();
     let t = Instant::now();
     let leaves = Leaves::start(&binary, &hub, &designs[..leaf_sites]).await?;
-    let mut gateways = JoinSet::new();
-    let sims = start_gateways(&hub, &leaves, &designs, root, alive_every, &shutdown, &mut gateways).await?;
+    // Each site's gateway connects to its own leaf node, or its relay, or the hub.
+    let urls: Vec<String> = designs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| leaves.url(i).or_else(|| relays.url(d.site.as_str())).unwrap_or(&hub.url).to_string())
+        .collect();
+    gateways = match gateway_processes {
+        0 | 1 => {
+            let mut set = JoinSet::new();
+            let caches = root.join("caches");
+            let sims = start_gateways(&hub.config, &urls, &designs, &caches, alive_every, &shutdown, &mut set).await?;
+            Gateways::InProcess { sims, set }
+        }
+        count => {
+            let mut children = GatewayProcesses::spawn(count, &hub.config, &urls, nodes, alive_every, root)?;
+            let connected = children.connected(Duration::from_secs(1800)).await?;
+            anyhow::ensure!(connected == sites, "{connected} of {sites} gateways connected");
+            Gateways::Children(children)
+        }
+    };
     let connect_s = t.elapsed().as_secs_f64();
-    eprintln!("{sites} gateways connected in {connect_s:.1} s ({leaf_sites} through leaf nodes)");
+    eprintln!(
+        "{sites} gateways connected in {connect_s:.1} s ({leaf_sites} through leaf nodes, {} through relays, in {} process(es))",
+        if relays.count() > 0 { sites - leaf_sites } else { 0 },
+        gateway_processes.max(1)
+    );
 
     let t = Instant::now();
     let (installed, install_failed) = install_fleet(&bus, &designs).await?;
     let install_s = t.elapsed().as_secs_f64();
     eprintln!("installed {installed} sites ({install_failed} failed) in {install_s:.1} s");
     anyhow::ensure!(install_failed == 0, "{install_failed} installs failed");
-    let sample_after_install = CpuSample::take(&hub, &services);
+    let sample_after_install = CpuSample::take(&hub, &services, &relays, &gateways);
     let hub_installed = hub.sample().await?;
     let hub_rss_setup = hub.process.rss_mib();
     // Idle: what the fleet costs while nothing happens (each gateway's heartbeat, heard by the
@@ -140,7 +186,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     } else {
         eprintln!("idle for {idle:?} ...");
         tokio::time::sleep(idle).await;
-        let spent = CpuSample::take(&hub, &services).since(&sample_after_install);
+        let spent = CpuSample::take(&hub, &services, &relays, &gateways).since(&sample_after_install);
         eprintln!("idle: {spent}");
         json!({
             "seconds": idle.as_secs_f64(),
@@ -162,22 +208,26 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
         }
     };
     // After a restart the hub is a new process: its CPU counts from there.
-    let sample_after_setup = CpuSample::take(&hub, &services);
+    let sample_after_setup = CpuSample::take(&hub, &services, &relays, &gateways);
 
     let patched = patch_fleet(&bus, target, &strategy).await?;
-    let sample_after_patch = CpuSample::take(&hub, &services);
+    let sample_after_patch = CpuSample::take(&hub, &services, &relays, &gateways);
     let hub_patched = hub.sample().await?;
-    let figures = patched.figures(stored_messages(&bus).await?, raw, &sims);
+    let messages_after = stored_messages(&bus).await?;
     let phases = rollout_phases(&bus, &patched.rollout_id).await?;
 
     let hub_rss = hub.process.rss_mib();
     let hub_peak = hub.process.peak_mib();
     let service_memory = services.memory();
     let leaf_memory = leaves.rss_mib();
+    let relay_memory = relays.memory(sites);
+    let gateway_rss_mib = gateways.rss_mib();
     shutdown.cancel();
-    while gateways.join_next().await.is_some() {}
+    let patch_effects = gateways.finish().await?;
+    let figures = patched.figures(messages_after, raw, patch_effects);
     services.stop();
     leaves.stop();
+    relays.stop();
     drop(hub);
 
     let cpu_setup = sample_after_install.since(&sample_at_start);
@@ -241,6 +291,10 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
         // Where the machine's CPU went: register, connect and install; then the patch.
         "cpu_seconds": { "setup": cpu_setup, "patch": cpu_patch },
         "leaf_nodes": leaf_memory,
+        // Relays in front of the hub: what they hold of the sites' connections.
+        "relays": relay_memory,
+        "gateway_processes": gateway_processes.max(1),
+        "gateways_rss_mib": round(gateway_rss_mib, 1),
         "hub_restart": restart,
         "idle": idle_cpu,
     });
@@ -264,10 +318,12 @@ fn cpu_seconds_of(pid: &str) -> f64 {
 struct CpuSample(Vec<(&'static str, f64)>);
 
 impl CpuSample {
-    fn take(hub: &Hub, services: &Services) -> Self {
+    fn take(hub: &Hub, services: &Services, relays: &Relays, gateways: &Gateways) -> Self {
         let mut each = vec![("hub_nats", hub.cpu_seconds())];
         each.extend(services.processes.iter().map(|(name, p)| (*name, p.cpu_seconds())));
+        each.push(("relays", relays.cpu_seconds()));
         each.push(("gateways_and_bench", cpu_seconds_of("self")));
+        each.push(("gateway_processes", gateways.cpu_seconds()));
         Self(each)
     }
 
@@ -400,11 +456,27 @@ async fn install_fleet(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<(usi
     }
     let (mut installed, mut failed) = (0, 0);
     let mut last_progress = Instant::now();
+    // Every site's install runs at once, so the first ends later the more there are (at 30,000
+    // sites, past five minutes): the installs are moving while the hub stores messages.
+    let started = Instant::now();
+    let (mut stored, mut stored_changed) = (0, Instant::now());
     while installed + failed < designs.len() {
-        let e = tokio::time::timeout(Duration::from_secs(300), events.next())
-            .await
-            .with_context(|| format!("no install ended for 300 s ({installed} installed, {failed} failed)"))?
-            .context("event stream ended")??;
+        let Ok(e) = tokio::time::timeout(Duration::from_secs(30), events.next()).await else {
+            let now = stored_messages(bus).await?;
+            if now != stored {
+                (stored, stored_changed) = (now, Instant::now());
+            }
+            anyhow::ensure!(
+                stored_changed.elapsed() < Duration::from_secs(300),
+                "nothing was stored for 300 s ({installed} installed, {failed} failed)"
+            );
+            eprintln!("  {installed} installed after {:.0} s ...", started.elapsed().as_secs_f64());
+            continue;
+        };
+        let e = e.context("event stream ended")??;
+        if installed + failed == 0 {
+            eprintln!("  the first install ended after {:.1} s", started.elapsed().as_secs_f64());
+        }
         match e.delivery.type_name.as_str() {
             t if t == pb::SiteInstalled::TYPE => installed += 1,
             _ => failed += 1,
@@ -418,21 +490,21 @@ async fn install_fleet(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<(usi
 }
 
 /// Starts every site's gateway over a simulated site with instant backends, each on a
-/// connection of its own as its site's user (to its leaf node for the leaf sites), a few
-/// dozen connecting at a time.
-async fn start_gateways(
-    hub: &Hub,
-    leaves: &Leaves,
+/// connection of its own to `urls[i]` as its site's user (its key in `config`, where `deploy
+/// nats-config` wrote it), a few dozen connecting at a time.
+pub(super) async fn start_gateways(
+    config: &Path,
+    urls: &[String],
     designs: &[SiteDesign],
-    root: &Path,
+    caches: &Path,
     alive_every: Duration,
     shutdown: &CancellationToken,
     gateways: &mut JoinSet<anyhow::Result<()>>,
 ) -> anyhow::Result<Vec<SimSite>> {
     const AT_ONCE: usize = 64;
-    let connects = designs.iter().enumerate().map(|(i, d)| {
-        let url = leaves.url(i).unwrap_or(&hub.url).to_string();
-        let access = hub.access(&Role::Site(d.site.to_string()));
+    let connects = designs.iter().zip(urls).map(|(d, url)| {
+        let url = url.clone();
+        let access = site_access(config, d.site.as_str());
         async move {
             let access = access?;
             let bus = Bus::connect_with(&url, &format!("landfall-gateway-{}", d.site), &access).await?;
@@ -444,7 +516,7 @@ async fn start_gateways(
     while let Some(c) = connected.next().await {
         let (d, bus) = c?;
         let sim = SimSite::new(d.site.as_str(), &d.nodes, SimConfig::instant());
-        let cache = ArtifactCache::new(root.join("caches").join(d.site.as_str()));
+        let cache = ArtifactCache::new(caches.join(d.site.as_str()));
         let backend = Arc::new(sim.clone());
         gateways.spawn(site_gateway::run_gateway(d.site.clone(), bus, backend, cache, alive_every, shutdown.clone()));
         sims.push(sim);
@@ -485,9 +557,15 @@ impl Process {
         cpu_seconds_of(&self.child.id().to_string())
     }
 
-    pub(super) fn stop(mut self) {
+    pub(super) fn stop(self) {
+        self.stop_within(Duration::from_secs(5));
+    }
+
+    /// SIGTERM, then SIGKILL if it has not ended `within`.
+    pub(super) fn stop_within(mut self, within: Duration) {
         let _ = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        for _ in 0..50 {
+        let t = Instant::now();
+        while t.elapsed() < within {
             if !matches!(self.child.try_wait(), Ok(None)) {
                 return;
             }
@@ -495,6 +573,11 @@ impl Process {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// How it ended, if it has.
+    pub(super) fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
     }
 }
 
@@ -539,9 +622,13 @@ struct Hub {
 }
 
 impl Hub {
-    async fn start(binary: &Path, root: &Path, designs: &[SiteDesign]) -> anyhow::Result<Self> {
+    async fn start(binary: &Path, root: &Path, designs: &[SiteDesign], relays: usize) -> anyhow::Result<Self> {
         let (client, leaf) = (free_port()?, free_port()?);
+        let relays = (0..relays)
+            .map(|_| Ok(format!("127.0.0.1:{}:{}:{}", free_port()?, free_port()?, free_port()?)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let args = deploy::NatsConfigArgs {
+            relays,
             sites: designs.iter().map(|d| d.site.to_string()).collect(),
             out: root.join("nats"),
             hubs: vec![format!("127.0.0.1:{client}:{}:{leaf}:{}", free_port()?, free_port()?)],
@@ -613,16 +700,10 @@ impl Hub {
         }
     }
 
-    /// How `role` connects: a site as its gateway does, through the hub's JetStream domain (at
-    /// its leaf node, or at the hub), its replies on its site's inbox.
+    /// How a hub service or the operator connects.
     fn access(&self, role: &Role) -> anyhow::Result<Access> {
         let seed = Access::seed_from_file(&self.seed_file(role)).map_err(anyhow::Error::msg)?;
-        let site = match role {
-            Role::Site(site) => Some(site.clone()),
-            _ => None,
-        };
-        let js_domain = site.as_ref().map(|_| HUB_DOMAIN.to_string());
-        Ok(Access { nkey_seed: Some(seed), site, js_domain, ..Access::default() })
+        Ok(Access { nkey_seed: Some(seed), ..Access::default() })
     }
 
     fn cpu_seconds(&self) -> f64 {
@@ -631,6 +712,125 @@ impl Hub {
 
     async fn sample(&self) -> anyhow::Result<HubSample> {
         HubSample::take(self.http, self.prof, self.cpu_seconds()).await
+    }
+}
+
+/// The read buffer of each simulated gateway's connection.
+const GATEWAY_READ_BUFFER: u16 = 8 * 1024;
+
+/// How site `site`'s gateway connects (its key in `config`, where `deploy nats-config` wrote
+/// it): through the hub's JetStream domain (at its leaf node, its relay, or the hub), its
+/// replies on its site's inbox.
+fn site_access(config: &Path, site: &str) -> anyhow::Result<Access> {
+    let seed = Access::seed_from_file(&config.join(format!("sites/{site}/gateway.nk"))).map_err(anyhow::Error::msg)?;
+    Ok(Access {
+        nkey_seed: Some(seed),
+        site: Some(site.to_string()),
+        js_domain: Some(HUB_DOMAIN.to_string()),
+        // Thousands of gateways share this process: a 64 KiB read buffer each would be most of
+        // its memory (a deployed gateway, alone in its process, keeps the client's default).
+        read_buffer: Some(GATEWAY_READ_BUFFER),
+        ..Access::default()
+    })
+}
+
+/// The gateways: none yet, in the benchmark's process, or in children of it.
+enum Gateways {
+    None,
+    InProcess { sims: Vec<SimSite>, set: JoinSet<anyhow::Result<()>> },
+    Children(GatewayProcesses),
+}
+
+impl Gateways {
+    fn cpu_seconds(&self) -> f64 {
+        match self {
+            Gateways::Children(c) => c.cpu_seconds(),
+            _ => 0.0,
+        }
+    }
+
+    /// The children's RSS (in the benchmark's process, the gateways' is not told apart).
+    fn rss_mib(&self) -> f64 {
+        match self {
+            Gateways::Children(c) => c.rss_mib(),
+            _ => 0.0,
+        }
+    }
+
+    /// Stops them (`shutdown` has been cancelled for those in this process) and adds up the
+    /// patches their simulated sites were asked for.
+    async fn finish(self) -> anyhow::Result<u64> {
+        match self {
+            Gateways::None => Ok(0),
+            Gateways::InProcess { sims, mut set } => {
+                while set.join_next().await.is_some() {}
+                Ok(patch_effects(&sims))
+            }
+            Gateways::Children(c) => c.finish().await,
+        }
+    }
+}
+
+/// The relays in front of the hub, each a nats-server as `deploy nats-config --relay` wrote it.
+struct Relays {
+    relays: Vec<(Process, String)>,
+}
+
+impl Relays {
+    async fn start(binary: &Path, hub: &Hub) -> anyhow::Result<Self> {
+        let mut relays = Vec::new();
+        for i in 0.. {
+            let path = hub.config.join(format!("relays/{}.conf", deploy::relay_name(i)));
+            if !path.exists() {
+                break;
+            }
+            let conf = std::fs::read_to_string(&path)?;
+            let port: u16 = conf
+                .lines()
+                .find_map(|l| l.strip_prefix("listen: \"127.0.0.1:"))
+                .and_then(|p| p.trim_end_matches('"').parse().ok())
+                .with_context(|| format!("{} has no listen address", path.display()))?;
+            let log = hub.config.join(format!("relays/{}.log", deploy::relay_name(i)));
+            let mut cmd = tied::command(binary);
+            cmd.arg("-c").arg(&path);
+            let mut process = Process::spawn(cmd, &log)?;
+            wait_listening(&mut process, port, &log).await?;
+            relays.push((process, format!("nats://127.0.0.1:{port}")));
+        }
+        Ok(Self { relays })
+    }
+
+    fn count(&self) -> usize {
+        self.relays.len()
+    }
+
+    /// The relay `site`'s gateway connects to, if there are relays.
+    fn url(&self, site: &str) -> Option<&str> {
+        (!self.relays.is_empty()).then(|| self.relays[deploy::relay_of(site, self.relays.len())].1.as_str())
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        self.relays.iter().map(|(p, _)| p.cpu_seconds()).sum()
+    }
+
+    fn memory(&self, sites: usize) -> serde_json::Value {
+        if self.relays.is_empty() {
+            return serde_json::Value::Null;
+        }
+        let rss: f64 = self.relays.iter().map(|(p, _)| p.rss_mib()).sum();
+        let peak: f64 = self.relays.iter().map(|(p, _)| p.peak_mib()).sum();
+        json!({
+            "count": self.relays.len(),
+            "rss_mib_total": round(rss, 1),
+            "peak_rss_mib_total": round(peak, 1),
+            "rss_kib_per_site": round(rss * 1024.0 / sites as f64, 1),
+        })
+    }
+
+    fn stop(self) {
+        for (p, _) in self.relays {
+            p.stop();
+        }
     }
 }
 

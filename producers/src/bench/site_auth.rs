@@ -61,6 +61,7 @@ async fn measure(dir: &Path, sites: usize, mode: SiteAuth) -> anyhow::Result<ser
         out: dir.join("nats"),
         hubs: vec![format!("127.0.0.1:{client}:{}:{leaf}:{http}", free_port()?)],
         leaf_advertise: Vec::new(),
+        relays: Vec::new(),
         store_dir: dir.join("store"),
         site_listen: "127.0.0.1:4222".into(),
         tls_cert: None,
