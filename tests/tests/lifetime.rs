@@ -387,3 +387,31 @@ mod second_day {
         rolls_out_once(&up, "1.29.9");
     }
 }
+
+/// The production-shape benchmark through relays, its gateways in two processes of their own:
+/// every node patched once, counted from the children's own reports, and nothing left behind.
+#[test]
+fn a_bench_through_relays_with_its_gateways_in_processes_of_their_own_patches_every_node_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(landfall_tests::cli::binary())
+        .args(["bench", "fanout", "--sites", "12", "--nodes", "2", "--idle", "0s", "--raw-messages", "1000"])
+        .args(["--relays", "2", "--gateway-processes", "2"])
+        .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
+        .env("TMPDIR", dir.path())
+        .env_remove("NATS_URL")
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run landfall bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the report is JSON");
+    assert_eq!(report["node_updates"], 24, "{report}");
+    assert_eq!(report["backend_patch_effects"], 24, "each node patched once, by the children's count: {report}");
+    assert_eq!(report["relays"]["count"], 2, "{report}");
+    assert_eq!(report["gateway_processes"], 2, "{report}");
+    assert!(report["cpu_seconds"]["setup"]["gateway_processes"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(stderr.contains("12 through relays, in 2 process(es)"), "{stderr}");
+    let left = bench_files(dir.path());
+    assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
+}
