@@ -461,7 +461,7 @@ pub fn relay_link() -> Permissions {
         p.publish_deny.push(format!("landfall.{channel}.*.{}.>", names::Origin::Hub.token()));
     }
     // A site acknowledges its jobs on its own durable in its own shard; the link, on any
-    // site's durable in any shard (and on no other consumer).
+    // consumer of the jobs streams (every site's durable), and on no other stream's.
     let own = format!("$JS.*.{}.{}.>", names::site_jobs_stream("*"), names::gateway_consumer("*"));
     p.publish.retain(|s| *s != own);
     p.publish.extend(names::jobs_streams().map(|stream| format!("$JS.*.{stream}.*.>")));
