@@ -17,7 +17,8 @@ use site_gateway::sim::SimSite;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::production::{Process, start_gateways};
+use super::production::start_gateways;
+use super::servers::Process;
 use crate::run::demo::demo_site;
 use crate::run::embedded::tied;
 

@@ -30,8 +30,8 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::task::JoinSet;
 
-use super::production::{Process, free_port, wait_listening};
 use super::round;
+use super::servers::{Process, free_port, wait_listening};
 use crate::run::embedded::{find_nats_server, tied};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -16,6 +16,7 @@ mod hub_costs;
 mod layout;
 mod patch_run;
 mod production;
+mod servers;
 mod site_auth;
 mod slopes;
 pub mod soak;

@@ -24,8 +24,8 @@ use prost::Message;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::production::{Process, free_port, wait_listening};
 use super::round;
+use super::servers::{Process, free_port, wait_listening};
 use crate::deploy::{self, NatsConfigArgs, SiteAuth};
 use crate::run::embedded::{find_nats_server, tied};
 
