@@ -106,8 +106,6 @@ impl GatewayProcesses {
                 .arg("--caches")
                 .arg(root.join("caches"))
                 .env_remove("NATS_URL")
-                // As the services run (deploy/container/Containerfile): a few malloc arenas.
-                .env("MALLOC_ARENA_MAX", "2")
                 .env("RUST_LOG", "warn");
             let log = root.join(format!("gateways-{p}.log"));
             children.push((Process::spawn(cmd, &log)?, log));

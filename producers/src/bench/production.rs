@@ -180,20 +180,24 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let hub_rss_setup = hub.process.rss_mib();
     // Idle: what the fleet costs while nothing happens (each gateway's heartbeat, heard by the
     // observer, is most of it).
-    let idle_cpu = if idle.is_zero() {
-        serde_json::Value::Null
+    let (idle_cpu, hub_settled) = if idle.is_zero() {
+        (serde_json::Value::Null, None)
     } else {
         eprintln!("idle for {idle:?} ...");
         tokio::time::sleep(idle).await;
         let spent = CpuSample::take(&hub, &services, &relays, &gateways).since(&sample_after_install);
         eprintln!("idle: {spent}");
-        json!({
+        // The hub once the install's traces have gone: its block caches expire and the
+        // runtime hands freed memory back, which the sample right after the install still holds.
+        let settled = hub.sample().await?;
+        let idle = json!({
             "seconds": idle.as_secs_f64(),
             "alive_every_seconds": alive_every.as_secs_f64(),
             "heartbeats_expected": round(sites as f64 * idle.as_secs_f64() / alive_every.as_secs_f64(), 0),
             "cpu_seconds": spent,
             "cpu_percent_of_one_core": percent_of(&spent, idle),
-        })
+        });
+        (idle, Some(settled))
     };
 
     let register = pb::RegisterPackage { package: Some(target.clone()), auto_rollout: None };
@@ -233,6 +237,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let cpu_patch = sample_after_patch.since(&sample_after_setup);
     let per_site_kib = |mib: f64| round(mib * 1024.0 / sites as f64, 1);
     let per_site = hub_costs::per_site(hub_empty, hub_installed, sites);
+    let per_site_settled = hub_settled.map(|settled| (settled, hub_costs::per_site(hub_empty, settled, sites)));
     let planned = figures["planned_nodes"].as_u64().unwrap_or(0);
     if planned < (sites * nodes) as u64 {
         eprintln!(
@@ -247,6 +252,9 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
          {} node updates/s against {raw:.0} raw JetStream msgs/s",
         per_site["rss_kib"], per_site["heap_kib"], per_site["goroutines"], figures["node_updates_per_second"]
     );
+    if let Some((_, settled)) = &per_site_settled {
+        eprintln!("hub per site after {idle:?} idle: {} KiB RSS, {} KiB heap", settled["rss_kib"], settled["heap_kib"]);
+    }
     let mut report = json!({
         "bench": "fanout",
         "shape": "production",
@@ -284,6 +292,8 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             "installed": hub_installed.to_json(),
             "patched": hub_patched.to_json(),
             "per_site": per_site,
+            "settled": per_site_settled.as_ref().map(|(sample, _)| sample.to_json()),
+            "per_site_settled": per_site_settled.map(|(_, per_site)| per_site),
             "per_node_update": { "hub_cpu_us": hub_cpu_us },
         },
         "services_rss_mib": service_memory,

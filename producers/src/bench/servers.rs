@@ -312,8 +312,6 @@ impl Services {
                 .env("LANDFALL_NATS_NKEY_FILE", hub.seed_file(&role))
                 .env("LANDFALL_SECRET_KEY_FILE", &key_file)
                 .env("LANDFALL_STORE", store)
-                // As the container image runs them (deploy/container/Containerfile).
-                .env("MALLOC_ARENA_MAX", "2")
                 .env("RUST_LOG", "warn");
             processes.push((name, Process::spawn(cmd, &root.join(format!("{name}.log")))?));
         }
