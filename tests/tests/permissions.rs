@@ -226,12 +226,24 @@ async fn a_site_answers_only_into_reply_subjects_scoped_to_it_even_across_its_le
         let mut replies = requester.subscribe(format!("{}.>", scoped(k, "edge-01"))).await.unwrap();
         requester.flush().await.unwrap();
         let subject = format!("{}.answer", scoped(k, "edge-01"));
-        publish_allowed(&client, &errors, &subject).await;
-        // Generous: the whole test suite shares the machine's two cores.
-        let got = tokio::time::timeout(Duration::from_secs(20), replies.next()).await.unwrap_or_else(|_| {
+        // Published again every 2 s, for 20 s: with the whole suite beside it, one answer in
+        // about ten full runs never arrived (nothing refused, on a single server), and the
+        // property here is that the answer is let through, not that a lone message is never lost.
+        let mut got = None;
+        for attempt in 1..=10 {
+            publish_allowed(&client, &errors, &subject).await;
+            if let Ok(answer) = tokio::time::timeout(Duration::from_secs(2), replies.next()).await {
+                if attempt > 1 {
+                    eprintln!("the answer on {subject} arrived at attempt {attempt}");
+                }
+                got = answer;
+                break;
+            }
+        }
+        let got = got.unwrap_or_else(|| {
             panic!("no answer on {subject} within 20 s; the requester was refused: {:?}", refusals.lock().unwrap())
         });
-        assert_eq!(got.unwrap().subject.as_str(), subject);
+        assert_eq!(got.subject.as_str(), subject);
     }
 
     // Across the site's leaf node: a responder there, as the site's user, answers the

@@ -315,7 +315,7 @@ pub fn page(root: &Path) -> Page {
             None => SCOPE,
         };
         let subject = names::command_subject_from(trust::usual_origin(type_name), kind, scope);
-        writeln!(out, "| {} | `{}` |", message_link(type_name), origins(type_name, &subject)).unwrap();
+        writeln!(out, "| {} | {} |", message_link(type_name), code_cell(&origins(type_name, &subject))).unwrap();
     }
     writeln!(out, "\n## Jobs\n").unwrap();
     writeln!(
@@ -329,8 +329,13 @@ pub fn page(root: &Path) -> Page {
     writeln!(out, "| message | subject |").unwrap();
     writeln!(out, "| --- | --- |").unwrap();
     for (kind, type_name) in pb::JOB_TYPES {
-        writeln!(out, "| {} | `{}` |", message_link(type_name), shard_placeholder(&names::job_subject(SITE, kind)))
-            .unwrap();
+        writeln!(
+            out,
+            "| {} | {} |",
+            message_link(type_name),
+            code_cell(&shard_placeholder(&names::job_subject(SITE, kind)))
+        )
+        .unwrap();
     }
     writeln!(out, "\n## Events\n").unwrap();
     writeln!(
@@ -351,7 +356,7 @@ pub fn page(root: &Path) -> Page {
             SITE
         };
         let subject = names::event_subject_from(trust::usual_origin(t.type_name), scope, t.aggregate, t.kind);
-        writeln!(out, "| {} | `{}` |", message_link(t.type_name), origins(t.type_name, &subject)).unwrap();
+        writeln!(out, "| {} | {} |", message_link(t.type_name), code_cell(&origins(t.type_name, &subject))).unwrap();
     }
 
     writeln!(out, "\n## Other subjects\n").unwrap();
@@ -363,7 +368,8 @@ pub fn page(root: &Path) -> Page {
     writeln!(out, "| stream | subjects | from | what it keeps |").unwrap();
     writeln!(out, "| --- | --- | --- | --- |").unwrap();
     for (name, stream, subjects) in &rows.streams {
-        writeln!(out, "| `{stream}` | `{subjects}` | `{name}` | {} |", escape_cell(&doc(name))).unwrap();
+        writeln!(out, "| {} | {} | `{name}` | {} |", code_cell(stream), code_cell(subjects), escape_cell(&doc(name)))
+            .unwrap();
     }
     writeln!(out).unwrap();
 
@@ -379,11 +385,16 @@ pub fn page(root: &Path) -> Page {
     Page { file: "subjects.md".to_string(), title: "NATS subjects, streams and buckets".to_string(), body: out }
 }
 
+/// `text` as a code span in a table cell: a `|` in it (`<hub|gateway>`) would end the cell.
+fn code_cell(text: &str) -> String {
+    escape_cell(&format!("`{text}`"))
+}
+
 fn table(out: &mut String, what: &str, rows: &[(&'static str, String)], doc: &dyn Fn(&str) -> String) {
     writeln!(out, "| {what} | from | what it is |").unwrap();
     writeln!(out, "| --- | --- | --- |").unwrap();
     for (name, value) in rows {
-        writeln!(out, "| `{value}` | `{name}` | {} |", escape_cell(&doc(name))).unwrap();
+        writeln!(out, "| {} | `{name}` | {} |", code_cell(value), escape_cell(&doc(name))).unwrap();
     }
     writeln!(out).unwrap();
 }
