@@ -123,6 +123,8 @@ fn report(runs: &[Run]) -> serde_json::Value {
                 "from_sites": a.sites,
                 "to_sites": b.sites,
                 "hub_rss_kib_per_further_site": round((b.rss_installed_kib - a.rss_installed_kib) / (b.sites - a.sites), 1),
+                "hub_rss_kib_per_further_site_settled": a.rss_settled_kib.zip(b.rss_settled_kib)
+                    .map(|(a_kib, b_kib)| round((b_kib - a_kib) / (b.sites - a.sites), 1)),
                 "hub_cpu_us_per_further_node_update":
                     round((b.hub_cpu_patch_s - a.hub_cpu_patch_s) * 1e6 / (b.node_updates - a.node_updates), 1),
             })
@@ -269,5 +271,9 @@ mod tests {
         assert_eq!(r["targets"][0]["met"], false);
         assert_eq!(r["targets"][1]["what"], "hub RSS KiB per site, settled after the idle period");
         assert_eq!(r["targets"][1]["met"], true);
+        let mut bigger = run(2000.0, 420.0, 2.0);
+        bigger["hub_costs"]["settled"] = json!({ "rss_mib": 220.0, "heap_mib": 90.0 });
+        let r = report(&[Run::from_json(&v).unwrap(), Run::from_json(&bigger).unwrap()]);
+        assert_eq!(r["slopes"][0]["hub_rss_kib_per_further_site_settled"], 102.4);
     }
 }
