@@ -100,8 +100,9 @@ pub enum BenchCommand {
         #[arg(long)]
         restart_hub: bool,
         /// Production shape: once the fleet is installed, leave it idle this long (every
-        /// gateway connected and saying it is there every 15 s) and measure what each process
-        /// spends meanwhile. E.g. 30s; 0s leaves it out.
+        /// gateway connected and saying it is there every 15 s), measure what each process
+        /// spends meanwhile, and sample the hub again at its end (settled). E.g. 30s; 0s leaves
+        /// it out.
         #[arg(long, default_value = "30s", value_parser = crate::flags::parse_duration)]
         idle: std::time::Duration,
         /// Production shape: how often each gateway says it is there (as `--alive-every`).

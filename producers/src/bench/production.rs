@@ -54,7 +54,8 @@ pub struct Production {
     /// Restart the hub after the install, with every gateway connected, and time how the fleet
     /// comes back.
     pub restart_hub: bool,
-    /// How long the installed fleet is left idle, its processes' CPU measured meanwhile.
+    /// How long the installed fleet is left idle, its processes' CPU measured meanwhile and the
+    /// hub sampled again at its end.
     pub idle: Duration,
     /// How often each gateway says it is there.
     pub alive_every: Duration,
@@ -285,8 +286,9 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             "cpu_seconds_setup": cpu_setup["hub_nats"],
             "cpu_seconds_patch": cpu_patch["hub_nats"],
         },
-        // The hub by its own monitoring: empty (services connected), installed, patched; its
-        // growth per site from empty to installed, and its CPU per node update of the patch.
+        // The hub by its own monitoring: empty (services connected), installed, settled after
+        // the idle period, patched; its growth per site from empty to installed and to settled,
+        // and its CPU per node update of the patch.
         "hub_costs": {
             "empty": hub_empty.to_json(),
             "installed": hub_installed.to_json(),
