@@ -1,8 +1,9 @@
 //! The `landfall-gateway` program: one site's gateway on its own.
 
 /// mimalloc, not the system's allocator: the services and gateways make and drop many small
-/// buffers per message, and glibc's malloc spent two fifths of their CPU doing it (its free
-/// lists consolidated again and again) in a rollout over 10,000 sites (docs/src/benchmarks.md).
+/// buffers per message, and in a rollout over 10,000 sites glibc's malloc took two fifths of the
+/// services' CPU and a quarter of the gateways' (its free lists consolidated again and again;
+/// docs/src/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
