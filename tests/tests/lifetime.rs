@@ -394,7 +394,7 @@ mod second_day {
 fn a_bench_through_relays_with_its_gateways_in_processes_of_their_own_patches_every_node_once() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(landfall_tests::cli::binary())
-        .args(["bench", "fanout", "--sites", "12", "--nodes", "2", "--idle", "0s", "--raw-messages", "1000"])
+        .args(["bench", "fanout", "--sites", "12", "--nodes", "2", "--idle", "1s", "--raw-messages", "1000"])
         .args(["--relays", "2", "--gateway-processes", "2"])
         .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
         .env("TMPDIR", dir.path())
@@ -412,6 +412,9 @@ fn a_bench_through_relays_with_its_gateways_in_processes_of_their_own_patches_ev
     assert_eq!(report["gateway_processes"], 2, "{report}");
     assert!(report["cpu_seconds"]["setup"]["gateway_processes"].as_f64().unwrap() > 0.0, "{report}");
     assert!(stderr.contains("12 through relays, in 2 process(es)"), "{stderr}");
+    // The hub sampled again after the idle period, by its own monitoring.
+    assert!(report["hub_costs"]["settled"]["rss_mib"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["hub_costs"]["per_site_settled"]["rss_kib"].is_number(), "{report}");
     let left = bench_files(dir.path());
     assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
 }

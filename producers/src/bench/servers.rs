@@ -99,6 +99,15 @@ pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
 
+/// nats-server `binary` started on configuration `conf`, once it listens for clients on `port`.
+pub(super) async fn start_configured(binary: &Path, conf: &Path, port: u16, log: &Path) -> anyhow::Result<Process> {
+    let mut cmd = tied::command(binary);
+    cmd.arg("-c").arg(conf);
+    let mut process = Process::spawn(cmd, log)?;
+    wait_listening(&mut process, port, log).await?;
+    Ok(process)
+}
+
 pub(super) async fn wait_listening(process: &mut Process, port: u16, log: &Path) -> anyhow::Result<()> {
     for _ in 0..600 {
         if let Some(status) = process.child.try_wait()? {
@@ -171,12 +180,8 @@ impl Hub {
     }
 
     async fn spawn(binary: &Path, config: &Path, client: u16) -> anyhow::Result<Process> {
-        let log = config.join("hub.log");
-        let mut cmd = tied::command(binary);
-        cmd.arg("-c").arg(config.join(format!("hub/{}.conf", deploy::hub_name(0))));
-        let mut process = Process::spawn(cmd, &log)?;
-        wait_listening(&mut process, client, &log).await?;
-        Ok(process)
+        let conf = config.join(format!("hub/{}.conf", deploy::hub_name(0)));
+        start_configured(binary, &conf, client, &config.join("hub.log")).await
     }
 
     /// Stops the hub (SIGTERM: it flushes its store) and starts it again on the same store.
@@ -245,10 +250,7 @@ impl Relays {
                 .and_then(|p| p.trim_end_matches('"').parse().ok())
                 .with_context(|| format!("{} has no listen address", path.display()))?;
             let log = hub.config.join(format!("relays/{}.log", deploy::relay_name(i)));
-            let mut cmd = tied::command(binary);
-            cmd.arg("-c").arg(&path);
-            let mut process = Process::spawn(cmd, &log)?;
-            wait_listening(&mut process, port, &log).await?;
+            let process = start_configured(binary, &path, port, &log).await?;
             relays.push((process, format!("nats://127.0.0.1:{port}")));
         }
         Ok(Self { relays })
@@ -353,11 +355,7 @@ impl Leaves {
                 .replace("listen: \"127.0.0.1:4222\"", &format!("listen: \"127.0.0.1:{port}\""));
             let path = dir.join("leaf-bench.conf");
             std::fs::write(&path, conf)?;
-            let log = dir.join("leaf.log");
-            let mut cmd = tied::command(binary);
-            cmd.arg("-c").arg(&path);
-            let mut process = Process::spawn(cmd, &log)?;
-            wait_listening(&mut process, port, &log).await?;
+            let process = start_configured(binary, &path, port, &dir.join("leaf.log")).await?;
             leaves.push((process, format!("nats://127.0.0.1:{port}")));
         }
         Ok(Self { leaves })

@@ -25,9 +25,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::round;
-use super::servers::{Process, free_port, wait_listening};
+use super::servers::{free_port, start_configured};
 use crate::deploy::{self, NatsConfigArgs, SiteAuth};
-use crate::run::embedded::{find_nats_server, tied};
+use crate::run::embedded::find_nats_server;
 
 const AT_ONCE: usize = 64;
 
@@ -72,11 +72,8 @@ async fn measure(dir: &Path, sites: usize, mode: SiteAuth) -> anyhow::Result<ser
     };
     let nats = args.out.clone();
     tokio::task::spawn_blocking(move || deploy::write(&deploy::plan(&args)?, &args.out)).await??;
-    let log = dir.join("hub.log");
-    let mut cmd = tied::command(find_nats_server().await?);
-    cmd.arg("-c").arg(nats.join(format!("hub/{}.conf", deploy::hub_name(0))));
-    let mut hub = Process::spawn(cmd, &log)?;
-    wait_listening(&mut hub, client, &log).await?;
+    let conf = nats.join(format!("hub/{}.conf", deploy::hub_name(0)));
+    let hub = start_configured(&find_nats_server().await?, &conf, client, &dir.join("hub.log")).await?;
     let url = format!("nats://127.0.0.1:{client}");
     let seed = |rel: &str| Access::seed_from_file(&nats.join(rel)).map_err(anyhow::Error::msg);
 

@@ -56,18 +56,8 @@ fn a_site_holds_a_handful_of_its_own_wildcards_and_services_are_denied_others_co
 #[test]
 fn sites_are_checked() {
     let args = |sites: &[&str], hubs: &[&str]| NatsConfigArgs {
-        leaf_advertise: Vec::new(),
-        relays: Vec::new(),
-        sites: sites.iter().map(|s| s.to_string()).collect(),
-        out: "x".into(),
         hubs: hubs.iter().map(|s| s.to_string()).collect(),
-        store_dir: "/s".into(),
-        site_listen: "127.0.0.1:4222".into(),
-        tls_cert: None,
-        tls_key: None,
-        tls_ca: None,
-        site_auth: None,
-        site_creds: PathBuf::from("/tmp/link.creds"),
+        ..args_for(sites)
     };
     assert!(plan(&args(&["edge-01", "edge-01"], &["h"])).unwrap_err().to_string().contains("twice"));
     assert!(plan(&args(&["Edge 1"], &["h"])).is_err());
