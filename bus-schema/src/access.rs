@@ -32,6 +32,32 @@ pub fn inbox(public_key: &str) -> String {
 /// reaches the hub's streams as `$JS.hub.API.…`.
 pub const HUB_DOMAIN: &str = "hub";
 
+/// The core's JetStream domain, above regional hubs ([`region_domain`]): each region's
+/// commands are kept there until the region's hub takes them, and each region's events are
+/// mirrored there for reading across the regions.
+pub const CORE_DOMAIN: &str = "core";
+
+/// The JetStream domain of the hub of `region` (`hub-<region>`): every regional hub must have a
+/// domain of its own, so the core reaches each one's streams by its name.
+pub fn region_domain(region: &str) -> String {
+    format!("{HUB_DOMAIN}-{region}")
+}
+
+/// Whether `name` may name a region: 1 to 32 lowercase letters, digits and inner dashes, since
+/// it becomes a JetStream domain, a token of subjects and part of stream names.
+pub fn check_region(name: &str) -> Result<(), String> {
+    let valid = (1..=32).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    match valid {
+        true => Ok(()),
+        false => Err(format!(
+            "{name:?} is not a region name: 1 to 32 lowercase letters, digits and dashes, not starting or ending with one"
+        )),
+    }
+}
+
 /// A NATS user's permissions, as a server's configuration lists them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Permissions {
@@ -176,7 +202,7 @@ impl Role {
     pub fn permissions(&self, public_key: &str) -> Permissions {
         let mut p = Permissions { subscribe: vec![format!("{}.>", inbox(public_key))], ..Default::default() };
         match self {
-            Role::Site(site) => return site_permissions(site),
+            Role::Site(site) => return site_permissions(site, HUB_DOMAIN),
             Role::Operator => {
                 p.publish = vec![
                     "landfall.>".into(),
@@ -435,7 +461,14 @@ fn getter(stream: &str) -> Vec<String> {
 /// What a site's link key may do once the identity service let it in: the site's permissions
 /// ([`Role::Site`]), asking for new link credentials among them.
 pub fn site_link(site: &str) -> Permissions {
-    site_permissions(site)
+    site_permissions(site, HUB_DOMAIN)
+}
+
+/// A site's permissions at a hub whose JetStream domain is `domain` (a regional hub's,
+/// [`region_domain`]): the same eight grants, its leaf node's requests to the hub named in that
+/// domain.
+pub fn site_in_domain(site: &str, domain: &str) -> Permissions {
+    site_permissions(site, domain)
 }
 
 /// What a relay's link to the hub may carry: what any site may do (a site's grants with every
@@ -452,8 +485,8 @@ pub fn site_link(site: &str) -> Permissions {
 /// covers one of the link's grants, and nats-server (2.15) finds no grant with a wildcard for
 /// the site in the middle (`landfall.evt.*.gateway.>`), so such a link would never forward a
 /// report.
-pub fn relay_link() -> Permissions {
-    let mut p = site_permissions("*");
+pub fn relay_link(domain: &str) -> Permissions {
+    let mut p = site_permissions("*", domain);
     for (channel, all) in [("cmd", names::COMMANDS_ALL), ("evt", names::EVENTS_ALL)] {
         let own = names::sent_by_gateway(channel, "*");
         p.publish.retain(|s| *s != own);
@@ -491,13 +524,13 @@ pub fn enrollment(key: &str) -> Permissions {
 /// own subjects; `trust::check` holds what it sends there to the kinds a site sends, about its
 /// own site, and the consumers that keep the jobs' records hold its reports to the jobs the hub
 /// sent it.
-fn site_permissions(site: &str) -> Permissions {
+fn site_permissions(site: &str, domain: &str) -> Permissions {
     let durable = names::gateway_consumer(site);
     let jobs = names::site_jobs_stream(site);
     let design =
         format!("DIRECT.GET.{}.$KV.{}.{}", kv_stream(names::SITES_BUCKET), names::SITES_BUCKET, keys::site(site));
     // The hub's JetStream API: the hub checks a client's request to its own domain
-    // (`$JS.hub.API.…`) as `$JS.API.…`, and one crossing a leaf node's link as it came.
+    // (`$JS.<domain>.API.…`) as `$JS.API.…`, and one crossing a leaf node's link as it came.
     let hub_api = |rest: String| js_api(&rest);
     Permissions {
         publish: vec![
@@ -513,12 +546,12 @@ fn site_permissions(site: &str) -> Permissions {
             // had forwarded before the forwarder stopped.
             in_domain(
                 &hub_api(format!("DIRECT.GET.{}.{}", names::EVENTS_STREAM, names::sent_by_gateway("evt", site))),
-                HUB_DOMAIN,
+                domain,
             ),
             // A simulated site is built from the site's design, and only its own, directly or
             // through its leaf node.
             hub_api(design.clone()),
-            in_domain(&hub_api(design), HUB_DOMAIN),
+            in_domain(&hub_api(design), domain),
         ],
         // Its jobs, the hub's requests and the answers to its own.
         subscribe: vec![names::to_site(site)],

@@ -160,6 +160,31 @@ pub const JOBS_ALL: &str = "landfall.job.>";
 pub const EVENTS_ALL: &str = "landfall.evt.>";
 pub const DEAD_ALL: &str = "landfall.dead.>";
 
+/// At the core, above regional hubs: the stream that keeps `region`'s commands
+/// (`landfall.region.<region>.cmd.>`) until that region's commands stream, sourcing it, has
+/// taken them.
+pub fn core_commands_stream(region: &str) -> String {
+    format!("LANDFALL_CORE_COMMANDS_{region}")
+}
+
+/// At the core: the mirror of `region`'s events stream, which dashboards and the audit at the
+/// core read.
+pub fn core_events_stream(region: &str) -> String {
+    format!("LANDFALL_CORE_EVENTS_{region}")
+}
+
+/// The core's subjects for `region`'s commands.
+pub fn region_commands(region: &str) -> String {
+    format!("landfall.region.{region}.cmd.>")
+}
+
+/// `subject` (a command's, `landfall.cmd.…`) as published at the core for `region`
+/// (`landfall.region.<region>.cmd.…`); the region's commands stream takes it back to `subject`.
+/// `None` for a subject that is no command's.
+pub fn to_region(subject: &str, region: &str) -> Option<String> {
+    subject.strip_prefix("landfall.cmd.").map(|rest| format!("landfall.region.{region}.cmd.{rest}"))
+}
+
 /// Where consumer `consumer` files the messages it gives up on.
 pub fn dead_letter_subject(consumer: &str) -> String {
     format!("landfall.dead.{consumer}")

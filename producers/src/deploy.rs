@@ -15,6 +15,9 @@
 //! - `users/<user>.nk` and `sites/<site>/gateway.nk`: the seeds, mode 0600, for each process's
 //!   `--nats-nkey-file`.
 //!
+//! - With `--region` (and `--core`): a regional hub below a core (`deploy core-config`), in the
+//!   JetStream domain `hub-<region>`, linked to the core (`deploy/regions.rs`).
+//!
 //! Run again with more sites, it keeps every key it made before.
 
 use std::fmt::Write as _;
@@ -24,12 +27,21 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use bus_schema::access::{HUB_DOMAIN, Permissions, Role};
 use bus_schema::domain::SiteId;
+use servers::{leaf, leaf_enrolled, relay_server};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum DeployCommand {
     /// Write the NATS configuration of the hub (one server or a cluster), of each site's leaf
     /// node, and every user's key, with least-privilege permissions per service and per site.
-    NatsConfig(NatsConfigArgs),
+    NatsConfig(Box<NatsConfigArgs>),
+    /// Write the configuration of a core above regional hubs: its server (JetStream domain
+    /// `core`), and keys for the operator and each region's link.
+    CoreConfig(regions::CoreConfigArgs),
+    /// At the core (NATS_URL and --nats-nkey-file: the core's operator): make a region's streams
+    /// there (its commands, kept until its hub takes them; its events, mirrored) and have the
+    /// region's commands stream source the first. Run once the region's hub is linked and its
+    /// orchestrator started; running it again changes nothing.
+    RegionLink(regions::RegionLinkArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -87,6 +99,18 @@ pub struct NatsConfigArgs {
     /// The CA that signed the hub's certificate: the sites' leaf nodes verify the hub with it.
     #[arg(long, requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
+    /// The region this hub serves, below a core: its JetStream domain is then `hub-<region>`,
+    /// which its sites' grants name and their gateways are given (`--js-domain`).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// With --region: the core's leaf listener, HOST[:PORT] (port 7422 by default), once per
+    /// core server. The hub links to it carrying no landfall subject either way.
+    #[arg(long = "core", requires = "region")]
+    pub core: Vec<String>,
+    /// With --core: the region's key at the core, as `deploy core-config` wrote it
+    /// (`core/regions/<region>.nk`).
+    #[arg(long, requires = "core")]
+    pub core_key: Option<PathBuf>,
 }
 
 /// How sites prove who they are.
@@ -196,6 +220,18 @@ pub struct Plan {
     pub tls: Option<Tls>,
     pub site_auth: SiteAuth,
     pub site_creds: PathBuf,
+    /// The region this hub serves, and its link to the core.
+    pub region: Option<(String, Option<regions::CoreLink>)>,
+}
+
+impl Plan {
+    /// The hub's JetStream domain: `hub`, or a regional hub's `hub-<region>`.
+    pub fn domain(&self) -> String {
+        match &self.region {
+            Some((region, _)) => bus_schema::access::region_domain(region),
+            None => HUB_DOMAIN.to_string(),
+        }
+    }
 }
 
 /// A key pair: the public key the server knows, the seed its user holds.
@@ -249,11 +285,15 @@ pub fn render(
     let links: Vec<LinkUser<'_>> = relays
         .iter()
         .enumerate()
-        .map(|(i, key)| LinkUser { name: relay_name(i), key, permissions: bus_schema::access::relay_link() })
+        .map(|(i, key)| LinkUser {
+            name: relay_name(i),
+            key,
+            permissions: bus_schema::access::relay_link(&plan.domain()),
+        })
         .collect();
     files.push(File {
         path: "hub/accounts.conf".into(),
-        text: accounts(&hub_users, &links, system, callout),
+        text: accounts(&hub_users, &links, system, callout, &plan.domain()),
         secret: false,
     });
     for (i, (relay, link)) in plan.relays.iter().zip(&links).enumerate() {
@@ -345,27 +385,32 @@ struct LinkUser<'a> {
     permissions: Permissions,
 }
 
-/// The `users` list entries of `users`, each with its role's permissions.
-fn user_entries(out: &mut String, users: &[&User]) {
+/// The `users` list entries of `users`, each with its role's permissions, a site's at a hub in
+/// JetStream domain `domain`.
+fn user_entries(out: &mut String, users: &[&User], domain: &str) {
     for user in users {
+        let granted = match &user.role {
+            Role::Site(site) => bus_schema::access::site_in_domain(site, domain),
+            role => role.permissions(&user.key.public_key),
+        };
         let _ = writeln!(
             out,
             "      # {}\n      {{ nkey: {:?}\n      {}\n      }}",
             user.role.user(),
             user.key.public_key,
-            permissions(&user.role.permissions(&user.key.public_key))
+            permissions(&granted)
         );
     }
 }
 
-fn accounts(users: &[&User], relays: &[LinkUser<'_>], system: &Key, callout: Option<&Key>) -> String {
+fn accounts(users: &[&User], relays: &[LinkUser<'_>], system: &Key, callout: Option<&Key>, domain: &str) -> String {
     let mut out = String::from(
         "# Generated by `landfall deploy nats-config`: run it again instead of editing.\n\
          # One user per hub service, one for operators, one per site (one per relay for the sites\n\
          # behind relays); public keys only.\n\n",
     );
     let _ = writeln!(out, "accounts {{\n  {ACCOUNT} {{\n    jetstream: enabled\n    users: [");
-    user_entries(&mut out, users);
+    user_entries(&mut out, users, domain);
     for relay in relays {
         let _ = writeln!(
             out,
@@ -434,9 +479,14 @@ fn hub_server(plan: &Plan, i: usize, hub: &Hub, route_password: &str) -> String 
     let name = hub_name(i);
     let mut out = format!(
         "# Generated by `landfall deploy nats-config`: hub server {} of {}.\n\
-         server_name: {name}\nlisten: \"{}:{}\"\nhttp: \"{}:{}\"\nmax_payload: {}\n{}\n",
+         server_name: {}\nlisten: \"{}:{}\"\nhttp: \"{}:{}\"\nmax_payload: {}\n{}\n",
         i + 1,
         plan.hubs.len(),
+        // Servers linked to one core must be named apart: a regional hub's name has its region.
+        match &plan.region {
+            Some((region, _)) => format!("{}-{}", bus_schema::access::region_domain(region), i + 1),
+            None => name.clone(),
+        },
         hub.host,
         hub.client,
         hub.host,
@@ -446,7 +496,8 @@ fn hub_server(plan: &Plan, i: usize, hub: &Hub, route_password: &str) -> String 
     );
     let _ = writeln!(
         out,
-        "jetstream {{\n  domain: {HUB_DOMAIN}\n  store_dir: {:?}\n}}\n",
+        "jetstream {{\n  domain: {}\n  store_dir: {:?}\n}}\n",
+        plan.domain(),
         plan.store_dir.join(&name).display().to_string()
     );
     if let Some(tls) = &plan.tls {
@@ -484,6 +535,9 @@ fn hub_server(plan: &Plan, i: usize, hub: &Hub, route_password: &str) -> String 
     if let Some(tls) = &plan.tls {
         out.push_str(&tls_block(tls, "  ", false));
     }
+    if let Some((_, Some(link))) = &plan.region {
+        out.push_str(&regions::core_remote(link));
+    }
     out.push_str("}\n\ninclude \"accounts.conf\"\n");
     out
 }
@@ -506,118 +560,9 @@ const LEAF_RECONNECT: &str = "2s";
 /// handshakes at once on a restarted hub outlast, each failure bringing another attempt).
 const TLS_TIMEOUT_S: u32 = 10;
 
-/// The remote's settings a site's leaf node gets: its compression as the hub's, and how long
-/// its TLS handshake may take.
-fn leaf_remote_settings(plan: &Plan) -> String {
-    let mut out = String::from("      compression: off\n");
-    if let Some(tls) = &plan.tls {
-        let _ = writeln!(out, "      tls {{ ca_file: {:?}, timeout: {TLS_TIMEOUT_S} }}", tls.ca.display().to_string());
-    }
-    out
-}
-
-fn leaf(plan: &Plan, site: &str, user: &User, relay: Option<&Relay>) -> String {
-    let scheme = "nats-leaf";
-    let urls: Vec<String> = match relay {
-        Some(r) => vec![format!("{scheme}://{}:{}", r.host, r.leaf)],
-        None => plan.hubs.iter().map(|h| format!("{scheme}://{}", h.leaf_address())).collect(),
-    };
-    let mut out = format!(
-        "# Generated by `landfall deploy nats-config`: the leaf node of site {site}.\n\
-         # Its gateway connects here (as the site's user); the link to the hub carries the same\n\
-         # user, so the hub holds everything the site sends or receives to that user's rights.\n\
-         server_name: leaf-{site}\nlisten: {:?}\nmax_payload: {}\n{}\n\
-         jetstream {{\n  domain: {site:?}\n  store_dir: {:?}\n}}\n\n\
-         authorization {{\n  users: [ {{ nkey: {:?} }} ]\n}}\n\n\
-         leafnodes {{\n  reconnect: {LEAF_RECONNECT:?}\n  remotes: [\n    {{\n      urls: [{}]\n      nkey: {:?}\n",
-        plan.site_listen,
-        bus_schema::names::MAX_PAYLOAD + 64 * 1024,
-        slow_link_settings(),
-        plan.store_dir.join(format!("leaf-{site}")).display().to_string(),
-        user.key.public_key,
-        quoted(&urls),
-        user.key.seed,
-    );
-    out.push_str(&leaf_remote_settings(plan));
-    out.push_str("    }\n  ]\n}\n");
-    out
-}
-
-/// Relay `i`: its sites' users, each with its site's permissions (checked here, where the site
-/// connects), no JetStream of its own, and one leaf link to the hub as the relay's user.
-fn relay_server(plan: &Plan, i: usize, relay: &Relay, key: &Key, sites: &[&User]) -> String {
-    let name = relay_name(i);
-    let mut out = format!(
-        "# Generated by `landfall deploy nats-config`: relay {} of {}, in front of the hub.\n\
-         # Its {} sites' gateways (or their leaf nodes) connect here, each as its site's user and held here\n\
-         # to its site's permissions; one leaf link carries them all to the hub, as the relay's user.\n\
-         server_name: {name}\nlisten: \"{}:{}\"\nhttp: \"{}:{}\"\nmax_payload: {}\n{}\n",
-        i + 1,
-        plan.relays.len(),
-        sites.len(),
-        relay.host,
-        relay.client,
-        relay.host,
-        relay.http,
-        bus_schema::names::MAX_PAYLOAD + 64 * 1024,
-        slow_link_settings(),
-    );
-    if let Some(tls) = &plan.tls {
-        out.push_str(&tls_block(tls, "", false));
-        out.push('\n');
-    }
-    let _ = writeln!(out, "accounts {{\n  {ACCOUNT} {{\n    users: [");
-    user_entries(&mut out, sites);
-    let _ = writeln!(out, "    ]\n  }}\n}}\n");
-    let urls: Vec<String> = plan.hubs.iter().map(|h| format!("nats-leaf://{}", h.leaf_address())).collect();
-    // Not isolated, unlike the hub: at a relay, the hub's interest arrives over a leaf link, and
-    // isolation would keep it from the sites' leaf nodes (and theirs from the hub). A site's
-    // leaf node still learns no other site's interest: what a leaf link is told is held to its
-    // user's permissions.
-    let _ = writeln!(out, "leafnodes {{\n  listen: \"{}:{}\"\n  compression: off", relay.host, relay.leaf);
-    let _ = writeln!(out, "  authorization {{ timeout: {CALLOUT_TIMEOUT_S} }}");
-    if let Some(tls) = &plan.tls {
-        out.push_str(&tls_block(tls, "  ", false));
-    }
-    let _ = writeln!(
-        out,
-        "  reconnect: {LEAF_RECONNECT:?}\n  remotes: [\n    {{\n      urls: [{}]\n      nkey: {:?}\n      account: {ACCOUNT}",
-        quoted(&urls),
-        key.seed
-    );
-    out.push_str(&leaf_remote_settings(plan));
-    out.push_str("    }\n  ]\n}\n");
-    out
-}
-
 /// How long a connection may wait for the identity service's answer (nats-server's default is
 /// 2 s, which a storm of returning sites outlasts).
 const CALLOUT_TIMEOUT_S: u32 = 10;
-
-/// A site's leaf node when sites enroll: its link to the hub presents the link credentials the
-/// gateway keeps (renewed by it from its identity key), read again at each reconnect.
-fn leaf_enrolled(plan: &Plan, site: &str) -> String {
-    // The URL's user names the site; the credentials file's key proves it (the hub finds that
-    // key among the site's link keys).
-    let urls: Vec<String> = plan.hubs.iter().map(|h| format!("nats-leaf://{site}@{}", h.leaf_address())).collect();
-    let mut out = format!(
-        "# Generated by `landfall deploy nats-config`: the leaf node of site {site}.\n\
-         # Its link to the hub presents the site's link credentials, which its gateway renews; the hub\n\
-         # holds everything the site sends or receives to the site's permissions.\n\
-         server_name: leaf-{site}\nlisten: {:?}\nmax_payload: {}\n{}\n\
-         jetstream {{\n  domain: {site:?}\n  store_dir: {:?}\n}}\n\n\
-         leafnodes {{\n  reconnect: {LEAF_RECONNECT:?}\n  remotes: [\n    {{\n      urls: [{}]\n      credentials: {:?}\n",
-        plan.site_listen,
-        bus_schema::names::MAX_PAYLOAD + 64 * 1024,
-        slow_link_settings(),
-        plan.store_dir.join(format!("leaf-{site}")).display().to_string(),
-        quoted(&urls),
-        plan.site_creds.display().to_string(),
-    );
-    out.push_str(&leaf_remote_settings(plan));
-    out.push_str("    }\n  ]\n}\n");
-    out
-}
 
 /// The issuer kept from an earlier run, or a new account key.
 fn issuer_key(path: &Path) -> anyhow::Result<Key> {
@@ -649,11 +594,14 @@ fn random_password() -> anyhow::Result<String> {
 
 /// The plan the flags describe, checked.
 pub fn plan(args: &NatsConfigArgs) -> anyhow::Result<Plan> {
+    let link = regions::core_link(args.region.as_deref(), &args.core, args.core_key.as_deref())?;
+    let region = args.region.clone().map(|r| (r, link));
+    let domain = region.as_ref().map_or(HUB_DOMAIN.to_string(), |(r, _)| bus_schema::access::region_domain(r));
     let mut sites = Vec::new();
     for s in &args.sites {
         let site = SiteId::try_from(s.trim().to_string()).map_err(|e| anyhow::anyhow!("--sites: {e}"))?;
-        if site.as_str() == HUB_DOMAIN {
-            bail!("--sites: {HUB_DOMAIN:?} is the hub's JetStream domain, so no site may have that id");
+        if site.as_str() == domain {
+            bail!("--sites: {domain:?} is the hub's JetStream domain, so no site may have that id");
         }
         if sites.contains(&site) {
             bail!("--sites: {site} is named twice");
@@ -710,6 +658,7 @@ pub fn plan(args: &NatsConfigArgs) -> anyhow::Result<Plan> {
         tls,
         site_auth: args.site_auth.unwrap_or_default(),
         site_creds: args.site_creds.clone(),
+        region,
     })
 }
 
@@ -736,14 +685,20 @@ pub fn write(plan: &Plan, out: &Path) -> anyhow::Result<Vec<File>> {
     let route_password = existing_route_password(out).map_or_else(random_password, Ok)?;
     let issuer = issuer_key(&out.join("identity/issuer.nk"))?;
     let files = render(plan, &users, &relays, &system, &issuer, &route_password);
-    for file in &files {
+    write_files(out, &files)?;
+    Ok(files)
+}
+
+/// Writes `files` under `out`, making their directories.
+fn write_files(out: &Path, files: &[File]) -> anyhow::Result<()> {
+    for file in files {
         let path = out.join(&file.path);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         }
         write_file(&path, &file.text, file.secret)?;
     }
-    Ok(files)
+    Ok(())
 }
 
 fn existing_route_password(out: &Path) -> Option<String> {
@@ -762,8 +717,33 @@ fn write_file(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run(cmd: DeployCommand) -> anyhow::Result<ExitCode> {
+pub async fn run(cmd: DeployCommand, url: &str) -> anyhow::Result<ExitCode> {
     match cmd {
+        DeployCommand::CoreConfig(args) => {
+            for f in regions::write_core(&args)? {
+                println!("{}{}", args.out.join(&f.path).display(), if f.secret { "  (secret, 0600)" } else { "" });
+            }
+            println!(
+                "\nStart the core with `nats-server -c core/core.conf`; give each region's `deploy nats-config \
+                 --region <region> --core HOST:LEAF` its core/regions/<region>.nk as --core-key, then \
+                 `landfall deploy region-link --region <region>` here as the operator (core/users/operator.nk)."
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        DeployCommand::RegionLink(args) => {
+            let core = crate::cli::connect::connect(url).await?;
+            let linked = regions::link_region(&core, &args.region).await?;
+            println!(
+                "region {}: commands published at the core on {} are kept in {} and taken by the region's hub{}; \
+                 its events are mirrored into {}",
+                args.region,
+                bus_schema::names::region_commands(&args.region),
+                linked.commands,
+                if linked.source_added { " (source added)" } else { " (already sourcing)" },
+                linked.events
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         DeployCommand::NatsConfig(args) => {
             let plan = plan(&args)?;
             let files = write(&plan, &args.out)?;
@@ -781,17 +761,20 @@ pub fn run(cmd: DeployCommand) -> anyhow::Result<ExitCode> {
             println!(
                 "\n{} hub server{} ({}), {} site leaf node{}. Start each with `nats-server -c FILE`; give each \
                  service its users/<name>.nk as --nats-nkey-file, and each site's gateway its \
-                 sites/<site>/gateway.nk with --js-domain {HUB_DOMAIN}.",
+                 sites/<site>/gateway.nk with --js-domain {}.",
                 hubs,
                 if hubs == 1 { "" } else { "s" },
                 if hubs == 1 { "streams at one replica" } else { "a JetStream cluster, streams at three replicas" },
                 plan.sites.len(),
                 if plan.sites.len() == 1 { "" } else { "s" },
+                plan.domain(),
             );
             Ok(ExitCode::SUCCESS)
         }
     }
 }
 
+pub mod regions;
+mod servers;
 #[cfg(test)]
 mod tests;

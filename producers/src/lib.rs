@@ -192,7 +192,7 @@ async fn command(cli: Cli, url: String) -> anyhow::Result<ExitCode> {
         Command::Bmc(cmd) => cli::secrets::bmc(&url, cmd).await,
         Command::Secrets(cmd) => cli::hsm::run(cmd),
         Command::Bench(cmd) => bench::run(cmd, cli.nats_url.clone()).await,
-        Command::Deploy(cmd) => deploy::run(cmd),
+        Command::Deploy(cmd) => deploy::run(cmd, &url).await,
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "landfall", &mut std::io::stdout());

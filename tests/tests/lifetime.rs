@@ -393,19 +393,9 @@ mod second_day {
 #[test]
 fn a_bench_through_relays_with_its_gateways_in_processes_of_their_own_patches_every_node_once() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(landfall_tests::cli::binary())
-        .args(["bench", "fanout", "--sites", "12", "--nodes", "2", "--idle", "1s", "--raw-messages", "1000"])
-        .args(["--relays", "2", "--gateway-processes", "2"])
-        .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
-        .env("TMPDIR", dir.path())
-        .env_remove("NATS_URL")
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run landfall bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the report is JSON");
+    let fleet = ["fanout", "--sites", "12", "--nodes", "2", "--idle", "1s", "--raw-messages", "1000"];
+    let spread = ["--relays", "2", "--gateway-processes", "2"];
+    let (report, stderr) = run_bench(&[&fleet[..], &spread[..]].concat(), dir.path());
     assert_eq!(report["node_updates"], 24, "{report}");
     assert_eq!(report["backend_patch_effects"], 24, "each node patched once, by the children's count: {report}");
     assert_eq!(report["relays"]["count"], 2, "{report}");
@@ -417,4 +407,53 @@ fn a_bench_through_relays_with_its_gateways_in_processes_of_their_own_patches_ev
     assert!(report["hub_costs"]["per_site_settled"]["rss_kib"].is_number(), "{report}");
     let left = bench_files(dir.path());
     assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
+}
+
+/// Regions below a core (`bench regions`): every command published at the core only, every
+/// answer read there only, each region's sites installed and patched through their own hub,
+/// nothing of one region in another's, and a command published at the core under the hubs'
+/// own subjects taken by no region.
+#[test]
+fn a_fleet_in_regions_below_a_core_is_installed_and_patched_through_the_core_each_region_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["regions", "--regions", "2", "--sites", "3", "--nodes", "2", "--raw-messages", "1000"];
+    let (report, _) = run_bench(&args, dir.path());
+    assert_eq!(report["patch"]["node_updates"], 12, "{report}");
+    assert_eq!(report["patch"]["backend_patch_effects"], 12, "each node patched once: {report}");
+    assert_eq!(report["foreign_events"], 0, "{report}");
+    let regions = report["per_region"].as_array().unwrap();
+    assert_eq!(regions.len(), 2, "{report}");
+    for (region, name) in regions.iter().zip(["r1", "r2"]) {
+        assert_eq!(region["region"], name, "{region}");
+        assert_eq!(region["domain"], format!("hub-{name}"), "{region}");
+        assert_eq!(region["node_updates"], 6, "{region}");
+        let streams = &region["streams"];
+        // The demo catalog's five packages, three sites, three installs, the patch's package
+        // and the patch: kept at the core, and exactly those in the region's commands stream
+        // (the stray command in neither).
+        assert_eq!(streams["core_commands"], 13, "{region}");
+        assert_eq!(streams["region_commands"], streams["core_commands"], "{region}");
+        assert_eq!(streams["core_events_mirror"], streams["region_events"], "{region}");
+        assert!(region["hub_costs"]["per_site"]["rss_kib"].is_number(), "{region}");
+    }
+    let left = bench_files(dir.path());
+    assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
+}
+
+/// `landfall bench <args>` run to its end in `dir` (its temporary files there too), on the
+/// tests' nats-server: its JSON report and what it printed on stderr.
+fn run_bench(args: &[&str], dir: &std::path::Path) -> (serde_json::Value, String) {
+    let out = std::process::Command::new(landfall_tests::cli::binary())
+        .arg("bench")
+        .args(args)
+        .env("LANDFALL_NATS_SERVER", landfall_tests::nats::binary())
+        .env("TMPDIR", dir)
+        .env_remove("NATS_URL")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run landfall bench");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    (serde_json::from_slice(&out.stdout).expect("the report is JSON"), stderr)
 }

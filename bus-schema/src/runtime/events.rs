@@ -19,8 +19,19 @@ impl Bus {
         filters: Vec<String>,
         deliver: consumer::DeliverPolicy,
     ) -> Result<EventReader, BusError> {
+        self.read_events_of(names::EVENTS_STREAM, filters, deliver).await
+    }
+
+    /// The same reader of another stream of events: a region's mirror at the core
+    /// ([`names::core_events_stream`]).
+    pub async fn read_events_of(
+        &self,
+        stream: &str,
+        filters: Vec<String>,
+        deliver: consumer::DeliverPolicy,
+    ) -> Result<EventReader, BusError> {
         let consume_err = |e: BoxError| BusError::Consume { consumer: "event reader".into(), source: e };
-        let stream = self.jetstream().get_stream(names::EVENTS_STREAM).await.map_err(|e| consume_err(boxed(e)))?;
+        let stream = self.jetstream().get_stream(stream).await.map_err(|e| consume_err(boxed(e)))?;
         // One filter as the filter subject: nats-server 2.10 finds the next message of a
         // consumer with a filter list by walking every subject of the stream block, which for
         // a reader far behind (a dashboard or a report reading a day of events) is most of the

@@ -36,6 +36,12 @@ pub struct Topology {
     pub align: bool,
 }
 
+/// Whether `e` is the server's refusal of replicas on a server that is no cluster
+/// (`JSStreamReplicasNotSupportedErr`, error code 10074).
+fn not_clustered(e: &BusError) -> bool {
+    super::error::error_chain(e).contains("error code 10074")
+}
+
 impl Default for Topology {
     fn default() -> Self {
         Self { replicas: 1, duplicate_window: names::DEDUP_WINDOW, retention: names::RETENTION, align: false }
@@ -263,11 +269,19 @@ impl Bus {
     /// The last failure once `within` has passed.
     pub async fn ensure_topology_within(&self, topology: &Topology, within: Duration) -> Result<(), BusError> {
         let deadline = tokio::time::Instant::now() + within;
+        let mut topology = topology.clone();
         for attempt in 1.. {
-            match self.ensure_topology(topology).await {
+            match self.ensure_topology(&topology).await {
                 Ok(()) => return Ok(()),
+                // A single server names a cluster too once a leaf link of its own is up (a
+                // regional hub's link to the core): the server's refusal of replicas is what
+                // tells it is not a cluster.
+                Err(e) if topology.replicas > 1 && not_clustered(&e) => {
+                    info!("the server keeps no replicas (it is no cluster, though it names one): one replica each");
+                    topology.replicas = 1;
+                }
                 Err(e) if tokio::time::Instant::now() < deadline => {
-                    warn!(attempt, error = %e, "cannot make the streams and buckets yet");
+                    warn!(attempt, error = %super::error::error_chain(&e), "cannot make the streams and buckets yet");
                     tokio::time::sleep(retry_delay(attempt)).await;
                 }
                 Err(e) => return Err(e),

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bus_schema::access::HUB_DOMAIN;
 use site_gateway::sim::SimSite;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -56,7 +57,7 @@ pub async fn serve(args: GatewaysArgs, shutdown: CancellationToken) -> anyhow::R
     let stop = CancellationToken::new();
     let mut gateways = JoinSet::new();
     let sims = tokio::select! {
-        sims = start_gateways(&args.config, &urls, &designs, &args.caches, args.alive_every, &stop, &mut gateways) => sims?,
+        sims = start_gateways(&args.config, HUB_DOMAIN, &urls, &designs, &args.caches, args.alive_every, &stop, &mut gateways) => sims?,
         _ = shutdown.cancelled() => bail!("stopped before every gateway was connected"),
     };
     println!("connected {}", sims.len());

@@ -16,6 +16,7 @@ mod hub_costs;
 mod layout;
 mod patch_run;
 mod production;
+mod regions;
 mod servers;
 mod site_auth;
 mod slopes;
@@ -159,6 +160,27 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1000)]
         sites: usize,
     },
+    /// The fleet in regions below a core (`deploy core-config`, `deploy nats-config --region`,
+    /// `deploy region-link`): a core and a hub per region, each region with its own services
+    /// and its sites' gateways; every command published at the core, every answer read there
+    /// from the regions' mirrored events. Setup and patch times, each regional hub's memory per
+    /// site and CPU per node update, the core's memory and CPU, and what crossed between regions
+    /// (nothing).
+    Regions {
+        #[arg(long, default_value_t = 3)]
+        regions: usize,
+        /// Sites in each region.
+        #[arg(long, default_value_t = 300)]
+        sites: usize,
+        #[arg(long, default_value_t = 10)]
+        nodes: usize,
+        /// Bytes of each package's artifact, staged at install and patch.
+        #[arg(long, default_value_t = 4096)]
+        artifact_bytes: usize,
+        /// Messages published for the raw JetStream measurement (at the first region's hub).
+        #[arg(long, default_value_t = 100_000)]
+        raw_messages: usize,
+    },
     /// Simulated days of a fleet's operations (hosts arriving and leaving, design changes, a
     /// rollout, re-installs), each --day-length of wall time with keeping times scaled to it:
     /// every stream's and bucket's bytes, the sites' caches, RSS and a fresh orchestrator's
@@ -199,6 +221,7 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
         BenchCommand::Fanout { shape: FanoutShape::Production, .. }
             | BenchCommand::JobLayout { .. }
             | BenchCommand::SiteAuth { .. }
+            | BenchCommand::Regions { .. }
     );
     // Slopes reads earlier runs' reports: no server.
     let no_server = own_hub || matches!(cmd, BenchCommand::Slopes { .. });
@@ -262,6 +285,9 @@ pub async fn run(cmd: BenchCommand, nats_url: Option<String>) -> anyhow::Result<
             BenchCommand::Soak(args) => soak::soak(&url, args).await,
             BenchCommand::JobLayout { sites, layout, idle } => layout::job_layout(sites, layout, idle).await,
             BenchCommand::SiteAuth { sites } => site_auth::site_auth(sites).await,
+            BenchCommand::Regions { regions, sites, nodes, artifact_bytes, raw_messages } => {
+                regions::regions(regions::RegionsRun { regions, sites, nodes, artifact_bytes, raw_messages }).await
+            }
             BenchCommand::Gateways(_) => unreachable!("a gateway process runs above"),
             BenchCommand::Slopes { runs, svg } => slopes::slopes(&runs, svg.as_deref()).await,
             BenchCommand::Api { sites, nodes } => {

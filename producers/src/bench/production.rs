@@ -72,10 +72,10 @@ pub async fn fanout(run: Production, strategy: pb::RolloutStrategy) -> anyhow::R
 
 /// The run's files (configuration, keys, stores, caches, logs): removed when the run ends, or
 /// when it is stopped by a signal (after the processes that wrote there are gone).
-struct Scratch(PathBuf);
+pub(super) struct Scratch(pub(super) PathBuf);
 
 impl Scratch {
-    fn new() -> anyhow::Result<Self> {
+    pub(super) fn new() -> anyhow::Result<Self> {
         let root = std::env::temp_dir().join(format!("landfall-bench-production-{}", uuid::Uuid::now_v7()));
         std::fs::create_dir_all(&root).with_context(|| format!("create {}", root.display()))?;
         Ok(Self(root))
@@ -154,7 +154,9 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
         0 | 1 => {
             let mut set = JoinSet::new();
             let caches = root.join("caches");
-            let sims = start_gateways(&hub.config, &urls, &designs, &caches, alive_every, &shutdown, &mut set).await?;
+            let sims =
+                start_gateways(&hub.config, HUB_DOMAIN, &urls, &designs, &caches, alive_every, &shutdown, &mut set)
+                    .await?;
             Gateways::InProcess { sims, set }
         }
         count => {
@@ -415,7 +417,7 @@ async fn restart_under_fleet(
 
 /// Stand-in bytes for every demo package and for the patch's target (the last entry), each
 /// `bytes` long, uploaded into `store`: their catalog entries.
-async fn upload_catalog(store: &ArtifactStore, bytes: usize) -> anyhow::Result<Vec<pb::Package>> {
+pub(super) async fn upload_catalog(store: &ArtifactStore, bytes: usize) -> anyhow::Result<Vec<pb::Package>> {
     let mut out = Vec::new();
     for mut p in demo_packages().into_iter().chain([target_package()]) {
         let stored = store.upload(demo_content(&p.name, &p.version, bytes).as_slice()).await?;
@@ -492,8 +494,10 @@ async fn install_fleet(bus: &Bus, designs: &[SiteDesign]) -> anyhow::Result<(usi
 /// Starts every site's gateway over a simulated site with instant backends, each on a
 /// connection of its own to `urls[i]` as its site's user (its key in `config`, where `deploy
 /// nats-config` wrote it), a few dozen connecting at a time.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn start_gateways(
     config: &Path,
+    domain: &str,
     urls: &[String],
     designs: &[SiteDesign],
     caches: &Path,
@@ -504,7 +508,7 @@ pub(super) async fn start_gateways(
     const AT_ONCE: usize = 64;
     let connects = designs.iter().zip(urls).map(|(d, url)| {
         let url = url.clone();
-        let access = site_access(config, d.site.as_str());
+        let access = site_access(config, domain, d.site.as_str());
         async move {
             let access = access?;
             let bus = Bus::connect_with(&url, &format!("landfall-gateway-{}", d.site), &access).await?;
@@ -528,14 +532,14 @@ pub(super) async fn start_gateways(
 const GATEWAY_READ_BUFFER: u16 = 8 * 1024;
 
 /// How site `site`'s gateway connects (its key in `config`, where `deploy nats-config` wrote
-/// it): through the hub's JetStream domain (at its leaf node, its relay, or the hub), its
-/// replies on its site's inbox.
-fn site_access(config: &Path, site: &str) -> anyhow::Result<Access> {
+/// it): through the hub's JetStream domain `domain` (at its leaf node, its relay, or the hub),
+/// its replies on its site's inbox.
+fn site_access(config: &Path, domain: &str, site: &str) -> anyhow::Result<Access> {
     let seed = Access::seed_from_file(&config.join(format!("sites/{site}/gateway.nk"))).map_err(anyhow::Error::msg)?;
     Ok(Access {
         nkey_seed: Some(seed),
         site: Some(site.to_string()),
-        js_domain: Some(HUB_DOMAIN.to_string()),
+        js_domain: Some(domain.to_string()),
         // Thousands of gateways share this process: a 64 KiB read buffer each would be most of
         // its memory (a deployed gateway, alone in its process, keeps the client's default).
         read_buffer: Some(GATEWAY_READ_BUFFER),

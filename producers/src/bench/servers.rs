@@ -121,6 +121,14 @@ pub(super) async fn wait_listening(process: &mut Process, port: u16, log: &Path)
     bail!("nats-server did not listen on {port} within 60 s; see {}", log.display())
 }
 
+/// A regional hub's place below the core: its region's name, the core's leaf listener
+/// (HOST:PORT) and the region's key there.
+pub(super) struct RegionOf<'a> {
+    pub(super) name: &'a str,
+    pub(super) core_leaf: String,
+    pub(super) key: PathBuf,
+}
+
 /// The hub: one nats-server as `deploy nats-config` writes it for the fleet's sites.
 pub(super) struct Hub {
     pub(super) process: Process,
@@ -142,6 +150,17 @@ impl Hub {
         designs: &[SiteDesign],
         relays: usize,
     ) -> anyhow::Result<Self> {
+        Self::start_in(binary, root, designs, relays, None).await
+    }
+
+    /// The hub of a region below a core (`deploy nats-config --region --core --core-key`).
+    pub(super) async fn start_in(
+        binary: &Path,
+        root: &Path,
+        designs: &[SiteDesign],
+        relays: usize,
+        region: Option<&RegionOf<'_>>,
+    ) -> anyhow::Result<Self> {
         let (client, leaf) = (free_port()?, free_port()?);
         let relays = (0..relays)
             .map(|_| Ok(format!("127.0.0.1:{}:{}:{}", free_port()?, free_port()?, free_port()?)))
@@ -159,6 +178,9 @@ impl Hub {
             tls_ca: None,
             site_auth: None,
             site_creds: root.join("link.creds"),
+            region: region.map(|r| r.name.to_string()),
+            core: region.map(|r| vec![r.core_leaf.clone()]).unwrap_or_default(),
+            core_key: region.map(|r| r.key.clone()),
         };
         let http = args.hubs[0].rsplit(':').next().unwrap_or_default().parse::<u16>()?;
         // A key per site is seconds of CPU at thousands of sites: off the runtime, so a signal

@@ -69,6 +69,9 @@ async fn measure(dir: &Path, sites: usize, mode: SiteAuth) -> anyhow::Result<ser
         tls_ca: None,
         site_auth: Some(mode),
         site_creds: dir.join("link.creds"),
+        region: None,
+        core: Vec::new(),
+        core_key: None,
     };
     let nats = args.out.clone();
     tokio::task::spawn_blocking(move || deploy::write(&deploy::plan(&args)?, &args.out)).await??;

@@ -15,6 +15,9 @@ fn args_for(sites: &[&str]) -> NatsConfigArgs {
         tls_ca: None,
         site_auth: None,
         site_creds: PathBuf::from("/tmp/link.creds"),
+        region: None,
+        core: Vec::new(),
+        core_key: None,
     }
 }
 
@@ -34,7 +37,7 @@ fn hubs_parse_with_default_ports_and_refuse_nonsense() {
 fn a_site_holds_a_handful_of_its_own_wildcards_and_services_are_denied_others_consumers() {
     let user = |role: Role| User { role, key: key_pair(None).unwrap() };
     let users = [user(Role::Kubeconfig), user(Role::Operator), user(Role::Api), user(Role::Site("edge-01".into()))];
-    let text = accounts(&users.iter().collect::<Vec<_>>(), &[], &key_pair(None).unwrap(), None);
+    let text = accounts(&users.iter().collect::<Vec<_>>(), &[], &key_pair(None).unwrap(), None, HUB_DOMAIN);
     let block = |name: &str| {
         let start = text.find(&format!("# {name}\n")).unwrap();
         text[start..].split("\n      # ").next().unwrap().to_string()
@@ -156,4 +159,57 @@ fn a_hub_behind_an_address_of_its_own_is_dialled_there_and_announces_it() {
     assert!(plan(&args).unwrap_err().to_string().contains("one per --hub"));
     args.leaf_advertise = vec!["no-port".into()];
     assert!(plan(&args).unwrap_err().to_string().contains("HOST:PORT"));
+}
+
+#[test]
+fn a_regional_hub_has_its_own_domain_its_sites_grants_name_it_and_its_link_to_the_core_carries_no_landfall_subject() {
+    let dir = tempfile::tempdir().unwrap();
+    let core = regions::CoreConfigArgs {
+        regions: vec!["eu-west".into(), "us-east".into()],
+        core: "10.9.0.1:4222:7500:8222".into(),
+        out: dir.path().into(),
+        store_dir: "/s".into(),
+    };
+    regions::write_core(&core).unwrap();
+    let core_conf = std::fs::read_to_string(dir.path().join("core/core.conf")).unwrap();
+    assert!(core_conf.contains("domain: core"), "{core_conf}");
+    assert!(core_conf.contains("listen: \"10.9.0.1:7500\""), "{core_conf}");
+    let key = dir.path().join("core/regions/eu-west.nk");
+    let seed = read_seed(&key).unwrap();
+    let public = nkeys::KeyPair::from_seed(&seed).unwrap().public_key();
+    assert!(core_conf.contains(&public), "the region's link is a user of the core: {core_conf}");
+    // Written again, the keys stay.
+    regions::write_core(&core).unwrap();
+    assert_eq!(read_seed(&key).unwrap(), seed);
+
+    let mut args = NatsConfigArgs {
+        region: Some("eu-west".into()),
+        core: vec!["10.9.0.1:7500".into()],
+        core_key: Some(key),
+        ..args_for(&["edge-01"])
+    };
+    let p = plan(&args).unwrap();
+    assert_eq!(p.domain(), "hub-eu-west");
+    let hub = hub_server(&p, 0, &p.hubs[0], "pw");
+    assert!(hub.contains("domain: hub-eu-west"), "{hub}");
+    assert!(hub.contains("server_name: hub-eu-west-1"), "servers linked to one core are named apart: {hub}");
+    assert!(hub.contains("urls: [\"nats-leaf://10.9.0.1:7500\"]"), "{hub}");
+    assert!(hub.contains(&format!("nkey: {seed:?}\n      account: LANDFALL")), "{hub}");
+    assert!(hub.contains("deny_imports: [\"landfall.>\"]\n      deny_exports: [\"landfall.>\"]"), "{hub}");
+    let user = User { role: Role::Site("edge-01".into()), key: key_pair(None).unwrap() };
+    let text = accounts(&[&user], &[], &key_pair(None).unwrap(), None, &p.domain());
+    assert!(
+        text.contains("$JS.hub-eu-west.API.DIRECT.GET.LANDFALL_EVENTS"),
+        "its leaf node reaches its own region's hub: {text}"
+    );
+    assert!(!text.contains("$JS.hub.API"), "{text}");
+
+    // Without a region nothing changes; a region's name is checked, and a link needs its key.
+    assert_eq!(plan(&args_for(&["edge-01"])).unwrap().domain(), "hub");
+    args.core_key = None;
+    assert!(plan(&args).unwrap_err().to_string().contains("--core-key"));
+    args.region = Some("EU West".into());
+    assert!(plan(&args).unwrap_err().to_string().contains("not a region name"));
+    let twice = regions::CoreConfigArgs { regions: vec!["a".into(), "a".into()], ..core };
+    assert!(regions::write_core(&twice).unwrap_err().to_string().contains("named twice"));
 }
