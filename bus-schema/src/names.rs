@@ -160,15 +160,15 @@ pub const JOBS_ALL: &str = "landfall.job.>";
 pub const EVENTS_ALL: &str = "landfall.evt.>";
 pub const DEAD_ALL: &str = "landfall.dead.>";
 
-/// At the core, above regional hubs: the stream that keeps `region`'s commands
-/// (`landfall.region.<region>.cmd.>`) until that region's commands stream, sourcing it, has
-/// taken them.
+/// At the core, above regional hubs: the stream that keeps the commands published there for
+/// `region` until that region's commands stream, which sources it, has taken them (under their
+/// own subjects, `landfall.cmd.…`).
 pub fn core_commands_stream(region: &str) -> String {
     format!("LANDFALL_CORE_COMMANDS_{region}")
 }
 
-/// At the core: the mirror of `region`'s events stream, which dashboards and the audit at the
-/// core read.
+/// At the core: a mirror of `region`'s events stream (its events under their own subjects),
+/// which dashboards and clients at the core read.
 pub fn core_events_stream(region: &str) -> String {
     format!("LANDFALL_CORE_EVENTS_{region}")
 }

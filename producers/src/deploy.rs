@@ -638,6 +638,12 @@ pub fn plan(args: &NatsConfigArgs) -> anyhow::Result<Plan> {
             "--relay lets in sites with static users: enrolled sites connect to the hub, whose auth callout lets them in"
         );
     }
+    if region.is_some() && args.site_auth == Some(SiteAuth::Enroll) {
+        bail!(
+            "--region lets in sites with static users: the identity service's credentials grant a site the hub's \
+             domain `hub`, not a region's"
+        );
+    }
     let tls = match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
         (Some(cert), Some(key), Some(ca)) => {
             for f in [cert, key, ca] {

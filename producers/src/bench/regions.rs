@@ -129,6 +129,8 @@ async fn measure(root: &Path, run: RegionsRun) -> anyhow::Result<serde_json::Val
         link_when_up(&core_bus, &r.name).await?;
     }
     let link_s = t.elapsed().as_secs_f64();
+    let again = link_region(&core_bus, &regions[0].name).await?;
+    anyhow::ensure!(!again.source_added, "linking region {} again added a second source", regions[0].name);
     eprintln!("{count} regions linked at the core in {link_s:.2} s");
 
     // A command published at the core under the hubs' own subject, not its region's: no region

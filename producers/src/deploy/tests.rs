@@ -206,6 +206,9 @@ fn a_regional_hub_has_its_own_domain_its_sites_grants_name_it_and_its_link_to_th
 
     // Without a region nothing changes; a region's name is checked, and a link needs its key.
     assert_eq!(plan(&args_for(&["edge-01"])).unwrap().domain(), "hub");
+    args.site_auth = Some(SiteAuth::Enroll);
+    assert!(plan(&args).unwrap_err().to_string().contains("static users"));
+    args.site_auth = None;
     args.core_key = None;
     assert!(plan(&args).unwrap_err().to_string().contains("--core-key"));
     args.region = Some("EU West".into());

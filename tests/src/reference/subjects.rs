@@ -152,6 +152,10 @@ impl Rows {
                 self.streams.push(("jobs_stream", jobs.0, jobs.1));
             }
         }
+        // At the core above regional hubs, per region (a mirror holds its origin's subjects).
+        self.shown.extend(["core_commands_stream", "region_commands", "core_events_stream", "to_region"]);
+        self.streams.push(("core_commands_stream", core_commands_stream("<region>"), region_commands("<region>")));
+        self.streams.push(("core_events_stream", core_events_stream("<region>"), EVENTS_ALL.to_string()));
         self.shown.insert("streams");
         let subjects: Vec<(&'static str, String)> = vec![
             ("to_site", to_site(SITE)),
