@@ -173,11 +173,19 @@ pub async fn link_region(core: &Bus, region: &str) -> anyhow::Result<Linked> {
         max_message_size: names::MAX_PAYLOAD as i32,
         ..Default::default()
     };
+    // The region's hub first: nothing is made at the core for a region it cannot reach.
+    let domain = region_domain(region);
+    let theirs = jetstream::with_domain(core.client().clone(), &domain);
+    let mut stream = theirs.get_stream(names::COMMANDS_STREAM).await.with_context(|| {
+        format!(
+            "region {region}'s hub has no {} in domain {domain}: is its hub linked to this core, and its orchestrator started?",
+            names::COMMANDS_STREAM
+        )
+    })?;
     let js = core.jetstream();
     js.get_or_create_stream(stream::Config { subjects: vec![names::region_commands(region)], ..keep(&commands) })
         .await
         .with_context(|| format!("make {commands} at the core"))?;
-    let domain = region_domain(region);
     let mirror =
         stream::Source { name: names::EVENTS_STREAM.into(), external: Some(api_of(&domain)), ..Default::default() };
     js.get_or_create_stream(stream::Config {
@@ -187,13 +195,6 @@ pub async fn link_region(core: &Bus, region: &str) -> anyhow::Result<Linked> {
     })
     .await
     .with_context(|| format!("make {events} at the core, mirroring the events of region {region}"))?;
-    let theirs = jetstream::with_domain(core.client().clone(), &domain);
-    let mut stream = theirs.get_stream(names::COMMANDS_STREAM).await.with_context(|| {
-        format!(
-            "region {region}'s hub has no {} in domain {domain}: is its hub linked to this core, and its orchestrator started?",
-            names::COMMANDS_STREAM
-        )
-    })?;
     let mut config = stream.info().await?.config.clone();
     let source_added = !config.sources.iter().flatten().any(|s| s.name == commands);
     if source_added {
