@@ -111,6 +111,10 @@ pub struct NatsConfigArgs {
     /// (`core/regions/<region>.nk`).
     #[arg(long, requires = "core")]
     pub core_key: Option<PathBuf>,
+    /// With --core, when the core speaks TLS (`deploy core-config --tls-cert`): the CA its
+    /// certificate is verified with.
+    #[arg(long, requires = "core")]
+    pub core_ca: Option<PathBuf>,
 }
 
 /// How sites prove who they are.
@@ -594,7 +598,8 @@ fn random_password() -> anyhow::Result<String> {
 
 /// The plan the flags describe, checked.
 pub fn plan(args: &NatsConfigArgs) -> anyhow::Result<Plan> {
-    let link = regions::core_link(args.region.as_deref(), &args.core, args.core_key.as_deref())?;
+    let link =
+        regions::core_link(args.region.as_deref(), &args.core, args.core_key.as_deref(), args.core_ca.as_deref())?;
     let region = args.region.clone().map(|r| (r, link));
     let domain = region.as_ref().map_or(HUB_DOMAIN.to_string(), |(r, _)| bus_schema::access::region_domain(r));
     let mut sites = Vec::new();

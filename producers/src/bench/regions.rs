@@ -88,6 +88,8 @@ async fn measure(root: &Path, run: RegionsRun) -> anyhow::Result<serde_json::Val
         core: format!("127.0.0.1:{client}:{leaf}:{http}"),
         out: core_dir.clone(),
         store_dir: root.join("store"),
+        tls_cert: None,
+        tls_key: None,
     };
     write_core(&core_args)?;
     let core = start_configured(&binary, &core_dir.join("core/core.conf"), client, &root.join("core.log")).await?;

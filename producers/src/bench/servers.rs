@@ -181,6 +181,7 @@ impl Hub {
             region: region.map(|r| r.name.to_string()),
             core: region.map(|r| vec![r.core_leaf.clone()]).unwrap_or_default(),
             core_key: region.map(|r| r.key.clone()),
+            core_ca: None,
         };
         let http = args.hubs[0].rsplit(':').next().unwrap_or_default().parse::<u16>()?;
         // A key per site is seconds of CPU at thousands of sites: off the runtime, so a signal

@@ -72,6 +72,7 @@ async fn measure(dir: &Path, sites: usize, mode: SiteAuth) -> anyhow::Result<ser
         region: None,
         core: Vec::new(),
         core_key: None,
+        core_ca: None,
     };
     let nats = args.out.clone();
     tokio::task::spawn_blocking(move || deploy::write(&deploy::plan(&args)?, &args.out)).await??;

@@ -18,6 +18,7 @@ fn args_for(sites: &[&str]) -> NatsConfigArgs {
         region: None,
         core: Vec::new(),
         core_key: None,
+        core_ca: None,
     }
 }
 
@@ -169,6 +170,8 @@ fn a_regional_hub_has_its_own_domain_its_sites_grants_name_it_and_its_link_to_th
         core: "10.9.0.1:4222:7500:8222".into(),
         out: dir.path().into(),
         store_dir: "/s".into(),
+        tls_cert: None,
+        tls_key: None,
     };
     regions::write_core(&core).unwrap();
     let core_conf = std::fs::read_to_string(dir.path().join("core/core.conf")).unwrap();
