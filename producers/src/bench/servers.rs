@@ -191,9 +191,10 @@ impl Hub {
             Ok(args)
         })
         .await??;
-        let prof = match std::env::var("LANDFALL_BENCH_HUB_PROF_PORT") {
-            Ok(port) => port.parse().context("LANDFALL_BENCH_HUB_PROF_PORT is not a port")?,
-            Err(_) => free_port()?,
+        // One port for one hub: the regions' hubs each take a free one.
+        let prof = match (region, std::env::var("LANDFALL_BENCH_HUB_PROF_PORT")) {
+            (None, Ok(port)) => port.parse().context("LANDFALL_BENCH_HUB_PROF_PORT is not a port")?,
+            _ => free_port()?,
         };
         let conf = args.out.join(format!("hub/{}.conf", deploy::hub_name(0)));
         let text = std::fs::read_to_string(&conf)?;
