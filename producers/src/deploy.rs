@@ -14,7 +14,6 @@
 //!   link each, so the hub holds one connection per relay, not one per site.
 //! - `users/<user>.nk` and `sites/<site>/gateway.nk`: the seeds, mode 0600, for each process's
 //!   `--nats-nkey-file`.
-//!
 //! - With `--region` (and `--core`): a regional hub below a core (`deploy core-config`), in the
 //!   JetStream domain `hub-<region>`, linked to the core (`deploy/regions.rs`).
 //!
@@ -607,6 +606,10 @@ pub fn plan(args: &NatsConfigArgs) -> anyhow::Result<Plan> {
         let site = SiteId::try_from(s.trim().to_string()).map_err(|e| anyhow::anyhow!("--sites: {e}"))?;
         if site.as_str() == domain {
             bail!("--sites: {domain:?} is the hub's JetStream domain, so no site may have that id");
+        }
+        // A site's leaf node has its id as its domain: one named as the core would be taken for it.
+        if region.is_some() && site.as_str() == bus_schema::access::CORE_DOMAIN {
+            bail!("--sites: {site:?} is the core's JetStream domain, so no site of a region may have that id");
         }
         if sites.contains(&site) {
             bail!("--sites: {site} is named twice");

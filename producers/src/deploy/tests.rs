@@ -209,6 +209,10 @@ fn a_regional_hub_has_its_own_domain_its_sites_grants_name_it_and_its_link_to_th
 
     // Without a region nothing changes; a region's name is checked, and a link needs its key.
     assert_eq!(plan(&args_for(&["edge-01"])).unwrap().domain(), "hub");
+    // A site's leaf node's domain is its id: below a core, none may be named as the core.
+    assert!(plan(&args_for(&["core"])).is_ok(), "no core above: any id");
+    let core_named = NatsConfigArgs { region: args.region.clone(), ..args_for(&["core"]) };
+    assert!(plan(&core_named).unwrap_err().to_string().contains("core's JetStream domain"));
     args.site_auth = Some(SiteAuth::Enroll);
     assert!(plan(&args).unwrap_err().to_string().contains("static users"));
     args.site_auth = None;
