@@ -21,7 +21,6 @@ use anyhow::{Context, bail};
 use async_nats::jetstream::consumer::DeliverPolicy;
 use bus_schema::access::{HUB_DOMAIN, Role};
 use bus_schema::domain::SiteDesign;
-use bus_schema::names;
 use bus_schema::pb::{self, BusCommand, BusEvent, BusMessage};
 use bus_schema::runtime::{Access, Bus, Envelope, Outgoing};
 use consumers::artifacts::{ArtifactStore, S3Options};
@@ -119,13 +118,7 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
     let store = ArtifactStore::open(&store_dir.display().to_string(), &S3Options::default())?;
     let catalog = upload_catalog(&store, artifact_bytes).await?;
     let services = Services::start(&hub, root, &store_dir)?;
-    let bus = Bus::connect_with(&hub.url, "landfall-bench", &hub.access(&Role::Operator)?).await?;
-    let never = CancellationToken::new();
-    for stream in [names::jobs_stream(names::JOB_SHARDS - 1), names::EVENTS_STREAM, names::COMMANDS_STREAM] {
-        tokio::time::timeout(Duration::from_secs(60), bus.wait_for_stream(stream, &never))
-            .await
-            .with_context(|| format!("the orchestrator did not make {stream} within 60 s"))??;
-    }
+    let bus = hub.operator_when_ready().await?;
     // Before the raw measurement, whose messages the hub holds for a while.
     let hub_empty = hub.sample().await?;
     let payload = representative_payload();

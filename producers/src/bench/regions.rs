@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use async_nats::jetstream::consumer::DeliverPolicy;
-use bus_schema::access::{Role, region_domain};
+use bus_schema::access::region_domain;
 use bus_schema::domain::SiteDesign;
 use bus_schema::names;
 use bus_schema::pb::{self, BusCommand, BusEvent, BusMessage};
@@ -114,13 +114,7 @@ async fn measure(root: &Path, run: RegionsRun) -> anyhow::Result<serde_json::Val
         };
         let hub = Hub::start_in(&binary, &dir, &designs, 0, Some(&place)).await?;
         let services = Services::start(&hub, &dir, &store_dir)?;
-        let bus = Bus::connect_with(&hub.url, "landfall-bench", &hub.access(&Role::Operator)?).await?;
-        let never = CancellationToken::new();
-        for stream in [names::jobs_stream(names::JOB_SHARDS - 1), names::EVENTS_STREAM, names::COMMANDS_STREAM] {
-            tokio::time::timeout(Duration::from_secs(60), bus.wait_for_stream(stream, &never))
-                .await
-                .with_context(|| format!("region {name}'s orchestrator did not make {stream} within 60 s"))??;
-        }
+        let bus = hub.operator_when_ready().await.with_context(|| format!("region {name}"))?;
         regions.push(Region { name: name.clone(), designs, hub, services, bus });
     }
     let start_s = t.elapsed().as_secs_f64();

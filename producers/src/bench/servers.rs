@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bus_schema::access::Role;
 use bus_schema::domain::SiteDesign;
-use bus_schema::runtime::Access;
+use bus_schema::names;
+use bus_schema::runtime::{Access, Bus};
 use serde_json::json;
 
 use super::hub_costs::{self, HubSample};
@@ -237,6 +238,18 @@ impl Hub {
             Role::Site(site) => self.config.join(format!("sites/{site}/gateway.nk")),
             role => self.config.join(format!("users/{}.nk", role.user())),
         }
+    }
+
+    /// The operator's connection, once the orchestrator has made the streams every run needs.
+    pub(super) async fn operator_when_ready(&self) -> anyhow::Result<Bus> {
+        let bus = Bus::connect_with(&self.url, "landfall-bench", &self.access(&Role::Operator)?).await?;
+        let never = tokio_util::sync::CancellationToken::new();
+        for stream in [names::jobs_stream(names::JOB_SHARDS - 1), names::EVENTS_STREAM, names::COMMANDS_STREAM] {
+            tokio::time::timeout(Duration::from_secs(60), bus.wait_for_stream(stream, &never))
+                .await
+                .with_context(|| format!("the orchestrator did not make {stream} within 60 s"))??;
+        }
+        Ok(bus)
     }
 
     /// How a hub service or the operator connects.
