@@ -65,8 +65,10 @@ pub struct Rollouts {
     packages: Kv,
     observed: Kv,
     sagas: Kv,
-    /// Plan chunks by key: immutable once written.
-    chunks: Mutex<HashMap<String, Arc<pb::RolloutPlanChunk>>>,
+    /// Plan chunks by rollout and number: immutable once written. Each is read once however
+    /// many handlers ask for it at once, and let go at the first tick that finds its rollout no
+    /// longer under way.
+    chunks: Mutex<HashMap<(String, u32), Arc<ChunkCell>>>,
     /// Catalog entries by key: immutable once registered.
     catalog: Mutex<HashMap<String, pb::Package>>,
     /// Site reports waiting to be counted, by rollout: counted together in one write.
@@ -80,6 +82,18 @@ pub struct Rollouts {
     /// first time (window clock), and the opening their waiting record says.
     closed: Mutex<HashMap<(String, String), (i64, i64)>>,
 }
+
+/// Whether a plan's chunks are written over what an interrupted attempt left.
+#[derive(Clone, Copy)]
+enum Overwrite {
+    /// A new rollout's: a chunk already there is another replica's, of the same plan.
+    No,
+    /// A rollback's: nobody reads them before its record is written.
+    Yes,
+}
+
+/// A plan chunk, read from the bucket by the first that asks for it.
+type ChunkCell = tokio::sync::OnceCell<Arc<pb::RolloutPlanChunk>>;
 
 /// Whether the write that counts a batch of reports went in; its failure is shared by every
 /// report of the batch.
@@ -136,20 +150,27 @@ impl Rollouts {
     }
 
     async fn chunk(&self, rollout_id: &str, n: u32) -> Result<Arc<pb::RolloutPlanChunk>, BusError> {
-        let key = keys::rollout_plan(rollout_id, n);
-        if let Some(c) = self.chunks.lock().expect("chunks lock").get(&key) {
-            return Ok(c.clone());
-        }
-        let chunk = self.sagas.get::<pb::RolloutPlanChunk>(&key).await?.map(|(c, _)| Arc::new(c)).ok_or_else(|| {
-            BusError::Kv {
-                op: "get",
-                bucket: self.sagas.bucket().to_string(),
-                key: key.clone(),
-                source: "plan chunk missing".into(),
-            }
-        })?;
-        self.chunks.lock().expect("chunks lock").insert(key, chunk.clone());
-        Ok(chunk)
+        let cell = self.chunks.lock().expect("chunks lock").entry((rollout_id.to_string(), n)).or_default().clone();
+        let chunk = cell
+            .get_or_try_init(|| async {
+                let key = keys::rollout_plan(rollout_id, n);
+                match self.sagas.get::<pb::RolloutPlanChunk>(&key).await? {
+                    Some((c, _)) => Ok(Arc::new(c)),
+                    None => Err(BusError::Kv {
+                        op: "get",
+                        bucket: self.sagas.bucket().to_string(),
+                        key,
+                        source: "plan chunk missing".into(),
+                    }),
+                }
+            })
+            .await?;
+        Ok(chunk.clone())
+    }
+
+    /// Lets go of the plan chunks of every rollout but those `under_way`.
+    fn forget_chunks_but(&self, under_way: &HashSet<&str>) {
+        self.chunks.lock().expect("chunks lock").retain(|(id, _), _| under_way.contains(id.as_str()));
     }
 
     async fn plan_site(&self, r: &pb::Rollout, index: usize) -> Result<pb::RolloutPlanSite, BusError> {
@@ -172,8 +193,29 @@ impl Rollouts {
         decide::not_moved_by_another(&req, &self.under_way().await?).map_err(reject)?;
         let entry = self.catalog_entry(req.name.as_str(), req.version.as_str()).await?;
         let entry = decide::in_catalog(&req, entry).map_err(reject)?;
-        // Each record is turned into what the plan needs as it is read: at 10,000 sites neither
-        // every design nor every observed version is held whole.
+        let planned = self.plan(&cmd, &req, entry, d).await?;
+        let r = self.write_plan(&id, planned, Overwrite::No).await?;
+        info!(rollout = %id, package = %req.name, version = %req.version, sites = r.sites, nodes = r.planned_nodes, waves = r.wave_ends.len(), trigger = %r.trigger, "rollout planned");
+        active::mark(&self.sagas, &keys::active_rollout(&id), &id, "").await?;
+        // Created here, or by another replica first: either way it is settled.
+        let (created, (r, rev)) = self.sagas.create_or_get(&keys::rollout(&id), &r).await?;
+        if created {
+            gauge_nodes(&r);
+        }
+        self.settle(r, rev).await
+    }
+
+    /// The rollout `cmd` asks for, planned over every site's design and what its nodes were seen
+    /// to run. Each record is turned into what the plan needs as it is read, and all of them are
+    /// let go of once it is made: at 10,000 sites neither every design nor every observed version
+    /// is held whole, nor held while the rollout starts.
+    async fn plan(
+        &self,
+        cmd: &pb::PatchPackage,
+        req: &decide::Request,
+        entry: pb::Package,
+        d: &Delivery,
+    ) -> Result<decide::Planned, HandlerError> {
         let designs: Vec<SiteDesign> = self
             .sites
             .scan_matching_map(&format!("{}>", keys::SITE_PREFIX), |key, d: pb::SiteDesign| {
@@ -193,24 +235,25 @@ impl Rollouts {
             .into_iter()
             .map(|(_, seen, _)| seen)
             .collect();
-        let planned = decide::plan(&cmd, &req, entry, &designs, &observed, &d.envelope, now_ms()).map_err(reject)?;
+        decide::plan(cmd, req, entry, &designs, &observed, &d.envelope, now_ms()).map_err(reject)
+    }
 
-        // The plan, in immutable chunks.
-        let writes = planned.chunks.iter().enumerate().map(|(n, c)| {
-            let key = keys::rollout_plan(&id, n as u32);
-            async move { self.sagas.create(&key, c).await }
+    /// Writes the plan's immutable chunks and lets go of them: the dispatch reads them back a
+    /// chunk at a time, and what the orchestrator holds at the start of a rollout over 10,000
+    /// sites is what sets its peak. The rollout to start is what is left.
+    async fn write_plan(&self, id: &str, planned: decide::Planned, over: Overwrite) -> Result<pb::Rollout, BusError> {
+        let decide::Planned { chunks, rollout } = planned;
+        let writes = chunks.iter().enumerate().map(|(n, c)| {
+            let key = keys::rollout_plan(id, n as u32);
+            async move {
+                match over {
+                    Overwrite::No => self.sagas.create(&key, c).await.map(drop),
+                    Overwrite::Yes => self.sagas.put(&key, c).await.map(drop),
+                }
+            }
         });
         futures::future::try_join_all(writes).await?;
-
-        let r = planned.rollout;
-        info!(rollout = %id, package = %req.name, version = %req.version, sites = r.sites, nodes = r.planned_nodes, waves = r.wave_ends.len(), trigger = %r.trigger, "rollout planned");
-        active::mark(&self.sagas, &keys::active_rollout(&id), &id, "").await?;
-        // Created here, or by another replica first: either way it is settled.
-        let (created, (r, rev)) = self.sagas.create_or_get(&keys::rollout(&id), &r).await?;
-        if created {
-            gauge_nodes(&r);
-        }
-        self.settle(r, rev).await
+        Ok(rollout)
     }
 
     /// The rollouts the index holds under way (a few: each one's record read once).
@@ -616,6 +659,7 @@ impl Rollouts {
                 rollouts.push((id, r, rev));
             }
         }
+        self.forget_chunks_but(&rollouts.iter().map(|(id, ..)| id.as_str()).collect());
         // Every replica's gauges follow the records, whichever replica wrote them.
         let mut phases: HashMap<pb::RolloutPhase, u32> = HashMap::new();
         for (_, r, _) in &rollouts {

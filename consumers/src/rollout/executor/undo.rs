@@ -9,7 +9,7 @@ use bus_schema::pb;
 use bus_schema::runtime::{Delivery, HandlerError};
 use tracing::info;
 
-use super::{Rollouts, gauge_nodes, reject};
+use super::{Overwrite, Rollouts, gauge_nodes, reject};
 use crate::active;
 use crate::clock::now_ms;
 use crate::rollout::decide;
@@ -69,14 +69,11 @@ impl Rollouts {
         }
         let planned =
             decide::rollback_plan(&undone, &sites, &catalog, &cmd.reason, &d.envelope, now).map_err(reject)?;
+        // What the plan was made of, and the plan once written, are not held while it starts.
+        drop((sites, records, catalog));
         self.update(undone_id, |r| Ok(decide::mark_rolled_back(r))).await?;
         // Written over any an interrupted attempt left: nobody reads them before the record is.
-        let writes = planned.chunks.iter().enumerate().map(|(n, c)| {
-            let key = keys::rollout_plan(&id, n as u32);
-            async move { self.sagas.put(&key, c).await }
-        });
-        futures::future::try_join_all(writes).await?;
-        let r = planned.rollout;
+        let r = self.write_plan(&id, planned, Overwrite::Yes).await?;
         info!(rollout = %id, undoes = %undone_id, sites = r.sites, nodes = r.planned_nodes, "rollback planned");
         active::mark(&self.sagas, &keys::active_rollout(&id), &id, "").await?;
         let (created, (r, rev)) = self.sagas.create_or_get(&keys::rollout(&id), &r).await?;
