@@ -440,6 +440,22 @@ fn a_fleet_in_regions_below_a_core_is_installed_and_patched_through_the_core_eac
     assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
 }
 
+/// The job layouts with no consumer per site and with one per site (as landfall's): each brings
+/// one job to every site, and the benchmark fails when a site never takes its job.
+#[test]
+fn a_job_to_every_site_is_taken_with_a_consumer_per_site_and_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for layout in ["dispatch", "direct", "push-sharded"] {
+        let args = ["job-layout", "--sites", "70", "--layout", layout, "--idle", "1s"];
+        let (report, _) = run_bench(&args, dir.path());
+        assert_eq!(report["layout"], layout, "{report}");
+        assert_eq!(report["sites"], 70, "{report}");
+        assert!(report["one_job_to_every_site_seconds"].as_f64().unwrap() > 0.0, "{report}");
+    }
+    let left = bench_files(dir.path());
+    assert!(left.is_empty(), "the benchmark left its files behind: {left:?}");
+}
+
 /// `landfall bench <args>` run to its end in `dir` (its temporary files there too), on the
 /// tests' nats-server: its JSON report and what it printed on stderr.
 fn run_bench(args: &[&str], dir: &std::path::Path) -> (serde_json::Value, String) {

@@ -19,6 +19,19 @@
 //!   interested in when it is stored is dropped, and one whose consumer is deleted goes with it.
 //! - `push-sharded`: `SHARDS` work-queue streams, a site's jobs in the one its number picks
 //!   (the shard a token of the job's subject): each check covers one shard's consumers.
+//!
+//! Two more keep no consumer for a site at all:
+//! - `dispatch`: `SHARDS` work-queue streams, each read by one durable of a dispatcher (a hub
+//!   service: here, in the benchmark's process), which hands each job to its site as a request
+//!   on the site's own subject and acknowledges it once the site answers. Per site, the hub keeps
+//!   a subscription; a site needs no permission beyond its own subject.
+//! - `direct`: `SHARDS` streams kept by limits, allowing direct gets. A site listens on its jobs'
+//!   subjects (a plain subscription: a job stored there is also a nudge), keeps its own place
+//!   (the last sequence it took), and takes each job with a direct get of the next message on its
+//!   subjects past that place. It says it took the job by publishing its place to
+//!   `bench.taken.<site>`, stored in a stream that keeps the last of each subject: what the hub
+//!   would hold for a site with no disk of its own. Per site, the hub keeps a subscription and
+//!   two subjects' state, no consumer.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -42,6 +55,8 @@ pub enum Layout {
     PushWorkQueue,
     PushInterest,
     PushSharded,
+    Direct,
+    Dispatch,
 }
 
 impl Layout {
@@ -53,19 +68,25 @@ impl Layout {
             Layout::PushWorkQueue => "push-work-queue",
             Layout::PushInterest => "push-interest",
             Layout::PushSharded => "push-sharded",
+            Layout::Direct => "direct",
+            Layout::Dispatch => "dispatch",
         }
     }
 
     fn retention(self) -> stream::RetentionPolicy {
         match self {
-            Layout::Pull | Layout::Push | Layout::Stream => stream::RetentionPolicy::Limits,
-            Layout::PushWorkQueue | Layout::PushSharded => stream::RetentionPolicy::WorkQueue,
+            Layout::Pull | Layout::Push | Layout::Stream | Layout::Direct => stream::RetentionPolicy::Limits,
+            Layout::PushWorkQueue | Layout::PushSharded | Layout::Dispatch => stream::RetentionPolicy::WorkQueue,
             Layout::PushInterest => stream::RetentionPolicy::Interest,
         }
     }
 
     fn push(self) -> bool {
-        !matches!(self, Layout::Pull | Layout::Stream)
+        !matches!(self, Layout::Pull | Layout::Stream | Layout::Direct | Layout::Dispatch)
+    }
+
+    fn sharded(self) -> bool {
+        matches!(self, Layout::PushSharded | Layout::Direct | Layout::Dispatch)
     }
 }
 
@@ -75,7 +96,7 @@ const SHARDS: usize = 64;
 /// The subjects site `i`'s jobs are stored under (a wildcard for its kinds).
 fn site_jobs(layout: Layout, i: usize) -> String {
     match layout {
-        Layout::PushSharded => format!("bench.job.{}.{}.>", i % SHARDS, site(i)),
+        Layout::PushSharded | Layout::Direct | Layout::Dispatch => format!("bench.job.{}.{}.>", i % SHARDS, site(i)),
         _ => format!("bench.job.{}.>", site(i)),
     }
 }
@@ -89,7 +110,7 @@ fn site(i: usize) -> String {
 fn stream_name(layout: Layout, i: usize) -> String {
     match layout {
         Layout::Stream => format!("BENCH_JOBS_{}", site(i)),
-        Layout::PushSharded => format!("BENCH_JOBS_{}", i % SHARDS),
+        Layout::PushSharded | Layout::Direct | Layout::Dispatch => format!("BENCH_JOBS_{}", i % SHARDS),
         _ => "BENCH_JOBS".into(),
     }
 }
@@ -121,10 +142,12 @@ async fn measure(
     admin.set_timeout(Duration::from_secs(120));
     let base_rss = hub.rss_mib();
 
+    let received = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
     let t = Instant::now();
     let streams: Vec<String> = match layout {
         Layout::Stream => (0..sites).map(|i| stream_name(layout, i)).collect(),
-        Layout::PushSharded => (0..SHARDS.min(sites)).map(|i| stream_name(layout, i)).collect(),
+        l if l.sharded() => (0..SHARDS.min(sites)).map(|i| stream_name(layout, i)).collect(),
         _ => vec![stream_name(layout, 0)],
     };
     let made: Vec<anyhow::Result<()>> = futures::stream::iter(streams.iter().enumerate())
@@ -132,7 +155,7 @@ async fn measure(
             let admin = admin.clone();
             let subjects = match layout {
                 Layout::Stream => vec![format!("bench.job.{}.>", site(i))],
-                Layout::PushSharded => vec![format!("bench.job.{i}.>")],
+                l if l.sharded() => vec![format!("bench.job.{i}.>")],
                 _ => vec!["bench.job.>".into()],
             };
             let retention = layout.retention();
@@ -140,8 +163,15 @@ async fn measure(
                 // As landfall's jobs stream: a consumer per site (nats-server 2.15 allows 1,000
                 // to a stream that names no limit).
                 let max_consumers = bus_schema::runtime::JOBS_MAX_CONSUMERS;
-                let config =
-                    stream::Config { name: name.clone(), subjects, retention, max_consumers, ..Default::default() };
+                let allow_direct = layout == Layout::Direct;
+                let config = stream::Config {
+                    name: name.clone(),
+                    subjects,
+                    retention,
+                    max_consumers,
+                    allow_direct,
+                    ..Default::default()
+                };
                 admin.create_stream(config).await?;
                 anyhow::Ok(())
             }
@@ -150,6 +180,16 @@ async fn measure(
         .collect()
         .await;
     made.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    if layout == Layout::Direct {
+        admin
+            .create_stream(stream::Config {
+                name: "BENCH_TAKEN".into(),
+                subjects: vec!["bench.taken.>".into()],
+                max_messages_per_subject: 1,
+                ..Default::default()
+            })
+            .await?;
+    }
     let made: Vec<anyhow::Result<()>> = futures::stream::iter(0..sites)
         .map(|i| {
             let admin = admin.clone();
@@ -159,11 +199,15 @@ async fn measure(
         .collect()
         .await;
     made.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    if layout == Layout::Dispatch {
+        let client = async_nats::connect(&url).await?;
+        for shard in 0..SHARDS.min(sites) {
+            tasks.spawn(dispatch(client.clone(), stream_name(layout, shard)));
+        }
+    }
     let consumers_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let received = Arc::new(AtomicUsize::new(0));
-    let mut tasks = JoinSet::new();
     let clients: Vec<anyhow::Result<async_nats::Client>> = futures::stream::iter(0..sites)
         .map(|_| async { Ok(async_nats::connect(&url).await?) })
         .buffered(AT_ONCE)
@@ -226,6 +270,9 @@ async fn measure(
 }
 
 async fn make_consumer(js: &jetstream::Context, layout: Layout, i: usize) -> anyhow::Result<()> {
+    if matches!(layout, Layout::Direct | Layout::Dispatch) {
+        return Ok(());
+    }
     let s = js.get_stream(stream_name(layout, i)).await?;
     let durable = format!("gateway-{}", site(i));
     let filter = match layout {
@@ -263,6 +310,11 @@ async fn take_jobs(
     i: usize,
     received: Arc<AtomicUsize>,
 ) -> anyhow::Result<()> {
+    match layout {
+        Layout::Direct => return take_jobs_directly(client, i, received).await,
+        Layout::Dispatch => return answer_dispatcher(client, i, received).await,
+        _ => {}
+    }
     let js = jetstream::new(client);
     let s = js.get_stream(stream_name(layout, i)).await?;
     let durable = format!("gateway-{}", site(i));
@@ -278,6 +330,85 @@ async fn take_jobs(
         let mut messages = c.messages().await?;
         while let Some(m) = messages.next().await {
             m?.double_ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            received.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// A site of the `direct` layout: on each nudge (and each minute, for a nudge lost), takes
+/// every job past its place by direct gets, and publishes its new place once taken.
+async fn take_jobs_directly(client: async_nats::Client, i: usize, received: Arc<AtomicUsize>) -> anyhow::Result<()> {
+    let filter = site_jobs(Layout::Direct, i);
+    let mut nudges = client.subscribe(filter.clone()).await?;
+    let js = jetstream::new(client);
+    let s = js.get_stream(stream_name(Layout::Direct, i)).await?;
+    let mut next = 1;
+    loop {
+        // A nudge can come before its job is stored: look again shortly before waiting.
+        for _ in 0..5 {
+            let mut took = false;
+            loop {
+                match s.direct_get_next_for_subject(filter.as_str(), Some(next)).await {
+                    Ok(m) => {
+                        next = m.sequence + 1;
+                        js.publish(format!("bench.taken.{}", site(i)), m.sequence.to_string().into()).await?.await?;
+                        received.fetch_add(1, Ordering::Relaxed);
+                        took = true;
+                    }
+                    Err(e) if e.kind() == jetstream::stream::DirectGetErrorKind::NotFound => break,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if took {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(60), nudges.next()).await;
+    }
+}
+
+/// The dispatcher of one shard: its one durable, each job handed to its site as a request on the
+/// site's own subject and acknowledged once the site answers (one at a time per site: a site's
+/// jobs keep their order).
+async fn dispatch(client: async_nats::Client, stream: String) -> anyhow::Result<()> {
+    let js = jetstream::new(client.clone());
+    let c = js
+        .get_stream(&stream)
+        .await?
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("dispatcher".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            max_ack_pending: 20_000,
+            ..Default::default()
+        })
+        .await?;
+    let messages = c.messages().await?;
+    messages
+        .for_each_concurrent(1024, |m| {
+            let client = client.clone();
+            async move {
+                let Ok(m) = m else { return };
+                let site = m.subject.split('.').nth(3).unwrap_or_default().to_string();
+                let deliver = format!("bench.deliver.{site}");
+                if client.request(deliver, m.payload.clone()).await.is_ok() {
+                    let _ = m.double_ack().await;
+                } else {
+                    let _ = m.ack_with(jetstream::AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                }
+            }
+        })
+        .await;
+    Ok(())
+}
+
+/// A site of the `dispatch` layout: answers each job handed to it.
+async fn answer_dispatcher(client: async_nats::Client, i: usize, received: Arc<AtomicUsize>) -> anyhow::Result<()> {
+    let mut jobs = client.subscribe(format!("bench.deliver.{}", site(i))).await?;
+    while let Some(job) = jobs.next().await {
+        if let Some(reply) = job.reply {
+            client.publish(reply, "taken".into()).await?;
             received.fetch_add(1, Ordering::Relaxed);
         }
     }
