@@ -24,7 +24,7 @@
 //! - `dispatch`: `SHARDS` work-queue streams, each read by one durable of a dispatcher (a hub
 //!   service: here, in the benchmark's process), which hands each job to its site as a request
 //!   on the site's own subject and acknowledges it once the site answers. Per site, the hub keeps
-//!   a subscription; a site needs no permission beyond its own subject.
+//!   a subscription; a site needs no permission beyond its own subject and the answer.
 //! - `direct`: `SHARDS` streams kept by limits, allowing direct gets. A site listens on its jobs'
 //!   subjects (a plain subscription: a job stored there is also a nudge), keeps its own place
 //!   (the last sequence it took), and takes each job with a direct get of the next message on its
@@ -370,8 +370,8 @@ async fn take_jobs_directly(client: async_nats::Client, i: usize, received: Arc<
 }
 
 /// The dispatcher of one shard: its one durable, each job handed to its site as a request on the
-/// site's own subject and acknowledged once the site answers (one at a time per site: a site's
-/// jobs keep their order).
+/// site's own subject and acknowledged once the site answers. Each site has one job here, so
+/// jobs are handed out as they come; landfall's would hand a site's jobs one at a time, in order.
 async fn dispatch(client: async_nats::Client, stream: String) -> anyhow::Result<()> {
     let js = jetstream::new(client.clone());
     let c = js
