@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bus_schema::names;
 use bus_schema::pb::{self, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{Bus, Envelope, Topology};
-use landfall_tests::fleet::{INSTALL_TIMEOUT, TEST_KEY_HEX, collect, wait_for};
+use landfall_tests::fleet::{Fleet, INSTALL_TIMEOUT, TEST_KEY_HEX, collect, kubelet, wait_for};
 use landfall_tests::nats::NatsServer;
 use landfall_tests::procs::Service;
 use serde_json::Value;
@@ -329,4 +329,35 @@ async fn one_install_shows_in_every_services_metrics_and_one_trace_id_finds_its_
     for service in [&orchestrator, &observer, &kubeconfig, &gateway] {
         assert!(!service.log_text().contains(TEST_KEY_HEX), "{} logged the data key", service.name);
     }
+}
+
+/// The orchestrator lets go of a rollout's plan once the rollout has ended: its gauge of the plan
+/// chunks it holds reads zero after a rollout completes (it kept every rollout's plan for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orchestrator_lets_go_of_a_rollouts_plan_once_it_has_ended() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let fleet = Fleet::builder(&url).sites(2).nodes(2).without_orchestrator().start().await;
+    let mut orchestrator = start("orchestrator", &url, dir.path(), &["serve", "orchestrator"]);
+    fleet.install_all().await;
+    let env = Envelope::root();
+    let register = pb::RegisterPackage { package: Some(kubelet("1.30.0")), auto_rollout: None };
+    fleet.bus.publish_command(&register, &env).await.unwrap();
+    let registered = fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(30)).await;
+    assert!(registered.is_some(), "package registered:\n{}", orchestrator.log_text());
+
+    let patch = pb::PatchPackage { name: "kubelet".into(), version: "1.30.0".into(), ..Default::default() };
+    let cmd = fleet.patch(patch).await;
+    let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(60)).await;
+    let done = run.of_type::<pb::RolloutCompleted>();
+    assert_eq!(done.len(), 1, "{:?}\n{}", run.kinds(), orchestrator.log_text());
+    assert_eq!((done[0].patched, done[0].failed), (4, 0));
+
+    let addr = orchestrator.metrics_addr().await;
+    let chunks = "landfall_rollout_plan_chunks";
+    let samples =
+        scrape_until("orchestrator", addr, |s| s.iter().any(|x| x.name == chunks) && total(s, chunks, &[]) == 0.0)
+            .await;
+    assert_eq!(total(&samples, chunks, &[]), 0.0);
 }

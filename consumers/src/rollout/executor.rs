@@ -150,7 +150,12 @@ impl Rollouts {
     }
 
     async fn chunk(&self, rollout_id: &str, n: u32) -> Result<Arc<pb::RolloutPlanChunk>, BusError> {
-        let cell = self.chunks.lock().expect("chunks lock").entry((rollout_id.to_string(), n)).or_default().clone();
+        let cell = {
+            let mut chunks = self.chunks.lock().expect("chunks lock");
+            let cell = chunks.entry((rollout_id.to_string(), n)).or_default().clone();
+            metrics::gauge!("landfall_rollout_plan_chunks").set(chunks.len() as f64);
+            cell
+        };
         let chunk = cell
             .get_or_try_init(|| async {
                 let key = keys::rollout_plan(rollout_id, n);
@@ -170,7 +175,9 @@ impl Rollouts {
 
     /// Lets go of the plan chunks of every rollout but those `under_way`.
     fn forget_chunks_but(&self, under_way: &HashSet<&str>) {
-        self.chunks.lock().expect("chunks lock").retain(|(id, _), _| under_way.contains(id.as_str()));
+        let mut chunks = self.chunks.lock().expect("chunks lock");
+        chunks.retain(|(id, _), _| under_way.contains(id.as_str()));
+        metrics::gauge!("landfall_rollout_plan_chunks").set(chunks.len() as f64);
     }
 
     async fn plan_site(&self, r: &pb::Rollout, index: usize) -> Result<pb::RolloutPlanSite, BusError> {

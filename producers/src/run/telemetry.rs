@@ -251,6 +251,10 @@ fn describe() {
     );
     describe_gauge!("landfall_rollout_nodes", "A rollout's planned nodes, and those patched and failed so far.");
     describe_gauge!("landfall_rollouts", "Rollouts by phase.");
+    describe_gauge!(
+        "landfall_rollout_plan_chunks",
+        "Chunks of rollouts' plans the orchestrator holds (let go of once their rollout is no longer under way)."
+    );
     describe_counter!(
         "landfall_spans_dropped_total",
         "Spans not sent over OTLP: the queue was full, or the collector would not take them."
