@@ -24,6 +24,27 @@ impl Drop for Api {
     }
 }
 
+/// The operator's and the viewer's tokens, `more`, `policy` (YAML; empty: none), `oidc`.
+fn gate(
+    policy: &str,
+    more: &[(&str, Role, &str)],
+    oidc: Option<producers::api::oidc::Verifier>,
+) -> producers::api::Gate {
+    consumers::artifacts::install_tls_provider();
+    let mut tokens = Tokens::default();
+    tokens.add("test-operator", Role::Operator, OPERATOR);
+    tokens.add("test-viewer", Role::Viewer, VIEWER);
+    for (name, role, token) in more {
+        tokens.add(name, *role, token);
+    }
+    let policy = if policy.is_empty() {
+        producers::api::policy::Policy::default()
+    } else {
+        producers::api::policy::Policy::from_yaml(policy).expect("the test's policy")
+    };
+    producers::api::Gate { tokens, policy, oidc }
+}
+
 /// One Server-Sent Event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sse {
@@ -50,23 +71,28 @@ impl Api {
         more: &[(&str, Role, &str)],
         oidc: Option<producers::api::oidc::Verifier>,
     ) -> Self {
-        consumers::artifacts::install_tls_provider();
-        let mut tokens = Tokens::default();
-        tokens.add("test-operator", Role::Operator, OPERATOR);
-        tokens.add("test-viewer", Role::Viewer, VIEWER);
-        for (name, role, token) in more {
-            tokens.add(name, *role, token);
-        }
-        let policy = if policy.is_empty() {
-            producers::api::policy::Policy::default()
-        } else {
-            producers::api::policy::Policy::from_yaml(policy).expect("the test's policy")
-        };
         let shutdown = CancellationToken::new();
         let listen = "127.0.0.1:0".parse().unwrap();
-        let gate = producers::api::Gate { tokens, policy, oidc };
+        let gate = gate(policy, more, oidc);
         let (addr, _) = producers::api::serve(bus.clone(), gate, listen, None, shutdown.clone()).await.unwrap();
-        let api = Self { base: format!("http://{addr}"), http: reqwest::Client::new(), shutdown };
+        Self::ready(Self { base: format!("http://{addr}"), http: reqwest::Client::new(), shutdown }).await
+    }
+
+    /// The API of a core (`serve api --region`), over a connection to the core: each region's
+    /// under `/regions/<region>/`.
+    pub async fn start_at_core(core: &Bus, regions: &[&str]) -> Self {
+        let shutdown = CancellationToken::new();
+        let listen = "127.0.0.1:0".parse().unwrap();
+        let regions: Vec<String> = regions.iter().map(|r| r.to_string()).collect();
+        let gate = gate("", &[], None);
+        let (addr, _) =
+            producers::api::regions::serve_regions(core.clone(), &regions, gate, listen, None, shutdown.clone())
+                .await
+                .unwrap();
+        Self::ready(Self { base: format!("http://{addr}"), http: reqwest::Client::new(), shutdown }).await
+    }
+
+    async fn ready(api: Self) -> Self {
         // The read model has caught up once /readyz says so.
         for _ in 0..100 {
             if api.http.get(format!("{}/readyz", api.base)).send().await.is_ok_and(|r| r.status() == 200) {

@@ -11,15 +11,19 @@ use async_nats::jetstream::{self, stream};
 use bus_schema::names;
 use bus_schema::runtime::{Access, Bus};
 use futures::StreamExt;
+use landfall_tests::api::{OPERATOR, VIEWER};
 use landfall_tests::nats::free_port;
 use landfall_tests::topology::{ConfServer, TlsFiles, leaf_links};
 
 /// `landfall <args>` as the core's operator (for `region-link`), its output.
-fn landfall(args: &[&str], core: Option<(&str, &Path, &Path)>) -> std::process::Output {
+fn landfall(args: &[&str], core: Option<(&str, &Path, Option<&Path>)>) -> std::process::Output {
     let mut cmd = std::process::Command::new(landfall_tests::cli::binary());
     cmd.env_remove("NATS_URL");
     if let Some((url, key, ca)) = core {
-        cmd.env("NATS_URL", url).arg("--nats-nkey-file").arg(key).arg("--nats-ca").arg(ca);
+        cmd.env("NATS_URL", url).arg("--nats-nkey-file").arg(key);
+        if let Some(ca) = ca {
+            cmd.arg("--nats-ca").arg(ca);
+        }
     }
     cmd.args(args).output().expect("run landfall")
 }
@@ -153,8 +157,9 @@ async fn a_regional_hub_links_to_the_core_over_tls_carrying_jetstream_and_no_lan
         })
         .await
         .unwrap();
-    let link =
-        |region: &str| landfall(&["deploy", "region-link", "--region", region], Some((&core.url, &operator, &tls.ca)));
+    let link = |region: &str| {
+        landfall(&["deploy", "region-link", "--region", region], Some((&core.url, &operator, Some(&tls.ca))))
+    };
     let text = succeeded(&link("eu"));
     assert!(text.contains("(source added)"), "{text}");
     let text = succeeded(&link("eu"));
@@ -182,4 +187,163 @@ async fn a_regional_hub_links_to_the_core_over_tls_carrying_jetstream_and_no_lan
     for stream in [names::core_commands_stream("us"), names::core_events_stream("us")] {
         assert!(at_core.jetstream().get_stream(&stream).await.is_err(), "{stream} was made at the core");
     }
+}
+
+/// The core's API (`serve api --region`): each region's sites, commands and ledger read and
+/// posted at the core, through the region's domain, with the regions' own services doing the
+/// work and no region seeing another's sites.
+#[tokio::test]
+async fn the_cores_api_reads_and_commands_each_region_through_its_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (client, leaf, http) = (free_port(), free_port(), free_port());
+    let out = d.join("core-config");
+    let store = d.join("store").display().to_string();
+    let core_address = format!("127.0.0.1:{client}:{leaf}:{http}");
+    succeeded(&landfall(
+        &[
+            "deploy",
+            "core-config",
+            "--regions",
+            "eu,us",
+            "--core",
+            &core_address,
+            "--out",
+            &out.display().to_string(),
+            "--store-dir",
+            &store,
+        ],
+        None,
+    ));
+    let _core = ConfServer::start("core", out.join("core/core.conf"), client);
+    let core_url = format!("nats://127.0.0.1:{client}");
+    let operator = out.join("core/users/operator.nk");
+
+    // Two regions, each a hub of its own with its own orchestrator.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut hubs = Vec::new();
+    for (region, site) in [("eu", 0), ("us", 1)] {
+        let at = d.join(region);
+        let hub_client = free_port();
+        let hub = format!("127.0.0.1:{hub_client}:{}:{}:{}", free_port(), free_port(), free_port());
+        let key = out.join(format!("core/regions/{region}.nk")).display().to_string();
+        let site = producers::run::demo::demo_site(site, 1).site.to_string();
+        succeeded(&landfall(
+            &[
+                "deploy",
+                "nats-config",
+                "--sites",
+                &site,
+                "--out",
+                &at.display().to_string(),
+                "--hub",
+                &hub,
+                "--store-dir",
+                &store,
+                "--region",
+                region,
+                "--core",
+                &format!("127.0.0.1:{leaf}"),
+                "--core-key",
+                &key,
+            ],
+            None,
+        ));
+        hubs.push(ConfServer::start(&format!("hub-{region}"), at.join("hub/hub-1.conf"), hub_client));
+        let url = format!("nats://127.0.0.1:{hub_client}");
+        let bus =
+            landfall_tests::topology::connect_when_ready(&url, "hub", &user(&at.join("users/operator.nk"), None)).await;
+        let topology = bus_schema::runtime::Topology::for_server(&bus);
+        bus.ensure_topology_within(&topology, Duration::from_secs(30)).await.unwrap();
+        tokio::spawn(consumers::run_orchestrator(bus, Default::default(), shutdown.clone()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while leaf_links(http).await < 2 {
+        assert!(Instant::now() < deadline, "the regions' hubs did not link to the core within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for region in ["eu", "us"] {
+        succeeded(&landfall(&["deploy", "region-link", "--region", region], Some((&core_url, &operator, None))));
+    }
+
+    let at_core = Bus::connect_with(&core_url, "core", &user(&operator, None)).await.unwrap();
+    let api = landfall_tests::api::Api::start_at_core(&at_core, &["eu", "us"]).await;
+    let (eu_site, us_site) = (producers::run::demo::demo_site(0, 1), producers::run::demo::demo_site(1, 1));
+
+    // Each region's site registered through the core's API, under its region's path.
+    let mut ids = Vec::new();
+    for (region, design) in [("eu", &eu_site), ("us", &us_site)] {
+        let cmd = bus_schema::pb::RegisterSite { design: Some(design.into()), expected: None };
+        let path = format!("/regions/{region}/v1/commands/register_site");
+        let (status, body) = api.post(OPERATOR, &path, &serde_json::to_string(&cmd).unwrap(), &[]).await;
+        assert_eq!(status, 202, "{body}");
+        assert!(body["subject"].as_str().unwrap().starts_with("landfall.cmd."), "{body}");
+        ids.push((region, body["id"].as_str().unwrap().to_string()));
+    }
+    // The region's orchestrator took it (its ledger says so), and its site shows at the core,
+    // in its own region only.
+    for (region, id) in &ids {
+        let path = format!("/regions/{region}/v1/commands/{id}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, body) = api.get(VIEWER, &path).await;
+            if status == 200 {
+                assert_eq!(body["outcome"], "carried_out", "{body}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{path} was never settled: {status} {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for (region, mine, theirs) in [("eu", &eu_site, &us_site), ("us", &us_site, &eu_site)] {
+        let site_path = |s: &bus_schema::domain::SiteDesign| format!("/regions/{region}/v1/sites/{}", s.site);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while api.get(VIEWER, &site_path(mine)).await.0 != 200 {
+            assert!(Instant::now() < deadline, "{} never showed", site_path(mine));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(api.get(VIEWER, &site_path(theirs)).await.0, 404, "region {region} shows another region's site");
+    }
+    let (status, listed) = api.get(VIEWER, "/v1/regions").await;
+    assert_eq!(status, 200, "{listed}");
+    let names: Vec<&str> = listed.as_array().unwrap().iter().map(|r| r["region"].as_str().unwrap()).collect();
+    assert_eq!(names, ["eu", "us"]);
+    for region in listed.as_array().unwrap() {
+        assert_eq!(region["overview"]["sites"]["total"], 1, "{region}");
+    }
+    // The CLI reads a region at the core by its path: the audit names who registered its site.
+    let mut cli = std::process::Command::new(landfall_tests::cli::binary());
+    cli.env_remove("NATS_URL").env("LANDFALL_API_TOKEN", VIEWER).args([
+        "audit",
+        "--kind",
+        "register_site",
+        "-o",
+        "json",
+        "--api",
+        &api.url("/regions/us"),
+    ]);
+    // Apart from this test's runtime, which serves the API it asks.
+    let audit = tokio::task::spawn_blocking(move || cli.output()).await.unwrap().unwrap();
+    let text = succeeded(&audit);
+    assert!(text.contains(&us_site.site.to_string()) && text.contains("token:test-operator"), "{text}");
+    assert!(!text.contains(&eu_site.site.to_string()), "region us's audit shows region eu's command: {text}");
+    // Nothing landfall keeps was made at the core but the regions' own streams.
+    let mut streams = at_core.jetstream().stream_names();
+    let mut at_the_core = Vec::new();
+    while let Some(name) = streams.next().await {
+        at_the_core.push(name.unwrap());
+    }
+    at_the_core.sort();
+    let mut linked: Vec<String> =
+        ["eu", "us"].iter().flat_map(|r| [names::core_commands_stream(r), names::core_events_stream(r)]).collect();
+    linked.sort();
+    assert_eq!(at_the_core, linked);
+    // Without a token, the core's list is refused; a path of no region is not found.
+    assert_eq!(api.http.get(api.url("/v1/regions")).send().await.unwrap().status(), 401);
+    assert_eq!(api.get(VIEWER, "/regions/asia/v1/sites").await.0, 404);
+    let (_, document) = api.get(VIEWER, "/openapi.json").await;
+    assert!(
+        document["paths"]["/v1/regions"].is_object() && document["paths"]["/regions/{region}/v1/sites"].is_object()
+    );
+    shutdown.cancel();
 }

@@ -182,6 +182,8 @@ pub struct Bus {
     /// Who asked, on what it publishes whose envelope names no one (`names::headers::ACTOR`):
     /// `nats:<user's public key>` for a user with a key, `service:<connection name>` else.
     actor: std::sync::Arc<str>,
+    /// The region below this core its commands are for ([`Bus::in_region`]).
+    region: Option<std::sync::Arc<str>>,
 }
 
 impl Bus {
@@ -307,7 +309,17 @@ impl Bus {
         // user reaches the hub's JetStream through its domain only) is the server's own.
         let js_domain = access.js_domain.clone().filter(|d| info.domain.as_deref() != Some(d.as_str()));
         let local_js = info.jetstream;
-        Ok(Self { client, js, url: url.to_string(), inbox_prefix, js_domain, local_js, origin, actor: actor.into() })
+        Ok(Self {
+            client,
+            js,
+            url: url.to_string(),
+            inbox_prefix,
+            js_domain,
+            local_js,
+            origin,
+            actor: actor.into(),
+            region: None,
+        })
     }
 
     /// This connection, saying `actor` asked for what it publishes whose envelope names no one.
@@ -366,6 +378,37 @@ impl Bus {
     /// uses whichever access it connected with (one connection may carry many simulated sites).
     pub fn as_gateway(&self) -> Bus {
         Bus { origin: names::Origin::Gateway, ..self.clone() }
+    }
+
+    /// This connection to a core (`deploy core-config`) as a client of `region`'s hub: its
+    /// JetStream (buckets, streams, consumers) is the region's, reached through the region's
+    /// domain across its link, and the commands it publishes are kept at the core for the
+    /// region (`landfall.region.<region>.cmd.…`, [`names::to_region`]), whose commands stream
+    /// takes them under their own subjects. Only JetStream crosses the link: a request to a site
+    /// (a kubeconfig, a drift check) does not reach the region's sites from here.
+    pub fn in_region(&self, region: &str) -> Bus {
+        let domain = crate::access::region_domain(region);
+        Bus {
+            js: jetstream::with_domain(self.client.clone(), &domain),
+            js_domain: Some(domain),
+            local_js: false,
+            region: Some(region.into()),
+            ..self.clone()
+        }
+    }
+
+    /// The region this connection's commands are for ([`Bus::in_region`]).
+    pub fn region(&self) -> Option<&str> {
+        self.region.as_deref()
+    }
+
+    /// Where a message on `subject` is published from this connection: a command for a region
+    /// at the core goes to what the core keeps for that region.
+    pub(super) fn published_on(&self, subject: String) -> String {
+        match &self.region {
+            Some(region) => names::to_region(&subject, region).unwrap_or(subject),
+            None => subject,
+        }
     }
 }
 

@@ -48,6 +48,7 @@ impl Bus {
         if payload.len() > names::MAX_PAYLOAD {
             return Err(BusError::TooLarge { subject, size: payload.len(), max: names::MAX_PAYLOAD });
         }
+        let subject = self.published_on(subject);
         let start = std::time::SystemTime::now();
         let ack = self
             .jetstream()
@@ -82,6 +83,7 @@ impl Bus {
             if m.payload.len() > names::MAX_PAYLOAD {
                 return Err(BusError::TooLarge { subject: m.subject, size: m.payload.len(), max: names::MAX_PAYLOAD });
             }
+            let m = Outgoing { subject: self.published_on(m.subject), ..m };
             let start = std::time::SystemTime::now();
             let ack = self
                 .jetstream()

@@ -16,6 +16,7 @@ pub mod oidc;
 pub mod openapi;
 pub mod policy;
 mod reach;
+pub mod regions;
 pub mod sse;
 mod state;
 pub mod views;
@@ -87,8 +88,15 @@ pub struct Gate {
     pub oidc: Option<oidc::Verifier>,
 }
 
-/// The whole API.
+/// The whole API, and the dashboard.
 pub fn router(state: ApiState) -> Router {
+    api_routes(state)
+        .merge(dashboard::routes())
+        .fallback(|| async { ApiError::not_found("no such path (the API is described at /openapi.json)") })
+}
+
+/// The API without the dashboard: what a core serves of each region (`regions`).
+fn api_routes(state: ApiState) -> Router {
     let read = Router::new()
         .route("/v1/overview", get(overview))
         .route("/v1/sites", get(sites))
@@ -118,8 +126,6 @@ pub fn router(state: ApiState) -> Router {
         .route("/healthz", get(|| async { axum::Json(json!({ "status": "ok" })) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .merge(dashboard::routes())
-        .fallback(|| async { ApiError::not_found("no such path (the API is described at /openapi.json)") })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -381,7 +387,11 @@ async fn readyz(State(s): State<ApiState>) -> (StatusCode, axum::Json<Value>) {
 }
 
 async fn metrics(State(s): State<ApiState>) -> Response {
-    match &s.metrics {
+    metrics_of(s.metrics.as_ref())
+}
+
+fn metrics_of(render: Option<&MetricsRender>) -> Response {
+    match render {
         Some(render) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render()).into_response(),
         None => ApiError::not_found("metrics are not enabled in this process").into_response(),
     }
@@ -403,7 +413,7 @@ mod dashboard {
     const SIGN_IN: &str = include_str!("dashboard/signin.js");
     const STYLE: &str = include_str!("dashboard/app.css");
 
-    pub(super) fn routes() -> Router<super::ApiState> {
+    pub(super) fn routes() -> Router {
         Router::new()
             .route("/", get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], INDEX) }))
             .route("/app.js", get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SCRIPT) }))

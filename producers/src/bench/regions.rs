@@ -343,15 +343,15 @@ async fn link_when_up(core: &Bus, region: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Publishes `out` (commands) at the core for `region`, each under its region's subject.
+/// Publishes `out` (commands) at the core for `region`, each under its region's subject
+/// ([`Bus::in_region`]).
 async fn publish_at_core(core: &Bus, region: &str, out: Vec<Outgoing>) -> anyhow::Result<()> {
-    let mut at_core = Vec::with_capacity(out.len());
-    for mut o in out {
-        o.subject = names::to_region(&o.subject, region).with_context(|| format!("{} is no command", o.subject))?;
-        at_core.push(o);
+    if let Some(o) = out.iter().find(|o| names::to_region(&o.subject, region).is_none()) {
+        bail!("{} is no command", o.subject);
     }
-    for chunk in at_core.chunks(2048) {
-        core.publish_all(chunk.to_vec()).await?;
+    let for_region = core.in_region(region);
+    for chunk in out.chunks(2048) {
+        for_region.publish_all(chunk.to_vec()).await?;
     }
     Ok(())
 }

@@ -34,13 +34,25 @@ pub enum ServeCommand {
     /// The distribution service: sends artifacts from the artifact store to site gateways.
     Distribution(StoreArgs),
     /// The HTTP API and dashboard: commands as JSON, read models, events as Server-Sent Events.
-    Api(crate::api::ApiArgs),
+    Api(ApiServeArgs),
     /// The identity service: lets sites in (the hub's auth callout, with `deploy nats-config
     /// --site-auth enroll`), takes their requests to join, renews and revokes their credentials.
     Identity(super::identity::IdentityArgs),
     /// A site gateway: over a simulated site built from the site's registered design
     /// (`--backend sim`), or over the site's Metal3 and BPA (`--backend kube`).
     Gateway(Box<GatewayArgs>),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApiServeArgs {
+    #[command(flatten)]
+    pub api: crate::api::ApiArgs,
+    /// At a core (`deploy core-config`): serve this region's API under `/regions/<region>/`,
+    /// read and commanded through the region's hub's JetStream domain, and list the regions at
+    /// `/v1/regions` (repeated for each region; `deploy region-link` first). Without it, the API
+    /// of the hub the service is connected to.
+    #[arg(long = "region")]
+    pub regions: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -108,16 +120,25 @@ pub async fn run(args: ServeArgs, url: &str) -> anyhow::Result<ExitCode> {
             let bus = connect_service(url, "landfall-identity", keeping, false).await?;
             super::identity::serve(&args, bus, url, shutdown).await?;
         }
-        ServeCommand::Api(args) => {
+        ServeCommand::Api(ApiServeArgs { api: args, regions }) => {
             let tokens = match &args.tokens {
                 Some(path) => crate::api::auth::Tokens::from_file(path)?,
                 None => anyhow::bail!("no tokens: pass --api-tokens FILE (or set LANDFALL_API_TOKENS_FILE)"),
             };
-            let bus = connect_service(url, "landfall-api", keeping, false).await?;
+            // At a core, the streams and buckets are the regions', made by their own services.
+            let bus = match regions.is_empty() {
+                true => connect_service(url, "landfall-api", keeping, false).await?,
+                false => bus_schema::runtime::Bus::connect_with(url, "landfall-api", crate::nats_access::get()).await?,
+            };
             let metrics = telemetry::prometheus()?;
             let render: crate::api::MetricsRender = Arc::new(move || telemetry::render(&metrics));
-            let (_, task) =
-                crate::api::serve(bus, args.gate(tokens).await?, args.listen, Some(render), shutdown).await?;
+            let gate = args.gate(tokens).await?;
+            let (_, task) = match regions.is_empty() {
+                true => crate::api::serve(bus, gate, args.listen, Some(render), shutdown).await?,
+                false => {
+                    crate::api::regions::serve_regions(bus, &regions, gate, args.listen, Some(render), shutdown).await?
+                }
+            };
             task.await??;
         }
     }
