@@ -265,6 +265,10 @@ impl Role {
             Role::Orchestrator => {
                 // The order check reads the commands of a scope that came before one.
                 p.publish.extend(getter(names::COMMANDS_STREAM));
+                // The dispatcher hands each job to its site, and hears the site's answer among
+                // the site's own subjects (`runtime::dispatch`).
+                p.publish.push(names::site_deliver("*"));
+                p.subscribe.push(names::replies_from_sites(&inbox(public_key)));
                 for shard in 0..names::JOB_SHARDS {
                     let jobs = names::jobs_stream(shard);
                     p.publish.push(js_api(&format!("CONSUMER.INFO.{jobs}.*")));
@@ -274,8 +278,11 @@ impl Role {
                     // A durable of a shard takes only that shard's jobs.
                     p.publish.push(js_api(&format!("CONSUMER.CREATE.{jobs}.*.{}", names::shard_jobs(shard))));
                     // Removing a site deletes its gateway's durable and drops its jobs.
-                    // (Only gateways have durables on the jobs streams.)
+                    // (Only gateways and the dispatcher have durables on the jobs streams.)
                     p.publish.push(js_api(&format!("CONSUMER.DELETE.{jobs}.*")));
+                    // The dispatcher: its own durable, and the sites' it replaces, listed.
+                    p.publish.extend(durable_consumer(jobs, names::DISPATCHER));
+                    p.publish.push(js_api(&format!("CONSUMER.NAMES.{jobs}")));
                     p.publish.push(js_api(&format!("STREAM.PURGE.{jobs}")));
                 }
                 // The store watch reads how far behind each durable of the commands and events is

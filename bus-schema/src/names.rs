@@ -301,7 +301,18 @@ pub mod headers {
     pub const REPLY_ERROR: &str = "Landfall-Error";
     /// Set by JetStream KV on a delete or purge marker (`DEL`, `PURGE`).
     pub const KV_OPERATION: &str = "KV-Operation";
+    /// On a job the dispatcher hands a site: the job's own subject, its place in its stream,
+    /// and how many times it has been handed out.
+    pub const JOB_SUBJECT: &str = "Landfall-Job-Subject";
+    pub const JOB_SEQUENCE: &str = "Landfall-Job-Sequence";
+    pub const JOB_DELIVERED: &str = "Landfall-Job-Delivered";
+    /// On a site's answer to a job handed to it: `done` (carried out, or refused with its
+    /// rejection published) or `refused` (not its job; the body says why).
+    pub const JOB_ANSWER: &str = "Landfall-Job-Answer";
 }
+
+/// The durable of the dispatcher on each shard of the jobs (`runtime::dispatch`).
+pub const DISPATCHER: &str = "landfall-dispatch";
 
 /// Who sent a command or an event, as the fourth token of its subject says: the hub (its
 /// services and people, whose users publish only what they send) or a site's gateway, which

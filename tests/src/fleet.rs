@@ -157,6 +157,7 @@ pub struct FleetBuilder {
     alive_every: Duration,
     cut_off_after: Duration,
     window_clock: consumers::WindowClock,
+    job_delivery: bus_schema::runtime::JobDelivery,
 }
 
 /// How each role connects, when the fleet runs under a deployment's users.
@@ -174,6 +175,13 @@ impl FleetBuilder {
     /// node); the simulated sites are still made, for the test to hand to its gateways.
     pub fn without_gateways(mut self) -> Self {
         self.gateways = false;
+        self
+    }
+
+    /// The hub's dispatcher hands each job to its site, and no site has a durable of its own
+    /// (`JobDelivery::Dispatch`), for the fleet's services and gateways alike.
+    pub fn dispatched(mut self) -> Self {
+        self.job_delivery = bus_schema::runtime::JobDelivery::Dispatch;
         self
     }
 
@@ -279,19 +287,26 @@ impl FleetBuilder {
         let access = |role: &Role| self.access.as_ref().map(|a| a(role)).unwrap_or_default();
         let bus = Bus::connect_with(&self.url, "landfall-test", &access(&Role::Operator))
             .await
-            .expect("connect to the test nats-server");
+            .expect("connect to the test nats-server")
+            .with_job_delivery(self.job_delivery);
         let topology = Topology::for_server(&bus).keeping(self.duplicate_window, None);
         bus.ensure_topology_within(&topology, Duration::from_secs(30)).await.expect("create streams and buckets");
         // One connection per role under a deployment's users; one shared connection otherwise.
         let connect = async |role: Role, name: &str| match self.access {
-            Some(_) => Bus::connect_with(&self.url, name, &access(&role)).await.expect("connect"),
+            Some(_) => Bus::connect_with(&self.url, name, &access(&role))
+                .await
+                .expect("connect")
+                .with_job_delivery(self.job_delivery),
             None => bus.clone(),
         };
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
         for i in 0..self.orchestrators {
             let name = format!("landfall-test-orchestrator-{i}");
-            let replica = Bus::connect_with(&self.url, &name, &access(&Role::Orchestrator)).await.expect("connect");
+            let replica = Bus::connect_with(&self.url, &name, &access(&Role::Orchestrator))
+                .await
+                .expect("connect")
+                .with_job_delivery(self.job_delivery);
             let options = consumers::OrchestratorOptions {
                 policy: self.policy,
                 window_clock: self.window_clock.clone(),
@@ -598,6 +613,7 @@ impl Fleet {
             alive_every: bus_schema::names::ALIVE_EVERY,
             cut_off_after: bus_schema::names::CUT_OFF_AFTER,
             window_clock: consumers::WindowClock::wall(),
+            job_delivery: Default::default(),
         }
     }
 

@@ -351,12 +351,13 @@ fn each_service_runs_its_own_durables_and_no_others() {
         let crossed = format!("$JS.API.CONSUMER.CREATE.{elsewhere}.gateway-edge-01.{}", names::site_jobs("edge-01"));
         assert!(!may_publish(&p, &crossed), "{role:?}: {crossed}");
     }
-    // A site's jobs are pushed to it alone: no hub user reads its delivery subject or
-    // writes into it (operators publish every other landfall subject).
+    // A site's jobs reach it alone: no hub user reads its delivery subject, and none but the
+    // orchestrator (its dispatcher) writes into it (operators publish every other landfall
+    // subject).
     for role in Role::services() {
         let p = role.permissions("U");
         assert!(!allows(&p.subscribe, "landfall.to.edge-01.jobs"), "{role:?}");
-        assert!(!may_publish(&p, "landfall.to.edge-01.jobs"), "{role:?}");
+        assert_eq!(may_publish(&p, "landfall.to.edge-01.jobs"), role == Role::Orchestrator, "{role:?}");
     }
     // The API reads events with consumers of its own (named), and watches and scans buckets.
     let api = Role::Api.permissions("U");
@@ -379,4 +380,26 @@ fn each_service_runs_its_own_durables_and_no_others() {
     // Every durable landfall names has one owner.
     let owned: Vec<(&str, &str)> = Role::services().iter().flat_map(|r| r.durables().iter().copied()).collect();
     assert_eq!(owned, owners.iter().map(|(_, s, d)| (*s, *d)).collect::<Vec<_>>());
+}
+
+#[test]
+fn the_orchestrators_dispatcher_hands_jobs_to_any_site_and_only_the_site_takes_or_answers_them() {
+    let orchestrator = Role::Orchestrator.permissions("UOR");
+    assert!(may_publish(&orchestrator, "landfall.to.edge-01.jobs"));
+    assert!(!may_publish(&orchestrator, "landfall.to.edge-01.rpc.kubeconfig"));
+    assert!(allows(&orchestrator.subscribe, "landfall.svc.edge-01.reply._INBOX_UOR.abc"));
+    assert!(!allows(&orchestrator.subscribe, "landfall.svc.edge-01.reply._INBOX_UOP.abc"));
+    for shard in [0, 63] {
+        let jobs = names::jobs_stream(shard);
+        assert!(may_publish(&orchestrator, &format!("$JS.API.CONSUMER.MSG.NEXT.{jobs}.{}", names::DISPATCHER)));
+        assert!(may_publish(&orchestrator, &format!("$JS.ACK.{jobs}.{}.1.2.3.4.5", names::DISPATCHER)));
+    }
+    // A site takes its own jobs and answers under its own subjects; it hands no job to another.
+    let p = site("edge-01");
+    assert!(allows(&p.subscribe, "landfall.to.edge-01.jobs"));
+    assert!(!allows(&p.subscribe, "landfall.to.edge-02.jobs"));
+    assert!(!may_publish(&p, "landfall.to.edge-02.jobs"));
+    assert!(!may_publish(&p, "landfall.to.edge-01.jobs"));
+    assert!(may_publish(&p, "landfall.svc.edge-01.reply._INBOX_UOR.abc"));
+    assert!(!may_publish(&p, "landfall.svc.edge-02.reply._INBOX_UOR.abc"));
 }

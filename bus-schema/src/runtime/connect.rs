@@ -184,6 +184,8 @@ pub struct Bus {
     actor: std::sync::Arc<str>,
     /// The region below this core its commands are for ([`Bus::in_region`]).
     region: Option<std::sync::Arc<str>>,
+    /// How the hub's jobs reach sites ([`super::JobDelivery`]).
+    job_delivery: super::JobDelivery,
 }
 
 impl Bus {
@@ -319,6 +321,7 @@ impl Bus {
             origin,
             actor: actor.into(),
             region: None,
+            job_delivery: super::JobDelivery::from_env().map_err(bad)?,
         })
     }
 
@@ -395,6 +398,18 @@ impl Bus {
             region: Some(region.into()),
             ..self.clone()
         }
+    }
+
+    /// This connection, the hub's jobs reaching sites as `how` says: what the orchestrator and
+    /// a gateway read to know which way (by default, [`super::JobDelivery::ENV`]).
+    pub fn with_job_delivery(mut self, how: super::JobDelivery) -> Self {
+        self.job_delivery = how;
+        self
+    }
+
+    /// How the hub's jobs reach sites (see [`Bus::with_job_delivery`]).
+    pub fn job_delivery(&self) -> super::JobDelivery {
+        self.job_delivery
     }
 
     /// The region this connection's commands are for ([`Bus::in_region`]).

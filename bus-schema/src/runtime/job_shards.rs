@@ -140,7 +140,10 @@ impl Bus {
             };
             sequence = kept.sequence + 1;
             if let Some(site) = kept.subject.strip_prefix(DURABLE_PREFIX) {
-                ensure_consumer(self, &ConsumerSpec::gateway(site)).await?;
+                // With the dispatcher, no site has a durable of its own.
+                if self.job_delivery() == super::JobDelivery::Durable {
+                    ensure_consumer(self, &ConsumerSpec::gateway(site)).await?;
+                }
                 durables += 1;
                 continue;
             }

@@ -7,7 +7,7 @@ use bus_schema::design;
 use bus_schema::domain::{Package, SiteDesign};
 use bus_schema::names::keys;
 use bus_schema::pb;
-use bus_schema::runtime::{self, ConsumerSpec, Delivery, HandlerError, Update};
+use bus_schema::runtime::{self, Delivery, HandlerError, Update};
 use tracing::{debug, info};
 
 use super::service::{Orchestrator, invalid};
@@ -68,7 +68,7 @@ impl Orchestrator {
         self.sites.put(&keys::site(site.as_str()), &planned.effective).await?;
         self.prune_revisions(site.as_str(), revision).await?;
         // A design may be what registers the site: its gateway's durable is the hub's to make.
-        runtime::ensure_consumer(&self.bus, &ConsumerSpec::gateway(site.as_str())).await?;
+        super::durables::make_site_durable(&self.bus, site.as_str()).await?;
         let changes = design::changes(latest.as_ref().and_then(|l| l.effective.as_ref()), &planned.effective);
         info!(%site, revision, added = changes.added.len(), removed = changes.removed.len(), changed = changes.changed.len(), "design applied");
         let evt = pb::DesignApplied {

@@ -6,18 +6,33 @@
 //!
 //! A shard whose stream counts as many durables as it has registered sites is left alone, so a
 //! look that finds nothing missing costs one request per shard and one listing of the sites.
+//!
+//! With the dispatcher (`JobDelivery::Dispatch`) a site has no durable: nothing here is made,
+//! and the dispatcher's own durables are kept on disk.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bus_schema::names::{self, keys};
-use bus_schema::runtime::{self, Bus, BusError, ConsumerSpec, Kv};
+use bus_schema::runtime::{self, Bus, BusError, ConsumerSpec, JobDelivery, Kv};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// How often the orchestrator looks at which server it is connected to (a look in its own
 /// memory: the server's id came with the connection).
 const EVERY: Duration = Duration::from_secs(1);
+
+/// Makes `site`'s durable, which its gateway consumes its jobs through; nothing when the
+/// dispatcher hands the jobs out.
+///
+/// # Errors
+/// When the durable cannot be made.
+pub(super) async fn make_site_durable(bus: &Bus, site: &str) -> Result<(), BusError> {
+    match bus.job_delivery() {
+        JobDelivery::Dispatch => Ok(()),
+        JobDelivery::Durable => runtime::ensure_consumer(bus, &ConsumerSpec::gateway(site)).await,
+    }
+}
 
 /// Makes the durable of every registered site (`sites`, the sites bucket) whose shard has fewer
 /// durables than sites; the number of sites whose durable was looked at.
@@ -51,6 +66,9 @@ pub async fn make_missing_durables(bus: &Bus, sites: &Kv) -> Result<usize, BusEr
 /// Makes the missing durables now, and again each time the server connected to is another,
 /// until `shutdown`. A look that fails is tried again a moment later.
 pub(super) async fn keep_made(bus: Bus, sites: Kv, shutdown: CancellationToken) {
+    if bus.job_delivery() == JobDelivery::Dispatch {
+        return;
+    }
     let mut looked_at_server: Option<String> = None;
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

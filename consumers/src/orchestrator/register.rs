@@ -4,7 +4,7 @@
 use bus_schema::domain::{Package, SiteDesign};
 use bus_schema::names::keys;
 use bus_schema::pb;
-use bus_schema::runtime::{self, ConsumerSpec, Delivery, HandlerError, Update};
+use bus_schema::runtime::{self, Delivery, HandlerError, Update};
 use tracing::{debug, info};
 
 use super::service::{Orchestrator, invalid};
@@ -24,7 +24,7 @@ impl Orchestrator {
         };
         // The site's gateway consumes its jobs through a durable the hub makes: a site's user
         // may not create consumers (it could make one that hands its jobs elsewhere).
-        runtime::ensure_consumer(&self.bus, &ConsumerSpec::gateway(&site)).await?;
+        super::durables::make_site_durable(&self.bus, &site).await?;
         info!(%site, nodes = design.nodes.len(), revision, "site registered");
         let evt = pb::SiteRegistered { site_id: site, nodes: design.nodes.len() as u32, revision };
         self.bus.publish_event(&evt, &d.envelope.derive("site_registered", None)).await?;

@@ -197,6 +197,14 @@ pub async fn run_orchestrator_with(
     let compaction = tokio::spawn(super::compact::compact_periodically(orchestrator.clone(), shutdown.clone()));
     let stranded = tokio::spawn(super::stranded::sweep_periodically(bus.clone(), shutdown.clone()));
     let durables = tokio::spawn(super::durables::keep_made(bus.clone(), orchestrator.sites.clone(), shutdown.clone()));
+    let dispatcher = (bus.job_delivery() == runtime::JobDelivery::Dispatch).then(|| {
+        let run = runtime::dispatch::run_dispatcher(bus.clone(), orchestrator.sites.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = run.await {
+                warn!(error = %runtime::error_chain(&e), "the dispatcher stopped");
+            }
+        })
+    });
     let c = runtime::consume(bus.clone(), commands, Arc::new(Commands(orchestrator.clone())), shutdown.clone());
     let e = runtime::consume(bus.clone(), events, Arc::new(Events(orchestrator.clone())), shutdown.clone());
     let r = runtime::consume(bus, rollouts, Arc::new(RolloutEvents(orchestrator)), shutdown);
@@ -209,6 +217,9 @@ pub async fn run_orchestrator_with(
     let _ = compaction.await;
     let _ = stranded.await;
     let _ = durables.await;
+    if let Some(dispatcher) = dispatcher {
+        let _ = dispatcher.await;
+    }
     c?;
     e?;
     r?;

@@ -98,6 +98,10 @@ fn stored_for(stored_unix_nanos: i128, at_least: Duration) -> bool {
 
 /// Looks for stranded jobs every [`EVERY`] until `shutdown`.
 pub(super) async fn sweep_periodically(bus: Bus, shutdown: CancellationToken) {
+    // No site has a durable to make anew when the dispatcher hands the jobs out.
+    if bus.job_delivery() == runtime::JobDelivery::Dispatch {
+        return;
+    }
     let mut tick = tokio::time::interval(EVERY);
     tick.tick().await;
     loop {

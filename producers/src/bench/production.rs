@@ -263,7 +263,13 @@ async fn measure(root: &Path, run: Production, strategy: pb::RolloutStrategy) ->
             "max_concurrent_sites": strategy.max_concurrent_sites,
             "max_unavailable": strategy.max_unavailable,
         },
-        "job_consumers": sites,
+        // How the jobs reach the sites (`LANDFALL_JOB_DELIVERY`, which the services and
+        // gateways it starts inherit): a durable per site, or the dispatcher's per shard.
+        "job_delivery": format!("{:?}", bus.job_delivery()).to_lowercase(),
+        "job_consumers": match bus.job_delivery() {
+            bus_schema::runtime::JobDelivery::Durable => sites,
+            bus_schema::runtime::JobDelivery::Dispatch => bus_schema::names::JOB_SHARDS,
+        },
         "setup_seconds": {
             "hub_config_and_start": round(config_s, 2),
             "register": round(register_s, 2),
