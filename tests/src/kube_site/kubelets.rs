@@ -85,7 +85,10 @@ struct Kubelets {
 
 impl Kubelets {
     fn run(&mut self, knobs: &KubeletKnobs, node: &str, version: &str) {
-        if self.running.insert(node.to_string(), version.to_string()).as_deref() != Some(version) {
+        // A node registered before its role's Software was written runs nothing yet: what it
+        // runs is recorded once the Software is there (a busy machine writes it later).
+        if self.running.insert(node.to_string(), version.to_string()).as_deref() != Some(version) && !version.is_empty()
+        {
             knobs.versions.lock().unwrap().push((node.to_string(), version.to_string()));
             knobs.log.lock().unwrap().push(format!("{node} kubelet {version}"));
         }

@@ -248,6 +248,7 @@ impl Rows {
             ("KUBECONFIG_EVENTS", KUBECONFIG_EVENTS.to_string()),
             ("IDENTITY_EVENTS", IDENTITY_EVENTS.to_string()),
             ("gateway_consumer", gateway_consumer(SITE)),
+            ("DISPATCHER", DISPATCHER.to_string()),
             ("JOBS_MOVE", JOBS_MOVE.to_string()),
             ("INBOX_CONSUMER", INBOX_CONSUMER.to_string()),
         ];
