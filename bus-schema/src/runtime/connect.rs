@@ -412,11 +412,6 @@ impl Bus {
         self.job_delivery
     }
 
-    /// The region this connection's commands are for ([`Bus::in_region`]).
-    pub fn region(&self) -> Option<&str> {
-        self.region.as_deref()
-    }
-
     /// Where a message on `subject` is published from this connection: a command for a region
     /// at the core goes to what the core keeps for that region.
     pub(super) fn published_on(&self, subject: String) -> String {

@@ -89,16 +89,29 @@ pub fn spec(shard: usize) -> ConsumerSpec {
 
 /// Runs the dispatcher on every shard until `shutdown`. A shard's sites' durables, which
 /// would take the same jobs, are deleted first: the jobs they held unacknowledged are handed
-/// out again by the dispatcher.
+/// out again by the dispatcher. Starting is tried again until it succeeds (the hub may not
+/// answer yet): a dispatcher that gave up would leave every job unhanded.
 ///
 /// # Errors
-/// When a shard cannot be read or the answers cannot be subscribed to.
+/// When a shard's consume loop fails.
 pub async fn run_dispatcher(bus: Bus, sites: Kv, shutdown: CancellationToken) -> Result<(), BusError> {
-    let answers = Answers::start(&bus, shutdown.clone()).await?;
+    let answers = loop {
+        match Answers::start(&bus, shutdown.clone()).await {
+            Ok(answers) => break answers,
+            Err(e) if again(&shutdown, "hearing the sites' answers", &e).await => {}
+            Err(_) => return Ok(()),
+        }
+    };
     let dispatch = Arc::new(Dispatch { bus: bus.clone(), answers, sites, absent: Mutex::default() });
     let mut shards = tokio::task::JoinSet::new();
     for shard in 0..names::JOB_SHARDS {
-        drop_site_durables(&bus, shard).await?;
+        loop {
+            match drop_site_durables(&bus, shard).await {
+                Ok(()) => break,
+                Err(e) if again(&shutdown, "deleting the sites' own durables", &e).await => {}
+                Err(_) => return Ok(()),
+            }
+        }
         shards.spawn(consume(bus.clone(), spec(shard), dispatch.clone(), shutdown.clone()));
     }
     info!(shards = names::JOB_SHARDS, "dispatching jobs to sites");
@@ -106,6 +119,15 @@ pub async fn run_dispatcher(bus: Bus, sites: Kv, shutdown: CancellationToken) ->
         done.map_err(|e| BusError::Consume { consumer: names::DISPATCHER.into(), source: boxed(e) })??;
     }
     Ok(())
+}
+
+/// Says what failed and waits a moment before it is tried again; false once `shutdown`.
+async fn again(shutdown: &CancellationToken, doing: &str, e: &BusError) -> bool {
+    warn!(error = %super::error_chain(e), "the dispatcher could not start {doing}; trying again");
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(Duration::from_secs(1)) => true,
+    }
 }
 
 /// Deletes the sites' durables on `shard` (all but the dispatcher's).
