@@ -553,16 +553,12 @@ pub async fn run_gateway_showing_steps<B: SiteBackend>(
     if let Some(every) = drift_every {
         side.spawn(drift::watch_drift(gateway.clone(), every, shutdown.clone()));
     }
-    // Provisioning takes minutes; all of a site's hosts provision at once.
-    let spec = ConsumerSpec::gateway(site.as_str());
-    // Handed out by the hub's dispatcher instead, when the site has no durable of its own.
-    let dispatched = bus.job_delivery() == runtime::JobDelivery::Dispatch;
-    let (site_id, keep) = (site.to_string(), Arc::new(Keep::new(&gateway.bus)));
-    match (at_leaf, dispatched) {
-        (true, false) => runtime::consume(bus, spec, keep, shutdown).await?,
-        (false, false) => runtime::consume(bus, spec, gateway, shutdown).await?,
-        (true, true) => runtime::dispatched::serve_jobs(bus, site_id, keep, shutdown).await?,
-        (false, true) => runtime::dispatched::serve_jobs(bus, site_id, gateway, shutdown).await?,
+    // Provisioning takes minutes; all of a site's hosts provision at once. From the site's
+    // durable, or handed out by the hub's dispatcher: whichever the hub does.
+    use runtime::dispatched::take_jobs;
+    match at_leaf {
+        true => take_jobs(bus, site.as_str(), Arc::new(Keep::new(&gateway.bus)), shutdown).await?,
+        false => take_jobs(bus, site.as_str(), gateway, shutdown).await?,
     }
     rpc.await??;
     drift_rpc.await??;

@@ -1,6 +1,7 @@
 //! Jobs handed to sites by the hub's dispatcher (`JobDelivery::Dispatch`), with no durable per
 //! site: end to end through the orchestrator and the sites' gateways, a site cut off and back,
-//! a job asked about twice, a dispatcher stopped while its site works, and jobs no one takes.
+//! a gateway set the other way than the hub, a job asked about twice, a dispatcher stopped while
+//! its site works, and jobs no one takes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -56,13 +57,37 @@ async fn sites_install_and_patch_with_no_durable_of_their_own_each_node_once() {
 
 #[tokio::test]
 async fn a_site_cut_off_gets_its_jobs_once_it_is_back() {
+    cut_off_then_back(JobDelivery::Dispatch, JobDelivery::Dispatch).await;
+}
+
+#[tokio::test]
+async fn a_gateway_set_to_a_durable_follows_a_hub_that_dispatches() {
+    cut_off_then_back(JobDelivery::Dispatch, JobDelivery::Durable).await;
+}
+
+#[tokio::test]
+async fn a_gateway_set_to_the_dispatcher_follows_a_hub_with_a_durable_per_site() {
+    cut_off_then_back(JobDelivery::Durable, JobDelivery::Dispatch).await;
+}
+
+/// Two sites, the second's gateway stopped while both install: its jobs wait at the hub, which
+/// hands jobs out `hub`'s way, and once a gateway set to `gateway` is back each of its hosts is
+/// provisioned once.
+async fn cut_off_then_back(hub: JobDelivery, gateway: JobDelivery) {
     let server = NatsServer::start();
-    let fleet = Fleet::builder(&server.url()).dispatched().sites(2).nodes(2).start().await;
+    let builder = Fleet::builder(&server.url()).sites(2).nodes(2);
+    let fleet = match hub {
+        JobDelivery::Dispatch => builder.dispatched(),
+        JobDelivery::Durable => builder,
+    }
+    .start()
+    .await;
     fleet.stop_gateway(1);
     let (first, second) = (fleet.install(&fleet.site_id(0)).await, fleet.install(&fleet.site_id(1)).await);
     let run = fleet.wait_install(&first).await;
     assert_eq!(run.terminal().delivery.type_name, pb::SiteInstalled::TYPE);
-    // The cut-off site's jobs wait at the hub, asked about with a growing delay.
+    // The cut-off site's jobs wait at the hub (with the dispatcher, asked about with a growing
+    // delay).
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(fleet.backend(1).effects().provisions.is_empty());
     let jobs = fleet.bus.jetstream().get_stream(names::site_jobs_stream(&fleet.site_id(1))).await.unwrap();
@@ -70,7 +95,7 @@ async fn a_site_cut_off_gets_its_jobs_once_it_is_back() {
 
     // Its gateway is back: every job is carried out, once.
     let back = CancellationToken::new();
-    let site_bus = Bus::connect(&server.url(), "gateway-back").await.unwrap().with_job_delivery(JobDelivery::Dispatch);
+    let site_bus = Bus::connect(&server.url(), "gateway-back").await.unwrap().with_job_delivery(gateway);
     let (design, backend) = &fleet.sites[1];
     let gateway = site_gateway::run_gateway(
         design.site.clone(),

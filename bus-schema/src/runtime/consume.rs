@@ -84,6 +84,11 @@ pub struct ConsumerSpec {
     /// The stream is in the JetStream domain of the server the bus is connected to (a site's
     /// leaf node), not the hub's. What the handlers publish still goes to the hub.
     pub local: bool,
+    /// A site's gateway: where a job handed out by the hub's dispatcher goes when one comes on
+    /// the delivery subject (the hub runs no durable per site); the loop then ends, and the
+    /// gateway takes its jobs from the dispatcher ([`super::dispatched::take_jobs`]). `None`:
+    /// such a message is a stranger, ignored.
+    pub dispatched_instead: Option<tokio::sync::mpsc::UnboundedSender<async_nats::Message>>,
 }
 
 impl ConsumerSpec {
@@ -100,6 +105,7 @@ impl ConsumerSpec {
             barrier_token: None,
             max_attempts: Some(DEFAULT_MAX_ATTEMPTS),
             local: false,
+            dispatched_instead: None,
         }
     }
 
@@ -281,7 +287,7 @@ enum Hitch {
     /// Logged, and reading goes on.
     Passing(String),
     /// A message on a push consumer's delivery subject that the consumer did not deliver.
-    Stranger(String),
+    Stranger(Box<async_nats::Message>),
 }
 
 type Deliveries = BoxStream<'static, Result<jetstream::Message, Hitch>>;
@@ -309,7 +315,7 @@ impl Source {
                         // Only the consumer's own deliveries carry its acknowledgement subject;
                         // anything else on the subject is no job of this consumer's.
                         Ok(m) if m.reply.as_deref().is_some_and(|r| r.starts_with(&acks)) => Ok(m),
-                        Ok(m) => Err(Hitch::Stranger(m.subject.to_string())),
+                        Ok(m) => Err(Hitch::Stranger(Box::new(m.message))),
                         Err(e) => Err(match e.kind() {
                             consumer::push::MessagesErrorKind::MissingHeartbeat
                             | consumer::push::MessagesErrorKind::ConsumerDeleted => Hitch::Reopen(e.to_string()),
@@ -460,9 +466,17 @@ pub async fn consume<H: Handler>(
                     in_flight.spawn(settle(context.clone(), handler.clone(), msg));
                 }
                 Some(Err(Hitch::Passing(e))) => debug!(consumer = %spec.durable, error = %e, "delivery stream error"),
-                Some(Err(Hitch::Stranger(subject))) => {
-                    warn!(consumer = %spec.durable, %subject, "a message on the delivery subject that the consumer did not deliver: ignored")
-                }
+                Some(Err(Hitch::Stranger(m))) => match &spec.dispatched_instead {
+                    // The hub hands this site's jobs out by its dispatcher: no durable will come.
+                    Some(to) if super::dispatched::is_handed_out(&m) => {
+                        info!(consumer = %spec.durable, "the hub's dispatcher hands this site its jobs: taking them from it");
+                        let _ = to.send(*m);
+                        break 'outer;
+                    }
+                    _ => {
+                        warn!(consumer = %spec.durable, subject = %m.subject, "a message on the delivery subject that the consumer did not deliver: ignored")
+                    }
+                },
                 Some(Err(Hitch::Reopen(e))) => {
                     debug!(consumer = %spec.durable, error = %e, "opening the deliveries again");
                     if matches!(source, Source::Push(..)) {

@@ -8,6 +8,8 @@
 //!   time, or another replica took it over) is not started twice: the second asker is answered
 //!   when the first run ends.
 //! - A job whose subject names another site is answered `refused` and never carried out.
+//! - A gateway follows the hub ([`take_jobs`]): set to take its jobs from a durable while the hub
+//!   dispatches them, or the other way round, it takes them the hub's way from its first job on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,13 +17,14 @@ use std::sync::{Arc, Mutex};
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::connect::Bus;
-use super::consume::Handler;
+use super::consume::{ConsumerSpec, Handler, consume};
 use super::delivery::{Delivery, HandlerError, RejectAs};
+use super::dispatch::JobDelivery;
 use super::error::{BusError, boxed, error_chain, retry_delay};
 use crate::envelope::Envelope;
 use crate::names::{self, headers};
@@ -39,8 +42,51 @@ struct Answer {
 /// The jobs under way at the site, by id: a second asker waits for the first run's answer.
 type UnderWay = Arc<Mutex<HashMap<String, watch::Receiver<Option<Answer>>>>>;
 
+/// Takes `site`'s jobs the way the hub hands them out until `shutdown`, carrying each out with
+/// `handler`: from the site's durable, or from the hub's dispatcher. It starts the way the bus
+/// says ([`Bus::job_delivery`]), and follows the hub when that is wrong: a job handed out by the
+/// dispatcher on the delivery subject ends the durable's loop and is carried out here; a
+/// durable's delivery, heartbeat or flow control ends the dispatcher's loop (the delivery
+/// refused at once, so that the durable hands it out again) and the durable is consumed.
+/// The hub's services and the gateways need not agree, and nothing is lost when they do not.
+///
+/// # Errors
+/// When the delivery subject cannot be subscribed to, or the durable's loop fails.
+pub async fn take_jobs<H: Handler>(
+    bus: Bus,
+    site: &str,
+    handler: Arc<H>,
+    shutdown: CancellationToken,
+) -> Result<(), BusError> {
+    let (mut how, mut first) = (bus.job_delivery(), None);
+    loop {
+        how = match how {
+            JobDelivery::Durable => {
+                let (to, mut handed) = mpsc::unbounded_channel();
+                let mut spec = ConsumerSpec::gateway(site);
+                spec.dispatched_instead = Some(to);
+                consume(bus.clone(), spec, handler.clone(), shutdown.clone()).await?;
+                match handed.try_recv() {
+                    Ok(m) if !shutdown.is_cancelled() => first = Some(m),
+                    _ => return Ok(()),
+                }
+                warn!(%site, "the hub hands jobs out by its dispatcher, not this gateway's setting ({}): following it", JobDelivery::ENV);
+                JobDelivery::Dispatch
+            }
+            JobDelivery::Dispatch => match serve(&bus, site, &handler, &shutdown, first.take(), true).await? {
+                Served::Stopped => return Ok(()),
+                Served::DurableInstead => {
+                    warn!(%site, "the hub hands jobs out by a durable per site, not this gateway's setting ({}): following it", JobDelivery::ENV);
+                    JobDelivery::Durable
+                }
+            },
+        };
+    }
+}
+
 /// Takes the jobs the dispatcher hands `site` until `shutdown`, carrying each out with
 /// `handler`. A job under way when it stops is asked about again by the dispatcher later.
+/// A durable's deliveries on the same subject are not answered (see [`take_jobs`]).
 ///
 /// # Errors
 /// When the site's delivery subject cannot be subscribed to.
@@ -50,7 +96,39 @@ pub async fn serve_jobs<H: Handler>(
     handler: Arc<H>,
     shutdown: CancellationToken,
 ) -> Result<(), BusError> {
-    let subject = names::site_deliver(&site);
+    serve(&bus, &site, &handler, &shutdown, None, false).await.map(|_| ())
+}
+
+/// Why [`serve`] ended.
+enum Served {
+    Stopped,
+    /// A durable of the site's delivers to it: the hub runs no dispatcher for it.
+    DurableInstead,
+}
+
+/// Whether `m`, on a site's delivery subject, is a job the hub's dispatcher handed out.
+pub fn is_handed_out(m: &async_nats::Message) -> bool {
+    m.reply.as_deref().is_some_and(|r| !r.starts_with("$JS."))
+        && m.headers.as_ref().is_some_and(|h| h.get(headers::JOB_SUBJECT).is_some())
+}
+
+/// Whether `m`, on a site's delivery subject, came from a JetStream consumer: a delivery to be
+/// acknowledged, a flow control or a heartbeat.
+fn from_a_durable(m: &async_nats::Message) -> bool {
+    m.status.is_some() || m.reply.as_deref().is_some_and(|r| r.starts_with("$JS."))
+}
+
+/// The dispatcher's jobs for `site`, `first` among them; with `follow`, a durable's message ends
+/// it (see [`take_jobs`]).
+async fn serve<H: Handler>(
+    bus: &Bus,
+    site: &str,
+    handler: &Arc<H>,
+    shutdown: &CancellationToken,
+    first: Option<async_nats::Message>,
+    follow: bool,
+) -> Result<Served, BusError> {
+    let subject = names::site_deliver(site);
     let mut jobs = bus
         .client()
         .subscribe(subject.clone())
@@ -59,17 +137,32 @@ pub async fn serve_jobs<H: Handler>(
     let under_way: UnderWay = Arc::default();
     let permits = Arc::new(Semaphore::new(AT_ONCE));
     info!(%site, "taking the jobs the dispatcher hands this site");
+    let mut first = first;
     loop {
-        let m = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            m = jobs.next() => match m { Some(m) => m, None => return Ok(()) },
+        let m = match first.take() {
+            Some(m) => m,
+            None => tokio::select! {
+                _ = shutdown.cancelled() => return Ok(Served::Stopped),
+                m = jobs.next() => match m { Some(m) => m, None => return Ok(Served::Stopped) },
+            },
         };
+        if from_a_durable(&m) {
+            if !follow {
+                warn!(%site, "a durable's message on the jobs subject: not answered");
+                continue;
+            }
+            // Handed out again at once, to the durable's loop that takes over.
+            if let Some(ack) = m.reply.as_deref().filter(|r| r.starts_with("$JS.ACK.")) {
+                let _ = bus.client().publish(ack.to_string(), Bytes::from_static(b"-NAK")).await;
+            }
+            return Ok(Served::DurableInstead);
+        }
         // A job comes as a request: without a reply subject, it is nothing of the dispatcher's.
         let Some(reply) = m.reply.clone() else {
             warn!(%site, "a message without a reply on the jobs subject: ignored");
             continue;
         };
-        let job = Job { bus: bus.clone(), site: site.clone(), reply: reply.to_string() };
+        let job = Job { bus: bus.clone(), site: site.to_string(), reply: reply.to_string() };
         tokio::spawn(job.take(
             m.headers.unwrap_or_default(),
             m.payload,
