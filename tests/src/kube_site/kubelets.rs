@@ -93,6 +93,17 @@ impl Kubelets {
             knobs.log.lock().unwrap().push(format!("{node} kubelet {version}"));
         }
     }
+
+    /// Records a node's cordon or uncordon the first time it is seen.
+    fn schedule(&mut self, knobs: &KubeletKnobs, node: &Node) {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+        if self.schedulable.insert(name.clone(), cordoned) != Some(cordoned) {
+            let what = if cordoned { "cordoned" } else { "uncordoned" };
+            knobs.log.lock().unwrap().push(format!("{name} {what}"));
+            knobs.cordons.lock().unwrap().push((name, cordoned));
+        }
+    }
 }
 
 pub(super) async fn kubelets(client: kube::Client, knobs: KubeletKnobs, shutdown: CancellationToken) {
@@ -166,12 +177,7 @@ pub(super) async fn kubelets(client: kube::Client, knobs: KubeletKnobs, shutdown
                         "nodeInfo": {"kubeletVersion": format!("v{kubelet}")},
                     }});
                     let _ = nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
-                    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
-                    if k.schedulable.insert(name.clone(), cordoned) != Some(cordoned) {
-                        let what = if cordoned { "cordoned" } else { "uncordoned" };
-                        knobs.log.lock().unwrap().push(format!("{name} {what}"));
-                        knobs.cordons.lock().unwrap().push((name, cordoned));
-                    }
+                    k.schedule(&knobs, &node);
                 }
                 // An upgrade Job installs its version on its node alone (after the cordons are
                 // seen: the node is cordoned before its Job is made).
@@ -188,6 +194,11 @@ pub(super) async fn kubelets(client: kube::Client, knobs: KubeletKnobs, shutdown
                         continue;
                     };
                     if annotations.get(marks::UPGRADE_PACKAGE).map(String::as_str) == Some("kubelet") {
+                        // Its node was cordoned before the Job was made, perhaps after the node
+                        // was read above: read again, so that the cordon is recorded first.
+                        if let Ok(Some(now)) = nodes.get_opt(node).await {
+                            k.schedule(&knobs, &now);
+                        }
                         k.run(&knobs, node, version);
                     }
                     let (name, ns) = (
