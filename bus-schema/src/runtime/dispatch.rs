@@ -95,22 +95,14 @@ pub fn spec(shard: usize) -> ConsumerSpec {
 /// # Errors
 /// When a shard's consume loop fails.
 pub async fn run_dispatcher(bus: Bus, sites: Kv, shutdown: CancellationToken) -> Result<(), BusError> {
-    let answers = loop {
-        match Answers::start(&bus, shutdown.clone()).await {
-            Ok(answers) => break answers,
-            Err(e) if again(&shutdown, "hearing the sites' answers", &e).await => {}
-            Err(_) => return Ok(()),
-        }
-    };
+    let hear = || Answers::start(&bus, shutdown.clone());
+    let Some(answers) = until_done(&shutdown, "hearing the sites' answers", hear).await else { return Ok(()) };
     let dispatch = Arc::new(Dispatch { bus: bus.clone(), answers, sites, absent: Mutex::default() });
     let mut shards = tokio::task::JoinSet::new();
     for shard in 0..names::JOB_SHARDS {
-        loop {
-            match drop_site_durables(&bus, shard).await {
-                Ok(()) => break,
-                Err(e) if again(&shutdown, "deleting the sites' own durables", &e).await => {}
-                Err(_) => return Ok(()),
-            }
+        let drop_them = || drop_site_durables(&bus, shard);
+        if until_done(&shutdown, "deleting the sites' own durables", drop_them).await.is_none() {
+            return Ok(());
         }
         shards.spawn(consume(bus.clone(), spec(shard), dispatch.clone(), shutdown.clone()));
     }
@@ -121,12 +113,22 @@ pub async fn run_dispatcher(bus: Bus, sites: Kv, shutdown: CancellationToken) ->
     Ok(())
 }
 
-/// Says what failed and waits a moment before it is tried again; false once `shutdown`.
-async fn again(shutdown: &CancellationToken, doing: &str, e: &BusError) -> bool {
-    warn!(error = %super::error_chain(e), "the dispatcher could not start {doing}; trying again");
-    tokio::select! {
-        _ = shutdown.cancelled() => false,
-        _ = tokio::time::sleep(Duration::from_secs(1)) => true,
+/// Runs `step` until it succeeds, saying what failed and waiting a second between tries;
+/// `None` once `shutdown`.
+async fn until_done<T, F, Fut>(shutdown: &CancellationToken, doing: &str, mut step: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, BusError>>,
+{
+    loop {
+        match step().await {
+            Ok(done) => return Some(done),
+            Err(e) => warn!(error = %super::error_chain(&e), "the dispatcher could not start {doing}; trying again"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
     }
 }
 

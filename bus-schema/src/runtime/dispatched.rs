@@ -108,8 +108,7 @@ enum Served {
 
 /// Whether `m`, on a site's delivery subject, is a job the hub's dispatcher handed out.
 pub fn is_handed_out(m: &async_nats::Message) -> bool {
-    m.reply.as_deref().is_some_and(|r| !r.starts_with("$JS."))
-        && m.headers.as_ref().is_some_and(|h| h.get(headers::JOB_SUBJECT).is_some())
+    m.reply.is_some() && !from_a_durable(m) && m.headers.as_ref().is_some_and(|h| h.get(headers::JOB_SUBJECT).is_some())
 }
 
 /// Whether `m`, on a site's delivery subject, came from a JetStream consumer: a delivery to be
@@ -125,7 +124,7 @@ async fn serve<H: Handler>(
     site: &str,
     handler: &Arc<H>,
     shutdown: &CancellationToken,
-    first: Option<async_nats::Message>,
+    mut first: Option<async_nats::Message>,
     follow: bool,
 ) -> Result<Served, BusError> {
     let subject = names::site_deliver(site);
@@ -137,7 +136,6 @@ async fn serve<H: Handler>(
     let under_way: UnderWay = Arc::default();
     let permits = Arc::new(Semaphore::new(AT_ONCE));
     info!(%site, "taking the jobs the dispatcher hands this site");
-    let mut first = first;
     loop {
         let m = match first.take() {
             Some(m) => m,
