@@ -73,10 +73,11 @@ impl KubeSite {
         if !(unschedulable && ours) {
             let patch =
                 json!({"metadata": {"annotations": {marks::CORDONED: "true"}}, "spec": {"unschedulable": true}});
-            nodes
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| kube_error(&format!("cordoning Node {name}"), e))?;
+            match nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                // Gone since it was read: Cluster API replacing its machine deletes it.
+                Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Cordon::NotInCluster),
+                done => _ = done.map_err(|e| kube_error(&format!("cordoning Node {name}"), e))?,
+            }
             info!(site = %self.cfg.site, node = name, "cordoned");
         }
         Ok(Cordon::Done)
@@ -96,10 +97,11 @@ impl KubeSite {
             return Ok(false);
         }
         let patch = json!({"metadata": {"annotations": {marks::CORDONED: null}}, "spec": {"unschedulable": null}});
-        nodes
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| kube_error(&format!("uncordoning Node {name}"), e))?;
+        match nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            // Gone since it was read: nothing is left to give back.
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
+            done => _ = done.map_err(|e| kube_error(&format!("uncordoning Node {name}"), e))?,
+        }
         info!(site = %self.cfg.site, node = name, "uncordoned");
         Ok(true)
     }
