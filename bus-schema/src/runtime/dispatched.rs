@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::connect::Bus;
 use super::consume::{ConsumerSpec, Handler, consume};
@@ -256,20 +256,40 @@ fn delivery(site: &str, h: &HeaderMap, payload: Bytes) -> Result<Delivery, Strin
     })
 }
 
-/// Runs `handler` until the job is settled: done, or refused with its rejection published.
+/// Runs `handler` until the job is settled: done, or refused with its rejection published. As a
+/// durable's delivery is handled: in a span carrying the job's trace id, each attempt traced
+/// and counted under the site's durable's name.
 async fn carry_out<H: Handler>(bus: &Bus, site: &str, d: &Delivery, handler: &H) -> Answer {
+    let consumer = names::gateway_consumer(site);
+    let span = tracing::error_span!(
+        "handle",
+        consumer = %consumer,
+        subject = %d.subject,
+        msg_id = %d.envelope.id,
+        trace_id = d.envelope.trace_id().unwrap_or_default(),
+    );
+    attempts(bus, &consumer, d, handler).instrument(span).await
+}
+
+async fn attempts<H: Handler>(bus: &Bus, consumer: &str, d: &Delivery, handler: &H) -> Answer {
     let mut failures = d.delivered.max(1) - 1;
     let done = Answer { said: "done", why: String::new() };
+    let counted = |what: &'static str| metrics::counter!(what, "consumer" => consumer.to_string()).increment(1);
     loop {
-        let delay = match handler.handle(d).await {
-            Ok(()) => return done,
+        let (outcome, traced) = super::trace::handled(consumer, d, None, Box::pin(handler.handle(d))).await;
+        let delay = match outcome {
+            Ok(()) => {
+                counted("landfall_messages_handled_total");
+                return done;
+            }
             Err(HandlerError::Reject(rejection)) => {
-                warn!(%site, subject = %d.subject, reason = %rejection.reason, "rejected");
-                let as_ = RejectAs::Message { consumer: names::gateway_consumer(site) };
-                match bus.publish_rejection(d, &as_, &rejection).await {
+                counted("landfall_messages_rejected_total");
+                warn!(consumer, subject = %d.subject, reason = %rejection.reason, "rejected");
+                let as_ = RejectAs::Message { consumer: consumer.to_string() };
+                match super::trace::within(traced, bus.publish_rejection(d, &as_, &rejection)).await {
                     Ok(()) => return done,
                     Err(e) => {
-                        warn!(%site, error = %e, "cannot publish the rejection; will retry");
+                        warn!(consumer, error = %e, "cannot publish the rejection; will retry");
                         failures += 1;
                         retry_delay(failures)
                     }
@@ -277,9 +297,10 @@ async fn carry_out<H: Handler>(bus: &Bus, site: &str, d: &Delivery, handler: &H)
             }
             Err(HandlerError::Wait { delay, .. }) => delay,
             Err(e @ HandlerError::Transient { .. }) => {
+                counted("landfall_messages_retried_total");
                 failures += 1;
                 let delay = retry_delay(failures);
-                warn!(%site, subject = %d.subject, error = %error_chain(&e), ?delay, "failed; retrying");
+                warn!(consumer, subject = %d.subject, error = %error_chain(&e), ?delay, "failed; retrying");
                 delay
             }
         };
