@@ -179,9 +179,16 @@ impl FleetBuilder {
     }
 
     /// The hub's dispatcher hands each job to its site, and no site has a durable of its own
-    /// (`JobDelivery::Dispatch`), for the fleet's services and gateways alike.
+    /// (`JobDelivery::Dispatch`, the default), for the fleet's services and gateways alike.
     pub fn dispatched(mut self) -> Self {
         self.job_delivery = bus_schema::runtime::JobDelivery::Dispatch;
+        self
+    }
+
+    /// Each site takes its jobs through a durable of its own, made by the hub when the site is
+    /// registered (`JobDelivery::Durable`), for the fleet's services and gateways alike.
+    pub fn durable_per_site(mut self) -> Self {
+        self.job_delivery = bus_schema::runtime::JobDelivery::Durable;
         self
     }
 

@@ -393,7 +393,7 @@ async fn an_earlier_versions_jobs_stream_is_moved_into_the_shards_with_its_durab
     use bus_schema::runtime::Topology;
     use futures::StreamExt;
     let server = NatsServer::start();
-    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    let bus = durable_per_site(Bus::connect(&server.url(), "landfall-test").await.unwrap());
     let js = bus.jetstream();
     let legacy = landfall_tests::site_state::earlier_jobs_stream(js).await;
     let sites = ["edge-01", "edge-02", "edge-17"];
@@ -470,7 +470,7 @@ async fn two_orchestrators_moving_the_old_jobs_stream_at_once_both_start_and_mov
     use async_nats::jetstream::consumer;
     use bus_schema::runtime::Topology;
     let server = NatsServer::start();
-    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    let bus = durable_per_site(Bus::connect(&server.url(), "landfall-test").await.unwrap());
     let js = bus.jetstream();
     let legacy = landfall_tests::site_state::earlier_jobs_stream(js).await;
     let sites: Vec<String> = (0..20).map(|i| format!("edge-{i:02}")).collect();
@@ -489,7 +489,7 @@ async fn two_orchestrators_moving_the_old_jobs_stream_at_once_both_start_and_mov
             js.publish_with_headers(subject, headers, "job".into()).await.unwrap().await.unwrap();
         }
     }
-    let other = Bus::connect(&server.url(), "landfall-test-2").await.unwrap();
+    let other = durable_per_site(Bus::connect(&server.url(), "landfall-test-2").await.unwrap());
     let aligning = Topology::default().aligning();
     let (a, b) = tokio::join!(bus.ensure_topology(&aligning), other.ensure_topology(&aligning));
     a.expect("the first replica");
@@ -512,7 +512,7 @@ async fn a_move_of_the_old_jobs_stream_cut_short_goes_on_at_the_next_start() {
     use async_nats::jetstream::stream;
     use bus_schema::runtime::Topology;
     let server = NatsServer::start();
-    let bus = Bus::connect(&server.url(), "landfall-test").await.unwrap();
+    let bus = durable_per_site(Bus::connect(&server.url(), "landfall-test").await.unwrap());
     let js = bus.jetstream();
     let site = "edge-05";
     let job = |id: &str| {
@@ -814,4 +814,10 @@ async fn a_jobs_stream_holds_a_durable_for_each_of_more_than_a_thousand_sites() 
         }
     }
     assert_eq!(jobs.info().await.unwrap().state.consumer_count, 1_001);
+}
+
+/// `bus` as a hub's with a durable per site (not the dispatcher): the earlier version's jobs
+/// stream is moved with the sites' durables.
+fn durable_per_site(bus: Bus) -> Bus {
+    bus.with_job_delivery(bus_schema::runtime::JobDelivery::Durable)
 }

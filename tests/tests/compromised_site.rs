@@ -1013,7 +1013,16 @@ async fn a_stolen_site_key_reaches_nothing_of_another_site() {
     let d = Deployment::generate(&[A, B], 1, Some(&tls));
     let _hub = d.start_hubs();
     let url = d.hub_urls("tls");
-    let fleet = Fleet::builder(&url).sites(2).nodes(3).with_artifacts().access(d.users(Some(&tls.ca))).start().await;
+    // With a durable per site, so that the thief also tries the other site's durable (the
+    // dispatcher's requests to a site are tried in dispatch.rs).
+    let fleet = Fleet::builder(&url)
+        .sites(2)
+        .nodes(3)
+        .with_artifacts()
+        .access(d.users(Some(&tls.ca)))
+        .durable_per_site()
+        .start()
+        .await;
     let bus = fleet.bus.clone();
     let b_design = pb::SiteDesign::from(&fleet.sites[1].0);
     // BMC credentials for every host of B, and for one of A's.

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bus_schema::pb::{self, BusEvent, BusMessage};
-use bus_schema::runtime::Envelope;
+use bus_schema::runtime::{Envelope, JobDelivery};
 use landfall_tests::fleet::{Fleet, InstallRun, RolloutRun};
 use landfall_tests::nats::NatsServer;
 use site_gateway::sim::SimConfig;
@@ -15,7 +15,16 @@ use tokio::process::{Child, Command};
 
 /// The real `landfall` CLI running `serve orchestrator` as its own process.
 fn orchestrator(url: &str, failpoint: Option<&str>) -> Child {
+    orchestrator_taking(url, failpoint, None)
+}
+
+/// An orchestrator process whose jobs reach sites as `jobs` says (as the environment says, when
+/// `None`).
+fn orchestrator_taking(url: &str, failpoint: Option<&str>, jobs: Option<&str>) -> Child {
     let mut cmd = Command::from(tied::command(landfall_tests::cli::binary()));
+    if let Some(jobs) = jobs {
+        cmd.env(JobDelivery::ENV, jobs);
+    }
     cmd.args(["serve", "orchestrator", "--nats-url", url])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -240,15 +249,19 @@ async fn a_rollout_decided_but_not_published_is_published_after_a_restart() {
 /// between, and the site (quick, instant patches) reports before any orchestrator has marked
 /// it: the report waits for the mark rather than being refused as answering no job, and the
 /// rollout completes with each node patched once.
+///
+/// With a durable per site, whose jobs reach the sites while no orchestrator runs. (With the
+/// dispatcher, in the orchestrator, they wait for the next; the same race needs a second
+/// replica, which hands them out while the first has not marked them yet.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_outruns_the_record_of_its_job_is_counted() {
     let server = NatsServer::start();
-    let fleet = Fleet::builder(&server.url()).sites(4).nodes(2).without_orchestrator().start().await;
-    let orch = orchestrator(&server.url(), None);
+    let fleet = Fleet::builder(&server.url()).sites(4).nodes(2).durable_per_site().without_orchestrator().start().await;
+    let mut orch = orchestrator_taking(&server.url(), None, Some("durable"));
     fleet.install_all().await;
     register_kubelet_1_30(&fleet).await;
-    let mut doomed =
-        kill_and_restart_with(orch, &server.url(), Duration::ZERO, Some("rollout-jobs-sent-unmarked:1")).await;
+    orch.kill().await.unwrap();
+    let mut doomed = orchestrator_taking(&server.url(), Some("rollout-jobs-sent-unmarked:1"), Some("durable"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let patch = pb::PatchPackage { name: "kubelet".into(), version: "1.30.0".into(), ..Default::default() };
     let cmd = fleet.patch(patch).await;
@@ -264,7 +277,7 @@ async fn a_report_that_outruns_the_record_of_its_job_is_counted() {
     }
     fleet.wait_for(pb::SitePatched::filter(), &cmd.id, Duration::from_secs(30)).await.expect("a site reported");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut orch = orchestrator(&server.url(), None);
+    let mut orch = orchestrator_taking(&server.url(), None, Some("durable"));
     let run = fleet.wait_rollout(&cmd.id, Duration::from_secs(60)).await;
     let done = run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("completed: {:?}", run.kinds()));
     assert_eq!((done.planned_nodes, done.patched, done.failed), (8, 8, 0));

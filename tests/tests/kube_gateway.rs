@@ -590,7 +590,8 @@ async fn a_reimage_whose_gateway_dies_halfway_is_taken_up_and_done_once() {
     });
 
     // Killed while the old image comes off; the new gateway takes the job up while the host is
-    // still deprovisioning (the hub delivers the job again once its ack wait runs out).
+    // still deprovisioning (the hub hands the job out again once it has waited its time for the
+    // killed gateway's answer).
     let m1 = |state: &'static str, image: Option<&str>| {
         let image = image.map(str::to_string);
         move |h: &site_gateway::kube_site::metal3::BareMetalHost| {
@@ -599,19 +600,19 @@ async fn a_reimage_whose_gateway_dies_halfway_is_taken_up_and_done_once() {
         }
     };
     until_host(&rig, "m-1", m1("deprovisioning", None)).await;
-    let delivered = job_consumer(&rig).await.delivered.consumer_sequence;
+    let jobs_handed_out = handed_out(&rig).await;
     rig.kill_gateway();
     rig.start_gateway();
-    until_job_redelivered(&rig, delivered).await;
+    until_handed_out_again(jobs_handed_out).await;
     until_reported(&rig, &rollout_id, "deprovisioning").await;
     rig.metal3.release("m-1", "deprovisioning");
 
     // Killed again while the new image goes on.
     until_host(&rig, "m-1", m1("provisioning", Some(&url))).await;
-    let delivered = job_consumer(&rig).await.delivered.consumer_sequence;
+    let jobs_handed_out = handed_out(&rig).await;
     rig.kill_gateway();
     rig.start_gateway();
-    until_job_redelivered(&rig, delivered).await;
+    until_handed_out_again(jobs_handed_out).await;
     until_reported(&rig, &rollout_id, "provisioning").await;
     rig.metal3.release("m-1", "provisioning");
 
@@ -648,17 +649,25 @@ async fn until_host(
     }
 }
 
-/// Waits until the hub has delivered the site's job again (to the gateway started again).
-async fn until_job_redelivered(rig: &KubeSiteRig, after: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let info = job_consumer(rig).await;
-        if info.delivered.consumer_sequence > after && info.num_ack_pending > 0 {
-            return;
+/// What the hub hands the site's gateway from now on, on the site's delivery subject: its
+/// durable's deliveries, or the dispatcher's requests.
+async fn handed_out(rig: &KubeSiteRig) -> async_nats::Subscriber {
+    rig.bus.client().subscribe(names::site_deliver(SITE)).await.unwrap()
+}
+
+/// Waits until the hub hands the site's job out again (to the gateway started again): its
+/// durable after its ack wait, or the dispatcher once it has waited its time for an answer.
+async fn until_handed_out_again(mut handed_out: async_nats::Subscriber) {
+    let within = Duration::from_secs(45);
+    let job = async {
+        // A durable's flow control and heartbeats carry a status and no job.
+        while let Some(m) = futures::StreamExt::next(&mut handed_out).await {
+            if m.status.is_none() && !m.payload.is_empty() {
+                return;
+            }
         }
-        assert!(tokio::time::Instant::now() < deadline, "the job was not delivered again: {info:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+    tokio::time::timeout(within, job).await.expect("the job was handed out again");
 }
 
 /// Waits until the hub holds the reimage's `state` (from the gateway killed or the one that took
@@ -676,10 +685,4 @@ async fn until_reported(rig: &KubeSiteRig, rollout: &str, state: &str) {
         }
         assert!(tokio::time::Instant::now() < deadline, "{state} was not reported: {}", rig.gateway_log());
     }
-}
-
-/// The site's job consumer as the hub sees it (its delivered sequence counts redeliveries too).
-async fn job_consumer(rig: &KubeSiteRig) -> async_nats::jetstream::consumer::Info {
-    let jobs = rig.bus.jetstream().get_stream(names::site_jobs_stream(SITE)).await.unwrap();
-    jobs.consumer_info(names::gateway_consumer(SITE)).await.unwrap()
 }

@@ -419,8 +419,11 @@ async fn the_orchestrator_moves_an_earlier_versions_jobs_stream_with_its_own_per
     // Something the old stream held that is no job: filed as a dead letter, not lost.
     js.publish("landfall.job.edge-01.not.a.job", "stray".into()).await.unwrap().await.unwrap();
 
-    let orchestrator =
-        Bus::connect_with(&url, "landfall-test-orchestrator", &d.access(&Role::Orchestrator)).await.unwrap();
+    // A hub keeping a durable per site makes the moved durable in its shard.
+    let orchestrator = Bus::connect_with(&url, "landfall-test-orchestrator", &d.access(&Role::Orchestrator))
+        .await
+        .unwrap()
+        .with_job_delivery(runtime::JobDelivery::Durable);
     orchestrator.ensure_topology(&Topology::default().aligning()).await.expect("the move");
     assert!(js.get_stream(names::LEGACY_JOBS_STREAM).await.is_err());
     let letters = operator.read_dead_letters().await.unwrap();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bus_schema::names::{self, keys};
 use bus_schema::pb::{self, BusEvent, BusMessage};
 use bus_schema::retention::StorePolicy;
-use bus_schema::runtime::{Bus, Envelope, Kv, Topology};
+use bus_schema::runtime::{Bus, Envelope, JobDelivery, Kv, Topology};
 use consumers::orchestrator::Orchestrator;
 use landfall_tests::cli::{landfall, text};
 use landfall_tests::fleet::{Fleet, kubelet};
@@ -358,8 +358,24 @@ async fn refusal(fleet: &Fleet, site: &str) -> pb::CommandRejected {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_site_leaves_nothing_behind_but_its_install_summary() {
+    removed_leaves_nothing(JobDelivery::Dispatch).await;
+}
+
+/// The same with a durable per site: the removed site's durable is deleted, the other's kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_site_leaves_nothing_behind_but_its_install_summary_nor_its_durable() {
+    removed_leaves_nothing(JobDelivery::Durable).await;
+}
+
+async fn removed_leaves_nothing(jobs_by: JobDelivery) {
     let server = NatsServer::start();
-    let fleet = Fleet::builder(&server.url()).sites(2).nodes(2).start().await;
+    let builder = Fleet::builder(&server.url()).sites(2).nodes(2);
+    let fleet = match jobs_by {
+        JobDelivery::Dispatch => builder.dispatched(),
+        JobDelivery::Durable => builder.durable_per_site(),
+    }
+    .start()
+    .await;
     let (site, other) = (fleet.site_id(0), fleet.site_id(1));
     let install = fleet.install(&site).await;
     fleet.wait_install(&install).await;
@@ -400,7 +416,8 @@ async fn a_removed_site_leaves_nothing_behind_but_its_install_summary() {
     assert_eq!(info.info().await.unwrap().state.messages, 0, "its jobs are gone");
     assert!(jobs.consumer_info(names::gateway_consumer(&site)).await.is_err(), "its consumer is gone");
     let others = fleet.bus.jetstream().get_stream(names::site_jobs_stream(&other)).await.unwrap();
-    assert!(others.consumer_info(names::gateway_consumer(&other)).await.is_ok(), "the other site's stays");
+    let kept = others.consumer_info(names::gateway_consumer(&other)).await.is_ok();
+    assert_eq!(kept, jobs_by == JobDelivery::Durable, "the other site's durable stays (when sites have one)");
     let sites = fleet.bus.kv(names::SITES_BUCKET).await.unwrap();
     assert!(sites.get::<pb::SiteDesign>(&keys::site(&site)).await.unwrap().is_none());
     assert!(sites.get::<pb::SiteDesign>(&keys::site(&other)).await.unwrap().is_some());

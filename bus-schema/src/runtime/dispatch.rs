@@ -42,16 +42,18 @@ use crate::pb;
 /// How the hub's jobs reach sites.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JobDelivery {
-    /// A durable push consumer per site, made by the hub when the site is registered.
-    #[default]
+    /// A durable push consumer per site, made by the hub when the site is registered: about
+    /// twice the hub's memory per site (ARCHITECTURE.md, "Jobs without a durable per site").
     Durable,
     /// One durable per shard, the dispatcher's, which hands each job to its site.
+    #[default]
     Dispatch,
 }
 
 impl JobDelivery {
-    /// The environment variable that chooses: `durable` (the default) or `dispatch`. The hub's
-    /// services and the sites' gateways must agree.
+    /// The environment variable that chooses: `dispatch` (the default) or `durable`. It is the
+    /// hub's services' setting; a site's gateway starts the way its own says and follows the
+    /// hub when that is the other ([`super::dispatched::take_jobs`]).
     pub const ENV: &'static str = "LANDFALL_JOB_DELIVERY";
 
     /// What [`JobDelivery::ENV`] says.
@@ -60,9 +62,9 @@ impl JobDelivery {
     /// Another value than `durable` or `dispatch`.
     pub fn from_env() -> Result<Self, String> {
         match std::env::var(Self::ENV).ok().as_deref().map(str::trim) {
-            None | Some("") | Some("durable") => Ok(Self::Durable),
-            Some("dispatch") => Ok(Self::Dispatch),
-            Some(other) => Err(format!("{}={other:?}: it is `durable` or `dispatch`", Self::ENV)),
+            None | Some("") | Some("dispatch") => Ok(Self::Dispatch),
+            Some("durable") => Ok(Self::Durable),
+            Some(other) => Err(format!("{}={other:?}: it is `dispatch` or `durable`", Self::ENV)),
         }
     }
 }

@@ -79,10 +79,11 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 100_000)]
         raw_messages: usize,
         /// `production`: the fleet as deployed (the hub as `deploy nats-config` writes it,
-        /// each service a process of its own, every site's gateway its own connection, user and
-        /// durable consumer, packages with bytes, the fleet installed through the bus).
-        /// `shared`: gateway hosts serving many sites on one consumer each, the fleet's
-        /// installed state written straight into the store.
+        /// each service a process of its own, every site's gateway its own connection and user,
+        /// its jobs handed out as `LANDFALL_JOB_DELIVERY` says, packages with bytes, the fleet
+        /// installed through the bus). `shared`: gateway hosts serving many sites on one
+        /// consumer each (a durable per shard, whatever `LANDFALL_JOB_DELIVERY` says), the
+        /// fleet's installed state written straight into the store.
         #[arg(long, value_enum, default_value_t = FanoutShape::Production)]
         shape: FanoutShape,
         /// Shared shape: gateway processes, each serving a share of the sites on one durable
@@ -531,7 +532,12 @@ async fn fanout(
     shape: Shape,
 ) -> anyhow::Result<serde_json::Value> {
     let Shape { orchestrators, gateway_hosts, raw_messages } = shape;
-    let bus = Bus::connect(url, "landfall-bench").await?;
+    // The shared shape takes jobs through durables of its own (a host's per shard, or a site's),
+    // which the dispatcher would delete.
+    let connect = async |name: &str| {
+        Bus::connect(url, name).await.map(|b| b.with_job_delivery(bus_schema::runtime::JobDelivery::Durable))
+    };
+    let bus = connect("landfall-bench").await?;
     bus.ensure_topology(&Topology::default()).await?;
     let payload = representative_payload();
     eprintln!("raw JetStream: {raw_messages} async publishes of {payload} bytes ...");
@@ -545,7 +551,7 @@ async fn fanout(
     let shutdown = CancellationToken::new();
     let mut services = JoinSet::new();
     for i in 0..orchestrators {
-        let replica = Bus::connect(url, &format!("landfall-bench-orchestrator-{i}")).await?;
+        let replica = connect(&format!("landfall-bench-orchestrator-{i}")).await?;
         services.spawn(consumers::run_orchestrator(replica, Default::default(), shutdown.clone()));
     }
     services.spawn(consumers::run_observer(bus.clone(), shutdown.clone()));
@@ -559,7 +565,7 @@ async fn fanout(
     let connections = if gateway_hosts == 0 { 4 } else { gateway_hosts };
     let mut gateway_buses = Vec::new();
     for i in 0..connections {
-        gateway_buses.push(Bus::connect(url, &format!("landfall-bench-gateways-{i}")).await?);
+        gateway_buses.push(connect(&format!("landfall-bench-gateways-{i}")).await?);
     }
     let scratch = scratch_dir();
     let consumers_expected = if gateway_hosts == 0 {

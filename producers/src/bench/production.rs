@@ -4,10 +4,10 @@
 //!   a user of its own, with its own permissions.
 //! - Each hub service (orchestrator, observer, kubeconfig, distribution) is a process of its
 //!   own, run as `landfall serve …` with its user's key, so its RSS and CPU are its own.
-//! - Every site's gateway has its own connection as its site's user and its own durable
-//!   consumer, made by the orchestrator when the site is registered; with
-//!   `LANDFALL_JOB_DELIVERY=dispatch` (inherited by the services and gateways it starts), no
-//!   durable of its own: the orchestrator's dispatcher hands it its jobs. Gateways share the
+//! - Every site's gateway has its own connection as its site's user, and the orchestrator's
+//!   dispatcher hands it its jobs; with `LANDFALL_JOB_DELIVERY=durable` (inherited by the
+//!   services and gateways it starts), each site has a durable consumer of its own instead,
+//!   made by the orchestrator when the site is registered. Gateways share the
 //!   benchmark's process, or `--gateway-processes` children of it (a process holds only so many
 //!   connections); `--leaf-sites` of them reach the hub through leaf nodes of their own, and
 //!   with `--relays` every site connects to its relay, which carries it to the hub.
