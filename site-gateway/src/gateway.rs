@@ -4,6 +4,7 @@
 //! release checked for drift, `gateway/drift.rs`).
 
 mod charts;
+mod done;
 mod drift;
 mod lifecycle;
 mod patch;
@@ -53,7 +54,13 @@ impl<B: SiteBackend> Gateway<B> {
     pub fn new(site: SiteId, bus: Bus, backend: Arc<B>, cache: ArtifactCache) -> Self {
         let bus = bus.as_gateway();
         let steps_shown_after = STEPS_SHOWN_AFTER;
+        done::DoneJobs::under(cache.dir()).prune(done::KEPT_FOR);
         Self { site, bus, backend, cache, outbox: None, last_report: Arc::default(), steps_shown_after }
+    }
+
+    /// The jobs this site carried out ([`done`]).
+    fn done_jobs(&self) -> done::DoneJobs {
+        done::DoneJobs::under(self.cache.dir())
     }
 
     /// Sends a patched node's steps on their own once it has been out of service for `after`
@@ -366,6 +373,11 @@ impl<B: SiteBackend> runtime::Handler for Gateway<B> {
         let Some(kind) = JOB_KINDS.iter().copied().find(|k| *k == kind) else {
             return Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no such job kind {kind:?}")));
         };
+        // Its acknowledgement was lost: the hub may have sent newer jobs since.
+        if self.done_jobs().has(&d.envelope.id) {
+            info!(site = %self.site, kind, id = %d.envelope.id, "carried out before: not again");
+            return Ok(());
+        }
         let timer = JobTimer::start(&self.site, kind);
         let result = match kind {
             pb::StageArtifacts::KIND => self.stage(d).await,
@@ -378,6 +390,9 @@ impl<B: SiteBackend> runtime::Handler for Gateway<B> {
             other => Err(HandlerError::reject(pb::RejectCode::Unsupported, format!("no handler for {other:?} jobs"))),
         };
         timer.finish(&result);
+        if result.is_ok() {
+            self.done_jobs().note(&d.envelope.id);
+        }
         result
     }
 }

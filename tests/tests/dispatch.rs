@@ -1,7 +1,7 @@
 //! Jobs handed to sites by the hub's dispatcher (`JobDelivery::Dispatch`), with no durable per
 //! site: end to end through the orchestrator and the sites' gateways, a site cut off and back,
 //! a gateway set the other way than the hub, a job asked about twice, a dispatcher stopped while
-//! its site works, and jobs no one takes.
+//! its site works, jobs no one takes, and a job that comes again after a newer one.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bus_schema::names::{self, keys};
-use bus_schema::pb::{self, BusEvent, BusMessage};
+use bus_schema::pb::{self, BusEvent, BusJob, BusMessage};
 use bus_schema::runtime::{self, Bus, Delivery, Envelope, HandlerError, JobDelivery, Topology, dispatch, dispatched};
 use futures::StreamExt;
 use landfall_tests::fleet::{Fleet, kubelet};
@@ -247,4 +247,42 @@ async fn a_silent_registered_sites_job_is_kept_and_an_unregistered_sites_is_drop
     until_stored(&bus, &registered, 0, Duration::from_secs(45)).await;
     assert_eq!(handler.runs.load(Ordering::SeqCst), 1);
     stop.cancel();
+}
+
+/// A job whose acknowledgement was lost comes again after the hub has sent newer ones (here the
+/// first rollout's job, published again past the duplicate window once the second rollout is
+/// done): its site answers it without carrying it out again, and its nodes stay at the newer
+/// version. Each node is patched once per rollout, never put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_comes_again_after_a_newer_one_is_not_carried_out_again() {
+    let server = NatsServer::start();
+    let window = Duration::from_secs(1);
+    let fleet = Fleet::builder(&server.url()).sites(1).nodes(2).duplicate_window(window).start().await;
+    fleet.install_all().await;
+    let site = fleet.site_id(0);
+    let mut patch_jobs = fleet.bus.client().subscribe(names::job_subject(&site, pb::PatchNodes::KIND)).await.unwrap();
+    for version in ["1.30.0", "1.30.1"] {
+        let env = Envelope::root();
+        let register = pb::RegisterPackage { package: Some(kubelet(version)), auto_rollout: None };
+        fleet.bus.publish_command(&register, &env).await.unwrap();
+        assert!(fleet.wait_for(pb::PackageRegistered::filter(), &env.id, Duration::from_secs(20)).await.is_some());
+        let cmd = pb::PatchPackage { name: "kubelet".into(), version: version.into(), ..Default::default() };
+        let run = fleet.wait_rollout(&fleet.patch(cmd).await.id, Duration::from_secs(60)).await;
+        let done = run.of_type::<pb::RolloutCompleted>().pop().unwrap_or_else(|| panic!("{:?}", run.kinds()));
+        assert_eq!((done.patched, done.failed), (2, 0), "{version}");
+    }
+    let first = tokio::time::timeout(Duration::from_secs(5), patch_jobs.next()).await.unwrap().unwrap();
+    let twice: BTreeMap<String, u32> = fleet.sites[0].0.nodes.iter().map(|n| (n.name.to_string(), 2)).collect();
+    assert_eq!(fleet.backend(0).effects().patches, twice, "each node patched once per rollout");
+    until_stored(&fleet.bus, &site, 0, Duration::from_secs(10)).await;
+
+    tokio::time::sleep(window + Duration::from_millis(500)).await;
+    let headers = first.headers.clone().expect("a job's headers");
+    let again = fleet.bus.jetstream().publish_with_headers(first.subject.clone(), headers, first.payload.clone());
+    let stored_again = again.await.unwrap().await.unwrap();
+    assert!(!stored_again.duplicate, "stored again, past the duplicate window");
+    // Handed out, answered and acknowledged.
+    until_stored(&fleet.bus, &site, 0, Duration::from_secs(30)).await;
+    assert_eq!(fleet.backend(0).effects().patches, twice, "the first rollout's job was carried out again");
+    fleet.stop().await;
 }

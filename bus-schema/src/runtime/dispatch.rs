@@ -14,8 +14,8 @@
 //!   dispatcher; a dispatcher that dies leaves it to be delivered again.
 //! - **Once.** A job asked about again while the site is still carrying it out (the dispatcher
 //!   waited its time and asked again, or a replica took it over) waits for that same run
-//!   ([`super::dispatched`]); one asked about after it is done is carried out again, without
-//!   effect, as a durable's redelivery is.
+//!   ([`super::dispatched`]); one asked about after it is done is answered by its gateway,
+//!   which marked it done, without being carried out again.
 //! - **A site that does not listen** (cut off, its gateway stopped) is asked again with a
 //!   growing delay, up to [`ABSENT_AT_MOST`]; a job of a site no longer registered is dropped.
 //! - **The same order as a durable per site gave**: jobs are handed out in stream order, many

@@ -214,6 +214,8 @@ impl<B: SiteBackend> Gateway<B> {
             "site patched"
         );
         self.publish(&done, &d.envelope.derive("site_patched", None)).await?;
+        // Noted done before its record goes: a kill between them leaves one or the other.
+        self.done_jobs().note(&d.envelope.id);
         if let Err(e) = moved.forget() {
             warn!(site = %self.site, error = %e, "cannot remove the job's record of moved nodes");
         }
