@@ -9,10 +9,10 @@
 //! put its nodes back. A job's own record (`patch::record`) keeps it from moving a node twice
 //! only while it runs.
 //!
-//! A mark is written (not synced: it outlives the gateway's process, not its machine) before
-//! the job's own record goes, and kept for [`KEPT_FOR`], twice the longest a hub with the
-//! default keeping times keeps a job ([`names::RETENTION`]). Marks older than that are removed
-//! when a gateway starts.
+//! A mark is written once the job's handler is done (a patch's, before the job's own record
+//! goes), not synced: it outlives the gateway's process, not its machine. It is kept for
+//! [`KEPT_FOR`], twice the longest a hub with the default keeping times keeps a job
+//! ([`names::RETENTION`]). Marks older than that are removed when a gateway starts.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
