@@ -363,7 +363,7 @@ async fn a_removed_site_leaves_nothing_behind_but_its_install_summary() {
 
 /// The same with a durable per site: the removed site's durable is deleted, the other's kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_removed_site_leaves_nothing_behind_but_its_install_summary_nor_its_durable() {
+async fn a_removed_sites_durable_goes_and_the_other_sites_stays() {
     removed_leaves_nothing(JobDelivery::Durable).await;
 }
 
