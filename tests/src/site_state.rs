@@ -57,13 +57,8 @@ impl SiteState {
             let d = e.expect("an event").delivery;
             events.push((d.stream_sequence, d.type_name, d.envelope.id));
         }
+        let jobs = jobs_stored(bus, site).await;
         let stream = bus.jetstream().get_stream(names::site_jobs_stream(site)).await.expect("the site's jobs stream");
-        let mut jobs = BTreeMap::new();
-        let mut subjects = stream.info_with_subjects(names::site_jobs(site)).await.expect("the jobs stream's subjects");
-        while let Some(subject) = subjects.next().await {
-            let (subject, n) = subject.expect("a subject");
-            jobs.insert(subject, n);
-        }
         let jobs_acked = match stream.consumer_info(names::gateway_consumer(site)).await {
             Ok(info) => info.ack_floor.stream_sequence,
             Err(_) => 0,
@@ -131,6 +126,19 @@ impl SiteState {
 
 /// The one jobs stream an earlier version of landfall made (`LANDFALL_JOBS`, a work queue of
 /// `landfall.job.>`), as it made it: what the orchestrator moves into the shards.
+/// The site's jobs its shard of the jobs still holds (a work queue keeps a job until it is
+/// acknowledged): messages stored per subject.
+pub async fn jobs_stored(bus: &Bus, site: &str) -> BTreeMap<String, usize> {
+    let stream = bus.jetstream().get_stream(names::site_jobs_stream(site)).await.expect("the site's jobs stream");
+    let mut jobs = BTreeMap::new();
+    let mut subjects = stream.info_with_subjects(names::site_jobs(site)).await.expect("the jobs stream's subjects");
+    while let Some(subject) = subjects.next().await {
+        let (subject, n) = subject.expect("a subject");
+        jobs.insert(subject, n);
+    }
+    jobs
+}
+
 pub async fn earlier_jobs_stream(js: &async_nats::jetstream::Context) -> async_nats::jetstream::stream::Stream {
     use async_nats::jetstream::stream;
     let config = stream::Config {

@@ -261,13 +261,7 @@ fn delivery(site: &str, h: &HeaderMap, payload: Bytes) -> Result<Delivery, Strin
 /// and counted under the site's durable's name.
 async fn carry_out<H: Handler>(bus: &Bus, site: &str, d: &Delivery, handler: &H) -> Answer {
     let consumer = names::gateway_consumer(site);
-    let span = tracing::error_span!(
-        "handle",
-        consumer = %consumer,
-        subject = %d.subject,
-        msg_id = %d.envelope.id,
-        trace_id = d.envelope.trace_id().unwrap_or_default(),
-    );
+    let span = super::settle::handling_span(&consumer, d);
     attempts(bus, &consumer, d, handler).instrument(span).await
 }
 

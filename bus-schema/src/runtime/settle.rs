@@ -72,16 +72,21 @@ pub(super) async fn settle<H: Handler>(cx: Arc<Loop>, handler: Arc<H>, msg: jets
         metrics::counter!("landfall_deliveries_in_hand_total", "consumer" => cx.spec.durable.clone()).increment(1);
         return;
     };
-    // Every log line of this message's work, in every service, carries its trace id. The span
-    // is at ERROR level so that it is there whenever any of those lines is logged at all.
-    let span = tracing::error_span!(
-        "handle",
-        consumer = %cx.spec.durable,
-        subject = %delivery.subject,
-        msg_id = %delivery.envelope.id,
-        trace_id = delivery.envelope.trace_id().unwrap_or_default(),
-    );
+    let span = handling_span(&cx.spec.durable, &delivery);
     live(&cx, handler.as_ref(), &msg, &delivery, stored).instrument(span).await;
+}
+
+/// The span `consumer`'s handling of `d` runs in. Every log line of a message's work, in every
+/// service, carries its trace id. The span is at ERROR level so that it is there whenever any of
+/// those lines is logged at all.
+pub(super) fn handling_span(consumer: &str, d: &Delivery) -> tracing::Span {
+    tracing::error_span!(
+        "handle",
+        consumer = %consumer,
+        subject = %d.subject,
+        msg_id = %d.envelope.id,
+        trace_id = d.envelope.trace_id().unwrap_or_default(),
+    )
 }
 
 /// Awaits `work`, sending progress on `msg` every `every` so the server keeps the delivery

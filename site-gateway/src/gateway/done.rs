@@ -23,6 +23,12 @@ use tracing::{info, warn};
 /// How long a done job's mark is kept.
 pub const KEPT_FOR: Duration = Duration::from_secs(2 * names::RETENTION.as_secs());
 
+/// A job's id as a file's name, kept inside its directory: its letters, digits and dashes.
+pub(super) fn file_name(job_id: &str) -> String {
+    let name: String = job_id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+    if name.is_empty() { "unnamed".into() } else { name }
+}
+
 /// The marks of the jobs one site carried out.
 #[derive(Debug, Clone)]
 pub(super) struct DoneJobs {
@@ -36,8 +42,7 @@ impl DoneJobs {
     }
 
     fn mark(&self, job_id: &str) -> PathBuf {
-        let name: String = job_id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
-        self.dir.join(if name.is_empty() { "unnamed".into() } else { name })
+        self.dir.join(file_name(job_id))
     }
 
     /// Whether job `job_id` was carried out here.

@@ -39,8 +39,7 @@ impl JobRecord {
     /// The record of job `job_id` under the cache directory `cache_dir`, as an earlier delivery
     /// left it (empty for a job seen first).
     pub(super) fn open(cache_dir: &Path, job_id: &str) -> std::io::Result<Self> {
-        let name: String = job_id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
-        let file = cache_dir.join("jobs").join(if name.is_empty() { "unnamed".into() } else { name });
+        let file = cache_dir.join("jobs").join(super::super::done::file_name(job_id));
         let text = match std::fs::read_to_string(&file) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
